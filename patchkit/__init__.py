@@ -1,0 +1,26 @@
+"""patchkit: serve RAG pipelines written in plain Python.
+
+Mark component methods with `@patchkit.make`, write the pipeline inside
+`with patchkit.capture() as pipeline:`, and run it again with `pipeline(**inputs)`.
+"""
+
+from patchkit import capture as _capture_package  # noqa: F401 - load the package before the function shadows its name
+from patchkit.client.capture import capture
+from patchkit.client.component import Component, make
+from patchkit.client.pipeline import Pipeline, last_pipeline
+from patchkit.errors import CaptureError, ComponentError, InputError, MakeError, PatchkitError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CaptureError",
+    "Component",
+    "ComponentError",
+    "InputError",
+    "MakeError",
+    "PatchkitError",
+    "Pipeline",
+    "capture",
+    "last_pipeline",
+    "make",
+]

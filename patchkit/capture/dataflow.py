@@ -1,0 +1,500 @@
+"""IR -> graph: a data-flow pass over the captured body that finds the component calls.
+
+The pass interprets the body's instructions over abstract values: each value carries the set of
+sources it derives from (call nodes and `input:<name>`), the object it is known to be (a
+Component, a `@make` method, a function, a nested code object) and the variable it was loaded
+from. Variables are tracked flow-insensitively, iterated to a fixed point. A call whose callee is
+a `@make` method becomes a node with data edges from its arguments' sources; calls into nested
+code (comprehensions, lambdas) and into the user's own helper functions are analysed in place,
+so a component called inside a helper is still that component. Control dependence comes from
+post-dominators over the body's control-flow graph; loops from its backward jumps.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+import zlib
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, TryBegin
+
+from patchkit.capture.analysis import successors
+from patchkit.capture.compat import name_of
+from patchkit.capture.graph import OUTPUT, Graph, Guard, Loop
+from patchkit.capture.ir import BlockExit, CapturedBlock
+from patchkit.capture.recorder import CallSite
+from patchkit.capture.stack import pops_pushes
+from patchkit.client.component import Component, make_methods
+
+__all__ = ["build_graph"]
+
+MAX_DEPTH = 4
+_EMPTY: frozenset[str] = frozenset()
+_LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+_LOADS = frozenset({"LOAD_NAME", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_GLOBAL"})
+_STORES = frozenset({"STORE_NAME", "STORE_FAST", "STORE_DEREF", "STORE_GLOBAL"})
+_ADDS = frozenset({"LIST_APPEND", "SET_ADD", "MAP_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE", "DICT_MERGE"})
+
+
+@dataclass(frozen=True)
+class _MakeRef:
+    component: Component
+    method: str
+    name: str
+
+
+@dataclass(frozen=True)
+class _CodeRef:
+    code: types.CodeType
+
+
+@dataclass(frozen=True)
+class Value:
+    taint: frozenset[str] = _EMPTY
+    obj: Any = None
+    origin: str | None = None
+
+    def join(self, other: Value) -> Value:
+        obj = self.obj if self.obj is other.obj else None
+        origin = self.origin if self.origin == other.origin else None
+        return Value(self.taint | other.taint, obj, origin)
+
+
+def _union(values: list[Value]) -> frozenset[str]:
+    return frozenset().union(*(v.taint for v in values)) if values else _EMPTY
+
+
+Env = dict[str, Value]
+
+
+@dataclass
+class _Scope:
+    """Name resolution for one analysed code object: its globals, closure cells and enclosing scope.
+
+    Variables live in the flow-sensitive environment of each program point, not here; `outer_env`
+    is the enclosing body's environment where the nested code was called.
+    """
+
+    module_level: bool
+    globals: Mapping[str, Any]
+    outer: _Scope | None = None
+    outer_env: Env = field(default_factory=dict)
+    cells: Mapping[str, Any] = field(default_factory=dict)
+
+    def load(self, env: Env, op: str, name: str) -> Value:
+        if op == "LOAD_GLOBAL" and not self.module_level:
+            if self.outer is not None and self.outer.module_level:
+                return self.outer.load(self.outer_env, "LOAD_NAME", name)
+            return Value(obj=self.globals.get(name), origin=name)
+        if name in env:
+            return Value(env[name].taint, env[name].obj, name)
+        if op in ("LOAD_DEREF", "LOAD_CLOSURE") and self.outer is not None:
+            return self.outer.load(self.outer_env, op, name)
+        if name in self.cells:
+            return Value(obj=self.cells[name], origin=name)
+        if self.module_level or op == "LOAD_NAME":
+            return Value(obj=self.globals.get(name), origin=name)
+        return Value(origin=name)
+
+
+def _absorb(env: Env, name: str | None, taint: frozenset[str]) -> None:
+    """A method call or item store on a variable's value mutates it: the variable gains taint."""
+    if name is not None and name in env and not taint <= env[name].taint:
+        old = env[name]
+        env[name] = Value(old.taint | taint, old.obj)
+
+
+def _join_env(a: Env, b: Env) -> Env:
+    out = dict(a)
+    for name, value in b.items():
+        out[name] = value if name not in out else out[name].join(value)
+    return out
+
+
+def _is_user_function(fn: Any) -> bool:
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return False
+    path = code.co_filename
+    return not (path.startswith(_LIBRARY_DIRS) or path.startswith("<frozen") or "/patchkit/" in path)
+
+
+def _first_line(body: tuple[Any, ...], start: int) -> int:
+    for e in body[start:]:
+        if isinstance(e, Instr) and e.lineno is not None:
+            return e.lineno
+    return 0
+
+
+class _Body:
+    """Control structure of one instruction list: control dependence, loops, `except` regions.
+
+    Control dependence and loops use normal control flow only: an exception edge would make every
+    call after a `try` (or an inlined comprehension's cleanup handler) depend on it.
+    """
+
+    def __init__(self, body: tuple[Any, ...], filename: str, comprehension: bool, graph: Graph) -> None:
+        self.body = body
+        self.succ = successors(body)
+        self.label_at = {id(e): i for i, e in enumerate(body) if isinstance(e, Label)}
+        self.normal = [[j for j in nxt if not isinstance(e, TryBegin) or j == i + 1] for i, (e, nxt) in enumerate(zip(body, self.succ))]
+        self.controls = self._control_dependence()
+        self.loops = self._loops(filename, comprehension, graph)
+        self.excepts = self._except_regions()
+
+    def _control_dependence(self) -> dict[int, set[int]]:
+        """For each element, the branch elements that decide whether it runs (transitively)."""
+        n = len(self.body)
+        pdom: list[frozenset[int]] = [frozenset(range(n + 1))] * n + [frozenset({n})]
+        changed = True
+        while changed:
+            changed = False
+            for i in reversed(range(n)):
+                new = frozenset({i}) | frozenset.intersection(*(pdom[s] for s in self.normal[i] or [n]))
+                if new != pdom[i]:
+                    pdom[i] = new
+                    changed = True
+        controls: dict[int, set[int]] = {}
+        for b in range(n):
+            if len(set(self.normal[b])) < 2:
+                continue
+            strict = pdom[b] - {b}
+            for s in self.normal[b]:
+                for node in pdom[s] - strict:
+                    if node < n:
+                        controls.setdefault(node, set()).add(b)
+        for node in controls:  # a call guarded by an `if` inside a loop is guarded by the loop too
+            todo = list(controls[node])
+            while todo:
+                for b in controls.get(todo.pop(), ()):
+                    if b not in controls[node]:
+                        controls[node].add(b)
+                        todo.append(b)
+        return controls
+
+    def _loops(self, filename: str, comprehension: bool, graph: Graph) -> dict[int, list[str]]:
+        """Natural loops of the backward jumps: the elements each loop repeats."""
+        preds: dict[int, list[int]] = {}
+        for i, nxt in enumerate(self.normal):
+            for j in nxt:
+                preds.setdefault(j, []).append(i)
+        members: dict[int, list[str]] = {}
+        for j, e in enumerate(self.body):
+            head = self.label_at.get(id(e.arg), j + 1) if isinstance(e, Instr) and e.has_jump() else j + 1
+            if head > j:
+                continue
+            first = next((x for x in self.body[head:] if isinstance(x, Instr)), None)
+            kind = "comprehension" if comprehension else ("for" if first is not None and first.name == "FOR_ITER" else "while")
+            line = _first_line(self.body, head)
+            loop_id = f"loop{line}_{zlib.crc32(filename.encode()) % 10_000}"
+            graph.loops.setdefault(loop_id, Loop(loop_id, kind, filename, line))
+            inside, todo = {head, j}, [j]
+            while todo:
+                for p in preds.get(todo.pop(), []):
+                    if p not in inside:
+                        inside.add(p)
+                        todo.append(p)
+            for i in inside:
+                if loop_id not in members.setdefault(i, []):
+                    members[i].append(loop_id)
+        return members
+
+    def _except_regions(self) -> dict[int, list[int]]:
+        """Elements of each `except` handler, reached by normal flow from its entry: i -> lines."""
+        regions: dict[int, list[int]] = {}
+        for e in self.body:
+            if not isinstance(e, TryBegin):
+                continue
+            start = self.label_at[id(e.target)]
+            line = _first_line(self.body, start)
+            seen, todo = {start}, [start]
+            while todo:
+                for j in self.normal[todo.pop()]:
+                    if j not in seen:
+                        seen.add(j)
+                        todo.append(j)
+            for i in seen:
+                if line not in regions.setdefault(i, []):
+                    regions[i].append(line)
+        return regions
+
+    def guard_kind(self, b: int) -> tuple[str, int]:
+        e = self.body[b]
+        assert isinstance(e, Instr)
+        if e.name == "FOR_ITER":
+            return "for", e.lineno or 0
+        backward = self.label_at.get(id(e.arg), b + 1) <= b
+        return ("while" if backward else "if"), e.lineno or 0
+
+
+class _Analysis:
+    """One graph-building pass: the top-level body and, recursively, the code it calls."""
+
+    def __init__(self, graph: Graph, filename: str) -> None:
+        self.graph = graph
+        self.filename = filename
+        self._memo: dict[tuple[Any, ...], frozenset[str]] = {}
+
+    def run(
+        self,
+        body: tuple[Any, ...],
+        scope: _Scope,
+        env: Env,
+        filename: str,
+        context: tuple[list[Guard], list[str]],
+        output: str | None = None,
+        depth: int = 0,
+        comprehension: bool = False,
+    ) -> frozenset[str]:
+        """Interpret `body` from `env` to a fixed point; returns the sources of what it returns."""
+        if not body:
+            return _EMPTY
+        shape = _Body(body, filename, comprehension, self.graph)
+        conditions: dict[int, frozenset[str]] = {}
+        returned: frozenset[str] = _EMPTY
+        entry: dict[int, tuple[tuple[Value, ...], Env]] = {0: ((), env)}
+        todo = [0]
+        while todo:
+            i = todo.pop()
+            step = _Step(self, shape, scope, filename, context, depth, conditions)
+            stack, state = entry[i]
+            for j, out_stack, out_env in step.run(i, list(stack), dict(state), output):
+                if j in entry:
+                    old_stack, old_env = entry[j]
+                    out_stack, out_env = _merge(old_stack, out_stack), _join_env(old_env, out_env)
+                    if out_stack == old_stack and out_env == old_env:
+                        continue
+                entry[j] = (out_stack, out_env)
+                todo.append(j)
+            returned |= step.returned
+        return returned
+
+    def call(self, code: types.CodeType, scope: _Scope, env: Env, context: tuple[list[Guard], list[str]], depth: int) -> frozenset[str]:
+        """Analyse code called from the body (a comprehension, lambda or helper) in place."""
+        if depth >= MAX_DEPTH:
+            return _EMPTY
+        key = (code, tuple(sorted((k, v.taint) for k, v in env.items())), tuple(context[1]), depth)
+        if key in self._memo:
+            return self._memo[key]
+        self._memo[key] = _EMPTY  # recursion guard
+        body = tuple(Bytecode.from_code(code))
+        comprehension = code.co_name in ("<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>")
+        result = self.run(body, scope, env, code.co_filename, context, depth=depth + 1, comprehension=comprehension)
+        self._memo[key] = result
+        return result
+
+
+def _merge(a: tuple[Value, ...], b: tuple[Value, ...]) -> tuple[Value, ...]:
+    return tuple(x.join(y) for x, y in zip(a, b))
+
+
+class _Step:
+    """Interprets one element of a body: its effect on stack and variables, and where control goes."""
+
+    def __init__(
+        self,
+        analysis: _Analysis,
+        shape: _Body,
+        scope: _Scope,
+        filename: str,
+        context: tuple[list[Guard], list[str]],
+        depth: int,
+        conditions: dict[int, frozenset[str]],
+    ) -> None:
+        self.analysis = analysis
+        self.shape = shape
+        self.scope = scope
+        self.filename = filename
+        self.context = context
+        self.depth = depth
+        self.conditions = conditions
+        self.returned: frozenset[str] = _EMPTY
+        self.env: Env = {}
+
+    def run(self, i: int, stack: list[Value], env: Env, output: str | None) -> list[tuple[int, tuple[Value, ...], Env]]:
+        self.env = env
+        e = self.shape.body[i]
+        succ = self.shape.succ[i]
+        if isinstance(e, BlockExit):
+            if output is not None:
+                self.returned |= self.scope.load(env, "LOAD_NAME", output).taint
+            return []
+        if isinstance(e, TryBegin):
+            depth = e.stack_depth if isinstance(e.stack_depth, int) else len(stack)
+            handler = tuple(stack[:depth]) + (Value(),) * (1 + int(e.push_lasti))
+            return [(i + 1, tuple(stack), env)] + ([(succ[1], handler, env)] if len(succ) > 1 else [])
+        if not isinstance(e, Instr):
+            return [(i + 1, tuple(stack), env)] if i + 1 < len(self.shape.body) else []
+        if e.has_jump() and not e.is_uncond_jump():
+            return self._branch(i, e, stack)
+        self._execute(i, e, stack)
+        return [(j, tuple(stack), env) for j in succ]
+
+    def _branch(self, i: int, e: Instr, stack: list[Value]) -> list[tuple[int, tuple[Value, ...], Env]]:
+        cond = stack[-1].taint if stack else _EMPTY
+        self.conditions[i] = self.conditions.get(i, _EMPTY) | cond
+        target = self.shape.label_at[id(e.arg)]
+        out = []
+        for j, jump in ((target, True), (i + 1, False)):
+            pops, pushes = pops_pushes(e, jump)
+            s = stack[: len(stack) - pops] if pops else list(stack)
+            s += [Value(cond)] * pushes
+            if j < len(self.shape.body):
+                out.append((j, tuple(s), self.env))
+        return out
+
+    def _load(self, op: str, name: str) -> Value:
+        return self.scope.load(self.env, op, name)
+
+    def _execute(self, i: int, e: Instr, stack: list[Value]) -> None:
+        name = e.name
+        if name in _LOADS:
+            pushes = pops_pushes(e)[1] if name == "LOAD_GLOBAL" else 1
+            stack += [Value()] * (pushes - 1) + [self._load(name, name_of(e.arg))]
+        elif name == "LOAD_FAST_LOAD_FAST":
+            stack += [self._load("LOAD_FAST", n) for n in e.arg]
+        elif name in _STORES:
+            value = stack.pop() if stack else Value()
+            self.env[name_of(e.arg)] = Value(value.taint, value.obj)
+        elif name in ("DELETE_NAME", "DELETE_FAST", "DELETE_DEREF"):
+            self.env.pop(name_of(e.arg), None)
+        elif name == "LOAD_CONST":
+            stack.append(Value(obj=_CodeRef(e.arg) if isinstance(e.arg, types.CodeType) else None))
+        elif name in ("LOAD_ATTR", "LOAD_METHOD"):
+            self._attribute(e, stack)
+        elif name == "SWAP":
+            n = int(e.arg)
+            if len(stack) >= n:
+                stack[-1], stack[-n] = stack[-n], stack[-1]
+        elif name == "COPY":
+            stack.append(stack[-int(e.arg)] if len(stack) >= int(e.arg) else Value())
+        elif name in ("CALL", "CALL_KW", "CALL_FUNCTION_EX"):
+            self._call(i, e, stack)
+        elif name in ("RETURN_VALUE", "YIELD_VALUE"):
+            self.returned |= stack.pop().taint if stack else _EMPTY
+        else:
+            self._generic(e, stack)
+
+    def _attribute(self, e: Instr, stack: list[Value]) -> None:
+        owner = stack.pop() if stack else Value()
+        attr = name_of(e.arg)
+        obj: Any = None
+        if isinstance(owner.obj, Component) and attr in make_methods(type(owner.obj)):
+            obj = _MakeRef(owner.obj, attr, owner.origin or type(owner.obj).__name__.lower())
+        elif owner.obj is not None and not isinstance(owner.obj, type) and hasattr(owner.obj, "__dict__"):
+            obj = vars(owner.obj).get(attr)  # modules and plain instances; no descriptors run
+        pushes = pops_pushes(e)[1]
+        stack += [Value(owner.taint, obj, owner.origin)] * pushes
+
+    def _generic(self, e: Instr, stack: list[Value]) -> None:
+        pops, pushes = pops_pushes(e)
+        popped = stack[len(stack) - pops :] if pops else []
+        del stack[len(stack) - len(popped) :]
+        if e.name in _ADDS and stack:
+            # comprehension results and `x += [...]`-style updates derive from what is added
+            target = len(stack) - int(e.arg)
+            if 0 <= target < len(stack):
+                stack[target] = Value(stack[target].taint | _union(popped), stack[target].obj, stack[target].origin)
+        if e.name in ("STORE_SUBSCR", "STORE_ATTR") and len(popped) >= 2:
+            container = popped[1] if e.name == "STORE_SUBSCR" else popped[-1]
+            _absorb(self.env, container.origin, popped[0].taint)
+        code = next((v.obj for v in popped if isinstance(v.obj, _CodeRef)), None)
+        keep_code = e.name in ("MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE")
+        stack += [Value(_union(popped), code if keep_code else None)] * pushes
+
+    def _context_at(self, i: int) -> tuple[list[Guard], list[str]]:
+        guards = list(self.context[0])
+        for b in sorted(self.shape.controls.get(i, ())):
+            kind, line = self.shape.guard_kind(b)
+            if all((g.kind, g.lineno) != (kind, line) for g in guards):
+                guards.append(Guard(kind, line, self.conditions.get(b, _EMPTY)))
+        for line in self.shape.excepts.get(i, ()):
+            if all((g.kind, g.lineno) != ("except", line) for g in guards):
+                guards.append(Guard("except", line, _EMPTY))
+        loops = list(self.context[1]) + [x for x in self.shape.loops.get(i, []) if x not in self.context[1]]
+        return guards, loops
+
+    def _call(self, i: int, e: Instr, stack: list[Value]) -> None:
+        pops, _ = pops_pushes(e)
+        popped = stack[len(stack) - pops :]
+        del stack[len(stack) - len(popped) :]
+        ref = next((v.obj for v in popped[:2] if _is_callable_ref(v.obj)), None)
+        args = [v for v in popped if v.obj is not ref or ref is None]
+        taint = _union(args)
+        if isinstance(ref, _MakeRef):
+            stack.append(Value(frozenset({self._node(i, e, ref, taint)})))
+            return
+        result = taint
+        if ref is not None:
+            result |= self._enter(i, ref, taint)
+        for v in args:  # a lambda or helper passed as an argument runs with the other arguments
+            if isinstance(v.obj, _CodeRef) or _is_user_function(v.obj):
+                result |= self._enter(i, v.obj, taint)
+        receiver = popped[1] if len(popped) > 1 else Value()
+        _absorb(self.env, receiver.origin, taint - receiver.taint)
+        stack.append(Value(result))
+
+    def _enter(self, i: int, ref: Any, taint: frozenset[str]) -> frozenset[str]:
+        if isinstance(ref, _CodeRef):
+            code = ref.code
+            scope = _Scope(False, self.scope.globals, outer=self.scope, outer_env=dict(self.env))
+        else:
+            fn = getattr(ref, "__func__", ref)
+            code = fn.__code__
+            closure = fn.__closure__ or ()
+            scope = _Scope(False, fn.__globals__, cells=dict(zip(code.co_freevars, (c.cell_contents for c in closure))))
+        nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x4) + bool(code.co_flags & 0x8)
+        env = {param: Value(taint) for param in code.co_varnames[:nparams]}
+        return self.analysis.call(code, scope, env, self._context_at(i), self.depth)
+
+    def _node(self, i: int, e: Instr, ref: _MakeRef, taint: frozenset[str]) -> str:
+        graph = self.analysis.graph
+        loc = e.location
+        site = CallSite(self.filename, e.lineno or 0, (loc.col_offset or 0) if loc else 0, (loc.end_col_offset or 0) if loc else 0)
+        node = graph.node_for(site, graph.name_of(ref.component) or ref.name, ref.component, ref.method)
+        for src in sorted(taint):
+            graph.add_edge(src, node.id, "data")
+        guards, loops = self._context_at(i)
+        for guard in guards:
+            if all((g.kind, g.lineno) != (guard.kind, guard.lineno) for g in node.guards):
+                node.guards.append(guard)
+            for src in sorted(guard.sources):
+                graph.add_edge(src, node.id, "control", f"{guard.kind} L{guard.lineno}")
+        node.loops.extend(x for x in loops if x not in node.loops)
+        return node.id
+
+
+def _is_callable_ref(obj: Any) -> bool:
+    return isinstance(obj, (_MakeRef, _CodeRef)) or _is_user_function(obj)
+
+
+def build_graph(
+    block: CapturedBlock,
+    inputs: Mapping[str, Any],
+    bindings: Mapping[str, Any],
+    module_globals: Mapping[str, Any],
+    output: str | None,
+) -> Graph:
+    """The graph of a captured block, from its body and the frame's inputs and bound objects."""
+    graph = Graph(inputs)
+    module_level = block.scope == "module"
+    variables = {name: Value(frozenset({f"input:{name}"})) for name in inputs}
+    variables.update({name: Value(obj=obj) for name, obj in bindings.items()})
+    for name, obj in bindings.items():
+        if isinstance(obj, Component):
+            graph.name_component(obj, name)
+    scope = _Scope(module_level, module_globals)
+    body = tuple(_as_cell(e) for e in block.body)
+    returned = _Analysis(graph, block.filename).run(body, scope, variables, block.filename, ([], []), output)
+    for src in sorted(returned):
+        graph.add_edge(src, OUTPUT, "data")
+    return graph
+
+
+def _as_cell(e: Any) -> Any:
+    if isinstance(e, Instr) and isinstance(e.arg, FreeVar):
+        return Instr(e.name, CellVar(e.arg.name), location=e.location)
+    return e

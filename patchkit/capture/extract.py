@@ -1,0 +1,226 @@
+"""Bytecode -> IR: cut the body of a `with` statement out of a code object.
+
+The body is found by control flow, not by line numbers: starting after the `as` store, follow
+fall-through, jumps and the handlers of nested `try` blocks until an exit sequence, the
+`__exit__(None, None, None)` call that the compiler emits wherever control leaves the block
+(its end, a `return`, a `break`). Exit sequences of nested `with` statements are told apart by
+exception-table coverage: the block's own exit call is not protected by its own handler.
+"""
+
+from __future__ import annotations
+
+import dis
+import types
+from dataclasses import dataclass
+from typing import Any
+
+from bytecode import Bytecode, Instr, Label, SetLineno, TryBegin, TryEnd
+
+from patchkit.capture.compat import EXIT_CALL, SUSPENDING
+from patchkit.capture.ir import BlockExit, CapturedBlock, Scope
+from patchkit.errors import CaptureError
+
+__all__ = ["extract_block"]
+
+AS_TARGETS = frozenset({"STORE_NAME", "STORE_FAST", "STORE_DEREF", "STORE_GLOBAL", "POP_TOP"})
+UNWIND = frozenset({"POP_TOP", "POP_EXCEPT", "NOP", "SWAP"})
+CO_OPTIMIZED = 0x1
+
+
+@dataclass(frozen=True)
+class _Exit:
+    kind: str  # "value" | "const" | "normal"
+    value: Any = None
+
+
+class _Walker:
+    """Indexes of one code object's abstract instruction list: labels, handlers, exit sequences."""
+
+    def __init__(self, code: types.CodeType, elements: list[Any]) -> None:
+        self.code = code
+        self.elements = elements
+        self.label_at = {id(e): i for i, e in enumerate(elements) if isinstance(e, Label)}
+        self.handler: dict[int, Label] = {}
+        current: TryBegin | None = None
+        for i, e in enumerate(elements):
+            if isinstance(e, TryBegin):
+                current = e
+            elif isinstance(e, TryEnd):
+                current = None
+            elif isinstance(e, Instr) and current is not None:
+                self.handler[i] = current.target
+
+    def instrs_from(self, i: int) -> list[tuple[int, Instr]]:
+        """The real instructions from index i on, in fall-through order, following plain jumps."""
+        out: list[tuple[int, Instr]] = []
+        seen = set()
+        while i < len(self.elements) and len(out) < 12 and i not in seen:
+            seen.add(i)
+            e = self.elements[i]
+            if isinstance(e, Instr):
+                if e.is_uncond_jump() and out:
+                    i = self.label_at[id(e.arg)]
+                    continue
+                out.append((i, e))
+            i += 1
+        return out
+
+    def protected_by(self, i: int, handler: Label, memo: dict[int, bool]) -> bool:
+        """Whether an exception at element i reaches `handler` (directly or through nested handlers)."""
+        if i in memo:
+            return memo[i]
+        memo[i] = False
+        own = self.handler.get(i)
+        if own is None:
+            return False
+        if own is handler:
+            memo[i] = True
+            return True
+        first = next((j for j, _ in self.instrs_from(self.label_at[id(own)])), None)
+        memo[i] = first is not None and self.protected_by(first, handler, memo)
+        return memo[i]
+
+    def exit_at(self, i: int) -> _Exit | None:
+        """The kind of block exit starting at instruction i, or None when i is no exit sequence."""
+        seq = self.instrs_from(i)
+        ops = [e.name for _, e in seq]
+        value = ops[:1] == ["SWAP"] and seq[0][1].arg == 2
+        start = 1 if value else 0
+        call = ops[start : start + len(EXIT_CALL) + 1]
+        if tuple(call) != EXIT_CALL + ("POP_TOP",):
+            return None
+        if any(e.arg is not None for _, e in seq[start : start + 3]) or seq[start + len(EXIT_CALL) - 1][1].arg != 2:
+            return None
+        if value:
+            return _Exit("value")
+        rest = [e for _, e in seq[start + len(EXIT_CALL) + 1 :]]
+        while rest and rest[0].name in UNWIND:
+            rest.pop(0)
+        if rest and rest[0].name == "RETURN_CONST" and rest[0].arg is not None:
+            return _Exit("const", rest[0].arg)
+        if len(rest) >= 2 and rest[0].name == "LOAD_CONST" and rest[1].name == "RETURN_VALUE" and rest[0].arg is not None:
+            return _Exit("const", rest[0].arg)
+        return _Exit("normal")
+
+
+def _with_index(code: types.CodeType, elements: list[Any], offset: int) -> int:
+    """Index in `elements` of the BEFORE_WITH at byte `offset` of `code`."""
+    rank = sum(1 for ins in dis.get_instructions(code) if ins.opname == "BEFORE_WITH" and ins.offset < offset)
+    withs = [i for i, e in enumerate(elements) if isinstance(e, Instr) and e.name == "BEFORE_WITH"]
+    return withs[rank]
+
+
+def _body_offset(code: types.CodeType, offset: int) -> int:
+    """Byte offset of the first instruction after the `as` store that follows BEFORE_WITH."""
+    after = [i for i in dis.get_instructions(code) if i.offset > offset and i.opname not in ("EXTENDED_ARG", "CACHE")]
+    return after[1].offset if len(after) > 1 else after[0].offset
+
+
+def extract_block(code: types.CodeType, with_offset: int) -> CapturedBlock:
+    """Cut the body of the `with` statement whose BEFORE_WITH sits at `with_offset` out of `code`.
+
+    Raises CaptureError, naming the user's file and line, for what a pipeline cannot hold.
+    """
+    elements = list(Bytecode.from_code(code))
+    walker = _Walker(code, elements)
+    w = _with_index(code, elements, with_offset)
+    with_line = elements[w].lineno or code.co_firstlineno
+    own = elements[w + 1]
+    as_store = elements[w + 2] if isinstance(own, TryBegin) else None
+    if as_store is None or not isinstance(as_store, Instr) or as_store.name not in AS_TARGETS:
+        raise CaptureError(
+            "this `as` target",
+            filename=code.co_filename,
+            lineno=with_line,
+            hint="Bind the pipeline to a plain name: `with patchkit.capture() as pipeline:`.",
+        )
+    handler = own.target
+    visited, exits = _explore(walker, w + 3, handler)
+    body = _rewrite(elements, visited, exits, handler, with_line)
+    _refuse_suspension(body, code)
+    return CapturedBlock(
+        scope="function" if code.co_flags & CO_OPTIMIZED else "module",
+        filename=code.co_filename,
+        code_name=code.co_name,
+        with_lineno=with_line,
+        first_lineno=code.co_firstlineno,
+        body=tuple(body),
+        has_return=any(x.kind != "normal" for x in exits.values()),
+        body_offset=_body_offset(code, with_offset),
+        code_flags=code.co_flags,
+        nested_codes=tuple(e.arg for e in body if isinstance(e, Instr) and isinstance(e.arg, types.CodeType)),
+    )
+
+
+def _explore(walker: _Walker, start: int, handler: Label) -> tuple[set[int], dict[int, _Exit]]:
+    """Elements reachable from `start` inside the block, and the exit sequences that end it."""
+    elements = walker.elements
+    visited: set[int] = set()
+    exits: dict[int, _Exit] = {}
+    memo: dict[int, bool] = {}
+    todo = [start]
+    while todo:
+        i = todo.pop()
+        if i in visited or i in exits or i >= len(elements):
+            continue
+        e = elements[i]
+        if isinstance(e, Instr) and not walker.protected_by(i, handler, memo):
+            found = walker.exit_at(i)
+            if found is not None:
+                exits[i] = found
+                continue
+        visited.add(i)
+        todo.extend(_successors(walker, i, handler))
+    return visited, exits
+
+
+def _successors(walker: _Walker, i: int, handler: Label) -> list[int]:
+    e = walker.elements[i]
+    if isinstance(e, TryBegin):
+        nested = [] if e.target is handler else [walker.label_at[id(e.target)]]
+        return [i + 1, *nested]
+    if not isinstance(e, Instr):
+        return [i + 1]
+    out = []
+    if e.has_jump():
+        out.append(walker.label_at[id(e.arg)])
+    if not (e.is_uncond_jump() or e.is_final()):
+        out.append(i + 1)
+    return out
+
+
+def _falls_through(e: Any) -> bool:
+    return not isinstance(e, Instr) or not (e.is_uncond_jump() or e.is_final())
+
+
+def _rewrite(elements: list[Any], visited: set[int], exits: dict[int, _Exit], handler: Label, line: int) -> list[Any]:
+    """The visited elements in order, minus the block's own try range, with exits made returns."""
+    body: list[Any] = []
+    for i in sorted(visited):
+        e = elements[i]
+        own_range = isinstance(e, TryBegin) and e.target is handler
+        if not (own_range or (isinstance(e, TryEnd) and e.entry.target is handler)):
+            body.append(e)
+        if _falls_through(e) and i + 1 not in visited:
+            body.extend(_epilogue(exits[i + 1], e, line))  # every way out of the body is an exit
+    return body
+
+
+def _epilogue(exit_: _Exit, before: Any, line: int) -> list[Any]:
+    location = getattr(before, "location", None)
+    if exit_.kind == "value":
+        return [Instr("RETURN_VALUE", location=location)]
+    if exit_.kind == "const":
+        return [Instr("LOAD_CONST", exit_.value, location=location), Instr("RETURN_VALUE", location=location)]
+    return [SetLineno(line), BlockExit(line)]
+
+
+def _refuse_suspension(body: list[Any], code: types.CodeType) -> None:
+    for e in body:
+        if isinstance(e, Instr) and e.name in SUSPENDING:
+            raise CaptureError(
+                "`yield` or `await` inside the block",
+                filename=code.co_filename,
+                lineno=e.lineno,
+                hint="A pipeline body runs to completion: call the async code from a component method instead.",
+            )

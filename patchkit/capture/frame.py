@@ -1,0 +1,88 @@
+"""Frame -> variables: which names of the capturing frame become inputs, and which are bound.
+
+A name the body reads before writing and that is bound when the block is entered is either an
+input (a plain value: its value at capture is the default) or a bound object (a Component,
+module, function or class, or a container of Components), passed by identity on every run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from patchkit.capture.analysis import default_output, instr_writes, live_in
+from patchkit.capture.ir import CapturedBlock
+from patchkit.client.component import Component
+from patchkit.errors import CaptureError
+
+__all__ = ["FrameVariables", "is_bound_object", "resolve_output", "split_variables"]
+
+RETURN = "return"
+
+
+@dataclass(frozen=True)
+class FrameVariables:
+    inputs: dict[str, Any]
+    bindings: dict[str, Any]
+
+
+def is_bound_object(value: Any) -> bool:
+    """True for what a pipeline binds by identity rather than taking as an input."""
+    if isinstance(value, (Component, types.ModuleType, type)) or inspect.isroutine(value):
+        return True
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(isinstance(v, Component) for v in value)
+    if isinstance(value, dict):
+        return any(isinstance(v, Component) for v in value.values())
+    return False
+
+
+def frame_namespace(frame: types.FrameType, scope: str) -> dict[str, Any]:
+    """The names bound in `frame` right now, as the block would see them."""
+    if scope == "function":
+        return dict(frame.f_locals)
+    return {**frame.f_globals, **frame.f_locals}
+
+
+def resolve_output(block: CapturedBlock, output: str | None, namespace: Mapping[str, Any]) -> tuple[str | None, str | None]:
+    """(variable returned where the body ends, what `Pipeline.output` reports).
+
+    `capture(output="x")` names it; else a block with `return` outputs what it returns; else the
+    name the block assigns last.
+    """
+    if output is not None:
+        if not output.isidentifier():
+            raise CaptureError(
+                f"output={output!r}", filename=block.filename, lineno=block.with_lineno, hint="Name one variable."
+            )
+        written = {n for e in block.body if hasattr(e, "name") for n in instr_writes(e)}
+        if output not in written and output not in namespace:
+            close = difflib.get_close_matches(output, sorted(written), n=1)
+            hint = f"Did you mean {close[0]!r}?" if close else "Assign it inside the block."
+            raise CaptureError(
+                f"output={output!r}: the block never assigns it",
+                filename=block.filename,
+                lineno=block.with_lineno,
+                hint=hint,
+            )
+        return output, output
+    if block.has_return:
+        return None, RETURN
+    name = default_output(block)
+    return name, name
+
+
+def split_variables(block: CapturedBlock, namespace: Mapping[str, Any], output: str | None) -> FrameVariables:
+    """Inputs and bound objects of the block, from the frame's names at the time of capture."""
+    inputs: dict[str, Any] = {}
+    bindings: dict[str, Any] = {}
+    for name in sorted(live_in(block, output)):
+        if name not in namespace:
+            continue
+        value = namespace[name]
+        (bindings if is_bound_object(value) else inputs)[name] = value
+    return FrameVariables(inputs, bindings)

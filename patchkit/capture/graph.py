@@ -1,0 +1,147 @@
+"""The pipeline graph: component call sites, their data and control dependencies, and loops.
+
+Nodes are call sites of `@make` methods (a component, a method, a place in the source); the
+special nodes `input:<name>` and `output` stand for the pipeline's inputs and its result. Data
+edges say a call's arguments derive from another call's result or an input; control edges say a
+condition derived from a call's result decides whether a call runs. Loops name the calls they
+repeat. Visit counts per node accumulate from eager runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from patchkit.capture import render
+from patchkit.capture.recorder import CallRecord, CallSite
+from patchkit.client.component import Component
+
+__all__ = ["Edge", "Graph", "Guard", "Loop", "Node", "OUTPUT"]
+
+OUTPUT = "output"
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A loop that repeats calls: `kind` is "for", "while" or "comprehension"."""
+
+    id: str
+    kind: str
+    filename: str
+    lineno: int
+
+
+@dataclass(frozen=True)
+class Guard:
+    """A condition deciding whether a call runs: `kind` is "if", "for", "while" or "except"."""
+
+    kind: str
+    lineno: int
+    sources: frozenset[str]
+
+
+@dataclass
+class Node:
+    id: str
+    component: str
+    cls: str
+    method: str
+    site: CallSite
+    guards: list[Guard] = field(default_factory=list)
+    loops: list[str] = field(default_factory=list)
+    visits: int = 0
+
+    @property
+    def label(self) -> str:
+        return f"{self.component}.{self.method}"
+
+
+@dataclass(frozen=True)
+class Edge:
+    src: str
+    dst: str
+    kind: Literal["data", "control"]
+    label: str = ""
+
+
+class Graph:
+    """Built by `dataflow.build_graph` at capture; `count_run` adds the visits of each eager run."""
+
+    def __init__(self, inputs: Iterable[str]) -> None:
+        self.inputs = list(inputs)
+        self.nodes: dict[str, Node] = {}
+        self.edges: list[Edge] = []
+        self.loops: dict[str, Loop] = {}
+        self.runs = 0
+        self._by_site: dict[CallSite, str] = {}
+        self._named: dict[str, tuple[str, Component]] = {}  # uid -> (name, component)
+
+    # -- building -------------------------------------------------------------------------------
+    def node_for(self, site: CallSite, name: str, component: Component, method: str) -> Node:
+        """The node of a call site, added on first sight (statically, or by an eager run)."""
+        node_id = self._by_site.get(site)
+        if node_id is None:
+            node_id = f"n{len(self.nodes)}"
+            self._by_site[site] = node_id
+            name = self.name_component(component, name)
+            self.nodes[node_id] = Node(node_id, name, type(component).__name__, method, site)
+        return self.nodes[node_id]
+
+    def add_edge(self, src: str, dst: str, kind: Literal["data", "control"], label: str = "") -> None:
+        edge = Edge(src, dst, kind, label)
+        if src != dst or kind == "data":
+            if edge not in self.edges:
+                self.edges.append(edge)
+
+    def name_component(self, component: Component, name: str) -> str:
+        """Give `component` its display name (the first one wins); returns the name it has."""
+        uid = component._patchkit_spec.uid
+        if uid not in self._named:
+            taken = {n for n, _ in self._named.values()}
+            unique, k = name, 2
+            while unique in taken:
+                unique, k = f"{name}_{k}", k + 1
+            self._named[uid] = (unique, component)
+        return self._named[uid][0]
+
+    def name_of(self, component: Component) -> str | None:
+        named = self._named.get(component._patchkit_spec.uid)
+        return named[0] if named else None
+
+    # -- eager runs -----------------------------------------------------------------------------
+    def count_run(self, calls: Iterable[CallRecord]) -> None:
+        """Add one run's calls to the visit counts; a call site not seen statically becomes a node."""
+        self.runs += 1
+        for call in calls:
+            if call.site is None:
+                continue
+            name = self.name_of(call.component) or type(call.component).__name__.lower()
+            self.node_for(call.site, name, call.component, call.method).visits += 1
+
+    def visits_per_run(self) -> dict[str, float]:
+        """Expected calls per request of each node, from the eager runs so far."""
+        return {n.id: (n.visits / self.runs if self.runs else 0.0) for n in self.nodes.values()}
+
+    def components(self) -> dict[str, Component]:
+        return dict(self._named.values())
+
+    # -- views ----------------------------------------------------------------------------------
+    def to_dot(self) -> str:
+        return render.to_dot(self)
+
+    def to_mermaid(self) -> str:
+        return render.to_mermaid(self)
+
+    def to_svg(self) -> str:
+        return render.to_svg(self)
+
+    def _repr_svg_(self) -> str:
+        return self.to_svg()
+
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, str]:
+        return {"image/svg+xml": self.to_svg(), "text/plain": repr(self)}
+
+    def __repr__(self) -> str:
+        calls = ", ".join(n.label for n in self.nodes.values())
+        return f"<Graph {len(self.nodes)} calls ({calls}), {len(self.edges)} edges, {len(self.loops)} loops>"

@@ -1,0 +1,115 @@
+"""`patchkit.capture()`: the context manager that turns its `with` body into a `Pipeline`.
+
+On entry it reads the calling frame: the body is cut out of the frame's code object (cached per
+code object and offset, so a `with` inside a loop is extracted once), inputs and bound objects
+come from the frame's variables, and the pipeline's graph from a data-flow pass over the body.
+With `run=True` the body then runs as ordinary Python while every component call is recorded;
+with `run=False` the body is skipped and nothing runs or loads.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+import weakref
+from typing import Any
+
+from patchkit.capture.assemble import Program, assemble
+from patchkit.capture.dataflow import build_graph
+from patchkit.capture.extract import extract_block
+from patchkit.capture.frame import frame_namespace, resolve_output, split_variables
+from patchkit.capture.ir import CapturedBlock
+from patchkit.capture.recorder import Recorder
+from patchkit.capture.skip import BodySkipped, Skipper
+from patchkit.client.component import call_hook
+from patchkit.client.pipeline import Pipeline, set_last_pipeline
+from patchkit.errors import CaptureError
+
+__all__ = ["Capture", "capture"]
+
+_BLOCKS: weakref.WeakKeyDictionary[types.CodeType, dict[int, CapturedBlock]] = weakref.WeakKeyDictionary()
+_PROGRAMS: weakref.WeakKeyDictionary[types.CodeType, dict[tuple[Any, ...], Program]] = weakref.WeakKeyDictionary()
+_active = threading.local()
+
+
+def _block(code: types.CodeType, offset: int) -> CapturedBlock:
+    per_code = _BLOCKS.setdefault(code, {})
+    if offset not in per_code:
+        per_code[offset] = extract_block(code, offset)
+    return per_code[offset]
+
+
+def _program(code: types.CodeType, offset: int, block: CapturedBlock, params: tuple[str, ...], output: str | None, module_globals: dict[str, Any]) -> Program:
+    per_code = _PROGRAMS.setdefault(code, {})
+    key = (offset, params, output, id(module_globals))
+    if key not in per_code:
+        per_code[key] = assemble(block, params, output, module_globals)
+    return per_code[key]
+
+
+class Capture:
+    """The context manager `capture()` returns; `__enter__` gives the Pipeline."""
+
+    def __init__(self, output: str | None, run: bool) -> None:
+        self._output = output
+        self._run = run
+        self._pipeline: Pipeline | None = None
+        self._recorder: Recorder | None = None
+        self._hook: Any = None
+        self._skipper: Skipper | None = None
+
+    def __enter__(self) -> Pipeline:
+        frame = sys._getframe(1)
+        code = frame.f_code
+        if getattr(_active, "depth", 0):
+            raise CaptureError(
+                "a capture block inside another capture block",
+                filename=code.co_filename,
+                lineno=frame.f_lineno,
+                hint="Capture the outer block only; call the inner code from it.",
+            )
+        block = _block(code, frame.f_lasti)
+        namespace = frame_namespace(frame, block.scope)
+        output_name, output_label = resolve_output(block, self._output, namespace)
+        variables = split_variables(block, namespace, output_name)
+        params = tuple(sorted({**variables.inputs, **variables.bindings}))
+        program = _program(code, frame.f_lasti, block, params, output_name, frame.f_globals)
+        graph = build_graph(block, variables.inputs, variables.bindings, frame.f_globals, output_name)
+        self._pipeline = Pipeline(program, variables.inputs, variables.bindings, output_label, graph)
+        _active.depth = 1
+        if self._run:
+            self._recorder = Recorder()
+            self._hook = call_hook(self._recorder)
+            self._hook.__enter__()
+        else:
+            self._skipper = Skipper(frame, block.body_offset)
+            self._skipper.start()
+        return self._pipeline
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        _active.depth = 0
+        if self._hook is not None:
+            self._hook.__exit__(exc_type, exc, tb)
+            self._hook = None
+        if self._skipper is not None:
+            self._skipper.stop()
+            self._skipper = None
+        assert self._pipeline is not None
+        if exc_type is None or exc_type is BodySkipped:
+            if self._recorder is not None:
+                self._pipeline.absorb(self._recorder.calls)
+            set_last_pipeline(self._pipeline)
+        self._recorder = None
+        return exc_type is BodySkipped
+
+
+def capture(*, output: str | None = None, run: bool = True) -> Capture:
+    """Capture the body of `with patchkit.capture() as pipeline:` as a Pipeline.
+
+    output: the variable the pipeline returns. Left out, a block that contains `return` returns
+        what it returns, and any other block returns the variable it assigns last.
+    run: run the body once now, recording every component call (True, the default), or skip it
+        so that nothing runs or loads here (False).
+    """
+    return Capture(output, run)

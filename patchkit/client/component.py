@@ -1,0 +1,270 @@
+"""`Component` and `@make`: the two names a user writes a pipeline's parts with.
+
+A `Component` records its constructor arguments as it is created, so any process can rebuild it
+from its `ComponentSpec`; state loaded by `setup()` never travels. `@make` marks the methods a
+pipeline calls; each call goes through the active `CallHook` when one is installed (capture
+records calls, the front-end routes them to workers) and runs locally otherwise.
+
+This module imports nothing from patchkit but the leaf `errors` module, so every part may use it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, overload
+
+from patchkit.errors import MakeError
+
+__all__ = [
+    "BoundMake",
+    "CallHook",
+    "Component",
+    "ComponentSpec",
+    "MakeMethod",
+    "call_hook",
+    "ensure_setup",
+    "make",
+    "make_methods",
+]
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """What it takes to rebuild a component in another process: its class and constructor arguments.
+
+    `uid` names the component across processes: a rebuilt component keeps the uid of the original.
+    """
+
+    cls: type[Component]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(hash=False)
+    uid: str
+
+    def build(self) -> Component:
+        """Construct a fresh component; called by a worker process before it runs `setup()`."""
+        component = self.cls(*self.args, **self.kwargs)
+        component.__dict__["_patchkit_spec"] = self
+        return component
+
+    def describe(self) -> str:
+        """`Cls(arg, key=value)` with short reprs, for graphs, plans and logs."""
+        parts = [_short_repr(a) for a in self.args]
+        parts += [f"{k}={_short_repr(v)}" for k, v in self.kwargs.items()]
+        return f"{self.cls.__name__}({', '.join(parts)})"
+
+
+def _short_repr(value: Any, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _rebuild(spec: ComponentSpec) -> Component:
+    return spec.build()
+
+
+class Component:
+    """Base class of every pipeline part.
+
+    Subclasses write an ordinary `__init__`; its arguments are recorded without the subclass doing
+    anything. Heavy state (models, indexes) belongs in `setup()`, which runs once, lazily, in the
+    process that executes the component: the first local call, or a worker at start.
+    """
+
+    _patchkit_spec: ComponentSpec
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        self = super().__new__(cls)
+        self.__dict__["_patchkit_spec"] = ComponentSpec(cls, args, dict(kwargs), uuid.uuid4().hex)
+        self.__dict__["_patchkit_setup_lock"] = threading.Lock()
+        self.__dict__["_patchkit_ready"] = False
+        return self
+
+    def setup(self) -> None:
+        """Load heavy state. Called once per process, before the first call runs there."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Only the spec travels; the receiving process rebuilds the object and runs setup() itself.
+        return (_rebuild, (self._patchkit_spec,))
+
+    def __repr__(self) -> str:
+        return self._patchkit_spec.describe()
+
+
+def ensure_setup(component: Component) -> None:
+    """Run `component.setup()` once in this process; called before any local execution."""
+    state = component.__dict__
+    if state["_patchkit_ready"]:
+        return
+    with state["_patchkit_setup_lock"]:
+        if not state["_patchkit_ready"]:
+            component.setup()
+            state["_patchkit_ready"] = True
+
+
+class CallHook(Protocol):
+    """Receives every `@make` call made while it is installed (see `call_hook`).
+
+    Capture installs one that records calls and runs them locally; the front-end installs one that
+    sends each call to its component's batching queue.
+    """
+
+    def __call__(self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+
+
+_CALL_HOOK: ContextVar[CallHook | None] = ContextVar("patchkit_call_hook", default=None)
+
+
+@contextlib.contextmanager
+def call_hook(hook: CallHook | None) -> Iterator[None]:
+    """Route `@make` calls made in this context (thread, task or greenlet) through `hook`."""
+    token = _CALL_HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _CALL_HOOK.reset(token)
+
+
+class MakeMethod:
+    """A `@make` method: a descriptor that knows how to run one call or a batch of calls."""
+
+    def __init__(self, fn: Callable[..., Any], *, batch: bool) -> None:
+        _check_target(fn, batch=batch)
+        self.fn = fn
+        self.batch = batch
+        self.name: str = fn.__name__
+        self.qualname: str = fn.__qualname__
+        self.signature = inspect.signature(fn)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if not (isinstance(owner, type) and issubclass(owner, Component)):
+            raise MakeError(
+                f"@make on {owner.__qualname__}.{name}: {owner.__qualname__} does not derive from "
+                "patchkit.Component; write `class " + owner.__name__ + "(patchkit.Component):`"
+            )
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> MakeMethod: ...
+    @overload
+    def __get__(self, obj: Component, objtype: type | None = None) -> BoundMake: ...
+    def __get__(self, obj: Component | None, objtype: type | None = None) -> MakeMethod | BoundMake:
+        if obj is None:
+            return self
+        return BoundMake(obj, self)
+
+    def run_local(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run one call in this process (Jupyter prototyping, capture's eager run)."""
+        if self.batch:
+            return self.run_batch(component, [(args, kwargs)])[0]
+        ensure_setup(component)
+        return self.fn(component, *args, **kwargs)
+
+    def run_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
+        """Run a batch of calls: one call of a `batch=True` method over lists, else one call each.
+
+        Called by a worker for every batch it receives, and by `run_local` with a batch of one.
+        """
+        ensure_setup(component)
+        if not self.batch:
+            return [self.fn(component, *args, **kwargs) for args, kwargs in calls]
+        columns = self._columns(component, calls)
+        results = self.fn(component, *columns)
+        if not isinstance(results, (list, tuple)) or len(results) != len(calls):
+            got = f"{len(results)} results" if isinstance(results, (list, tuple)) else type(results).__name__
+            raise MakeError(
+                f"{self.qualname} is @make(batch=True): it must return a list with one result per "
+                f"input, {len(calls)} here; it returned {got}"
+            )
+        return list(results)
+
+    def _columns(self, component: Component, calls: Sequence[Call]) -> list[list[Any]]:
+        params = list(self.signature.parameters)[1:]
+        columns: list[list[Any]] = [[] for _ in params]
+        for args, kwargs in calls:
+            try:
+                bound = self.signature.bind(component, *args, **kwargs)
+            except TypeError as exc:
+                raise TypeError(f"{self.qualname}(): {exc}") from None
+            bound.apply_defaults()
+            for column, name in zip(columns, params):
+                column.append(bound.arguments[name])
+        return columns
+
+
+class BoundMake:
+    """`component.method` for a `@make` method: calling it goes through the active hook."""
+
+    __slots__ = ("component", "method")
+
+    def __init__(self, component: Component, method: MakeMethod) -> None:
+        self.component = component
+        self.method = method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        hook = _CALL_HOOK.get()
+        if hook is not None:
+            return hook(self.component, self.method, args, kwargs)
+        return self.method.run_local(self.component, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<make method {self.method.qualname} of {self.component!r}>"
+
+
+def _check_target(fn: Any, *, batch: bool) -> None:
+    """Reject what @make cannot serve when it is applied, naming the target."""
+    if isinstance(fn, (staticmethod, classmethod, property)):
+        raise MakeError(f"@make decorates instance methods of a Component; got a {type(fn).__name__}")
+    if not inspect.isfunction(fn):
+        raise MakeError(f"@make decorates methods of a Component subclass; got {fn!r}")
+    owner = fn.__qualname__.rsplit(".", 2)
+    if len(owner) < 2 or owner[-2] == "<locals>":
+        raise MakeError(
+            f"@make on {fn.__qualname__}: it is a plain function; define it as a method of a class "
+            "that derives from patchkit.Component"
+        )
+    if inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+        raise MakeError(f"@make on {fn.__qualname__}: write it as a plain def returning its result")
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
+        raise MakeError(f"@make on {fn.__qualname__}: a method needs `self` as its first parameter")
+    if batch and any(p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params):
+        raise MakeError(
+            f"@make(batch=True) on {fn.__qualname__}: a batch method takes one list per named "
+            "parameter, so *args, **kwargs and keyword-only parameters cannot be batched"
+        )
+
+
+@overload
+def make(fn: F, /) -> F: ...
+@overload
+def make(*, batch: bool = False) -> Callable[[F], F]: ...
+def make(fn: Any = None, /, *, batch: bool = False) -> Any:
+    """Mark a Component method as a pipeline step: `@make`, `@make()` or `@make(batch=True)`.
+
+    With `batch=True` the method is written over lists (one list per parameter, a list of results
+    back) while pipeline code still calls it with one item, as Ray Serve's `@serve.batch`.
+    """
+    if fn is None:
+        return lambda f: MakeMethod(f, batch=batch)
+    if not callable(fn):
+        raise MakeError(f"@make takes keyword options only, as @make(batch=True); got {fn!r}")
+    return MakeMethod(fn, batch=batch)
+
+
+def make_methods(cls: type) -> dict[str, MakeMethod]:
+    """The `@make` methods of a Component class by name, inherited ones included."""
+    found: dict[str, MakeMethod] = {}
+    for klass in reversed(cls.__mro__):
+        found.update({k: v for k, v in vars(klass).items() if isinstance(v, MakeMethod)})
+    return found

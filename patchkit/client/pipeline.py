@@ -1,0 +1,119 @@
+"""`Pipeline`: a captured `with` block that runs again on new inputs, locally or deployed."""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from patchkit.capture.assemble import Program
+from patchkit.capture.graph import Graph
+from patchkit.capture.recorder import CallRecord, Recorder
+from patchkit.client.component import Component, call_hook
+from patchkit.errors import InputError, PatchkitError
+
+__all__ = ["Pipeline", "last_pipeline", "set_last_pipeline"]
+
+MAX_RECORDED_CALLS = 10_000
+
+
+class Pipeline:
+    """What `with patchkit.capture() as pipeline:` gives back.
+
+    - `inputs`: the input names with their values at capture as defaults;
+    - `output`: the variable the pipeline returns, or "return" when the block's `return` is it;
+    - `pipeline(**overrides)`: run again, locally and eagerly, on new inputs;
+    - `graph`: the component calls with their data and control dependencies, and visit counts;
+    - `components`: the components the pipeline calls, by name.
+
+    A Pipeline pickles with cloudpickle (components travel as specs) and answers the same in the
+    process that loads it: this is how the front-end receives it.
+    """
+
+    def __init__(
+        self,
+        program: Program,
+        inputs: Mapping[str, Any],
+        bindings: Mapping[str, Any],
+        output: str | None,
+        graph: Graph,
+    ) -> None:
+        self._program = program
+        self._defaults = dict(inputs)
+        self._bindings = dict(bindings)
+        self.output = output
+        self.graph = graph
+        self.recorded: list[CallRecord] = []
+        self._lock = threading.Lock()
+
+    @property
+    def inputs(self) -> dict[str, Any]:
+        return dict(self._defaults)
+
+    @property
+    def components(self) -> dict[str, Component]:
+        return self.graph.components()
+
+    def variables(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
+        """Every parameter of the program for one run: overrides, fresh copies of defaults, bindings.
+
+        Raises InputError naming an unknown input and the known ones.
+        """
+        unknown = [name for name in overrides if name not in self._defaults]
+        if unknown:
+            known = ", ".join(sorted(self._defaults)) or "none"
+            close = difflib.get_close_matches(unknown[0], list(self._defaults), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InputError(f"unknown pipeline input {unknown[0]!r}{hint} (inputs: {known})")
+        values = {name: overrides[name] if name in overrides else copy.deepcopy(v) for name, v in self._defaults.items()}
+        return {**self._bindings, **values}
+
+    def run(self, variables: Mapping[str, Any]) -> Any:
+        """Run the body once with `variables` from `variables()`; component calls go to the active hook."""
+        return self._program.run(variables)
+
+    def __call__(self, **overrides: Any) -> Any:
+        recorder = Recorder()
+        with call_hook(recorder):
+            result = self.run(self.variables(overrides))
+        self.absorb(recorder.calls)
+        return result
+
+    def absorb(self, calls: list[CallRecord]) -> None:
+        """Count one eager run's calls in the graph and keep them for profiling."""
+        with self._lock:
+            self.graph.count_run(calls)
+            room = MAX_RECORDED_CALLS - len(self.recorded)
+            self.recorded.extend(calls[:room])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_lock"]
+        state["recorded"] = []  # inputs recorded for profiling stay with the user's process
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        inputs = ", ".join(self._defaults)
+        names = ", ".join(self.components)
+        return f"<Pipeline inputs=({inputs}) output={self.output!r} components=({names})>"
+
+
+_last: Pipeline | None = None
+
+
+def set_last_pipeline(pipeline: Pipeline) -> None:
+    global _last
+    _last = pipeline
+
+
+def last_pipeline() -> Pipeline:
+    """The pipeline of the most recent capture in this process: what `deploy()` uses by default."""
+    if _last is None:
+        raise PatchkitError("no pipeline captured yet: run a `with patchkit.capture():` block first")
+    return _last

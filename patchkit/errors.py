@@ -1,0 +1,82 @@
+"""The exceptions patchkit raises, split by what the user can do about them.
+
+::
+
+    PatchkitError
+    ├── CaptureError        fix the pipeline code: names your file, line and construct, with a hint
+    ├── MakeError           @make or a Component is used wrongly (also a TypeError)
+    ├── InputError          a pipeline input is unknown, missing or of the wrong type (also a TypeError)
+    ├── ComponentError      your component raised: carries its traceback text
+    ├── WorkerDiedError     the worker process serving a component died
+    ├── DeadlineExceeded    a request ran past its deadline
+    └── Overloaded          admission is closed: carries the queue length and its limit
+
+This module imports nothing from patchkit, so every part may raise these.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CaptureError",
+    "ComponentError",
+    "DeadlineExceeded",
+    "InputError",
+    "MakeError",
+    "Overloaded",
+    "PatchkitError",
+    "WorkerDiedError",
+]
+
+
+class PatchkitError(Exception):
+    """Root of every error patchkit raises on purpose."""
+
+
+class CaptureError(PatchkitError):
+    """A `with patchkit.capture():` block holds code patchkit cannot turn into a pipeline.
+
+    The message names the user's file and line, the construct, and what to write instead.
+    """
+
+    def __init__(self, construct: str, *, filename: str, lineno: int | None, hint: str) -> None:
+        self.construct = construct
+        self.filename = filename
+        self.lineno = lineno
+        self.hint = hint
+        where = f"{filename}:{lineno}" if lineno is not None else filename
+        super().__init__(f"{where}: cannot capture {construct}. {hint}")
+
+
+class MakeError(PatchkitError, TypeError):
+    """`@make` or `Component` used in a way patchkit cannot serve; the message names the method."""
+
+
+class InputError(PatchkitError, TypeError):
+    """A pipeline was called with an unknown, missing or ill-typed input; the message names it."""
+
+
+class ComponentError(PatchkitError):
+    """A component method raised; `traceback_text` holds the component's own traceback."""
+
+    def __init__(self, component: str, method: str, message: str, traceback_text: str = "") -> None:
+        self.component = component
+        self.method = method
+        self.traceback_text = traceback_text
+        super().__init__(f"{component}.{method} raised: {message}")
+
+
+class WorkerDiedError(PatchkitError):
+    """The worker process serving a component died while it held a call."""
+
+
+class DeadlineExceeded(PatchkitError):
+    """A request ran past its deadline (its SLO, or the endpoint's)."""
+
+
+class Overloaded(PatchkitError):
+    """Admission is closed because the admission queue is full."""
+
+    def __init__(self, queue_length: int, limit: int) -> None:
+        self.queue_length = queue_length
+        self.limit = limit
+        super().__init__(f"admission queue is full ({queue_length} waiting, limit {limit}); retry later")
