@@ -59,9 +59,7 @@ def _program_from_function(fn: types.FunctionType, params: tuple[str, ...], modu
     return Program("function", fn.__code__, params, fn.__globals__, module_name)
 
 
-def assemble(
-    block: CapturedBlock, params: tuple[str, ...], output: str | None, module_globals: Mapping[str, Any]
-) -> Program:
+def assemble(block: CapturedBlock, params: tuple[str, ...], output: str | None, module_globals: Mapping[str, Any]) -> Program:
     """Build the program for `block` taking `params`, returning `output` where the body ends."""
     module_name = str(module_globals.get("__name__", "__main__"))
     if block.scope == "module":

@@ -13,8 +13,8 @@ post-dominators over the body's control-flow graph; loops from its backward jump
 from __future__ import annotations
 
 import sysconfig
-import zlib
 import types
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,7 +34,9 @@ __all__ = ["build_graph"]
 MAX_DEPTH = 4
 _EMPTY: frozenset[str] = frozenset()
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
-_LOADS = frozenset({"LOAD_NAME", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_GLOBAL"})
+_LOADS = frozenset(
+    {"LOAD_NAME", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_GLOBAL"}
+)
 _STORES = frozenset({"STORE_NAME", "STORE_FAST", "STORE_DEREF", "STORE_GLOBAL"})
 _ADDS = frozenset({"LIST_APPEND", "SET_ADD", "MAP_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE", "DICT_MERGE"})
 
@@ -140,7 +142,9 @@ class _Body:
         self.body = body
         self.succ = successors(body)
         self.label_at = {id(e): i for i, e in enumerate(body) if isinstance(e, Label)}
-        self.normal = [[j for j in nxt if not isinstance(e, TryBegin) or j == i + 1] for i, (e, nxt) in enumerate(zip(body, self.succ))]
+        self.normal = [
+            [j for j in nxt if not isinstance(e, TryBegin) or j == i + 1] for i, (e, nxt) in enumerate(zip(body, self.succ))
+        ]
         self.controls = self._control_dependence()
         self.loops = self._loops(filename, comprehension, graph)
         self.excepts = self._except_regions()
@@ -272,7 +276,9 @@ class _Analysis:
             returned |= step.returned
         return returned
 
-    def call(self, code: types.CodeType, scope: _Scope, env: Env, context: tuple[list[Guard], list[str]], depth: int) -> frozenset[str]:
+    def call(
+        self, code: types.CodeType, scope: _Scope, env: Env, context: tuple[list[Guard], list[str]], depth: int
+    ) -> frozenset[str]:
         """Analyse code called from the body (a comprehension, lambda or helper) in place."""
         if depth >= MAX_DEPTH:
             return _EMPTY
@@ -453,7 +459,9 @@ class _Step:
     def _node(self, i: int, e: Instr, ref: _MakeRef, taint: frozenset[str]) -> str:
         graph = self.analysis.graph
         loc = e.location
-        site = CallSite(self.filename, e.lineno or 0, (loc.col_offset or 0) if loc else 0, (loc.end_col_offset or 0) if loc else 0)
+        site = CallSite(
+            self.filename, e.lineno or 0, (loc.col_offset or 0) if loc else 0, (loc.end_col_offset or 0) if loc else 0
+        )
         node = graph.node_for(site, graph.name_of(ref.component) or ref.name, ref.component, ref.method)
         for src in sorted(taint):
             graph.add_edge(src, node.id, "data")

@@ -17,7 +17,7 @@ from typing import Any
 from bytecode import Bytecode, Instr, Label, SetLineno, TryBegin, TryEnd
 
 from patchkit.capture.compat import EXIT_CALL, SUSPENDING
-from patchkit.capture.ir import BlockExit, CapturedBlock, Scope
+from patchkit.capture.ir import BlockExit, CapturedBlock
 from patchkit.errors import CaptureError
 
 __all__ = ["extract_block"]
@@ -194,14 +194,23 @@ def _falls_through(e: Any) -> bool:
 
 
 def _rewrite(elements: list[Any], visited: set[int], exits: dict[int, _Exit], handler: Label, line: int) -> list[Any]:
-    """The visited elements in order, minus the block's own try range, with exits made returns."""
+    """The visited elements in order, minus the block's own try range, with exits made returns.
+
+    A nested try range is closed even where its TryEnd follows a final instruction (a RERAISE)
+    and so is never reached by control flow.
+    """
     body: list[Any] = []
-    for i in sorted(visited):
-        e = elements[i]
-        own_range = isinstance(e, TryBegin) and e.target is handler
-        if not (own_range or (isinstance(e, TryEnd) and e.entry.target is handler)):
+    opened: set[int] = set()
+    for i, e in enumerate(elements):
+        if isinstance(e, TryEnd):
+            keep = id(e.entry) in opened
+        else:
+            keep = i in visited and not (isinstance(e, TryBegin) and e.target is handler)
+        if keep:
             body.append(e)
-        if _falls_through(e) and i + 1 not in visited:
+            if isinstance(e, TryBegin):
+                opened.add(id(e))
+        if i in visited and _falls_through(e) and i + 1 not in visited:
             body.extend(_epilogue(exits[i + 1], e, line))  # every way out of the body is an exit
     return body
 

@@ -56,9 +56,7 @@ def resolve_output(block: CapturedBlock, output: str | None, namespace: Mapping[
     """
     if output is not None:
         if not output.isidentifier():
-            raise CaptureError(
-                f"output={output!r}", filename=block.filename, lineno=block.with_lineno, hint="Name one variable."
-            )
+            raise CaptureError(f"output={output!r}", filename=block.filename, lineno=block.with_lineno, hint="Name one variable.")
         written = {n for e in block.body if hasattr(e, "name") for n in instr_writes(e)}
         if output not in written and output not in namespace:
             close = difflib.get_close_matches(output, sorted(written), n=1)

@@ -40,7 +40,14 @@ def _block(code: types.CodeType, offset: int) -> CapturedBlock:
     return per_code[offset]
 
 
-def _program(code: types.CodeType, offset: int, block: CapturedBlock, params: tuple[str, ...], output: str | None, module_globals: dict[str, Any]) -> Program:
+def _program(
+    code: types.CodeType,
+    offset: int,
+    block: CapturedBlock,
+    params: tuple[str, ...],
+    output: str | None,
+    module_globals: dict[str, Any],
+) -> Program:
     per_code = _PROGRAMS.setdefault(code, {})
     key = (offset, params, output, id(module_globals))
     if key not in per_code:

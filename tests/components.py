@@ -1,0 +1,77 @@
+"""Small deterministic components for the capture tests: each one's answers depend only on inputs."""
+
+from __future__ import annotations
+
+import patchkit
+from patchkit import Component, make
+
+CORPUS = {
+    "exceptions": "Use try and except to catch an exception.",
+    "generators": "A generator function yields values lazily.",
+    "decorators": "A decorator wraps a function to extend it.",
+    "context": "The with statement manages a context.",
+    "loops": "for and while loops repeat a block.",
+}
+
+
+class Retriever(Component):
+    """Keyword retriever over CORPUS; batched like a vector store."""
+
+    def __init__(self, topk: int = 2) -> None:
+        self.topk = topk
+        self.loads = 0
+
+    def setup(self) -> None:
+        self.loads += 1
+        self.index = {k: set(v.lower().replace(".", "").split()) | {k} for k, v in CORPUS.items()}
+
+    @make(batch=True)
+    def retrieve(self, query: list[str]) -> list[list[str]]:
+        out = []
+        for q in query:
+            words = set(q.lower().replace("?", "").split())
+            scored = sorted(self.index, key=lambda k: (-len(words & self.index[k]), k))
+            out.append([CORPUS[k] for k in scored[: self.topk] if words & self.index[k]])
+        return out
+
+    @make
+    def lookup(self, key: str) -> dict[str, str]:
+        return {"title": key, "text": CORPUS.get(key, "")}
+
+
+class Grader(Component):
+    def __init__(self, threshold: int = 1) -> None:
+        self.threshold = threshold
+
+    @make
+    def grade(self, query: str, docs: list[str]) -> bool:
+        return len(docs) >= self.threshold
+
+    @make
+    def score(self, text: str) -> int:
+        return sum(map(ord, text)) % 7
+
+
+class Generator(Component):
+    def __init__(self, prefix: str = "A") -> None:
+        self.prefix = prefix
+
+    @make
+    def generate(self, prompt: str, docs: list[str] | None = None, max_words: int = 6) -> str:
+        words = (prompt + " " + " ".join(docs or [])).split()
+        return f"{self.prefix}: " + " ".join(words[:max_words])
+
+    @make(batch=True)
+    def rewrite(self, query: list[str]) -> list[str]:
+        return [q.replace("How do I", "how to").lower() + " python" for q in query]
+
+
+class Flaky(Component):
+    @make
+    def check(self, text: str) -> str:
+        if "fail" in text:
+            raise ValueError(f"cannot check {text!r}")
+        return text.upper()
+
+
+__all__ = ["CORPUS", "Flaky", "Generator", "Grader", "Retriever", "patchkit"]
