@@ -125,9 +125,10 @@ def extract_block(code: types.CodeType, with_offset: int) -> CapturedBlock:
     walker = _Walker(code, elements)
     w = _with_index(code, elements, with_offset)
     with_line = elements[w].lineno or code.co_firstlineno
-    own = elements[w + 1]
-    as_store = elements[w + 2] if isinstance(own, TryBegin) else None
-    if as_store is None or not isinstance(as_store, Instr) or as_store.name not in AS_TARGETS:
+    store_at = next(i for i in range(w + 1, len(elements)) if isinstance(elements[i], Instr))
+    as_store = elements[store_at]
+    own = next((e for e in reversed(elements[w + 1 : store_at]) if isinstance(e, TryBegin)), None)
+    if own is None or as_store.name not in AS_TARGETS:
         raise CaptureError(
             "this `as` target",
             filename=code.co_filename,
@@ -135,7 +136,7 @@ def extract_block(code: types.CodeType, with_offset: int) -> CapturedBlock:
             hint="Bind the pipeline to a plain name: `with patchkit.capture() as pipeline:`.",
         )
     handler = own.target
-    visited, exits = _explore(walker, w + 3, handler)
+    visited, exits = _explore(walker, store_at + 1, handler)
     body = _rewrite(elements, visited, exits, handler, with_line)
     _refuse_suspension(body, code)
     return CapturedBlock(

@@ -52,6 +52,8 @@ class Skipper:
 
         def on_instruction(code: types.CodeType, at: int) -> Any:
             if code is frame.f_code and at >= offset and sys._getframe(1) is frame:
+                # once only: the with-statement's handler runs at later offsets of the same code
+                mon.set_local_events(tool, code, 0)
                 raise BodySkipped
             return None
 
@@ -74,6 +76,8 @@ class Skipper:
 
         def on_event(f: types.FrameType, event: str, arg: Any) -> Any:
             if f is frame and event in ("line", "opcode") and f.f_lasti >= offset:
+                f.f_trace_opcodes = False
+                f.f_trace = None  # once only: the with-statement's handler runs at later offsets
                 raise BodySkipped
             return on_event
 

@@ -28,16 +28,18 @@ from patchkit.errors import CaptureError
 
 __all__ = ["Capture", "capture"]
 
-_BLOCKS: weakref.WeakKeyDictionary[types.CodeType, dict[int, CapturedBlock]] = weakref.WeakKeyDictionary()
+_BLOCKS: weakref.WeakKeyDictionary[types.CodeType, dict[tuple[int, str], CapturedBlock]] = weakref.WeakKeyDictionary()
 _PROGRAMS: weakref.WeakKeyDictionary[types.CodeType, dict[tuple[Any, ...], Program]] = weakref.WeakKeyDictionary()
 _active = threading.local()
 
 
 def _block(code: types.CodeType, offset: int) -> CapturedBlock:
+    # Code objects compare equal across files when their bytecode is equal: key by file too.
     per_code = _BLOCKS.setdefault(code, {})
-    if offset not in per_code:
-        per_code[offset] = extract_block(code, offset)
-    return per_code[offset]
+    key = (offset, code.co_filename)
+    if key not in per_code:
+        per_code[key] = extract_block(code, offset)
+    return per_code[key]
 
 
 def _program(
@@ -49,7 +51,7 @@ def _program(
     module_globals: dict[str, Any],
 ) -> Program:
     per_code = _PROGRAMS.setdefault(code, {})
-    key = (offset, params, output, id(module_globals))
+    key = (offset, code.co_filename, params, output, id(module_globals))
     if key not in per_code:
         per_code[key] = assemble(block, params, output, module_globals)
     return per_code[key]
