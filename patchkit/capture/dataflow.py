@@ -60,7 +60,8 @@ class Value:
     origin: str | None = None
 
     def join(self, other: Value) -> Value:
-        obj = self.obj if self.obj is other.obj else None
+        same = self.obj is other.obj or (isinstance(self.obj, (_MakeRef, _CodeRef)) and self.obj == other.obj)
+        obj = self.obj if same else None
         origin = self.origin if self.origin == other.origin else None
         return Value(self.taint | other.taint, obj, origin)
 

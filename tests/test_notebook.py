@@ -1,0 +1,39 @@
+"""capture() in a Jupyter cell, executed by a real kernel; the graph renders as SVG."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+nbformat = pytest.importorskip("nbformat")
+nbclient = pytest.importorskip("nbclient")
+
+TESTS = Path(__file__).parent
+
+CELLS = [
+    f"import sys; sys.path.insert(0, {str(TESTS)!r})\nimport patchkit\nfrom components import Generator, Grader, Retriever",
+    "retriever, grader, llm = Retriever(), Grader(), Generator()\nquery = 'How do I catch an exception?'",
+    "with patchkit.capture() as pipeline:\n"
+    "    docs = retriever.retrieve(query)\n"
+    "    if not grader.grade(query, docs):\n"
+    "        docs = retriever.retrieve(llm.rewrite(query))\n"
+    "    answer = llm.generate(query, docs)",
+    "print(repr(pipeline(query='What is a generator?')))\nprint(pipeline.output, sorted(pipeline.inputs))",
+    "pipeline.graph",
+]
+
+
+@pytest.mark.slow
+def test_capture_in_a_notebook_cell(tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    printed = "".join(o.get("text", "") for o in nb.cells[3].outputs)
+    sys.path.insert(0, str(TESTS))
+    from components import Generator, Retriever
+
+    expected = Generator().generate("What is a generator?", Retriever().retrieve("What is a generator?"))
+    assert printed.splitlines() == [repr(expected), "answer ['query']"]
+    svg = nb.cells[4].outputs[0]["data"]["image/svg+xml"]
+    assert "<svg" in svg and "retriever.retrieve" in svg and "grader.grade" in svg
