@@ -80,7 +80,8 @@ def test_unknown_input_names_the_known_ones() -> None:
 
 
 def test_defaults_are_copied_per_run() -> None:
-    ns = load_source("def run(query, seen=[]):\n    with patchkit.capture():\n        seen.append(query)\n        return len(seen)\n", "<d>")
+    source = "def run(query, seen=[]):\n    with patchkit.capture():\n        seen.append(query)\n        return len(seen)\n"
+    ns = load_source(source, "<d>")
     ns["run"]("a")
     pipeline = patchkit.last_pipeline()
     assert pipeline() == 2 and pipeline() == 2
