@@ -12,11 +12,13 @@ post-dominators over the body's control-flow graph; loops from its backward jump
 
 from __future__ import annotations
 
+import os
 import sysconfig
 import types
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, TryBegin
@@ -34,6 +36,7 @@ __all__ = ["build_graph"]
 MAX_DEPTH = 4
 _EMPTY: frozenset[str] = frozenset()
 _LIBRARY_DIRS = tuple({sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+_PATCHKIT_DIR = str(Path(__file__).resolve().parents[1]) + os.sep
 _LOADS = frozenset(
     {"LOAD_NAME", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_GLOBAL"}
 )
@@ -122,7 +125,7 @@ def _is_user_function(fn: Any) -> bool:
     if not isinstance(code, types.CodeType):
         return False
     path = code.co_filename
-    return not (path.startswith(_LIBRARY_DIRS) or path.startswith("<frozen") or "/patchkit/" in path)
+    return not (path.startswith(_LIBRARY_DIRS) or path.startswith("<frozen") or path.startswith(_PATCHKIT_DIR))
 
 
 def _first_line(body: tuple[Any, ...], start: int) -> int:
