@@ -38,20 +38,20 @@ class Program:
     module_globals: Mapping[str, Any] | None
     module_name: str
 
+    def _function(self) -> types.FunctionType:
+        assert self.module_globals is not None
+        return types.FunctionType(self.code, self.module_globals, PIPELINE_CODE_NAME)  # type: ignore[arg-type]
+
     def run(self, variables: Mapping[str, Any]) -> Any:
         if self.scope == "function":
-            assert self.module_globals is not None
-            fn = types.FunctionType(self.code, self.module_globals, PIPELINE_CODE_NAME)  # type: ignore[arg-type]
-            return fn(**variables)
+            return self._function()(**variables)
         namespace = {"__builtins__": builtins, "__name__": self.module_name, **variables}
         return eval(self.code, namespace)  # noqa: S307 - the user's own captured code
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Function scope pickles as a function, so cloudpickle carries the globals the code reads.
         if self.scope == "function":
-            assert self.module_globals is not None
-            fn = types.FunctionType(self.code, self.module_globals, PIPELINE_CODE_NAME)  # type: ignore[arg-type]
-            return (_program_from_function, (fn, self.params, self.module_name))
+            return (_program_from_function, (self._function(), self.params, self.module_name))
         return (Program, (self.scope, self.code, self.params, None, self.module_name))
 
 

@@ -39,18 +39,19 @@ def _all_ids(graph: Graph) -> list[str]:
     return ids
 
 
-def _innermost_loop(graph: Graph, node_id: str) -> str | None:
-    node = graph.nodes.get(node_id)
-    return node.loops[-1] if node is not None and node.loops else None
+def _by_loop(graph: Graph) -> dict[str | None, list[str]]:
+    """Node ids grouped by their innermost loop (None: outside any loop), for clusters and subgraphs."""
+    groups: dict[str | None, list[str]] = {}
+    for node_id in _all_ids(graph):
+        node = graph.nodes.get(node_id)
+        groups.setdefault(node.loops[-1] if node is not None and node.loops else None, []).append(node_id)
+    return groups
 
 
 def to_dot(graph: Graph) -> str:
     """Graphviz DOT text: calls are boxes, inputs and output ellipses, control edges dashed."""
     lines = ["digraph pipeline {", "  rankdir=TB;", '  node [fontname="Helvetica", fontsize=11];']
-    by_loop: dict[str | None, list[str]] = {}
-    for node_id in _all_ids(graph):
-        by_loop.setdefault(_innermost_loop(graph, node_id), []).append(node_id)
-    for loop_id, members in by_loop.items():
+    for loop_id, members in _by_loop(graph).items():
         indent = "  "
         if loop_id is not None:
             loop = graph.loops[loop_id]
@@ -84,10 +85,7 @@ def _mermaid_id(node_id: str) -> str:
 def to_mermaid(graph: Graph) -> str:
     """Mermaid flowchart text; loops are subgraphs and control edges dotted."""
     lines = ["flowchart TD"]
-    by_loop: dict[str | None, list[str]] = {}
-    for node_id in _all_ids(graph):
-        by_loop.setdefault(_innermost_loop(graph, node_id), []).append(node_id)
-    for loop_id, members in by_loop.items():
+    for loop_id, members in _by_loop(graph).items():
         if loop_id is not None:
             loop = graph.loops[loop_id]
             lines.append(f'  subgraph {loop_id}["{loop.kind} (line {loop.lineno})"]')
