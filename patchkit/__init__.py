@@ -7,8 +7,18 @@ Mark component methods with `@patchkit.make`, write the pipeline inside
 from patchkit import capture as _capture_package  # noqa: F401 - load the package before the function shadows its name
 from patchkit.client.capture import capture
 from patchkit.client.component import Component, make
+from patchkit.client.endpoint import Endpoint, deploy
 from patchkit.client.pipeline import Pipeline, last_pipeline
-from patchkit.errors import CaptureError, ComponentError, InputError, MakeError, PatchkitError
+from patchkit.errors import (
+    CaptureError,
+    ComponentError,
+    DeadlineExceeded,
+    InputError,
+    MakeError,
+    Overloaded,
+    PatchkitError,
+    WorkerDiedError,
+)
 
 __version__ = "0.1.0"
 
@@ -16,11 +26,16 @@ __all__ = [
     "CaptureError",
     "Component",
     "ComponentError",
+    "DeadlineExceeded",
+    "Endpoint",
     "InputError",
     "MakeError",
+    "Overloaded",
     "PatchkitError",
     "Pipeline",
+    "WorkerDiedError",
     "capture",
+    "deploy",
     "last_pipeline",
     "make",
 ]

@@ -11,10 +11,14 @@
     ├── DeadlineExceeded    a request ran past its deadline
     └── Overloaded          admission is closed: carries the queue length and its limit
 
+Errors cross process boundaries as JSON (`error_to_json` / `error_from_json`), never as pickles.
+
 This module imports nothing from patchkit, so every part may raise these.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 __all__ = [
     "CaptureError",
@@ -25,6 +29,8 @@ __all__ = [
     "Overloaded",
     "PatchkitError",
     "WorkerDiedError",
+    "error_from_json",
+    "error_to_json",
 ]
 
 
@@ -66,7 +72,7 @@ class ComponentError(PatchkitError):
 
 
 class WorkerDiedError(PatchkitError):
-    """The worker process serving a component died while it held a call."""
+    """The worker process serving a component died while it held a call, or could not start."""
 
 
 class DeadlineExceeded(PatchkitError):
@@ -76,7 +82,36 @@ class DeadlineExceeded(PatchkitError):
 class Overloaded(PatchkitError):
     """Admission is closed because the admission queue is full."""
 
-    def __init__(self, queue_length: int, limit: int) -> None:
+    def __init__(self, queue_length: int, limit: int, reason: str | None = None) -> None:
         self.queue_length = queue_length
         self.limit = limit
-        super().__init__(f"admission queue is full ({queue_length} waiting, limit {limit}); retry later")
+        super().__init__(reason or f"admission queue is full ({queue_length} waiting, limit {limit}); retry later")
+
+
+def error_to_json(error: BaseException) -> dict[str, Any]:
+    """The JSON form of an error: its type name, message and, for component errors, where it came from."""
+    payload: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
+    if isinstance(error, ComponentError):
+        payload.update(component=error.component, method=error.method, traceback=error.traceback_text)
+    elif isinstance(error, Overloaded):
+        payload.update(queue_length=error.queue_length, limit=error.limit)
+    return payload
+
+
+def error_from_json(payload: dict[str, Any]) -> PatchkitError:
+    """Rebuild an error sent by `error_to_json` in another process, as the closest patchkit error."""
+    kind, message = payload.get("type", ""), str(payload.get("message", ""))
+    if kind == "ComponentError":
+        error = ComponentError(payload.get("component", "?"), payload.get("method", "?"), "", payload.get("traceback", ""))
+        error.args = (message,)
+        return error
+    if kind == "Overloaded":
+        return Overloaded(int(payload.get("queue_length", 0)), int(payload.get("limit", 0)), message)
+    known: dict[str, type[PatchkitError]] = {
+        "InputError": InputError,
+        "WorkerDiedError": WorkerDiedError,
+        "DeadlineExceeded": DeadlineExceeded,
+        "MakeError": MakeError,
+        "CaptureError": PatchkitError,
+    }
+    return known.get(kind, PatchkitError)(message)

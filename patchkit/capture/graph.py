@@ -127,6 +127,26 @@ class Graph:
         return dict(self._named.values())
 
     # -- views ----------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """Plain data for `GET /v1/graph`: nodes with their source place and visits, edges, loops."""
+        nodes = [
+            {
+                "id": n.id,
+                "component": n.component,
+                "class": n.cls,
+                "method": n.method,
+                "file": n.site.filename,
+                "line": n.site.lineno,
+                "loops": n.loops,
+                "guards": [{"kind": g.kind, "line": g.lineno, "sources": sorted(g.sources)} for g in n.guards],
+                "visits_per_run": n.visits / self.runs if self.runs else None,
+            }
+            for n in self.nodes.values()
+        ]
+        edges = [{"src": e.src, "dst": e.dst, "kind": e.kind, "label": e.label} for e in self.edges]
+        loops = [{"id": loop.id, "kind": loop.kind, "line": loop.lineno} for loop in self.loops.values()]
+        return {"inputs": self.inputs, "nodes": nodes, "edges": edges, "loops": loops, "runs": self.runs}
+
     def to_dot(self) -> str:
         return render.to_dot(self)
 

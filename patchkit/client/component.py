@@ -34,6 +34,7 @@ __all__ = [
 ]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
+DEFAULT_BATCH_SIZE = 32
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -136,10 +137,15 @@ def call_hook(hook: CallHook | None) -> Iterator[None]:
 class MakeMethod:
     """A `@make` method: a descriptor that knows how to run one call or a batch of calls."""
 
-    def __init__(self, fn: Callable[..., Any], *, batch: bool) -> None:
+    def __init__(self, fn: Callable[..., Any], *, batch: bool, max_batch_size: int | None = None) -> None:
         _check_target(fn, batch=batch)
+        if max_batch_size is not None and (not isinstance(max_batch_size, int) or max_batch_size < 1):
+            raise MakeError(f"@make on {fn.__qualname__}: max_batch_size must be a positive int; got {max_batch_size!r}")
         self.fn = fn
         self.batch = batch
+        # What a deployment batches this method's calls up to unless deploy() or a Plan says otherwise:
+        # a batch method batches for real; a per-item method runs its calls one by one.
+        self.max_batch_size: int = max_batch_size or (DEFAULT_BATCH_SIZE if batch else 1)
         self.name: str = fn.__name__
         self.qualname: str = fn.__qualname__
         self.signature = inspect.signature(fn)
@@ -248,18 +254,20 @@ def _check_target(fn: Any, *, batch: bool) -> None:
 @overload
 def make(fn: F, /) -> F: ...
 @overload
-def make(*, batch: bool = False) -> Callable[[F], F]: ...
-def make(fn: Any = None, /, *, batch: bool = False) -> Any:
+def make(*, batch: bool = False, max_batch_size: int | None = None) -> Callable[[F], F]: ...
+def make(fn: Any = None, /, *, batch: bool = False, max_batch_size: int | None = None) -> Any:
     """Mark a Component method as a pipeline step: `@make`, `@make()` or `@make(batch=True)`.
 
     With `batch=True` the method is written over lists (one list per parameter, a list of results
     back) while pipeline code still calls it with one item, as Ray Serve's `@serve.batch`.
+    `max_batch_size` is the deployed batch size unless deploy() or a Plan sets one (default: 32 for
+    a batch method, 1 for a per-item method).
     """
     if fn is None:
-        return lambda f: MakeMethod(f, batch=batch)
+        return lambda f: MakeMethod(f, batch=batch, max_batch_size=max_batch_size)
     if not callable(fn):
         raise MakeError(f"@make takes keyword options only, as @make(batch=True); got {fn!r}")
-    return MakeMethod(fn, batch=batch)
+    return MakeMethod(fn, batch=batch, max_batch_size=max_batch_size)
 
 
 def make_methods(cls: type) -> dict[str, MakeMethod]:

@@ -1,0 +1,152 @@
+"""`deploy()` and the `Endpoint` it returns: the user's handle on a served pipeline."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import secrets
+import sys
+import threading
+import urllib.parse
+import weakref
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import cloudpickle
+
+from patchkit import envs
+from patchkit.client.pipeline import Pipeline, last_pipeline
+from patchkit.errors import PatchkitError, error_from_json
+
+__all__ = ["Endpoint", "deploy"]
+
+
+class Endpoint:
+    """A deployed pipeline: `url`, `query(**inputs)`, `await aquery(**inputs)`, `stats()`, `close()`.
+
+    Also a context manager; whatever is still open closes when the interpreter exits.
+    """
+
+    def __init__(self, url: str, closer: Callable[[], None]) -> None:
+        self.url = url
+        parts = urllib.parse.urlsplit(url)
+        self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
+        self._local = threading.local()
+        self._closer: Callable[[], None] | None = closer
+        self._finalizer = weakref.finalize(self, closer)  # also runs at interpreter exit
+
+    # -- requests -------------------------------------------------------------------------------
+    def query(self, **inputs: Any) -> Any:
+        """Run the pipeline on `inputs` and return its output; raises the error the endpoint answered."""
+        return self._reply(*self._request("POST", "/v1/query", {"inputs": inputs}))["output"]
+
+    async def aquery(self, **inputs: Any) -> Any:
+        """`query` for asyncio code: thousands may wait at once on one event loop."""
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            async with session.post(self.url + "/v1/query", json={"inputs": inputs}) as response:
+                return self._reply(response.status, await response.read())["output"]
+
+    def stats(self) -> dict[str, Any]:
+        """Per component: replicas, batch sizes, throughput, queue lengths; and request counts."""
+        result: dict[str, Any] = self._reply(*self._request("GET", "/v1/stats?replicas=1", None))
+        return result
+
+    def _request(self, method: str, path: str, payload: Any) -> tuple[int, bytes]:
+        if self._closer is None:
+            raise PatchkitError(f"the endpoint at {self.url} is closed")
+        body = None if payload is None else json.dumps(payload).encode()
+        for attempt in (0, 1):
+            connection = self._connection()
+            try:
+                connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
+                response = connection.getresponse()
+                return response.status, response.read()
+            except (ConnectionError, http.client.HTTPException):
+                connection.close()
+                self._local.connection = None
+                if attempt:  # a kept-alive connection the server closed gets one fresh try
+                    raise
+        raise AssertionError("unreachable")
+
+    def _connection(self) -> http.client.HTTPConnection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = self._local.connection = http.client.HTTPConnection(self._host, self._port, timeout=None)
+        return connection
+
+    @staticmethod
+    def _reply(status: int, body: bytes) -> Any:
+        data = json.loads(body)
+        if status >= 400:
+            raise error_from_json(data.get("error", {"message": body.decode(errors="replace")}))
+        return data
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Drain in-flight requests, stop every worker and the front-end; nothing is left running."""
+        if self._closer is not None:
+            self._closer = None
+            self._finalizer()
+
+    def __enter__(self) -> Endpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self.url}{' closed' if self._closer is None else ''}>"
+
+
+def deploy(
+    pipeline: Pipeline | None = None,
+    *,
+    backend: str = "local",
+    slo_ms: float | None = None,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    replicas: int | Mapping[str, int] | None = None,
+    batch_size: int | Mapping[str, int] | None = None,
+    **options: Any,
+) -> Endpoint:
+    """Serve `pipeline` (default: the last one captured) and return its Endpoint once every worker is ready.
+
+    `backend`: "local" (a front-end process and one worker process per replica) or "inprocess"
+    (threads of this process, for tests and pdb). `replicas`: a count for every component, or
+    counts by component name; `batch_size`: a size for every method, or sizes by component or
+    "component.method" (default: each method's `@make(max_batch_size=...)`). Further options are
+    the fields of `patchkit.scheduler.config.DeploymentConfig` (batch_wait_ms, optional_inputs,
+    max_inflight_requests, max_body_bytes, request_timeout_s, max_retries, drain_timeout_s).
+    """
+    from patchkit.scheduler.config import DeploymentConfig
+
+    pipeline = pipeline if pipeline is not None else last_pipeline()
+    config = DeploymentConfig.resolve(
+        pipeline, replicas=replicas, batch_size=batch_size, backend=backend, slo_ms=slo_ms, host=host, port=port,
+        secret=secrets.token_urlsafe(32), **options,
+    )
+    if backend == "inprocess":
+        from patchkit.scheduler.server import ServerThread
+
+        thread = ServerThread(pipeline, config)
+        return Endpoint(thread.start(), thread.close)
+    return _deploy_local(pipeline, config)
+
+
+def _deploy_local(pipeline: Pipeline, config: Any) -> Endpoint:
+    import pickle
+
+    from patchkit.orchestrator.process import spawn
+    from patchkit.scheduler.server import FrontendBootstrap
+
+    boot = FrontendBootstrap(cloudpickle.dumps(pipeline), config, list(sys.path))
+    child = spawn("patchkit.scheduler.server", pickle.dumps(boot), what="the front-end", timeout_s=envs.worker_start_timeout_s())
+
+    def close() -> None:
+        if child.alive():
+            child.process.terminate()  # SIGTERM: drain, stop the workers, exit
+        child.stop(config.drain_timeout_s + envs.worker_stop_timeout_s() + 5)
+
+    return Endpoint(child.report["url"], close)

@@ -1,0 +1,27 @@
+"""Every `PATCHKIT_*` environment variable patchkit reads, with its default, in one place."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["worker_start_timeout_s", "worker_stop_timeout_s"]
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+
+
+def worker_start_timeout_s() -> float:
+    """PATCHKIT_WORKER_START_TIMEOUT_S: how long a worker may take to import, build and `setup()` (600)."""
+    return _float("PATCHKIT_WORKER_START_TIMEOUT_S", 600.0)
+
+
+def worker_stop_timeout_s() -> float:
+    """PATCHKIT_WORKER_STOP_TIMEOUT_S: how long a stopping worker gets before SIGKILL (5)."""
+    return _float("PATCHKIT_WORKER_STOP_TIMEOUT_S", 5.0)

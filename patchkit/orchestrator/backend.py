@@ -1,0 +1,93 @@
+"""The interface every backend implements, and the replica handle the front-end dispatches to."""
+
+from __future__ import annotations
+
+import asyncio
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from patchkit.client.component import Call, Component
+from patchkit.orchestrator.execute import Outcome
+from patchkit.orchestrator.resources import ReplicaResources
+
+__all__ = ["Backend", "Channel", "Replica", "ReplicaSpec"]
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    """One replica to start: which component (by its pipeline name), with which resources."""
+
+    component: str
+    instance: Component  # travels as its spec; the inprocess backend runs this very object
+    resources: ReplicaResources = field(default_factory=ReplicaResources)
+
+
+class Channel(Protocol):
+    """How the front-end sends batches to one replica; `lost` is set once the replica is gone."""
+
+    lost: asyncio.Event
+    lost_reason: str
+
+    async def run_batch(self, method: str, calls: Sequence[Call]) -> list[Outcome]: ...
+
+    async def stats(self) -> dict[str, Any]: ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(eq=False)
+class Replica:
+    """A running replica. `inflight` counts the batches the front-end has sent it and not had back."""
+
+    id: str
+    spec: ReplicaSpec
+    channel: Channel
+    pid: int | None = None
+    address: str | None = None
+    handle: Any = None  # the backend's own: a child process, an executor, an actor
+    inflight: int = 0
+
+    @property
+    def component(self) -> str:
+        return self.spec.component
+
+    @property
+    def alive(self) -> bool:
+        return not self.channel.lost.is_set()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "pid": self.pid,
+            "address": self.address,
+            "alive": self.alive,
+            "inflight_batches": self.inflight,
+            "resources": self.spec.resources.describe(),
+        }
+
+
+class Backend(ABC):
+    """Starts, stops and watches replicas. Called by the `Supervisor` on the front-end's event loop.
+
+    `local` runs each replica as a worker subprocess, `inprocess` on a thread of this process; a
+    cluster backend (Ray) places them elsewhere and reports their addresses the same way.
+    """
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    async def start(self, spec: ReplicaSpec, replica_id: str) -> Replica:
+        """Start a replica and return it once it takes calls; raise a PatchkitError if it cannot start."""
+
+    @abstractmethod
+    async def stop(self, replica: Replica) -> None:
+        """Stop a replica for good; it is gone when this returns. Safe on one that already died."""
+
+    @abstractmethod
+    async def watch(self, replica: Replica) -> str:
+        """Return, with the reason, once the replica has died or stopped."""
+
+    async def close(self) -> None:
+        """Release what the backend itself holds; the supervisor has stopped every replica by then."""

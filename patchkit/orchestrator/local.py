@@ -1,0 +1,90 @@
+"""The `local` backend: every replica is a worker subprocess on this machine, serving on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import sys
+import threading
+
+import cloudpickle
+
+from patchkit import envs
+from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
+from patchkit.orchestrator.process import Child, spawn
+from patchkit.orchestrator.rpc import GrpcChannel
+from patchkit.orchestrator.worker import WorkerBootstrap
+
+__all__ = ["LocalBackend"]
+
+
+class LocalBackend(Backend):
+    name = "local"
+
+    def __init__(self, secret: str, host: str = "127.0.0.1") -> None:
+        self._secret = secret
+        self._host = host
+        self._exits: dict[Replica, asyncio.Event] = {}
+
+    async def start(self, spec: ReplicaSpec, replica_id: str) -> Replica:
+        boot = WorkerBootstrap(
+            name=spec.component,
+            component=cloudpickle.dumps(spec.instance),
+            secret=self._secret,
+            resources=spec.resources,
+            host=self._host,
+            sys_path=list(sys.path),
+        )
+        child = await asyncio.to_thread(
+            spawn,
+            "patchkit.orchestrator.worker",
+            pickle.dumps(boot),
+            what=f"worker {replica_id}",
+            env=spec.resources.environment(),
+            timeout_s=envs.worker_start_timeout_s(),
+        )
+        address = f"{self._host}:{child.report['port']}"
+        channel = GrpcChannel(address, self._secret)
+        replica = Replica(replica_id, spec, channel, pid=child.pid, address=address, handle=child)
+        self._exits[replica] = self._watch_exit(child)
+        try:
+            await channel.open()
+        except Exception:
+            await self.stop(replica)
+            raise
+        return replica
+
+    def _watch_exit(self, child: Child) -> asyncio.Event:
+        """An event set when the process exits; one waiting thread per worker (the default pool is small)."""
+        loop, exited = asyncio.get_running_loop(), asyncio.Event()
+
+        def wait() -> None:
+            child.process.wait()
+            try:
+                loop.call_soon_threadsafe(exited.set)
+            except RuntimeError:
+                pass  # the loop closed first: nobody is watching any more
+
+        threading.Thread(target=wait, name=f"patchkit-wait-{child.pid}", daemon=True).start()
+        return exited
+
+    async def stop(self, replica: Replica) -> None:
+        await replica.channel.close()
+        child: Child = replica.handle
+        await asyncio.to_thread(child.stop, envs.worker_stop_timeout_s())
+        self._exits.pop(replica, None)
+
+    async def watch(self, replica: Replica) -> str:
+        exited = self._exits.get(replica)
+        if exited is None:
+            return "stopped"
+        waits = {asyncio.ensure_future(exited.wait()), asyncio.ensure_future(replica.channel.lost.wait())}
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waits:
+                waiter.cancel()
+        child: Child = replica.handle
+        if exited.is_set():
+            return f"worker pid {child.pid} exited with code {child.process.returncode}"
+        return replica.channel.lost_reason

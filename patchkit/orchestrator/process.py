@@ -1,0 +1,154 @@
+"""Child processes with a bootstrap, a ready report and a lifeline: the worker and the front-end.
+
+The parent writes a length-prefixed bootstrap to the child's stdin and keeps stdin open. The child
+answers with one JSON line on its original stdout (its own prints then go to stderr), and exits as
+soon as stdin reaches end-of-file: when the parent closes it, or when the parent dies for any
+reason, SIGKILL included. No child outlives its parent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+from patchkit.errors import PatchkitError, WorkerDiedError, error_from_json, error_to_json
+
+__all__ = ["Child", "ChildSide", "spawn"]
+
+_LENGTH = 8
+
+
+@dataclass
+class Child:
+    """A started child process and the report it sent when it became ready."""
+
+    process: subprocess.Popen[bytes]
+    report: dict[str, Any]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, timeout_s: float) -> None:
+        """Cut the lifeline, give the child `timeout_s` to exit, then SIGKILL it; always reaps it."""
+        stdin = self.process.stdin
+        if stdin is not None and not stdin.closed:
+            try:
+                stdin.close()
+            except OSError:
+                pass
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def spawn(module: str, bootstrap: bytes, *, what: str, env: dict[str, str] | None = None, timeout_s: float) -> Child:
+    """Start `python -m module`, send it `bootstrap`, and wait for its ready report.
+
+    Raises the error the child reported (as a PatchkitError) or WorkerDiedError when it exits or
+    stays silent past `timeout_s`; the child is gone in both cases. `what` names it in messages.
+    """
+    process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+        [sys.executable, "-m", module],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    child = Child(process, {})
+    assert process.stdin is not None and process.stdout is not None
+    try:
+        process.stdin.write(len(bootstrap).to_bytes(_LENGTH, "big") + bootstrap)
+        process.stdin.flush()
+        line = _read_line(process.stdout, timeout_s)
+    except (OSError, TimeoutError) as exc:
+        child.stop(0)
+        raise WorkerDiedError(f"{what} did not start: {exc}") from None
+    finally:
+        process.stdout.close()
+    if not line:
+        code = process.wait()
+        raise WorkerDiedError(f"{what} exited with code {code} before it was ready; its stderr above says why")
+    report = json.loads(line)
+    if "error" in report:
+        child.stop(0)
+        raise error_from_json(report["error"])
+    child.report = report
+    return child
+
+
+def _read_line(stream: IO[bytes], timeout_s: float) -> bytes:
+    fd, data, deadline = stream.fileno(), b"", time.monotonic() + timeout_s
+    while not data.endswith(b"\n"):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"no ready report within {timeout_s:g} s (PATCHKIT_WORKER_START_TIMEOUT_S)")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return data
+            data += chunk
+    return data
+
+
+class ChildSide:
+    """The child's half: read the bootstrap, watch the lifeline, send the ready report once."""
+
+    def __init__(self) -> None:
+        # The report goes to the original stdout; everything the child prints goes to stderr.
+        self._report = os.fdopen(os.dup(1), "w")
+        os.dup2(2, 1)
+        self._stdin = os.fdopen(0, "rb", buffering=0)
+
+    def bootstrap(self) -> bytes:
+        size = int.from_bytes(self._read_exactly(_LENGTH), "big")
+        return self._read_exactly(size)
+
+    def _read_exactly(self, size: int) -> bytes:
+        data = b""
+        while len(data) < size:
+            chunk = self._stdin.read(size - len(data))
+            if not chunk:
+                os._exit(0)  # the parent went away before we started
+            data += chunk
+        return data
+
+    def watch_lifeline(self, on_close: Any = None) -> None:
+        """Exit when the parent closes stdin or dies; `on_close` runs first when given (bounded by the caller)."""
+
+        def watch() -> None:
+            while self._stdin.read(65536):
+                pass
+            if on_close is not None:
+                on_close()
+            os._exit(0)
+
+        threading.Thread(target=watch, name="patchkit-lifeline", daemon=True).start()
+        # Ctrl-C in the user's terminal reaches the whole process group: the parent decides when we stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def ready(self, **report: Any) -> None:
+        self._send(report)
+
+    def failed(self, error: BaseException) -> None:
+        payload = error_to_json(error if isinstance(error, PatchkitError) else WorkerDiedError(f"{type(error).__name__}: {error}"))
+        self._send({"error": payload})
+
+    def _send(self, report: dict[str, Any]) -> None:
+        if self._report.closed:
+            return  # already reported: a later failure is the process's own stderr's business
+        self._report.write(json.dumps(report) + "\n")
+        self._report.close()

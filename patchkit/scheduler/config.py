@@ -1,0 +1,125 @@
+"""How a deployment is configured: per component, its replicas and per-method batch sizes.
+
+`DeploymentConfig.resolve` turns deploy()'s arguments into a config; until the offline planner
+exists, replicas and batch sizes come from those arguments or from the components' own defaults
+(`@make(max_batch_size=...)`). A Plan will produce a `DeploymentConfig` through the same type.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from patchkit.client.component import make_methods
+from patchkit.client.pipeline import Pipeline
+from patchkit.errors import InputError
+
+__all__ = ["BACKENDS", "ComponentConfig", "DeploymentConfig"]
+
+BACKENDS = ("local", "inprocess")
+
+
+@dataclass(frozen=True)
+class ComponentConfig:
+    replicas: int
+    batch_sizes: dict[str, int]  # per @make method
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas must be >= 1; got {self.replicas}")
+        for method, size in self.batch_sizes.items():
+            if size < 1:
+                raise ValueError(f"batch size of {method} must be >= 1; got {size}")
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """Everything the front-end needs besides the pipeline. Validated when built."""
+
+    components: dict[str, ComponentConfig]
+    backend: str = "local"
+    host: str = "127.0.0.1"
+    port: int = 0
+    slo_ms: float | None = None
+    batch_wait_ms: float = 0.0  # a partial batch leaves once its oldest call waited this long
+    max_inflight_batches: int = 2  # per replica: one running, one on the wire
+    max_inflight_requests: int = 4096  # admission bound: beyond it, 503 with Retry-After
+    max_body_bytes: int = 1 << 20
+    request_timeout_s: float = 300.0  # a request still running after this gets 504
+    max_retries: int = 2  # times a call is re-sent after the replica running it died
+    optional_inputs: tuple[str, ...] = ()  # inputs a request may leave out (they keep their captured value)
+    drain_timeout_s: float = 30.0
+    secret: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {self.backend!r}")
+        if self.slo_ms is not None and self.slo_ms <= 0:
+            raise ValueError(f"slo_ms must be > 0; got {self.slo_ms}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be in 0..65535; got {self.port}")
+        for name in ("max_inflight_batches", "max_inflight_requests", "max_body_bytes", "request_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0; got {getattr(self, name)}")
+        for name in ("batch_wait_ms", "max_retries"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
+
+    @classmethod
+    def resolve(
+        cls,
+        pipeline: Pipeline,
+        *,
+        replicas: int | Mapping[str, int] | None = None,
+        batch_size: int | Mapping[str, int] | None = None,
+        optional_inputs: tuple[str, ...] | list[str] = (),
+        **options: Any,
+    ) -> DeploymentConfig:
+        """Build the config from deploy()'s arguments, naming any component, method or input it does not know.
+
+        `replicas`: one count for every component, or counts by component name. `batch_size`: one
+        size for every method, or sizes by component ("retriever") or method ("retriever.retrieve").
+        """
+        components = pipeline.components
+        if not components:
+            raise InputError("the pipeline calls no component: there is nothing to deploy")
+        methods = {f"{name}.{m}": (name, m) for name, c in components.items() for m in make_methods(type(c))}
+        _check_names("replicas", replicas, set(components))
+        _check_names("batch_size", batch_size, set(components) | set(methods))
+        _check_names("optional_inputs", dict.fromkeys(optional_inputs, 0), set(pipeline.inputs))
+        configs = {}
+        for name, component in components.items():
+            sizes = {}
+            for method_name, method in make_methods(type(component)).items():
+                sizes[method_name] = _pick(batch_size, (f"{name}.{method_name}", name), method.max_batch_size)
+            configs[name] = ComponentConfig(replicas=_pick(replicas, (name,), 1), batch_sizes=sizes)
+        return cls(components=configs, optional_inputs=tuple(optional_inputs), **options)
+
+    def describe(self) -> dict[str, Any]:
+        """The plan the front-end runs, for `GET /v1/plan` and `Endpoint.stats()`."""
+        data = asdict(self)
+        del data["secret"]
+        return data
+
+
+def _check_names(argument: str, value: object, known: set[str]) -> None:
+    if not isinstance(value, Mapping):
+        return
+    for name in value:
+        if name not in known:
+            close = difflib.get_close_matches(str(name), sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise InputError(f"{argument} names {name!r}, which the pipeline does not have{hint} (known: {', '.join(sorted(known))})")
+
+
+def _pick(value: int | Mapping[str, int] | None, keys: tuple[str, ...], default: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, Mapping):
+        return int(value)
+    for key in keys:
+        if key in value:
+            return int(value[key])
+    return default

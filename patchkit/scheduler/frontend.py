@@ -1,0 +1,209 @@
+"""The front-end: runs the captured pipeline once per request, every component call a remote call.
+
+Each request runs the user's own pipeline code in a greenlet (`bridge.py`) with a call hook that
+sends each `@make` call to its (component, method) batching queue and waits there, so the user's
+control flow runs unchanged while many requests share batches (component-level batching) and
+sit at different components at once (pipelining). Lives on one event loop, driven by `http.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from patchkit.client.component import Component, MakeMethod, call_hook, make_methods
+from patchkit.client.pipeline import Pipeline
+from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
+from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
+from patchkit.orchestrator.inprocess import InProcessBackend
+from patchkit.orchestrator.local import LocalBackend
+from patchkit.orchestrator.resources import ReplicaResources, spread
+from patchkit.orchestrator.supervisor import Supervisor
+from patchkit.scheduler.bridge import await_, run_sync
+from patchkit.scheduler.config import DeploymentConfig
+from patchkit.scheduler.inputs import InputSchema
+from patchkit.scheduler.queues import BatchQueue, ReplicaSet
+
+__all__ = ["Frontend", "RequestResult", "make_backend"]
+
+logger = logging.getLogger(__name__)
+
+LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclass
+class RequestResult:
+    request_id: int
+    output: Any
+    latency_s: float
+
+
+class Frontend:
+    def __init__(self, pipeline: Pipeline, config: DeploymentConfig, backend: Backend) -> None:
+        self.pipeline = pipeline
+        self.config = config
+        self.schema = InputSchema(pipeline.inputs, config.optional_inputs)
+        self.components: dict[str, Component] = pipeline.components
+        self.sets: dict[str, ReplicaSet] = {}
+        self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
+        self._names = {c._patchkit_spec.uid: name for name, c in self.components.items()}
+        self.supervisor = Supervisor(backend, self._replica_up, self._replica_down)
+        self._ids = itertools.count(1)
+        self.inflight = 0
+        self.outcomes: Counter[str] = Counter()  # requests by result: ok, input_error, component_error, ...
+        self.slo_met = 0
+        self.latency_buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.latency_sum_s = 0.0
+        self.closing = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.started = time.time()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Build the queues and start every replica; raises the first replica's start error."""
+        specs = []
+        resources = self._resources()
+        for name, component in self.components.items():
+            settings = self.config.components[name]
+            replica_set = self.sets[name] = ReplicaSet(name, self.config.max_inflight_batches)
+            uid = component._patchkit_spec.uid
+            for method in make_methods(type(component)):
+                self.queues[uid, method] = BatchQueue(
+                    replica_set,
+                    method,
+                    batch_size=settings.batch_sizes[method],
+                    batch_wait_s=self.config.batch_wait_ms / 1000,
+                    max_retries=self.config.max_retries,
+                )
+            specs += [ReplicaSpec(name, component, resources.pop(0)) for _ in range(settings.replicas)]
+        await self.supervisor.start(specs)
+
+    def _resources(self) -> list[ReplicaResources]:
+        total = sum(c.replicas for c in self.config.components.values())
+        if self.config.backend == "inprocess":
+            return [ReplicaResources() for _ in range(total)]
+        return spread(total)
+
+    async def close(self) -> None:
+        """Refuse new requests, wait for in-flight ones (up to the drain timeout), then stop every replica."""
+        self.closing = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), self.config.drain_timeout_s)
+        except TimeoutError:
+            logger.warning("closing with %d requests still in flight after %.0f s", self.inflight, self.config.drain_timeout_s)
+        await self.supervisor.close()
+
+    def _replica_up(self, replica: Replica) -> None:
+        self.sets[replica.component].add(replica)
+
+    def _replica_down(self, replica: Replica, reason: str) -> None:
+        self.sets[replica.component].remove(replica)
+
+    # -- requests -------------------------------------------------------------------------------
+    async def query(self, inputs: dict[str, Any], slo_ms: float | None = None) -> RequestResult:
+        """Run the pipeline on checked inputs (see `InputSchema`); raises what the request should answer."""
+        if self.closing:
+            raise Overloaded(self.inflight, 0, "the endpoint is shutting down")
+        if self.inflight >= self.config.max_inflight_requests:
+            self.outcomes["overloaded"] += 1
+            raise Overloaded(self.inflight, self.config.max_inflight_requests)
+        request_id, start = next(self._ids), time.perf_counter()
+        variables = self.pipeline.variables(inputs)
+        self.inflight += 1
+        self._idle.clear()
+        try:
+            output = await asyncio.wait_for(run_sync(self._run, variables), self.config.request_timeout_s)
+        except TimeoutError:
+            self.outcomes["timeout"] += 1
+            raise DeadlineExceeded(f"request {request_id} ran past request_timeout_s={self.config.request_timeout_s:g}") from None
+        except BaseException as exc:
+            self.outcomes["worker_died" if isinstance(exc, WorkerDiedError) else "error"] += 1
+            raise
+        finally:
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+        latency = time.perf_counter() - start
+        self._observe(latency, slo_ms or self.config.slo_ms)
+        return RequestResult(request_id, output, latency)
+
+    def _run(self, variables: dict[str, Any]) -> Any:
+        with call_hook(self._call):
+            return self.pipeline.run(variables)
+
+    def _call(self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """The call hook, inside a request's greenlet: queue the call and wait for its outcome."""
+        queue = self.queues.get((component._patchkit_spec.uid, method.name))
+        if queue is None:
+            # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
+            return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
+        ok, value = await_(queue.submit(args, kwargs))
+        if ok:
+            return value
+        value.raise_for(self._names[component._patchkit_spec.uid], method.name)
+
+    def _observe(self, latency_s: float, slo_ms: float | None) -> None:
+        self.outcomes["ok"] += 1
+        self.latency_sum_s += latency_s
+        bucket = next((i for i, bound in enumerate(LATENCY_BUCKETS_S) if latency_s <= bound), len(LATENCY_BUCKETS_S))
+        self.latency_buckets[bucket] += 1
+        if slo_ms is not None and latency_s * 1000 <= slo_ms:
+            self.slo_met += 1
+
+    # -- views ----------------------------------------------------------------------------------
+    def healthy(self) -> bool:
+        return all(any(r.alive for r in s.replicas) for s in self.sets.values())
+
+    def stats(self) -> dict[str, Any]:
+        """Per component: replicas, and per method batch size, throughput and queue; called by /v1/stats."""
+        now = time.monotonic()
+        components = {}
+        for name, component in self.components.items():
+            replica_set = self.sets[name]
+            methods = {}
+            for queue in replica_set.queues:
+                s = queue.stats
+                methods[queue.method] = {
+                    "batch_size": queue.batch_size,
+                    "queue_length": len(queue),
+                    "calls": s.calls,
+                    "batches": s.batches,
+                    "mean_batch": s.calls / s.batches if s.batches else 0.0,
+                    "throughput_per_s": s.throughput(now),
+                    "mean_queue_wait_ms": 1000 * s.queue_wait_s / s.calls if s.calls else 0.0,
+                    "mean_batch_ms": 1000 * s.service_s / s.batches if s.batches else 0.0,
+                    "failures": s.failures,
+                    "retries": s.retries,
+                }
+            components[name] = {
+                "class": type(component).__name__,
+                "replicas": [r.describe() for r in replica_set.replicas],
+                "methods": methods,
+            }
+        requests = {"inflight": self.inflight, **self.outcomes}
+        if self.outcomes["ok"]:
+            requests["mean_latency_ms"] = 1000 * self.latency_sum_s / self.outcomes["ok"]
+        return {"backend": self.config.backend, "uptime_s": time.time() - self.started, "requests": requests,
+                "restarts": self.supervisor.restarts, "components": components}
+
+    async def replica_stats(self) -> dict[str, Any]:
+        """What each replica reports about itself (pid, pinning, batches run)."""
+        found = {}
+        for replica in self.supervisor.replicas():
+            try:
+                found[replica.id] = await replica.channel.stats()
+            except Exception as exc:
+                found[replica.id] = {"error": str(exc)}
+        return found
+
+
+def make_backend(config: DeploymentConfig) -> Backend:
+    if config.backend == "inprocess":
+        return InProcessBackend()
+    return LocalBackend(config.secret, host="127.0.0.1")

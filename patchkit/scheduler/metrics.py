@@ -1,0 +1,63 @@
+"""`GET /metrics`: the front-end's counters in the Prometheus text format, read from live state."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from patchkit.scheduler.frontend import LATENCY_BUCKETS_S, Frontend
+
+__all__ = ["render_metrics"]
+
+
+def _labels(**labels: str) -> str:
+    if not labels:
+        return ""
+    escaped = (f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in labels.items())
+    return "{" + ",".join(escaped) + "}"
+
+
+def _family(name: str, kind: str, help_text: str, samples: Iterable[tuple[str, dict[str, str], float]]) -> list[str]:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    lines += [f"{name}{suffix}{_labels(**labels)} {value:g}" for suffix, labels, value in samples]
+    return lines
+
+
+def render_metrics(frontend: Frontend) -> str:
+    lines: list[str] = []
+    outcomes = frontend.outcomes
+    lines += _family("patchkit_requests_total", "counter", "Requests by outcome.",
+                     [("", {"outcome": k}, v) for k, v in sorted(outcomes.items())])
+    lines += _family("patchkit_requests_inflight", "gauge", "Requests running now.", [("", {}, frontend.inflight)])
+    lines += _family("patchkit_requests_slo_met_total", "counter", "Requests answered within their SLO.",
+                     [("", {}, frontend.slo_met)])
+    cumulative, buckets = 0, []
+    for bound, count in zip([*LATENCY_BUCKETS_S, float("inf")], frontend.latency_buckets):
+        cumulative += count
+        buckets.append(("_bucket", {"le": "+Inf" if bound == float("inf") else f"{bound:g}"}, cumulative))
+    buckets += [("_sum", {}, frontend.latency_sum_s), ("_count", {}, cumulative)]
+    lines += _family("patchkit_request_latency_seconds", "histogram", "Latency of answered requests.", buckets)
+    per_method: dict[str, list[tuple[str, dict[str, str], float]]] = {
+        "calls": [], "batches": [], "failures": [], "retries": [], "queue_length": [], "queue_wait": [], "batch_size": [],
+    }
+    for name, replica_set in frontend.sets.items():
+        for queue in replica_set.queues:
+            labels, s = {"component": name, "method": queue.method}, queue.stats
+            per_method["calls"].append(("", labels, s.calls))
+            per_method["batches"].append(("", labels, s.batches))
+            per_method["failures"].append(("", labels, s.failures))
+            per_method["retries"].append(("", labels, s.retries))
+            per_method["queue_length"].append(("", labels, len(queue)))
+            per_method["queue_wait"].append(("", labels, s.queue_wait_s))
+            per_method["batch_size"].append(("", labels, queue.batch_size))
+    lines += _family("patchkit_calls_total", "counter", "Component calls answered.", per_method["calls"])
+    lines += _family("patchkit_batches_total", "counter", "Batches run.", per_method["batches"])
+    lines += _family("patchkit_call_failures_total", "counter", "Calls that raised.", per_method["failures"])
+    lines += _family("patchkit_call_retries_total", "counter", "Calls re-sent after their replica died.", per_method["retries"])
+    lines += _family("patchkit_queue_length", "gauge", "Calls waiting for a batch.", per_method["queue_length"])
+    lines += _family("patchkit_queue_wait_seconds_total", "counter", "Time calls spent queued.", per_method["queue_wait"])
+    lines += _family("patchkit_batch_size", "gauge", "Configured batch size.", per_method["batch_size"])
+    replicas = [("", {"component": n}, sum(r.alive for r in s.replicas)) for n, s in frontend.sets.items()]
+    lines += _family("patchkit_replicas", "gauge", "Live replicas per component.", replicas)
+    lines += _family("patchkit_replica_restarts_total", "counter", "Replicas restarted after dying.",
+                     [("", {}, frontend.supervisor.restarts)])
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,156 @@
+"""Serving a pipeline: the front-end and its HTTP site on one event loop, in one of three homes.
+
+- `python -m patchkit.scheduler.server`: the front-end process `deploy(backend="local")` starts
+  (bootstrap and lifeline as in `orchestrator/process.py`); SIGTERM drains it and stops its workers.
+- `serve_blocking`: `patchkit serve FILE.py` in the foreground; Ctrl-C drains and stops.
+- `ServerThread`: `deploy(backend="inprocess")`, a thread of the user's process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import pickle
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from patchkit.client.pipeline import Pipeline
+from patchkit.orchestrator.process import ChildSide
+from patchkit.scheduler.config import DeploymentConfig
+from patchkit.scheduler.frontend import Frontend, make_backend
+from patchkit.scheduler.http import build_app
+
+__all__ = ["FrontendBootstrap", "FrontendServer", "ServerThread", "serve_blocking"]
+
+logger = logging.getLogger(__name__)
+
+
+class FrontendServer:
+    def __init__(self, pipeline: Pipeline, config: DeploymentConfig) -> None:
+        self.config = config
+        self.frontend = Frontend(pipeline, config, make_backend(config))
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> str:
+        """Start every replica, then listen; returns the URL. Raises (with nothing left running) on failure."""
+        await self.frontend.start()
+        try:
+            self._runner = web.AppRunner(build_app(self.frontend), access_log=None, handle_signals=False)
+            await self._runner.setup()
+            site = web.TCPSite(self._runner, self.config.host, self.config.port)
+            await site.start()
+        except BaseException:
+            await self.close()
+            raise
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    async def close(self) -> None:
+        """Stop taking connections, drain in-flight requests, stop every worker, close the site."""
+        if self._runner is not None:
+            for site in list(self._runner.sites):
+                await site.stop()
+        await self.frontend.close()
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+
+async def _serve_until(server: FrontendServer, stop: asyncio.Event, on_ready: Callable[[str], None]) -> None:
+    on_ready(await server.start())
+    try:
+        await stop.wait()
+    finally:
+        await server.close()
+
+
+def serve_blocking(pipeline: Pipeline, config: DeploymentConfig, on_ready: Callable[[str], None],
+                   signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+    """Serve in this thread until one of `signals` arrives, then drain and stop."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in signals:
+            loop.add_signal_handler(signum, stop.set)
+        await _serve_until(FrontendServer(pipeline, config), stop, on_ready)
+
+    asyncio.run(main())
+
+
+class ServerThread:
+    """The front-end on a daemon thread of this process (the inprocess backend)."""
+
+    def __init__(self, pipeline: Pipeline, config: DeploymentConfig) -> None:
+        self._server = FrontendServer(pipeline, config)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="patchkit-frontend", daemon=True)
+        self.url = ""
+
+    def start(self) -> str:
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            raise self._error
+        return self.url
+
+    def _main(self) -> None:
+        async def main() -> None:
+            self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
+            await _serve_until(self._server, self._stop, self._set_url)
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+
+    def _set_url(self, url: str) -> None:
+        self.url = url
+        self._ready.set()
+
+    def close(self) -> None:
+        """Drain and stop; returns once the front-end's thread has ended."""
+        if self._loop is not None and self._stop is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join()
+
+
+@dataclass
+class FrontendBootstrap:
+    """What `deploy(backend="local")` sends its front-end process."""
+
+    pipeline: bytes  # cloudpickled Pipeline
+    config: DeploymentConfig
+    sys_path: list[str]
+
+
+def main() -> None:
+    side = ChildSide()
+    boot: FrontendBootstrap = pickle.loads(side.bootstrap())  # noqa: S301 - from our parent, over a private pipe
+    side.watch_lifeline()
+    sys.path[:] = boot.sys_path or sys.path
+    try:
+        pipeline = pickle.loads(boot.pipeline)  # noqa: S301 - ditto
+        serve_blocking(pipeline, boot.config, lambda url: side.ready(url=url, pid=os.getpid()), signals=(signal.SIGTERM,))
+    except BaseException as exc:
+        logger.exception("the front-end failed")
+        side.failed(exc)
+        raise SystemExit(1) from None
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s front-end: %(message)s")
+    main()
