@@ -61,12 +61,9 @@ class Pipeline:
 
         Raises InputError naming an unknown input and the known ones.
         """
-        unknown = [name for name in overrides if name not in self._defaults]
-        if unknown:
-            known = ", ".join(sorted(self._defaults)) or "none"
-            close = difflib.get_close_matches(unknown[0], list(self._defaults), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise InputError(f"unknown pipeline input {unknown[0]!r}{hint} (inputs: {known})")
+        for name in overrides:
+            if name not in self._defaults:
+                raise unknown_input(name, self._defaults)
         values = {name: overrides[name] if name in overrides else copy.deepcopy(v) for name, v in self._defaults.items()}
         return {**self._bindings, **values}
 
@@ -102,6 +99,13 @@ class Pipeline:
         inputs = ", ".join(self._defaults)
         names = ", ".join(self.components)
         return f"<Pipeline inputs=({inputs}) output={self.output!r} components=({names})>"
+
+
+def unknown_input(name: str, known: Mapping[str, Any]) -> InputError:
+    """The error for an input the pipeline does not have, with the closest known name."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return InputError(f"unknown pipeline input {name!r}{hint} (inputs: {', '.join(sorted(known)) or 'none'})")
 
 
 _last: Pipeline | None = None

@@ -89,5 +89,5 @@ class Backend(ABC):
     async def watch(self, replica: Replica) -> str:
         """Return, with the reason, once the replica has died or stopped."""
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027 - most backends hold nothing of their own
         """Release what the backend itself holds; the supervisor has stopped every replica by then."""

@@ -56,7 +56,8 @@ def run_batch(component: Component, method_name: str, calls: Sequence[Call]) -> 
     """
     method = getattr(type(component), method_name, None)
     if not isinstance(method, MakeMethod):
-        error = ComponentError(type(component).__name__, method_name, f"{type(component).__name__} has no @make method {method_name!r}")
+        cls = type(component).__name__
+        error = ComponentError(cls, method_name, f"{cls} has no @make method {method_name!r}")
         return [(False, Failure.of(error))] * len(calls)
     if method.batch and len(calls) > 1:
         try:

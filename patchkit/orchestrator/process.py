@@ -144,8 +144,9 @@ class ChildSide:
         self._send(report)
 
     def failed(self, error: BaseException) -> None:
-        payload = error_to_json(error if isinstance(error, PatchkitError) else WorkerDiedError(f"{type(error).__name__}: {error}"))
-        self._send({"error": payload})
+        if not isinstance(error, PatchkitError):
+            error = WorkerDiedError(f"{type(error).__name__}: {error}")
+        self._send({"error": error_to_json(error)})
 
     def _send(self, report: dict[str, Any]) -> None:
         if self._report.closed:

@@ -38,7 +38,7 @@ SERVICE = "patchkit.Worker"
 BATCHES = f"/{SERVICE}/Batches"
 HEALTH = f"/{SERVICE}/Health"
 STATS = f"/{SERVICE}/Stats"
-SECRET_KEY = "x-patchkit-secret"
+SECRET_KEY = "x-patchkit-secret"  # noqa: S105 - the metadata key, not a secret
 MAX_MESSAGE_BYTES = 1 << 30
 OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

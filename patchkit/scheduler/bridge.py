@@ -20,7 +20,7 @@ __all__ = ["await_", "run_sync"]
 T = TypeVar("T")
 
 
-class _RequestGreenlet(greenlet.greenlet):  # type: ignore[misc]
+class _RequestGreenlet(greenlet.greenlet):
     def __init__(self, fn: Callable[..., Any], driver: greenlet.greenlet) -> None:
         super().__init__(fn, driver)
         self.driver = driver
@@ -40,7 +40,7 @@ async def run_sync(fn: Callable[..., T], *args: Any) -> T:
             result = child.throw(*sys.exc_info())
         else:
             result = child.switch(value)
-    return result  # type: ignore[no-any-return]
+    return result
 
 
 def await_(awaitable: Awaitable[T]) -> T:
@@ -48,4 +48,4 @@ def await_(awaitable: Awaitable[T]) -> T:
     current = greenlet.getcurrent()
     if not isinstance(current, _RequestGreenlet):
         raise RuntimeError("await_() is only valid inside a request run by patchkit's front-end")
-    return current.driver.switch(awaitable)  # type: ignore[no-any-return]
+    return current.driver.switch(awaitable)

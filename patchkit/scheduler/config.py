@@ -111,7 +111,8 @@ def _check_names(argument: str, value: object, known: set[str]) -> None:
         if name not in known:
             close = difflib.get_close_matches(str(name), sorted(known), n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
-            raise InputError(f"{argument} names {name!r}, which the pipeline does not have{hint} (known: {', '.join(sorted(known))})")
+            known_names = ", ".join(sorted(known))
+            raise InputError(f"{argument} names {name!r}, which the pipeline does not have{hint} (known: {known_names})")
 
 
 def _pick(value: int | Mapping[str, int] | None, keys: tuple[str, ...], default: int) -> int:

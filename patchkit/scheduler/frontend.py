@@ -186,7 +186,7 @@ class Frontend:
                 "replicas": [r.describe() for r in replica_set.replicas],
                 "methods": methods,
             }
-        requests = {"inflight": self.inflight, **self.outcomes}
+        requests: dict[str, float] = {"inflight": self.inflight, **self.outcomes}
         if self.outcomes["ok"]:
             requests["mean_latency_ms"] = 1000 * self.latency_sum_s / self.outcomes["ok"]
         return {"backend": self.config.backend, "uptime_s": time.time() - self.started, "requests": requests,

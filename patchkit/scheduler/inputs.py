@@ -13,6 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from patchkit.client.pipeline import unknown_input
 from patchkit.errors import InputError
 
 __all__ = ["InputSchema", "output_json"]
@@ -50,7 +51,7 @@ class InputSchema:
         """Type-check given inputs against the captured defaults and report the first missing one."""
         for name in inputs:
             if name not in self.defaults:
-                raise InputError(f"unknown input {name!r} (inputs: {', '.join(sorted(self.defaults)) or 'none'})")
+                raise unknown_input(name, self.defaults)
         missing = [n for n in self.defaults if n not in inputs and n not in self.optional]
         if missing:
             raise InputError(f"missing input {missing[0]!r}: every request gives {', '.join(sorted(self.defaults))}")
@@ -105,4 +106,6 @@ def _convert(value: Any) -> Any:
         return sorted(value, key=repr)
     if hasattr(value, "tolist"):  # numpy arrays and scalars
         return value.tolist()
-    raise TypeError(f"the pipeline's output holds a {type(value).__name__}, which JSON cannot carry; return str, numbers, lists or dicts")
+    raise TypeError(
+        f"the pipeline's output holds a {type(value).__name__}, which JSON cannot carry; return str, numbers, lists or dicts"
+    )

@@ -30,7 +30,7 @@ def render_metrics(frontend: Frontend) -> str:
     lines += _family("patchkit_requests_inflight", "gauge", "Requests running now.", [("", {}, frontend.inflight)])
     lines += _family("patchkit_requests_slo_met_total", "counter", "Requests answered within their SLO.",
                      [("", {}, frontend.slo_met)])
-    cumulative, buckets = 0, []
+    cumulative, buckets = 0, list[tuple[str, dict[str, str], float]]()
     for bound, count in zip([*LATENCY_BUCKETS_S, float("inf")], frontend.latency_buckets):
         cumulative += count
         buckets.append(("_bucket", {"le": "+Inf" if bound == float("inf") else f"{bound:g}"}, cumulative))
