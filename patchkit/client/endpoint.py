@@ -32,6 +32,8 @@ class Endpoint:
         parts = urllib.parse.urlsplit(url)
         self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
         self._local = threading.local()
+        self._connections: list[http.client.HTTPConnection] = []  # every thread's, closed by close()
+        self._lock = threading.Lock()
         self._closer: Callable[[], None] | None = closer
         self._finalizer = weakref.finalize(self, closer)  # also runs at interpreter exit
 
@@ -74,6 +76,8 @@ class Endpoint:
         connection = getattr(self._local, "connection", None)
         if connection is None:
             connection = self._local.connection = http.client.HTTPConnection(self._host, self._port, timeout=None)
+            with self._lock:
+                self._connections.append(connection)
         return connection
 
     @staticmethod
@@ -89,6 +93,10 @@ class Endpoint:
         if self._closer is not None:
             self._closer = None
             self._finalizer()
+            with self._lock:
+                connections, self._connections = self._connections, []
+            for connection in connections:
+                connection.close()
 
     def __enter__(self) -> Endpoint:
         return self

@@ -1,14 +1,15 @@
-"""The `inprocess` backend: replicas are threads of this process running the user's own objects.
+"""The `inprocess` backend: replicas run the user's own objects on the front-end's event loop.
 
-For unit tests and pdb: nothing is pickled, nothing is started, a breakpoint in a component stops
-the whole deployment where it is.
+For unit tests and pdb: nothing is pickled, no process or thread is started, and a batch runs to
+completion before the loop goes on, so runs are deterministic and a breakpoint in a component
+stops the whole deployment where it is. (Batching and the pipeline's control flow are the same
+as on the process backends; only components never overlap one another.)
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from patchkit.client.component import Call, Component, ensure_setup
@@ -20,11 +21,10 @@ __all__ = ["InProcessBackend"]
 
 
 class DirectChannel:
-    """Runs batches on a thread of its own, one at a time, as a worker process would."""
+    """Runs each batch inline, on the calling event loop."""
 
-    def __init__(self, component: Component, name: str) -> None:
+    def __init__(self, component: Component) -> None:
         self.component = component
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"patchkit-{name}")
         self.lost = asyncio.Event()
         self.lost_reason = ""
         self.batches = 0
@@ -33,8 +33,7 @@ class DirectChannel:
     async def run_batch(self, method: str, calls: Sequence[Call]) -> list[Outcome]:
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
-        loop = asyncio.get_running_loop()
-        outcomes = await loop.run_in_executor(self._executor, run_batch, self.component, method, calls)
+        outcomes = run_batch(self.component, method, calls)
         self.batches += 1
         self.calls += len(calls)
         return outcomes
@@ -46,20 +45,17 @@ class DirectChannel:
         if not self.lost.is_set():
             self.lost_reason = "stopped"
             self.lost.set()
-        self._executor.shutdown(wait=True)
 
 
 class InProcessBackend(Backend):
     name = "inprocess"
 
     async def start(self, spec: ReplicaSpec, replica_id: str) -> Replica:
-        channel = DirectChannel(spec.instance, replica_id)
         try:
-            await asyncio.get_running_loop().run_in_executor(channel._executor, ensure_setup, spec.instance)
+            ensure_setup(spec.instance)
         except Exception as exc:
-            await channel.close()
             raise setup_error(spec.component, exc) from None
-        return Replica(replica_id, spec, channel)
+        return Replica(replica_id, spec, DirectChannel(spec.instance))
 
     async def stop(self, replica: Replica) -> None:
         await replica.channel.close()

@@ -118,7 +118,8 @@ class Frontend:
         self.inflight += 1
         self._idle.clear()
         try:
-            output = await asyncio.wait_for(run_sync(self._run, variables), self.config.request_timeout_s)
+            async with asyncio.timeout(self.config.request_timeout_s):
+                output = await run_sync(self._run, variables)
         except TimeoutError:
             self.outcomes["timeout"] += 1
             raise DeadlineExceeded(f"request {request_id} ran past request_timeout_s={self.config.request_timeout_s:g}") from None

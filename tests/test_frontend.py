@@ -1,0 +1,322 @@
+"""The front-end on the inprocess backend: batching, pipelining, many requests in flight, the HTTP API."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from components import Flaky, Generator, Grader, Retriever
+
+import patchkit
+from patchkit import Component, make
+from patchkit.scheduler.config import DeploymentConfig
+from patchkit.scheduler.frontend import Frontend, make_backend
+from patchkit.scheduler.inputs import InputSchema
+
+
+class Recorder(Component):
+    """Remembers the size of every batch it ran."""
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    @make(batch=True)
+    def tag(self, text: list[str]) -> list[str]:
+        self.batches.append(len(text))
+        return [f"<{t}>" for t in text]
+
+
+retriever, grader, llm, flaky, recorder = Retriever(topk=2), Grader(), Generator(), Flaky(), Recorder()
+
+
+def crag(query: str) -> patchkit.Pipeline:
+    with patchkit.capture() as pipeline:
+        docs = retriever.retrieve(query)
+        if not grader.grade(query, docs):
+            docs = retriever.retrieve(llm.rewrite(query))
+        return llm.generate(query, docs)
+    return pipeline
+
+
+def tagged(query: str) -> patchkit.Pipeline:
+    with patchkit.capture() as pipeline:
+        return recorder.tag(query)
+    return pipeline
+
+
+def checked(query: str) -> patchkit.Pipeline:
+    with patchkit.capture() as pipeline:
+        return flaky.check(query)
+    return pipeline
+
+
+def captured(fn: Any, query: str = "How do I catch an exception?") -> patchkit.Pipeline:
+    fn(query)
+    return patchkit.last_pipeline()
+
+
+def run_frontend(pipeline: patchkit.Pipeline, body: Any, **options: Any) -> Any:
+    """Start a Frontend on the inprocess backend, run `body(frontend)` on its loop, close it."""
+
+    async def main() -> Any:
+        config = DeploymentConfig.resolve(pipeline, backend="inprocess", **options)
+        frontend = Frontend(pipeline, config, make_backend(config))
+        await frontend.start()
+        try:
+            return await body(frontend)
+        finally:
+            await frontend.close()
+
+    return asyncio.run(main())
+
+
+# -- batching and concurrency -------------------------------------------------------------------
+def test_concurrent_requests_share_batches_up_to_the_batch_size() -> None:
+    pipeline = captured(tagged)
+    recorder.batches.clear()
+
+    async def body(frontend: Frontend) -> list[Any]:
+        return await asyncio.gather(*(frontend.query({"query": f"q{i}"}) for i in range(20)))
+
+    results = run_frontend(pipeline, body, batch_size=8)
+    assert [r.output for r in results] == [f"<q{i}>" for i in range(20)]
+    assert max(recorder.batches) == 8
+    assert sum(recorder.batches) == 20
+    assert len(recorder.batches) < 20
+
+
+def test_a_partial_batch_waits_for_more_calls_then_leaves_on_its_own() -> None:
+    pipeline = captured(tagged)
+    recorder.batches.clear()
+
+    async def body(frontend: Frontend) -> list[str]:
+        first = [asyncio.ensure_future(frontend.query({"query": f"a{i}"})) for i in range(3)]
+        await asyncio.sleep(0.01)  # well inside the batch wait: nothing has left yet
+        assert recorder.batches == []
+        later = [asyncio.ensure_future(frontend.query({"query": f"b{i}"})) for i in range(2)]
+        done = await asyncio.gather(*first, *later)
+        return [r.output for r in done]
+
+    outputs = run_frontend(pipeline, body, batch_size=16, batch_wait_ms=200)
+    assert outputs == ["<a0>", "<a1>", "<a2>", "<b0>", "<b1>"]
+    assert recorder.batches == [5]
+
+
+def test_two_thousand_requests_wait_in_flight_without_a_thread_each() -> None:
+    pipeline = captured(tagged)
+    recorder.batches.clear()
+    threads_before = threading.active_count()
+    seen: dict[str, int] = {}
+
+    async def body(frontend: Frontend) -> list[Any]:
+        tasks = [asyncio.ensure_future(frontend.query({"query": str(i)})) for i in range(2000)]
+        while frontend.inflight < 2000:
+            await asyncio.sleep(0.01)
+        seen["inflight"], seen["threads"] = frontend.inflight, threading.active_count()
+        return await asyncio.gather(*tasks)
+
+    results = run_frontend(pipeline, body, batch_size=2000, batch_wait_ms=60_000)
+    assert seen["inflight"] == 2000
+    assert seen["threads"] <= threads_before + 1
+    assert [r.output for r in results] == [f"<{i}>" for i in range(2000)]
+    assert recorder.batches == [2000]
+
+
+def test_requests_at_different_stages_overlap() -> None:
+    pipeline = captured(crag)
+    queries = ["How do I catch an exception?", "Tell me about nothing in particular", "What is a generator?"] * 10
+
+    async def body(frontend: Frontend) -> list[Any]:
+        return await asyncio.gather(*(frontend.query({"query": q}) for q in queries))
+
+    results = run_frontend(pipeline, body)
+    assert [r.output for r in results] == [pipeline(query=q) for q in queries]
+
+
+def test_calls_spread_over_replicas() -> None:
+    pipeline = captured(tagged)
+
+    async def body(frontend: Frontend) -> dict[str, Any]:
+        await asyncio.gather(*(frontend.query({"query": str(i)}) for i in range(64)))
+        return frontend.stats()
+
+    stats = run_frontend(pipeline, body, replicas=2, batch_size=4, max_inflight_batches=1)
+    replicas = stats["components"]["recorder"]["replicas"]
+    assert len(replicas) == 2
+    assert stats["components"]["recorder"]["methods"]["tag"]["calls"] == 64
+
+
+# -- configuration ------------------------------------------------------------------------------
+def test_config_names_unknown_components_with_a_suggestion() -> None:
+    pipeline = captured(crag)
+    with pytest.raises(patchkit.InputError, match="'retreiver'.*did you mean 'retriever'"):
+        DeploymentConfig.resolve(pipeline, replicas={"retreiver": 2})
+    config = DeploymentConfig.resolve(pipeline, batch_size={"llm.rewrite": 4, "retriever": 2})
+    assert config.components["llm"].batch_sizes == {"generate": 1, "rewrite": 4}
+    assert config.components["retriever"].batch_sizes == {"retrieve": 2, "lookup": 2}
+    with pytest.raises(ValueError, match="backend must be one of"):
+        DeploymentConfig.resolve(pipeline, backend="cluster")
+
+
+def test_input_schema_checks_types_against_captured_values() -> None:
+    schema = InputSchema({"query": "q", "topk": 3, "temperature": 0.5, "tags": ("a",), "flag": False})
+    assert schema.check({"query": "x", "topk": 2, "temperature": 1, "tags": ["b"], "flag": True}) == {
+        "query": "x", "topk": 2, "temperature": 1.0, "tags": ("b",), "flag": True,
+    }
+    with pytest.raises(patchkit.InputError, match="'topk' must be an integer"):
+        schema.check({"query": "x", "topk": True, "temperature": 1, "tags": [], "flag": True})
+    with pytest.raises(patchkit.InputError, match="missing input 'flag'"):
+        schema.check({"query": "x", "topk": 2, "temperature": 1, "tags": []})
+    assert InputSchema({"query": "q", "topk": 3}, optional=("topk",)).check({"query": "x"}) == {"query": "x"}
+
+
+# -- the HTTP API -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[patchkit.Endpoint]:
+    pipeline = captured(crag)
+    with patchkit.deploy(pipeline, backend="inprocess", max_body_bytes=4096) as served:
+        yield served
+
+
+def post(url: str, path: str, body: bytes) -> tuple[int, dict[str, Any], dict[str, str]]:
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return response.status, json.loads(data), dict(response.getheaders())
+
+
+def get(url: str, path: str) -> tuple[int, bytes]:
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection.request("GET", path)
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    return response.status, data
+
+
+def test_query_answers_like_the_pipeline(endpoint: patchkit.Endpoint) -> None:
+    pipeline = patchkit.last_pipeline()
+    assert endpoint.query(query="What is a generator?") == crag_reference("What is a generator?")
+    status, reply, _ = post(endpoint.url, "/v1/query", b'{"inputs": {"query": "What is a generator?"}}')
+    assert status == 200 and reply["output"] == endpoint.query(query="What is a generator?")
+    assert reply["request_id"] >= 1 and reply["latency_ms"] >= 0
+    assert asyncio.run(endpoint.aquery(query="What is a generator?")) == reply["output"]
+    assert pipeline is not None
+
+
+def crag_reference(query: str) -> str:
+    docs = Retriever(topk=2).retrieve(query)
+    if not Grader().grade(query, docs):
+        docs = Retriever(topk=2).retrieve(Generator().rewrite(query))
+    result: str = Generator().generate(query, docs)
+    return result
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b'["query"]', "must be a JSON object"),
+        (b'{"query": "x"}', "unknown field 'query'"),
+        (b'{"inputs": {"qeury": "x"}}', "unknown pipeline input 'qeury'; did you mean 'query'"),
+        (b'{"inputs": {}}', "missing input 'query'"),
+        (b'{"inputs": {"query": 7}}', "input 'query' must be a string"),
+        (b'{"inputs": {"query": "x"}, "slo_ms": -1}', "slo_ms must be a positive number"),
+    ],
+)
+def test_bad_input_is_a_400_naming_what_is_wrong(endpoint: patchkit.Endpoint, body: bytes, message: str) -> None:
+    status, reply, _ = post(endpoint.url, "/v1/query", body)
+    assert status == 400
+    assert reply["error"]["type"] == "InputError"
+    assert message in reply["error"]["message"]
+
+
+def test_a_body_over_the_limit_is_a_413(endpoint: patchkit.Endpoint) -> None:
+    status, reply, _ = post(endpoint.url, "/v1/query", json.dumps({"inputs": {"query": "x" * 5000}}).encode())
+    assert status == 413
+    assert "4096 bytes" in reply["error"]["message"]
+    assert endpoint.query(query="What is a generator?")
+
+
+def test_query_raises_input_error_in_python(endpoint: patchkit.Endpoint) -> None:
+    with pytest.raises(patchkit.InputError, match="unknown pipeline input 'q'"):
+        endpoint.query(q="x")
+
+
+def test_health_metrics_graph_plan_and_stats(endpoint: patchkit.Endpoint) -> None:
+    endpoint.query(query="How do I catch an exception?")
+    status, body = get(endpoint.url, "/healthz")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    status, body = get(endpoint.url, "/metrics")
+    text = body.decode()
+    assert status == 200
+    assert 'patchkit_calls_total{component="retriever",method="retrieve"}' in text
+    assert "# TYPE patchkit_request_latency_seconds histogram" in text
+    assert 'patchkit_replicas{component="llm"} 1' in text
+    graph = json.loads(get(endpoint.url, "/v1/graph")[1])
+    assert {n["component"] for n in graph["nodes"]} == {"retriever", "grader", "llm"}
+    plan = json.loads(get(endpoint.url, "/v1/plan")[1])
+    assert plan["components"]["retriever"] == {"replicas": 1, "batch_sizes": {"retrieve": 32, "lookup": 1}}
+    assert plan["inputs"] == {"query": "a string"} and "secret" not in plan
+    stats = endpoint.stats()
+    assert stats["requests"]["ok"] >= 1
+    assert stats["components"]["retriever"]["methods"]["retrieve"]["calls"] >= 1
+
+
+def test_a_component_error_is_a_500_and_the_server_keeps_serving() -> None:
+    pipeline = captured(checked, "fine")
+    with patchkit.deploy(pipeline, backend="inprocess") as served:
+        status, reply, _ = post(served.url, "/v1/query", b'{"inputs": {"query": "please fail"}}')
+        assert status == 500
+        assert reply["error"]["component"] == "flaky" and reply["error"]["method"] == "check"
+        assert "ValueError: cannot check 'please fail'" in reply["error"]["message"]
+        assert "raise ValueError" in reply["error"]["traceback"]
+        with pytest.raises(patchkit.ComponentError, match="flaky.check raised: ValueError"):
+            served.query(query="fail again")
+        assert served.query(query="fine") == "FINE"
+
+
+def test_more_requests_than_the_admission_bound_get_503_with_retry_after() -> None:
+    pipeline = captured(tagged)
+
+    async def body(frontend: Frontend) -> list[Any]:
+        waiting = [asyncio.ensure_future(frontend.query({"query": "a"})), asyncio.ensure_future(frontend.query({"query": "b"}))]
+        await asyncio.sleep(0)
+        with pytest.raises(patchkit.Overloaded) as overloaded:
+            await frontend.query({"query": "c"})
+        assert (overloaded.value.queue_length, overloaded.value.limit) == (2, 2)
+        return await asyncio.gather(*waiting)
+
+    results = run_frontend(pipeline, body, max_inflight_requests=2, batch_size=2, batch_wait_ms=50)
+    assert [r.output for r in results] == ["<a>", "<b>"]
+    from patchkit.scheduler.http import error_reply
+
+    status, payload = error_reply(patchkit.Overloaded(5, 5))
+    assert status == 503 and payload["error"]["limit"] == 5
+
+
+def test_close_drains_requests_in_flight() -> None:
+    pipeline = captured(tagged)
+
+    async def body(frontend: Frontend) -> list[Any]:
+        tasks = [asyncio.ensure_future(frontend.query({"query": str(i)})) for i in range(10)]
+        await asyncio.sleep(0)
+        closing = asyncio.ensure_future(frontend.close())
+        await asyncio.sleep(0)
+        with pytest.raises(patchkit.Overloaded, match="shutting down"):
+            await frontend.query({"query": "late"})
+        await closing
+        return await asyncio.gather(*tasks)
+
+    results = run_frontend(pipeline, body, batch_size=10, batch_wait_ms=100)
+    assert [r.output for r in results] == [f"<{i}>" for i in range(10)]
