@@ -1,6 +1,8 @@
 """The pipeline of the Patchwork paper's Figure 9, with small components of its own.
 
-Run it: `python examples/figure9.py` prints the answer, a re-run on a new question, and the graph.
+Run it: `python examples/figure9.py` prints the answer, a re-run on a new question and the graph,
+then deploys the pipeline (one worker process per component) and asks the endpoint. Or serve it:
+`patchkit serve examples/figure9.py`.
 """
 
 from __future__ import annotations
@@ -89,3 +91,10 @@ if __name__ == "__main__":
     print(pipeline)
     print(pipeline(query="What should I cook tonight?"))
     print(pipeline.graph.to_mermaid())
+    with patchkit.deploy(pipeline) as endpoint:
+        print(f"deployed at {endpoint.url}")
+        for question in ("Which Linux distro suits beginners best?", "What should I cook tonight?"):
+            print(endpoint.query(query=question))
+        for name, component in endpoint.stats()["components"].items():
+            pids = [r["pid"] for r in component["replicas"]]
+            print(f"  {name}: worker pid {pids}, calls {sum(m['calls'] for m in component['methods'].values())}")
