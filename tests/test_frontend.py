@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 from components import Flaky, Generator, Grader, Retriever
+from corpus import CASES, Case
+from test_capture_corpus import _capture as capture_case
 
 import patchkit
 from patchkit import Component, make
@@ -320,3 +322,11 @@ def test_close_drains_requests_in_flight() -> None:
 
     results = run_frontend(pipeline, body, batch_size=10, batch_wait_ms=100)
     assert [r.output for r in results] == [f"<{i}>" for i in range(10)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_the_corpus_answers_the_same_deployed_inprocess(case: Case) -> None:
+    pipeline, _ = capture_case(case)
+    expected = [json.loads(json.dumps(pipeline(**inputs))) for inputs in case.inputs]
+    with patchkit.deploy(pipeline, backend="inprocess", optional_inputs=tuple(pipeline.inputs)) as served:
+        assert [served.query(**inputs) for inputs in case.inputs] == expected
