@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import patchkit
 from patchkit import Component, make
 
@@ -74,4 +76,32 @@ class Flaky(Component):
         return text.upper()
 
 
-__all__ = ["CORPUS", "Flaky", "Generator", "Grader", "Retriever", "patchkit"]
+class Slow(Component):
+    """Answers after a pause, like a model on an accelerator: gives a deployment work in flight."""
+
+    def __init__(self, seconds: float = 0.01) -> None:
+        self.seconds = seconds
+
+    @make
+    def echo(self, text: str) -> str:
+        time.sleep(self.seconds)
+        return text.upper()
+
+    @make(batch=True)
+    def nap(self, text: list[str]) -> list[str]:
+        time.sleep(self.seconds)  # once per batch
+        return [t[::-1] for t in text]
+
+
+class BrokenSetup(Component):
+    """A component whose setup() fails, as when a model file is missing."""
+
+    def setup(self) -> None:
+        raise RuntimeError("model file is missing")
+
+    @make
+    def answer(self, text: str) -> str:
+        return text
+
+
+__all__ = ["CORPUS", "BrokenSetup", "Flaky", "Generator", "Grader", "Retriever", "Slow", "patchkit"]

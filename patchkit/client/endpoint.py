@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import secrets
+import subprocess
 import sys
 import threading
 import urllib.parse
@@ -59,18 +60,21 @@ class Endpoint:
         if self._closer is None:
             raise PatchkitError(f"the endpoint at {self.url} is closed")
         body = None if payload is None else json.dumps(payload).encode()
-        for attempt in (0, 1):
+        while True:
             connection = self._connection()
+            reused = connection.sock is not None
             try:
                 connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
                 response = connection.getresponse()
                 return response.status, response.read()
-            except (ConnectionError, http.client.HTTPException):
+            except (ConnectionError, http.client.HTTPException) as exc:
                 connection.close()
                 self._local.connection = None
-                if attempt:  # a kept-alive connection the server closed gets one fresh try
+                # Only a kept-alive connection that the server had already closed is tried again: the
+                # request never reached it. Anything else may have run, and is reported, not repeated.
+                stale = isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError))
+                if not (reused and stale):
                     raise
-        raise AssertionError("unreachable")
 
     def _connection(self) -> http.client.HTTPConnection:
         connection = getattr(self._local, "connection", None)
@@ -155,6 +159,10 @@ def _deploy_local(pipeline: Pipeline, config: Any) -> Endpoint:
     def close() -> None:
         if child.alive():
             child.process.terminate()  # SIGTERM: drain, stop the workers, exit
-        child.stop(config.drain_timeout_s + envs.worker_stop_timeout_s() + 5)
+            try:  # with the lifeline open: cutting it makes the front-end exit at once, undrained
+                child.process.wait(config.drain_timeout_s + envs.worker_stop_timeout_s() + 5)
+            except subprocess.TimeoutExpired:
+                pass
+        child.stop(envs.worker_stop_timeout_s())
 
     return Endpoint(child.report["url"], close)
