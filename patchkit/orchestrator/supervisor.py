@@ -45,17 +45,6 @@ class Supervisor:
             await self.close()
             raise errors[0]
 
-    async def add(self, spec: ReplicaSpec) -> Replica:
-        """Start one more replica of a component (autoscaling up); raises if it cannot start."""
-        return await self._start(spec)
-
-    async def remove(self, replica: Replica) -> None:
-        """Stop a replica on purpose (autoscaling down): it is not restarted."""
-        keeper = self._keepers.pop(replica, None)
-        if keeper is not None:
-            keeper.cancel()
-        await self.backend.stop(replica)
-
     async def _start(self, spec: ReplicaSpec) -> Replica:
         replica_id = f"{spec.component}#{next(self._numbers[spec.component])}"
         replica = await self.backend.start(spec, replica_id)

@@ -55,7 +55,7 @@ class Frontend:
         self.supervisor = Supervisor(backend, self._replica_up, self._replica_down)
         self._ids = itertools.count(1)
         self.inflight = 0
-        self.outcomes: Counter[str] = Counter()  # requests by result: ok, input_error, component_error, ...
+        self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded
         self.slo_met = 0
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
         self.latency_sum_s = 0.0
