@@ -4,7 +4,9 @@
 
 Each number comes with its baseline from the same run (see benchmarks/README.md for results):
 - overhead: three no-op components on the inprocess backend under 1,024 requests/s Poisson
-  arrivals; the front-end's own per-request latency minus the same pipeline run eagerly;
+  arrivals; the front-end's own per-request latency minus the same pipeline run eagerly, once with
+  requests arriving over HTTP from a load-generator process, once submitted on the front-end's own
+  event loop (the scheduler alone, as Patchwork measures its scheduling latency);
 - gRPC hop: one call with a 2 KB payload to a local worker and back, against a bare unary RPC
   on the same channel;
 - throughput: the same pipeline through three worker processes, closed loop, with batching
@@ -17,19 +19,25 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import secrets
 import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+
+from aiohttp import web
 
 import patchkit
 from patchkit import Component, make
 from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.rpc import HEALTH, SECRET_KEY
+from patchkit.scheduler.config import DeploymentConfig
+from patchkit.scheduler.frontend import Frontend, make_backend
 
 LOAD = str(Path(__file__).with_name("_load.py"))
 
@@ -78,25 +86,94 @@ def load(mode: str, url: str, level: float, seconds: float) -> dict:
     return json.loads(done.stdout)
 
 
-def bench_overhead(pipeline: patchkit.Pipeline, seconds: float) -> dict:
+def eager_p50_ms(pipeline: patchkit.Pipeline) -> float:
     eager = []
     for _ in range(2000):
         start = time.perf_counter()
         pipeline(query="What is a generator?")
         eager.append((time.perf_counter() - start) * 1000)
+    return statistics.median(eager)
+
+
+def bench_overhead_http(pipeline: patchkit.Pipeline, seconds: float, eager_p50: float) -> dict:
     with patchkit.deploy(pipeline, backend="inprocess") as endpoint:
         result = load("poisson", endpoint.url, 1024, seconds)
-    eager_p50 = statistics.median(eager)
     server, client = result["server_ms"], result["client_ms"]
     return {
         "offered_per_s": 1024,
         "answered": result["ok"],
         "errors": result["errors"],
-        "eager_p50_ms": eager_p50,
         "added_p50_ms": percentile(server, 0.50) - eager_p50,
         "added_p99_ms": percentile(server, 0.99) - eager_p50,
         "http_round_trip_p50_ms": percentile(client, 0.50),
         "http_round_trip_p99_ms": percentile(client, 0.99),
+    }
+
+
+def bench_bare_http(seconds: float) -> dict:
+    """The baseline for the HTTP numbers: an aiohttp server that answers at once, under the same load."""
+    reply = b'{"output": "x", "request_id": 1, "latency_ms": 0.0}'
+
+    async def answer(request: web.Request) -> web.Response:
+        await request.read()
+        return web.Response(body=reply, content_type="application/json")
+
+    async def serve(ready: threading.Event, stop: threading.Event, found: dict) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/query", answer)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        found["url"] = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        ready.set()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+        await runner.cleanup()
+
+    ready, stop, found = threading.Event(), threading.Event(), {}
+    thread = threading.Thread(target=lambda: asyncio.run(serve(ready, stop, found)))
+    thread.start()
+    ready.wait()
+    try:
+        result = load("poisson", found["url"], 1024, seconds)
+    finally:
+        stop.set()
+        thread.join()
+    client = result["client_ms"]
+    return {"http_round_trip_p50_ms": percentile(client, 0.5), "http_round_trip_p99_ms": percentile(client, 0.99)}
+
+
+async def _poisson_on_the_loop(pipeline: patchkit.Pipeline, seconds: float) -> list[float]:
+    config = DeploymentConfig.resolve(pipeline, backend="inprocess")
+    frontend = Frontend(pipeline, config, make_backend(config))
+    await frontend.start()
+    rng, latencies, tasks = random.Random(0), [], set()
+
+    async def one() -> None:
+        result = await frontend.query({"query": "What is a generator?"})
+        latencies.append(result.latency_s * 1000)
+
+    start = next_at = time.perf_counter()
+    while next_at - start < seconds:
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.ensure_future(one())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        next_at += rng.expovariate(1024)
+    await asyncio.gather(*tasks)
+    await frontend.close()
+    return latencies
+
+
+def bench_overhead_scheduler(pipeline: patchkit.Pipeline, seconds: float, eager_p50: float) -> dict:
+    latencies = asyncio.run(_poisson_on_the_loop(pipeline, seconds))
+    return {
+        "offered_per_s": 1024,
+        "answered": len(latencies),
+        "added_p50_ms": percentile(latencies, 0.50) - eager_p50,
+        "added_p99_ms": percentile(latencies, 0.99) - eager_p50,
     }
 
 
@@ -153,8 +230,12 @@ def main() -> None:
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     pipeline = three_stages("What is a generator?") and patchkit.last_pipeline()
+    eager_p50 = eager_p50_ms(pipeline)
     results = {
-        "overhead_inprocess_1024rps": bench_overhead(pipeline, args.seconds),
+        "eager_p50_ms": eager_p50,
+        "overhead_scheduler_1024rps": bench_overhead_scheduler(pipeline, args.seconds, eager_p50),
+        "overhead_http_1024rps": bench_overhead_http(pipeline, args.seconds, eager_p50),
+        "bare_aiohttp_1024rps": bench_bare_http(args.seconds),
         "grpc_hop_2kb": asyncio.run(_hop(2000)),
         "throughput_three_stages_local": bench_throughput(pipeline, args.seconds),
     }

@@ -198,6 +198,10 @@ class MakeMethod:
         params = list(self.signature.parameters)[1:]
         columns: list[list[Any]] = [[] for _ in params]
         for args, kwargs in calls:
+            if not kwargs and len(args) == len(params):  # every parameter given by position: no binding needed
+                for column, value in zip(columns, args):
+                    column.append(value)
+                continue
             try:
                 bound = self.signature.bind(component, *args, **kwargs)
             except TypeError as exc:
