@@ -22,6 +22,19 @@ CELLS = [
     "    answer = llm.generate(query, docs)",
     "print(repr(pipeline(query='What is a generator?')))\nprint(pipeline.output, sorted(pipeline.inputs))",
     "pipeline.graph",
+    # A component defined in the notebook itself travels to its worker by value.
+    "class Shout(patchkit.Component):\n"
+    "    @patchkit.make\n"
+    "    def shout(self, text: str) -> str:\n"
+    "        return text.upper() + '!'\n"
+    "shouter = Shout()\n"
+    "with patchkit.capture() as loud:\n"
+    "    answer = shouter.shout(llm.generate(query, retriever.retrieve(query)))",
+    "endpoint = patchkit.deploy(loud)\n"
+    "print(endpoint.query(query='What is a generator?') == loud(query='What is a generator?'))\n"
+    "print(await endpoint.aquery(query='What is a generator?') == loud(query='What is a generator?'))\n"
+    "endpoint.close()\n"
+    "print(endpoint)",
 ]
 
 
@@ -37,3 +50,5 @@ def test_capture_in_a_notebook_cell(tmp_path: Path) -> None:
     assert printed.splitlines() == [repr(expected), "answer ['query']"]
     svg = nb.cells[4].outputs[0]["data"]["image/svg+xml"]
     assert "<svg" in svg and "retriever.retrieve" in svg and "grader.grade" in svg
+    deployed = "".join(o.get("text", "") for o in nb.cells[6].outputs).splitlines()
+    assert deployed[:2] == ["True", "True"] and deployed[2].endswith(" closed>")
