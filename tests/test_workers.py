@@ -56,10 +56,12 @@ def test_a_worker_runs_pinned_and_answers_batches() -> None:
         backend = LocalBackend("s3cret")
         replica = await backend.start(ReplicaSpec("llm", Generator(prefix="W"), resources), "llm#0")
         try:
+            assert backend.replicas() == [replica]
             outcomes = await replica.channel.run_batch("rewrite", [(("How do I loop",), {}), (("What is x",), {})])
             return outcomes, await replica.channel.stats()
         finally:
             await backend.stop(replica)
+            assert backend.replicas() == []
 
     outcomes, stats = run(main())
     assert outcomes == [(True, "how to loop python"), (True, "what is x python")]

@@ -89,5 +89,9 @@ class Backend(ABC):
     async def watch(self, replica: Replica) -> str:
         """Return, with the reason, once the replica has died or stopped."""
 
+    @abstractmethod
+    def replicas(self) -> list[Replica]:
+        """The replicas this backend started and has not stopped, dead or alive."""
+
     async def close(self) -> None:  # noqa: B027 - most backends hold nothing of their own
         """Release what the backend itself holds; the supervisor has stopped every replica by then."""

@@ -50,15 +50,25 @@ class DirectChannel:
 class InProcessBackend(Backend):
     name = "inprocess"
 
+    def __init__(self) -> None:
+        self._started: list[Replica] = []
+
     async def start(self, spec: ReplicaSpec, replica_id: str) -> Replica:
         try:
             ensure_setup(spec.instance)
         except Exception as exc:
             raise setup_error(spec.component, exc) from None
-        return Replica(replica_id, spec, DirectChannel(spec.instance))
+        replica = Replica(replica_id, spec, DirectChannel(spec.instance))
+        self._started.append(replica)
+        return replica
 
     async def stop(self, replica: Replica) -> None:
         await replica.channel.close()
+        if replica in self._started:
+            self._started.remove(replica)
+
+    def replicas(self) -> list[Replica]:
+        return list(self._started)
 
     async def watch(self, replica: Replica) -> str:
         await replica.channel.lost.wait()

@@ -74,6 +74,9 @@ class LocalBackend(Backend):
         await asyncio.to_thread(child.stop, envs.worker_stop_timeout_s())
         self._exits.pop(replica, None)
 
+    def replicas(self) -> list[Replica]:
+        return list(self._exits)
+
     async def watch(self, replica: Replica) -> str:
         exited = self._exits.get(replica)
         if exited is None:
