@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from components import BrokenSetup, Flaky, Generator, Slow
+from components import BrokenSetup, Flaky, Generator, Grader, Slow
 from corpus import CASES, Case
 from test_capture_corpus import _capture
 
@@ -316,3 +316,16 @@ def test_setup_error_fails_deploy_and_leaves_no_process() -> None:
     assert "model file is missing" in error.traceback_text
     left = [pid for pid in _descendants(os.getpid()) - ours if _running(pid)]
     assert not left, f"processes left after a failed deploy: {left}"
+
+
+def test_a_component_whose_arguments_do_not_pickle_is_refused_with_what_to_do() -> None:
+    holder = Grader(threshold=threading.Lock())  # type: ignore[arg-type]
+
+    def body(query: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return holder.grade(query, [])
+        return pipeline
+
+    body("x")
+    with pytest.raises(patchkit.PatchkitError, match="constructor arguments must pickle"):
+        patchkit.deploy(patchkit.last_pipeline())

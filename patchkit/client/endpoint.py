@@ -11,13 +11,16 @@ import threading
 import urllib.parse
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from patchkit import envs
 from patchkit.client.pipeline import Pipeline, last_pipeline
 from patchkit.errors import PatchkitError, error_from_json
+
+if TYPE_CHECKING:
+    from patchkit.scheduler.config import DeploymentConfig
 
 __all__ = ["Endpoint", "deploy"]
 
@@ -126,7 +129,7 @@ def deploy(
     """Serve `pipeline` (default: the last one captured) and return its Endpoint once every worker is ready.
 
     `backend`: "local" (a front-end process and one worker process per replica) or "inprocess"
-    (threads of this process, for tests and pdb). `replicas`: a count for every component, or
+    (a thread of this process running your own component objects, for tests and pdb). `replicas`: a count for every component, or
     counts by component name; `batch_size`: a size for every method, or sizes by component or
     "component.method" (default: each method's `@make(max_batch_size=...)`). Further options are
     the fields of `patchkit.scheduler.config.DeploymentConfig` (batch_wait_ms, optional_inputs,
@@ -135,6 +138,8 @@ def deploy(
     from patchkit.scheduler.config import DeploymentConfig
 
     pipeline = pipeline if pipeline is not None else last_pipeline()
+    # Replicas and batch sizes come from the arguments and the components' defaults; a Plan from the
+    # offline planner is a DeploymentConfig too, and takes this one's place.
     config = DeploymentConfig.resolve(
         pipeline, replicas=replicas, batch_size=batch_size, backend=backend, slo_ms=slo_ms, host=host, port=port,
         secret=secrets.token_urlsafe(32), **options,
@@ -147,13 +152,20 @@ def deploy(
     return _deploy_local(pipeline, config)
 
 
-def _deploy_local(pipeline: Pipeline, config: Any) -> Endpoint:
+def _deploy_local(pipeline: Pipeline, config: DeploymentConfig) -> Endpoint:
     import pickle
 
     from patchkit.orchestrator.process import spawn
     from patchkit.scheduler.server import FrontendBootstrap
 
-    boot = FrontendBootstrap(cloudpickle.dumps(pipeline), config, list(sys.path))
+    try:
+        payload = cloudpickle.dumps(pipeline)
+    except Exception as exc:
+        raise PatchkitError(
+            f"the pipeline cannot travel to its worker processes: {type(exc).__name__}: {exc}. Every component's "
+            "constructor arguments must pickle (load unpicklable state in setup()), or deploy with backend='inprocess'"
+        ) from exc
+    boot = FrontendBootstrap(payload, config, list(sys.path))
     child = spawn("patchkit.scheduler.server", pickle.dumps(boot), what="the front-end", timeout_s=envs.worker_start_timeout_s())
 
     def close() -> None:
