@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
-__all__ = ["worker_start_timeout_s", "worker_stop_timeout_s"]
+__all__ = ["cache_dir", "worker_start_timeout_s", "worker_stop_timeout_s"]
 
 
 def _float(name: str, default: float) -> float:
@@ -25,3 +26,9 @@ def worker_start_timeout_s() -> float:
 def worker_stop_timeout_s() -> float:
     """PATCHKIT_WORKER_STOP_TIMEOUT_S: how long a stopping worker gets before SIGKILL (5)."""
     return _float("PATCHKIT_WORKER_STOP_TIMEOUT_S", 5.0)
+
+
+def cache_dir() -> Path:
+    """PATCHKIT_CACHE_DIR: where built indexes are kept between runs (~/.cache/patchkit)."""
+    raw = os.environ.get("PATCHKIT_CACHE_DIR")
+    return Path(raw).expanduser() if raw else Path.home() / ".cache" / "patchkit"

@@ -1,0 +1,22 @@
+"""Built-in components: an embedder, document loaders and retrievers over FAISS, Chroma and Qdrant.
+
+They know only `Component` and `make`; their heavy libraries load in `setup()`, in the process that
+runs them. Install them with `pip install 'patchkit[retrieval]'`.
+"""
+
+from patchkit.components.documents import Document, from_directory, from_texts, pydoc_corpus
+from patchkit.components.embedder import Embedder
+from patchkit.components.retrievers import ChromaRetriever, FaissRetriever, Hit, QdrantRetriever, VectorRetriever
+
+__all__ = [
+    "ChromaRetriever",
+    "Document",
+    "Embedder",
+    "FaissRetriever",
+    "Hit",
+    "QdrantRetriever",
+    "VectorRetriever",
+    "from_directory",
+    "from_texts",
+    "pydoc_corpus",
+]

@@ -1,0 +1,111 @@
+"""Documents to retrieve from: loaders for strings, a directory of text files, and the default
+corpus, the Python documentation every Python ships (pydoc topics and module docstrings), chunked
+with overlap. Each chunk carries an id, a title and the text; `fingerprint()` names the content
+for the on-disk index cache.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Document", "chunk", "fingerprint", "from_directory", "from_texts", "load_corpus", "pydoc_corpus"]
+
+CHUNK_WORDS = 160  # about 220 tokens: inside MiniLM's 256-token window
+OVERLAP_WORDS = 32
+TEXT_SUFFIXES = (".txt", ".md", ".rst")
+
+
+@dataclass(frozen=True)
+class Document:
+    id: str
+    title: str
+    text: str
+
+
+def chunk(title: str, text: str, *, source: str, words: int = CHUNK_WORDS, overlap: int = OVERLAP_WORDS) -> list[Document]:
+    """Split `text` into chunks of `words` words, each starting `words - overlap` after the last."""
+    if not 0 <= overlap < words:
+        raise ValueError(f"overlap ({overlap}) must be >= 0 and < words ({words})")
+    tokens = text.split()
+    step = words - overlap
+    starts = range(0, max(1, len(tokens) - overlap), step)
+    return [Document(f"{source}#{i}", title, " ".join(tokens[start : start + words])) for i, start in enumerate(starts) if tokens]
+
+
+def from_texts(texts: Sequence[str], *, words: int = CHUNK_WORDS, overlap: int = OVERLAP_WORDS) -> list[Document]:
+    """One document per string (chunked when long); titled by their first words."""
+    docs: list[Document] = []
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(f"corpus text {i} is a {type(text).__name__}; pass strings")
+        docs += chunk(" ".join(text.split()[:8]), text, source=f"text{i}", words=words, overlap=overlap)
+    return docs
+
+
+def from_directory(path: str | Path, *, words: int = CHUNK_WORDS, overlap: int = OVERLAP_WORDS) -> list[Document]:
+    """Every .txt, .md and .rst file under `path`, titled by its path relative to it."""
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"corpus directory {root} does not exist; pass a directory of .txt/.md files")
+    docs: list[Document] = []
+    for file in sorted(p for p in root.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()):
+        name = str(file.relative_to(root))
+        docs += chunk(name, file.read_text(encoding="utf-8", errors="replace"), source=name, words=words, overlap=overlap)
+    return docs
+
+
+def pydoc_corpus(*, words: int = CHUNK_WORDS, overlap: int = OVERLAP_WORDS) -> list[Document]:
+    """The Python documentation this interpreter ships: every pydoc topic, then every public
+    standard-library module's docstring, read from its source without importing it."""
+    from pydoc_data.topics import topics
+
+    docs: list[Document] = []
+    for name in sorted(topics):
+        docs += chunk(name, topics[name], source=f"topic:{name}", words=words, overlap=overlap)
+    for module, text in _module_docstrings(sorted(sys.stdlib_module_names)):
+        docs += chunk(module, text, source=f"module:{module}", words=words, overlap=overlap)
+    return docs
+
+
+def _module_docstrings(names: Iterable[str]) -> Iterable[tuple[str, str]]:
+    for name in names:
+        if name.startswith("_"):
+            continue
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        origin = spec.origin if spec is not None else None
+        if origin is None or not origin.endswith(".py"):
+            continue
+        try:
+            text = ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8")))
+        except (OSError, SyntaxError, ValueError):
+            continue
+        if text and len(text.split()) >= 8:
+            yield name, text
+
+
+def load_corpus(corpus: str | Sequence[str]) -> list[Document]:
+    """`"pydoc"`, a directory path, or a list of strings; an empty corpus is an error naming the fix."""
+    if isinstance(corpus, str):
+        docs = pydoc_corpus() if corpus == "pydoc" else from_directory(corpus)
+        where = "the pydoc corpus" if corpus == "pydoc" else f"directory {corpus}"
+    else:
+        docs, where = from_texts(list(corpus)), "the list of texts"
+    if not docs:
+        raise ValueError(f"{where} holds no text to index; give a directory of .txt/.md files or a non-empty list")
+    return docs
+
+
+def fingerprint(docs: Sequence[Document]) -> str:
+    digest = hashlib.sha256()
+    for doc in docs:
+        digest.update(f"{doc.id}\0{doc.title}\0{doc.text}\0".encode())
+    return digest.hexdigest()[:16]

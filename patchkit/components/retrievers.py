@@ -1,0 +1,204 @@
+"""Dense retrievers over FAISS, Chroma (embedded) and Qdrant (local mode or a server), one interface.
+
+`retriever.retrieve(query, topk=None)` takes one question in pipeline code and returns its `Hit`s,
+best first; underneath it is a `@make(batch=True)` method, so a deployment embeds and searches a
+whole batch of questions at once. Every retriever embeds its corpus with an `Embedder` in `setup()`
+(with a progress bar), caching the vectors on disk keyed by corpus, embedder and chunking.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from patchkit import envs
+from patchkit.client.component import Component, ensure_setup, make
+from patchkit.components.documents import fingerprint, load_corpus
+from patchkit.components.embedder import Embedder
+
+__all__ = ["ChromaRetriever", "FaissRetriever", "Hit", "QdrantRetriever", "VectorRetriever"]
+
+logger = logging.getLogger(__name__)
+
+Vectors = np.ndarray[Any, np.dtype[np.float32]]
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One retrieved chunk: its id, title and text, and its cosine similarity to the question."""
+
+    id: str
+    title: str
+    text: str
+    score: float
+
+
+class VectorRetriever(Component):
+    """The shared part: corpus, embedder, cached vectors, batched `retrieve`. Subclasses index and search."""
+
+    def __init__(self, corpus: str | Sequence[str] = "pydoc", *, topk: int = 3, embedder: Embedder | None = None) -> None:
+        if topk < 1:
+            raise ValueError(f"topk must be >= 1; got {topk}")
+        if not isinstance(corpus, str) and not corpus:
+            raise ValueError("the corpus is an empty list; give texts, a directory of .txt/.md files, or 'pydoc'")
+        if isinstance(corpus, str) and corpus != "pydoc" and not Path(corpus).is_dir():
+            raise FileNotFoundError(f"corpus {corpus!r} is neither 'pydoc' nor a directory of .txt/.md files")
+        self.corpus = corpus if isinstance(corpus, str) else list(corpus)
+        self.topk = topk
+        self.embedder = embedder if embedder is not None else Embedder()
+
+    def setup(self) -> None:
+        ensure_setup(self.embedder)
+        self.docs = load_corpus(self.corpus)
+        vectors = self._vectors()
+        self.build(vectors)
+
+    def _vectors(self) -> Vectors:
+        key = f"{fingerprint(self.docs)}-{self.embedder.name}"
+        path = envs.cache_dir() / "vectors" / f"{key}.npy"
+        if path.is_file():
+            vectors: Vectors = np.load(path)
+            if vectors.shape[0] == len(self.docs):
+                return vectors
+        logger.info("embedding %d chunks with %s (cached in %s)", len(self.docs), self.embedder.name, path.parent)
+        vectors = self.embedder.encode([f"{d.title}: {d.text}" for d in self.docs], progress=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, vectors)
+        tmp.replace(path)  # concurrent replicas may build the same cache: the last rename wins, whole
+        return vectors
+
+    def build(self, vectors: Vectors) -> None:
+        """Index the corpus's vectors; called once by `setup()`."""
+        raise NotImplementedError
+
+    def search(self, queries: Vectors, k: int) -> list[list[tuple[int, float]]]:
+        """(document index, cosine similarity) pairs per query, best first."""
+        raise NotImplementedError
+
+    @make(batch=True, max_batch_size=64)
+    def retrieve(self, query: list[str], topk: list[int | None] = None) -> list[list[Hit]]:  # type: ignore[assignment]
+        # Called per question as retrieve(query, topk=None); `topk` left out is None per item: self.topk.
+        k = max(t or self.topk for t in topk)
+        found = self.search(self.embedder.encode(list(query)), k)
+        return [
+            [Hit(self.docs[i].id, self.docs[i].title, self.docs[i].text, round(score, 6)) for i, score in hits[: t or self.topk]]
+            for hits, t in zip(found, topk)
+        ]
+
+
+class FaissRetriever(VectorRetriever):
+    """FAISS on the CPU: `index="flat"` (exact) or `"ivf"` (inverted lists; `nlist`, `nprobe`)."""
+
+    def __init__(
+        self,
+        corpus: str | Sequence[str] = "pydoc",
+        *,
+        topk: int = 3,
+        index: str = "flat",
+        nlist: int | None = None,
+        nprobe: int = 8,
+        embedder: Embedder | None = None,
+    ) -> None:
+        if index not in ("flat", "ivf"):
+            raise ValueError(f"index must be 'flat' or 'ivf'; got {index!r}")
+        super().__init__(corpus, topk=topk, embedder=embedder)
+        self.index_kind, self.nlist, self.nprobe = index, nlist, nprobe
+
+    def build(self, vectors: Vectors) -> None:
+        import faiss
+
+        dim = vectors.shape[1]
+        index: Any
+        if self.index_kind == "flat":
+            index = faiss.IndexFlatIP(dim)
+        else:
+            # FAISS wants about 39 training points per list.
+            nlist = self.nlist or max(1, min(int(math.sqrt(len(vectors))), len(vectors) // 39))
+            self._quantizer = faiss.IndexFlatIP(dim)  # kept alive here: the IVF index does not own it
+            index = faiss.IndexIVFFlat(self._quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+            index.train(vectors)
+            index.nprobe = min(self.nprobe, nlist)
+        index.add(vectors)
+        self.index = index
+
+    def search(self, queries: Vectors, k: int) -> list[list[tuple[int, float]]]:
+        scores, ids = self.index.search(queries, min(k, self.index.ntotal))
+        return [[(int(i), float(s)) for i, s in zip(row_ids, row_scores) if i >= 0] for row_ids, row_scores in zip(ids, scores)]
+
+
+class ChromaRetriever(VectorRetriever):
+    """Chroma, embedded: persistent at `path`, or in memory; telemetry off, our own embeddings."""
+
+    def __init__(
+        self, corpus: str | Sequence[str] = "pydoc", *, topk: int = 3, path: str | None = None, embedder: Embedder | None = None
+    ) -> None:
+        super().__init__(corpus, topk=topk, embedder=embedder)
+        self.path = path
+
+    def build(self, vectors: Vectors) -> None:
+        import chromadb
+        from chromadb.config import Settings
+
+        settings = Settings(anonymized_telemetry=False)
+        client = chromadb.PersistentClient(self.path, settings=settings) if self.path else chromadb.EphemeralClient(settings)
+        name = f"patchkit-{fingerprint(self.docs)}"
+        collection = client.get_or_create_collection(name, embedding_function=None, metadata={"hnsw:space": "cosine"})
+        if collection.count() != len(self.docs):
+            for start in range(0, len(self.docs), 1000):
+                part = slice(start, start + 1000)
+                collection.upsert(ids=[str(i) for i in range(len(self.docs))[part]], embeddings=vectors[part])
+        self.client, self.collection = client, collection
+
+    def search(self, queries: Vectors, k: int) -> list[list[tuple[int, float]]]:
+        found = self.collection.query(query_embeddings=queries, n_results=min(k, len(self.docs)), include=["distances"])
+        distances = found["distances"] or []
+        return [[(int(i), 1.0 - float(d)) for i, d in zip(ids, dist)] for ids, dist in zip(found["ids"], distances)]
+
+
+class QdrantRetriever(VectorRetriever):
+    """Qdrant: local mode on disk at `path` or in memory (exact search in Python), or a server at `url`."""
+
+    def __init__(
+        self,
+        corpus: str | Sequence[str] = "pydoc",
+        *,
+        topk: int = 3,
+        path: str | None = None,
+        url: str | None = None,
+        embedder: Embedder | None = None,
+    ) -> None:
+        if path and url:
+            raise ValueError(f"give path ({path!r}) or url ({url!r}), not both")
+        super().__init__(corpus, topk=topk, embedder=embedder)
+        self.path, self.url = path, url
+
+    def build(self, vectors: Vectors) -> None:
+        from qdrant_client import QdrantClient, models
+
+        if self.url:
+            client = QdrantClient(url=self.url)
+        else:
+            client = QdrantClient(path=self.path) if self.path else QdrantClient(":memory:")
+        name = f"patchkit-{fingerprint(self.docs)}"
+        if not client.collection_exists(name) or client.count(name).count != len(self.docs):
+            if client.collection_exists(name):
+                client.delete_collection(name)
+            params = models.VectorParams(size=vectors.shape[1], distance=models.Distance.COSINE)
+            client.create_collection(name, vectors_config=params)
+            client.upload_collection(name, vectors=vectors, ids=list(range(len(self.docs))))
+        self.client, self.name = client, name
+
+    def search(self, queries: Vectors, k: int) -> list[list[tuple[int, float]]]:
+        from qdrant_client import models
+
+        requests = [models.QueryRequest(query=q.tolist(), limit=k) for q in queries]
+        found = self.client.query_batch_points(self.name, requests)
+        return [[(int(p.id), float(p.score)) for p in result.points] for result in found]
+
