@@ -330,3 +330,31 @@ def test_the_corpus_answers_the_same_deployed_inprocess(case: Case) -> None:
     expected = [json.loads(json.dumps(pipeline(**inputs))) for inputs in case.inputs]
     with patchkit.deploy(pipeline, backend="inprocess", optional_inputs=tuple(pipeline.inputs)) as served:
         assert [served.query(**inputs) for inputs in case.inputs] == expected
+
+
+class Outer(Component):
+    """Holds another component and calls its @make method from inside its own."""
+
+    def __init__(self, inner: Recorder) -> None:
+        self.inner = inner
+
+    @make
+    def wrap(self, text: str) -> str:
+        return "[" + self.inner.tag(text) + "]"
+
+
+outer = Outer(Recorder())
+
+
+def nested(query: str) -> patchkit.Pipeline:
+    with patchkit.capture() as pipeline:
+        return outer.wrap(query)
+    return pipeline
+
+
+def test_a_component_calling_a_component_it_holds_runs_it_in_place() -> None:
+    pipeline = captured(nested, "q")
+    assert [record.method for record in pipeline.recorded] == ["wrap"]
+    assert set(pipeline.components) == {"outer"}
+    with patchkit.deploy(pipeline, backend="inprocess") as served:
+        assert served.query(query="x") == "[<x>]"

@@ -171,16 +171,19 @@ class MakeMethod:
 
     def run_local(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Run one call in this process (Jupyter prototyping, capture's eager run)."""
-        if self.batch:
-            return self.run_batch(component, [(args, kwargs)])[0]
-        ensure_setup(component)
-        return self.fn(component, *args, **kwargs)
+        return self.run_batch(component, [(args, kwargs)])[0]
 
     def run_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
         """Run a batch of calls: one call of a `batch=True` method over lists, else one call each.
 
-        Called by a worker for every batch it receives, and by `run_local` with a batch of one.
+        Called by a worker for every batch it receives, and by `run_local` with a batch of one. A
+        component's own code runs with no hook: the `@make` calls it makes to components it holds
+        run right here, wherever it runs, and are not pipeline calls.
         """
+        with call_hook(None):
+            return self._run_batch(component, calls)
+
+    def _run_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
         ensure_setup(component)
         if not self.batch:
             return [self.fn(component, *args, **kwargs) for args, kwargs in calls]

@@ -5,12 +5,17 @@ They know only `Component` and `make`; their heavy libraries load in `setup()`, 
 runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
 """
 
+from patchkit.components.blocks import Augmenter, Grader, Rewriter, WebSearch
 from patchkit.components.documents import Document, from_directory, from_texts, pydoc_corpus
 from patchkit.components.embedder import Embedder
 from patchkit.components.generators import LlamaCppGenerator
 from patchkit.components.retrievers import ChromaRetriever, FaissRetriever, Hit, QdrantRetriever, VectorRetriever
 
 __all__ = [
+    "Augmenter",
+    "Grader",
+    "Rewriter",
+    "WebSearch",
     "ChromaRetriever",
     "Document",
     "Embedder",

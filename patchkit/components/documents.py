@@ -60,14 +60,14 @@ def from_directory(path: str | Path, *, words: int = CHUNK_WORDS, overlap: int =
     return docs
 
 
-def pydoc_corpus(*, words: int = CHUNK_WORDS, overlap: int = OVERLAP_WORDS) -> list[Document]:
-    """The Python documentation this interpreter ships: every pydoc topic, then every public
-    standard-library module's docstring, read from its source without importing it."""
-    from pydoc_data.topics import topics
+def pydoc_corpus(*, topics: bool = True, words: int = CHUNK_WORDS, overlap: int = OVERLAP_WORDS) -> list[Document]:
+    """The Python documentation this interpreter ships: every pydoc topic (unless `topics=False`),
+    then every public standard-library module's docstring, read from its source without importing it."""
+    from pydoc_data.topics import topics as texts
 
     docs: list[Document] = []
-    for name in sorted(topics):
-        docs += chunk(name, topics[name], source=f"topic:{name}", words=words, overlap=overlap)
+    for name in sorted(texts) if topics else []:
+        docs += chunk(name, texts[name], source=f"topic:{name}", words=words, overlap=overlap)
     for module, text in _module_docstrings(sorted(sys.stdlib_module_names)):
         docs += chunk(module, text, source=f"module:{module}", words=words, overlap=overlap)
     return docs

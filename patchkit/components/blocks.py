@@ -1,0 +1,144 @@
+"""RAG building blocks over a generator: prompt augmentation, query rewriting, relevance grading,
+and a search component with pluggable backends."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from patchkit.client.component import Component, ensure_setup, make
+from patchkit.components.documents import Document, load_corpus, pydoc_corpus
+from patchkit.components.generators import LlamaCppGenerator, render_context
+
+__all__ = ["Augmenter", "Grader", "KeywordSearch", "Rewriter", "WebSearch", "parse_yes_no"]
+
+GRADE_PROMPT = (
+    "Do the documents below help answer the question? Reply with one word, yes or no.\n\n"
+    "Documents:\n{context}\n\nQuestion: {question}"
+)
+REWRITE_PROMPT = "Rewrite this question as a short search query with the key terms. Reply with the query only.\n\n{question}"
+
+
+class Augmenter(Component):
+    """Puts documents into a prompt with a template naming `{context}` and `{question}`."""
+
+    def __init__(self, template: str = "Documents:\n{context}\n\nQuestion: {question}") -> None:
+        missing = [field for field in ("{context}", "{question}") if field not in template]
+        if missing:
+            raise ValueError(f"the template must contain {' and '.join(missing)}")
+        self.template = template
+
+    @make(batch=True)
+    def augment(self, question: list[str], docs: list[Sequence[Any]]) -> list[str]:
+        return [self.template.format(context=render_context(d), question=q) for q, d in zip(question, docs)]
+
+
+def parse_yes_no(text: str) -> bool | None:
+    """The first yes/no-like word of a model's answer; None when it gives neither."""
+    for word in re.findall(r"[a-z]+", text.lower()):
+        if word in ("yes", "relevant", "true", "correct"):
+            return True
+        if word in ("no", "not", "irrelevant", "false", "incorrect"):
+            return False
+    return None
+
+
+class Grader(Component):
+    """Asks a generator whether retrieved documents answer the question (CRAG's grader).
+
+    The answer is parsed leniently (the first yes/no-like word); an answer with neither counts as
+    relevant when the best document's score reaches `min_score`, else as not relevant.
+    """
+
+    def __init__(self, generator: LlamaCppGenerator | None = None, *, min_score: float = 0.5) -> None:
+        self.generator = generator if generator is not None else LlamaCppGenerator(max_tokens=4)
+        self.min_score = min_score
+
+    def setup(self) -> None:
+        ensure_setup(self.generator)
+
+    @make
+    def grade(self, question: str, docs: list[Any]) -> bool:
+        if not docs:
+            return False
+        reply = self.generator.generate(GRADE_PROMPT.format(context=render_context(docs), question=question), max_tokens=4)
+        verdict = parse_yes_no(reply)
+        if verdict is None:
+            best = max((getattr(d, "score", 0.0) for d in docs), default=0.0)
+            return bool(best >= self.min_score)
+        return verdict
+
+
+class Rewriter(Component):
+    """Turns a question into a search query with a generator; falls back to the question when the reply is empty."""
+
+    def __init__(self, generator: LlamaCppGenerator | None = None) -> None:
+        self.generator = generator if generator is not None else LlamaCppGenerator(max_tokens=24)
+
+    def setup(self) -> None:
+        ensure_setup(self.generator)
+
+    @make
+    def rewrite(self, question: str) -> str:
+        reply = self.generator.generate(REWRITE_PROMPT.format(question=question))
+        query = reply.strip().strip('"').splitlines()[0].strip() if reply.strip() else ""
+        return query or question
+
+
+class KeywordSearch:
+    """BM25 over a document set: the offline backend of `WebSearch`."""
+
+    def __init__(self, docs: Sequence[Document], k1: float = 1.5, b: float = 0.75) -> None:
+        self.docs = list(docs)
+        self.terms = [Counter(_words(f"{d.title} {d.text}")) for d in self.docs]
+        self.lengths = [sum(t.values()) for t in self.terms]
+        self.mean_length = sum(self.lengths) / max(1, len(self.lengths))
+        frequency = Counter(w for t in self.terms for w in t)
+        n = len(self.docs)
+        self.idf = {w: math.log(1 + (n - f + 0.5) / (f + 0.5)) for w, f in frequency.items()}
+        self.k1, self.b = k1, b
+
+    def __call__(self, query: str, topk: int) -> list[Document]:
+        words = _words(query)
+        scores = [(self._score(words, i), i) for i in range(len(self.docs))]
+        best = sorted((s for s in scores if s[0] > 0), reverse=True)[:topk]
+        return [self.docs[i] for _, i in best]
+
+    def _score(self, words: list[str], i: int) -> float:
+        terms, norm = self.terms[i], self.k1 * (1 - self.b + self.b * self.lengths[i] / self.mean_length)
+        return sum(self.idf.get(w, 0.0) * terms[w] * (self.k1 + 1) / (terms[w] + norm) for w in words if w in terms)
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+class WebSearch(Component):
+    """Search for CRAG's fallback branch, with pluggable backends.
+
+    It searches no web: the default backend is BM25 over a second local document set (the standard
+    library's module docstrings, or `corpus=` a directory or a list of texts). Pass
+    `backend=callable(query, topk) -> list[str]` to search anything else.
+    """
+
+    def __init__(
+        self,
+        corpus: str | Sequence[str] = "pydoc-modules",
+        *,
+        topk: int = 3,
+        backend: Callable[[str, int], list[Any]] | None = None,
+    ) -> None:
+        self.corpus, self.topk, self.backend = corpus, topk, backend
+
+    def setup(self) -> None:
+        if self.backend is None:
+            docs = pydoc_corpus(topics=False) if self.corpus == "pydoc-modules" else load_corpus(self.corpus)
+            self.backend = KeywordSearch(docs)
+
+    @make
+    def search(self, query: str) -> list[str]:
+        assert self.backend is not None
+        return [d if isinstance(d, str) else f"{d.title}: {d.text}" for d in self.backend(query, self.topk)]
