@@ -97,6 +97,12 @@ def test_bad_corpora_are_clear_errors(tmp_path: Path, embedder: Embedder) -> Non
         patchkit.components.FaissRetriever(str(tmp_path), embedder=embedder).retrieve("x")
 
 
+def test_an_unreachable_qdrant_server_is_a_clear_error(embedder: Embedder) -> None:
+    retriever = QdrantRetriever(["some text to index"], url="http://127.0.0.1:9", embedder=embedder)
+    with pytest.raises(ConnectionError, match="cannot reach Qdrant at http://127.0.0.1:9.*path="):
+        retriever.retrieve("x")
+
+
 def test_a_retriever_deploys_on_a_worker(embedder: Embedder) -> None:
     retriever = FaissRetriever("pydoc", topk=2)
 

@@ -187,7 +187,16 @@ class QdrantRetriever(VectorRetriever):
         else:
             client = QdrantClient(path=self.path) if self.path else QdrantClient(":memory:")
         name = f"patchkit-{fingerprint(self.docs)}"
-        if not client.collection_exists(name) or client.count(name).count != len(self.docs):
+        try:
+            exists = client.collection_exists(name)
+        except Exception as exc:  # a server's client raises its transport's own errors
+            if not self.url:
+                raise
+            raise ConnectionError(
+                f"cannot reach Qdrant at {self.url}: {type(exc).__name__}: {exc}; start the server there, "
+                "or use QdrantRetriever(path=...) for local mode"
+            ) from exc
+        if not exists or client.count(name).count != len(self.docs):
             if client.collection_exists(name):
                 client.delete_collection(name)
             params = models.VectorParams(size=vectors.shape[1], distance=models.Distance.COSINE)
