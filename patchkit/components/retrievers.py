@@ -183,7 +183,8 @@ class QdrantRetriever(VectorRetriever):
         from qdrant_client import QdrantClient, models
 
         if self.url:
-            client = QdrantClient(url=self.url)
+            # Its version check runs on a thread of its own and only warns; setup() reports a dead server below.
+            client = QdrantClient(url=self.url, check_compatibility=False)
         else:
             client = QdrantClient(path=self.path) if self.path else QdrantClient(":memory:")
         name = f"patchkit-{fingerprint(self.docs)}"
