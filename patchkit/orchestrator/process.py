@@ -126,14 +126,12 @@ class ChildSide:
             data += chunk
         return data
 
-    def watch_lifeline(self, on_close: Any = None) -> None:
-        """Exit when the parent closes stdin or dies; `on_close` runs first when given (bounded by the caller)."""
+    def watch_lifeline(self) -> None:
+        """Exit at once when the parent closes stdin or dies."""
 
         def watch() -> None:
             while self._stdin.read(65536):
                 pass
-            if on_close is not None:
-                on_close()
             os._exit(0)
 
         threading.Thread(target=watch, name="patchkit-lifeline", daemon=True).start()

@@ -15,7 +15,6 @@ import asyncio
 import hmac
 import itertools
 import json
-import logging
 import pickle
 import threading
 import time
@@ -31,8 +30,6 @@ from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.execute import Failure, Outcome, run_batch
 
 __all__ = ["GrpcChannel", "WorkerService", "decode", "encode"]
-
-logger = logging.getLogger(__name__)
 
 SERVICE = "patchkit.Worker"
 BATCHES = f"/{SERVICE}/Batches"
