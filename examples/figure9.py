@@ -85,9 +85,12 @@ def build(query: str) -> str:
             return llm.generate(query, retrieved_data)
 
 
+# The capture runs its body once, eagerly (these components are cheap); `patchkit serve` serves it.
+first_answer = build("Which Linux distro suits beginners best?")
+pipeline = patchkit.last_pipeline()
+
 if __name__ == "__main__":
-    print(build("Which Linux distro suits beginners best?"))
-    pipeline = patchkit.last_pipeline()
+    print(first_answer)
     print(pipeline)
     print(pipeline(query="What should I cook tonight?"))
     print(pipeline.graph.to_mermaid())

@@ -1,4 +1,5 @@
-"""The `patchkit` command: `patchkit serve FILE.py` serves the pipeline a script captures."""
+"""The `patchkit` command: `patchkit serve FILE.py` serves the pipeline a script captures;
+`patchkit demo` deploys the CRAG example on real components and asks it questions."""
 
 from __future__ import annotations
 
@@ -23,12 +24,17 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     sys.argv = [str(script)]
     sys.path.insert(0, str(script.parent))
-    # The script runs as `python FILE.py` would run it, main block included; its last capture is served.
-    runpy.run_path(str(script), run_name="__main__")
+    # The script runs as an imported module would, as `uvicorn module:app` runs one: its
+    # `if __name__ == "__main__":` block does not run. Its last capture is served.
+    runpy.run_path(str(script), run_name="__patchkit_serve__")
     try:
         pipeline = patchkit.last_pipeline()
     except patchkit.PatchkitError:
-        print(f"patchkit serve: {args.file} ran no `with patchkit.capture():` block", file=sys.stderr)
+        print(
+            f"patchkit serve: {args.file} ran no `with patchkit.capture():` block; capture at module level "
+            "(a block under `if __name__ == '__main__':` does not run when served)",
+            file=sys.stderr,
+        )
         return 2
     config = DeploymentConfig.resolve(
         pipeline,
@@ -62,11 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--batch-size", type=int, default=None, help="batch size of every method (default: the method's own)")
     serve.add_argument("--batch-wait-ms", type=float, default=0.0, help="how long a partial batch waits for more calls")
     serve.add_argument("--slo-ms", type=float, default=None, help="the latency target of every request")
+    demo = commands.add_parser("demo", help="deploy the CRAG example (pydoc corpus, SmolLM2) and ask it questions")
+    demo.add_argument("questions", nargs="*", help="questions to ask instead of the built-in ones")
+    demo.add_argument("--replicas", type=int, default=None, help="replicas of every component (default 1)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "serve":
         return _serve(args)
-    return 2
+    from patchkit.demo import main as demo_main
+
+    return demo_main(args.questions, replicas=args.replicas)
 
 
 if __name__ == "__main__":

@@ -26,14 +26,16 @@ def test_yes_no_parsing_takes_the_first_verdict_word(reply: str, verdict: bool |
 
 def test_keyword_search_ranks_by_bm25() -> None:
     search = KeywordSearch(from_texts(["cats purr and sleep", "dogs bark", "cats and dogs and cats"]))
-    assert [d.text for d in search("cats", 2)] == ["cats and dogs and cats", "cats purr and sleep"]
+    hits = search("cats", 2)
+    assert [h.text for h in hits] == ["cats and dogs and cats", "cats purr and sleep"]
+    assert hits[0].score > hits[1].score > 0 and hits[0].id == "text2#0"
     assert search("zebra", 3) == []
 
 
 @pytest.mark.slow
 def test_web_search_is_offline_over_module_docstrings() -> None:
     results = WebSearch(topk=2).search("encode and decode JSON data")
-    assert len(results) == 2 and results[0].startswith("json")
+    assert len(results) == 2 and results[0].title == "json" and results[0].id.startswith("module:json")
     custom = WebSearch(backend=lambda query, topk: [f"result for {query}"] * topk, topk=1)
     assert custom.search("x") == ["result for x"]
 

@@ -9,8 +9,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 import patchkit  # noqa: E402
+from patchkit.components.documents import Hit  # noqa: E402
 from patchkit.components.generators import LlamaCppGenerator, render_context  # noqa: E402
-from patchkit.components.retrievers import Hit  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -6,10 +6,10 @@ runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
 """
 
 from patchkit.components.blocks import Augmenter, Grader, Rewriter, WebSearch
-from patchkit.components.documents import Document, from_directory, from_texts, pydoc_corpus
+from patchkit.components.documents import Document, Hit, from_directory, from_texts, merge_hits, pydoc_corpus, sources
 from patchkit.components.embedder import Embedder
 from patchkit.components.generators import Generator, LlamaCppGenerator
-from patchkit.components.retrievers import ChromaRetriever, FaissRetriever, Hit, QdrantRetriever, VectorRetriever
+from patchkit.components.retrievers import ChromaRetriever, FaissRetriever, QdrantRetriever, VectorRetriever
 
 __all__ = [
     "Augmenter",
@@ -27,5 +27,7 @@ __all__ = [
     "VectorRetriever",
     "from_directory",
     "from_texts",
+    "merge_hits",
     "pydoc_corpus",
+    "sources",
 ]

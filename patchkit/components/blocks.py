@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from patchkit.client.component import Component, ensure_setup, make
-from patchkit.components.documents import Document, load_corpus, pydoc_corpus
+from patchkit.components.documents import Document, Hit, load_corpus, pydoc_corpus
 from patchkit.components.generators import Generator, LlamaCppGenerator, render_context
 
 __all__ = ["Augmenter", "Grader", "KeywordSearch", "Rewriter", "WebSearch", "parse_yes_no"]
@@ -101,11 +101,11 @@ class KeywordSearch:
         self.idf = {w: math.log(1 + (n - f + 0.5) / (f + 0.5)) for w, f in frequency.items()}
         self.k1, self.b = k1, b
 
-    def __call__(self, query: str, topk: int) -> list[Document]:
+    def __call__(self, query: str, topk: int) -> list[Hit]:
         words = _words(query)
         scores = [(self._score(words, i), i) for i in range(len(self.docs))]
         best = sorted((s for s in scores if s[0] > 0), reverse=True)[:topk]
-        return [self.docs[i] for _, i in best]
+        return [Hit(self.docs[i].id, self.docs[i].title, self.docs[i].text, round(score, 6)) for score, i in best]
 
     def _score(self, words: list[str], i: int) -> float:
         terms, norm = self.terms[i], self.k1 * (1 - self.b + self.b * self.lengths[i] / self.mean_length)
@@ -120,8 +120,9 @@ class WebSearch(Component):
     """Search for CRAG's fallback branch, with pluggable backends.
 
     It searches no web: the default backend is BM25 over a second local document set (the standard
-    library's module docstrings, or `corpus=` a directory or a list of texts). Pass
-    `backend=callable(query, topk) -> list[str]` to search anything else.
+    library's module docstrings, or `corpus=` a directory or a list of texts), returning `Hit`s like
+    the retrievers. Pass `backend=callable(query, topk) -> list` to search anything else; its results
+    come back as it returns them.
     """
 
     def __init__(
@@ -139,6 +140,6 @@ class WebSearch(Component):
             self.backend = KeywordSearch(docs)
 
     @make
-    def search(self, query: str) -> list[str]:
+    def search(self, query: str) -> list[Any]:
         assert self.backend is not None
-        return [d if isinstance(d, str) else f"{d.title}: {d.text}" for d in self.backend(query, self.topk)]
+        return list(self.backend(query, self.topk))

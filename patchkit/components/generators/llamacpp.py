@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from patchkit.client.component import make
-from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, default_gguf_path
+from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, default_gguf_path, replica_threads
 
-__all__ = ["LlamaCppGenerator", "available_threads"]
-
-
-def available_threads() -> int:
-    """The cores this process may run on (a replica is pinned to its share)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+__all__ = ["LlamaCppGenerator"]
 
 
 class LlamaCppGenerator(Generator):
@@ -47,7 +41,7 @@ class LlamaCppGenerator(Generator):
     def setup(self) -> None:
         from llama_cpp import Llama
 
-        threads = self.threads or available_threads()
+        threads = self.threads or replica_threads()
         self.llm = Llama(model_path=self.model_path, n_ctx=self.n_ctx, seed=self.seed, n_threads=threads, verbose=False)
 
     @make

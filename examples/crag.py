@@ -1,0 +1,39 @@
+"""Corrective RAG, the pipeline of the Patchwork paper's Figure 9, on real components.
+
+Retrieve from the Python documentation; an LLM grader judges the documents; when they do not help,
+an LLM rewrites the question and a search over a second document set (the standard library's module
+docstrings: it searches no web) replaces them; SmolLM2 answers. `patchkit demo` serves this file.
+
+Run it: `python examples/crag.py`. Serve it: `patchkit serve examples/crag.py`.
+"""
+
+from __future__ import annotations
+
+import patchkit
+from patchkit.components import FaissRetriever, Grader, LlamaCppGenerator, Rewriter, WebSearch, sources
+from patchkit.demo import ask
+
+QUESTIONS = (
+    "How do I catch an exception in Python?",
+    "What does the with statement do?",
+    "Which module reads and writes CSV files?",
+    "How do I run code when a loop finishes without break?",
+)
+
+retriever = FaissRetriever("pydoc", topk=3)
+grader = Grader(LlamaCppGenerator(max_tokens=4))
+rewriter = Rewriter(LlamaCppGenerator(max_tokens=24))
+web = WebSearch(topk=3)
+llm = LlamaCppGenerator(max_tokens=64)
+
+question = QUESTIONS[0]
+with patchkit.capture(run=False, output="result") as pipeline:  # run=False: nothing loads here
+    docs = retriever.retrieve(question)
+    relevant = grader.grade(question, docs)
+    if not relevant:
+        docs = web.search(rewriter.rewrite(question))
+    answer = llm.generate(question, docs)
+    result = {"answer": answer, "sources": sources(docs), "graded_relevant": relevant}
+
+if __name__ == "__main__":
+    ask(pipeline, QUESTIONS)

@@ -1,0 +1,88 @@
+"""The example pipelines on real components (the pydoc index, SmolLM2), each deployed on worker
+processes; `patchkit demo` and `patchkit serve` on them from the shell."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("faiss")
+
+import patchkit  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+PYDOC_TITLES = {"try", "exceptions", "with", "break", "function", "typesseq", "class", "context-managers"}
+
+
+def check_output(output: dict[str, object]) -> None:
+    assert isinstance(output["answer"], str) and len(output["answer"].split()) >= 2
+    assert isinstance(output["sources"], list) and output["sources"]
+    assert all(isinstance(title, str) and title for title in output["sources"])
+
+
+@pytest.mark.parametrize(
+    ("name", "extra"), [("oneshot", ()), ("hyde", ("passage",)), ("multistep", ("sub_questions",)), ("ircot", ("rounds",))]
+)
+def test_example_answers_when_deployed(name: str, extra: tuple[str, ...]) -> None:
+    example = importlib.import_module(f"patchkit.examples.{name}")
+    assert set(example.pipeline.inputs) == {"question"}  # requests need only the question
+    with patchkit.deploy(example.pipeline, batch_size=4) as endpoint:
+        outputs = [endpoint.query(question=question) for question in example.QUESTIONS[:2]]
+        stats = endpoint.stats()["components"]
+    for output in outputs:
+        check_output(output)
+        assert all(key in output for key in extra)
+    assert stats["retriever"]["methods"]["retrieve"]["calls"] >= 2
+    if name == "ircot":
+        assert all(1 <= output["rounds"] <= 3 for output in outputs)
+        assert stats["llm"]["methods"]["generate"]["calls"] == sum(output["rounds"] for output in outputs)
+    if name == "multistep":
+        assert all(1 <= len(output["sub_questions"]) <= 3 for output in outputs)
+
+
+def test_demo_deploys_crag_and_prints_answers_sources_and_the_table() -> None:
+    question = "How do I catch an exception in Python?"
+    done = subprocess.run(
+        [sys.executable, "-m", "patchkit.cli", "demo", question], capture_output=True, text=True, timeout=600, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"Q: {question}\nA: " in done.stdout
+    sources = re.search(r"sources: (.+)", done.stdout)
+    assert sources is not None and set(sources.group(1).split(", ")) & PYDOC_TITLES
+    table = done.stdout[done.stdout.index("component ") :]
+    for row in ("grader.grade", "llm.generate", "retriever.retrieve", "rewriter.rewrite", "web.search"):
+        assert row in table
+    assert re.search(r"llm\.generate\s+1\s+1\s+1\s+1\s+1\.00", table)
+
+
+def test_an_example_serves_from_the_shell_with_only_the_question() -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-m", "patchkit.cli", "serve", str(ROOT / "examples" / "oneshot.py"), "--port", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert server.stdout is not None
+        url = next((m.group(1) for line in server.stdout if (m := re.search(r"at (http://127\.0\.0\.1:\d+)", line))), None)
+        assert url is not None, "patchkit serve printed no URL"
+        request = urllib.request.Request(
+            url + "/v1/query", data=json.dumps({"inputs": {"question": "What does a with statement do?"}}).encode()
+        )
+        with urllib.request.urlopen(request, timeout=120) as reply:
+            check_output(json.loads(reply.read())["output"])
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        if server.stdout is not None:
+            server.stdout.close()
