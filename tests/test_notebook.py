@@ -52,3 +52,22 @@ def test_capture_in_a_notebook_cell(tmp_path: Path) -> None:
     assert "<svg" in svg and "retriever.retrieve" in svg and "grader.grade" in svg
     deployed = "".join(o.get("text", "") for o in nb.cells[6].outputs).splitlines()
     assert deployed[:2] == ["True", "True"] and deployed[2].endswith(" closed>")
+
+
+@pytest.mark.slow
+def test_the_quickstart_notebook_runs_on_real_components(tmp_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("faiss")
+    nb = nbformat.read(TESTS.parent / "examples" / "quickstart.ipynb", as_version=4)
+    nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    code = [cell for cell in nb.cells if cell.cell_type == "code"]
+
+    def shown(i: int, kind: str = "text/plain") -> str:
+        return "".join(o.get("text", "") or o.get("data", {}).get(kind, "") for o in code[i].outputs)
+
+    assert "'try'" in shown(1) or "'exceptions'" in shown(1)  # the pydoc topics on exceptions come first
+    assert "'answer':" in shown(2) and "'sources':" in shown(2)
+    svg = shown(3, "image/svg+xml")
+    assert "<svg" in svg and "retriever.retrieve" in svg and "llm.generate" in svg
+    assert "'answer':" in shown(4) and "'answer':" in shown(5)
+    assert "llm.generate" in shown(6) and "retriever.retrieve" in shown(6)
