@@ -1,15 +1,38 @@
 from __future__ import annotations
 
 import copy
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import pytest  # noqa: E402
 from components import Flaky, Generator, Grader, Retriever  # noqa: E402
 
 import patchkit  # noqa: E402
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Skip the tests marked `gpu`, saying why, where no NVIDIA GPU is visible."""
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    reason = _no_gpu_reason() if marked else None
+    if reason is not None:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _no_gpu_reason() -> str | None:
+    if shutil.which("nvidia-smi") is None:  # costs nothing, unlike importing torch
+        return "needs an NVIDIA GPU: nvidia-smi is not on PATH"
+    try:
+        import torch
+    except ImportError:
+        return None  # the tests themselves skip without the libraries they need
+    if not torch.cuda.is_available():
+        return "needs an NVIDIA GPU: torch sees none (a CPU build of torch, or CUDA_VISIBLE_DEVICES hides them)"
+    return None
 
 
 def component_namespace() -> dict[str, Any]:

@@ -8,7 +8,7 @@ runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
 from patchkit.components.blocks import Augmenter, Grader, Rewriter, WebSearch
 from patchkit.components.documents import Document, Hit, from_directory, from_texts, merge_hits, pydoc_corpus, sources
 from patchkit.components.embedder import Embedder
-from patchkit.components.generators import Generator, LlamaCppGenerator
+from patchkit.components.generators import Generator, LlamaCppGenerator, OpenAIGenerator, TransformersGenerator, VLLMGenerator
 from patchkit.components.retrievers import ChromaRetriever, FaissRetriever, QdrantRetriever, VectorRetriever
 
 __all__ = [
@@ -23,6 +23,9 @@ __all__ = [
     "Hit",
     "Generator",
     "LlamaCppGenerator",
+    "OpenAIGenerator",
+    "TransformersGenerator",
+    "VLLMGenerator",
     "QdrantRetriever",
     "VectorRetriever",
     "from_directory",

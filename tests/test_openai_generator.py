@@ -1,0 +1,171 @@
+"""OpenAIGenerator against a real llama-cpp-python OpenAI-compatible server serving the SmolLM2 GGUF.
+
+The server's default repeat_penalty (1.1, not an OpenAI field) differs from llama-cpp-python's own
+(1.0), so the answers match `LlamaCppGenerator`'s only with `extra_body={"repeat_penalty": 1.0}`.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("llama_cpp.server.app", reason="needs llama-cpp-python[server]")
+
+import patchkit  # noqa: E402
+from patchkit.client.component import ensure_setup  # noqa: E402
+from patchkit.components import Hit, OpenAIGenerator  # noqa: E402
+from patchkit.components.generators import LlamaCppGenerator, default_gguf_path  # noqa: E402
+from patchkit.orchestrator.execute import run_batch  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+API_KEY = "patchkit-test-key"
+SAME_SAMPLING = {"repeat_penalty": 1.0}  # llama-cpp-python's own default, which LlamaCppGenerator uses
+QUESTIONS = [
+    "What is a Python generator? Answer in one sentence.",
+    "Name a Python keyword used to define a function.",
+    "What does len() return?",
+    "What is a list?",
+]
+
+local = LlamaCppGenerator(max_tokens=16, threads=1)
+
+
+@functools.cache
+def local_answer(question: str, max_tokens: int | None = None) -> str:
+    """LlamaCppGenerator's answer, computed once: the tests compare several server answers to each."""
+    return local.generate(question, max_tokens=max_tokens)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A llama-cpp-python server on a free port, ready to answer; killed after the module's tests."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("openai-server") / "server.log"
+    command = [
+        sys.executable, "-m", "llama_cpp.server", "--model", str(default_gguf_path()), "--host", "127.0.0.1",
+        "--port", str(port), "--n_ctx", "2048", "--n_threads", "1", "--api_key", API_KEY,
+    ]
+    with log.open("wb") as out:
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        wait_until_serving(server, url, log)
+        yield url
+    finally:
+        server.kill()
+        server.wait()
+
+
+def wait_until_serving(server: subprocess.Popen[bytes], url: str, log: Path, timeout_s: float = 120.0) -> None:
+    request = urllib.request.Request(url + "/models", headers={"Authorization": f"Bearer {API_KEY}"})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            pytest.fail(f"the llama-cpp-python server exited with {server.returncode}:\n{log.read_text(errors='replace')}")
+        try:
+            with urllib.request.urlopen(request, timeout=5):
+                return
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.25)
+    pytest.fail(f"the llama-cpp-python server did not answer {url}/models in {timeout_s} s:\n{log.read_text(errors='replace')}")
+
+
+@pytest.fixture(scope="module")
+def llm(base_url: str) -> OpenAIGenerator:
+    return OpenAIGenerator(base_url, api_key=API_KEY, max_tokens=16, extra_body=SAME_SAMPLING)
+
+
+def test_answers_are_real_deterministic_and_equal_llamacpp_ones(base_url: str, llm: OpenAIGenerator) -> None:
+    served = OpenAIGenerator(base_url, api_key=API_KEY, max_tokens=16)
+    first = served.generate(QUESTIONS[0])
+    assert len(first.split()) >= 5
+    assert served.generate(QUESTIONS[0]) == first
+    assert served.model == str(default_gguf_path())  # asked of the server at setup: its first model
+    assert llm.generate(QUESTIONS[0]) == local_answer(QUESTIONS[0])
+
+
+def test_a_batch_answers_in_order_as_each_call_alone(llm: OpenAIGenerator) -> None:
+    hit = Hit("topic:def#0", "def", "The def statement defines a function.", 0.9)
+    calls = [
+        ((QUESTIONS[0],), {}),
+        ((QUESTIONS[1], [hit]), {}),
+        ((QUESTIONS[2],), {"max_tokens": 6}),
+        ((QUESTIONS[3], None, 12), {}),
+    ]
+    batch = OpenAIGenerator.generate.run_batch(llm, calls)
+    alone = [llm.generate(*args, **kwargs) for args, kwargs in calls]
+    assert batch == alone
+    assert len(set(batch)) == 4
+    assert batch[2] == local_answer(QUESTIONS[2], 6)
+
+
+def test_a_prompt_past_the_context_is_a_value_error_and_the_server_keeps_serving(llm: OpenAIGenerator) -> None:
+    with pytest.raises(ValueError, match="maximum context length is 2048 tokens.*shorten the question or the documents"):
+        llm.generate("word " * 3000)
+    assert llm.generate(QUESTIONS[3]) == local_answer(QUESTIONS[3])
+
+
+def test_a_failing_call_fails_alone_when_the_runtime_reruns_the_batch(llm: OpenAIGenerator) -> None:
+    outcomes = run_batch(llm, "generate", [((QUESTIONS[1],), {}), (("word " * 3000,), {}), ((QUESTIONS[2],), {})])
+    assert [ok for ok, _ in outcomes] == [True, False, True]
+    assert isinstance(outcomes[1][1].error, ValueError)
+    assert [outcomes[0][1], outcomes[2][1]] == [local_answer(QUESTIONS[1]), local_answer(QUESTIONS[2])]
+
+
+def test_an_unreachable_server_is_a_clear_error_at_setup() -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    message = f"cannot reach the OpenAI-compatible server at {url}/models: .*; start the server or fix base_url"
+    with pytest.raises(ConnectionError, match=message):
+        ensure_setup(OpenAIGenerator(url))
+
+
+def test_a_base_url_that_is_not_an_http_url_fails_at_construction() -> None:
+    for url in ("127.0.0.1:8080/v1", "ftp://127.0.0.1/v1", "http:///v1", "http://127.0.0.1:port/v1"):
+        with pytest.raises(ValueError, match="base_url must be an http:// or https:// URL"):
+            OpenAIGenerator(url)
+
+
+def test_the_api_key_comes_from_the_argument_or_openai_api_key(base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(RuntimeError, match=f"{base_url}/models answered HTTP 401: .*Invalid API key.*set OPENAI_API_KEY"):
+        ensure_setup(OpenAIGenerator(base_url))
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)
+    keyed = OpenAIGenerator(base_url)
+    ensure_setup(keyed)
+    assert keyed.model == str(default_gguf_path())
+
+
+@pytest.mark.parametrize("backend", ["local", "inprocess"])  # inprocess runs batches on its event loop's thread
+def test_deployed_answers_equal_local_ones_and_a_failing_call_fails_alone(llm: OpenAIGenerator, backend: str) -> None:
+    def answer(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return llm.generate(question)
+        return pipeline
+
+    answer("x")
+    questions = [*QUESTIONS, "word " * 3000]
+    with patchkit.deploy(patchkit.last_pipeline(), backend=backend) as endpoint, ThreadPoolExecutor(len(questions)) as pool:
+        # Sent together, so the deployment may batch them; the overflowing one fails and only it.
+        replies = [pool.submit(endpoint.query, question=q) for q in questions]
+        assert [r.result() for r in replies[:-1]] == [local_answer(q) for q in QUESTIONS]
+        with pytest.raises(patchkit.ComponentError, match="maximum context length"):
+            replies[-1].result()
+        assert endpoint.query(question=QUESTIONS[0]) == local_answer(QUESTIONS[0])
