@@ -42,7 +42,10 @@ class LlamaCppGenerator(Generator):
         from llama_cpp import Llama
 
         threads = self.threads or replica_threads()
-        self.llm = Llama(model_path=self.model_path, n_ctx=self.n_ctx, seed=self.seed, n_threads=threads, verbose=False)
+        # Prompt evaluation too: its own default is every core, which oversubscribes a replica's share.
+        self.llm = Llama(
+            model_path=self.model_path, n_ctx=self.n_ctx, seed=self.seed, n_threads=threads, n_threads_batch=threads, verbose=False
+        )
 
     @make
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> str:
