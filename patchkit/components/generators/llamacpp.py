@@ -44,7 +44,12 @@ class LlamaCppGenerator(Generator):
         threads = self.threads or replica_threads()
         # Prompt evaluation too: its own default is every core, which oversubscribes a replica's share.
         self.llm = Llama(
-            model_path=self.model_path, n_ctx=self.n_ctx, seed=self.seed, n_threads=threads, n_threads_batch=threads, verbose=False
+            model_path=self.model_path,
+            n_ctx=self.n_ctx,
+            seed=self.seed,
+            n_threads=threads,
+            n_threads_batch=threads,
+            verbose=False,
         )
 
     @make
