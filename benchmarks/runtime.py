@@ -75,8 +75,9 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def load(mode: str, url: str, level: float, seconds: float) -> dict:
-    body = json.dumps({"inputs": {"query": "What is a generator?"}})
+def load(mode: str, url: str, level: float, seconds: float, body: str | None = None) -> dict:
+    """Run `benchmarks/_load.py` against `url`; `body`: one request body or a JSON list of them."""
+    body = body or json.dumps({"inputs": {"query": "What is a generator?"}})
     # The load generator gets a core of its own where there are two, as if it ran on another machine.
     cores = sorted(os.sched_getaffinity(0))
     pin = ["taskset", "-c", str(cores[-1])] if len(cores) > 1 and shutil.which("taskset") else []
@@ -224,11 +225,23 @@ def bench_throughput(pipeline: patchkit.Pipeline, seconds: float) -> dict:
     return rows
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """`--seconds` of load per measurement, `--json FILE` to keep the results; shared by every benchmark."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--json", default=None)
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def report(results: dict, json_path: str | None) -> None:
+    text = json.dumps(results, indent=2)
+    print(text)
+    if json_path:
+        Path(json_path).write_text(text + "\n")
+
+
+def main() -> None:
+    args = arguments()
     pipeline = three_stages("What is a generator?") and patchkit.last_pipeline()
     eager_p50 = eager_p50_ms(pipeline)
     results = {
@@ -239,10 +252,7 @@ def main() -> None:
         "grpc_hop_2kb": asyncio.run(_hop(2000)),
         "throughput_three_stages_local": bench_throughput(pipeline, args.seconds),
     }
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
+    report(results, args.json)
 
 
 if __name__ == "__main__":

@@ -17,8 +17,11 @@ from patchkit.errors import (
     MakeError,
     Overloaded,
     PatchkitError,
+    PlanError,
     WorkerDiedError,
 )
+from patchkit.scheduler.plan import Plan
+from patchkit.scheduler.planner import plan
 
 __version__ = "0.1.0"
 
@@ -33,9 +36,12 @@ __all__ = [
     "Overloaded",
     "PatchkitError",
     "Pipeline",
+    "Plan",
+    "PlanError",
     "WorkerDiedError",
     "capture",
     "deploy",
     "last_pipeline",
     "make",
+    "plan",
 ]

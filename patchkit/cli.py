@@ -1,45 +1,78 @@
-"""The `patchkit` command: `patchkit serve FILE.py` serves the pipeline a script captures;
-`patchkit demo` deploys the CRAG example on real components and asks it questions."""
+"""The `patchkit` command: `patchkit serve FILE.py` serves the pipeline a script captures, `patchkit
+plan FILE.py` prints the plan the offline planner makes for it, and `patchkit demo` deploys the
+CRAG example on real components and asks it questions."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import runpy
 import secrets
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from patchkit.client.pipeline import Pipeline
+    from patchkit.scheduler.plan import Plan
 
 __all__ = ["main"]
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _load(command: str, file: str) -> Pipeline | None:
+    """Run the script as an imported module would, as `uvicorn module:app` runs one (its `if __name__ ==
+    "__main__":` block does not run), and return its last capture; None after printing why not."""
     import patchkit
+
+    script = Path(file).resolve()
+    if not script.is_file():
+        print(f"patchkit {command}: no such file: {file}", file=sys.stderr)
+        return None
+    sys.argv = [str(script)]
+    sys.path.insert(0, str(script.parent))
+    runpy.run_path(str(script), run_name="__patchkit_serve__")
+    try:
+        return patchkit.last_pipeline()
+    except patchkit.PatchkitError:
+        print(
+            f"patchkit {command}: {file} ran no `with patchkit.capture():` block; capture at module level "
+            "(a block under `if __name__ == '__main__':` does not run here)",
+            file=sys.stderr,
+        )
+        return None
+
+
+def _plan_of(args: argparse.Namespace, pipeline: Pipeline) -> Plan | None:
+    """`--plan auto` plans now; `--plan FILE.json` loads what `patchkit plan --json` printed."""
+    from patchkit.scheduler.plan import Plan
+    from patchkit.scheduler.planner import plan
+
+    if args.plan is None:
+        return None
+    if args.plan == "auto":
+        return plan(pipeline, resources=_resources(args), slo_ms=args.slo_ms)
+    return Plan.from_dict(json.loads(Path(args.plan).read_text()))
+
+
+def _resources(args: argparse.Namespace) -> dict[str, int] | None:
+    from patchkit.scheduler.pool import ResourcePool
+
+    return dict(ResourcePool.parse(args.resources).capacity) if args.resources else None
+
+
+def _serve(args: argparse.Namespace) -> int:
     from patchkit.scheduler.config import DeploymentConfig
     from patchkit.scheduler.server import serve_blocking
 
-    script = Path(args.file).resolve()
-    if not script.is_file():
-        print(f"patchkit serve: no such file: {args.file}", file=sys.stderr)
-        return 2
-    sys.argv = [str(script)]
-    sys.path.insert(0, str(script.parent))
-    # The script runs as an imported module would, as `uvicorn module:app` runs one: its
-    # `if __name__ == "__main__":` block does not run. Its last capture is served.
-    runpy.run_path(str(script), run_name="__patchkit_serve__")
-    try:
-        pipeline = patchkit.last_pipeline()
-    except patchkit.PatchkitError:
-        print(
-            f"patchkit serve: {args.file} ran no `with patchkit.capture():` block; capture at module level "
-            "(a block under `if __name__ == '__main__':` does not run when served)",
-            file=sys.stderr,
-        )
+    pipeline = _load("serve", args.file)
+    if pipeline is None:
         return 2
     config = DeploymentConfig.resolve(
         pipeline,
         replicas=args.replicas,
         batch_size=args.batch_size,
+        plan=_plan_of(args, pipeline),
         backend=args.backend,
         host=args.host,
         port=args.port,
@@ -47,12 +80,24 @@ def _serve(args: argparse.Namespace) -> int:
         batch_wait_ms=args.batch_wait_ms,
         secret=secrets.token_urlsafe(32),
     )
+    script = Path(args.file)
 
     def ready(url: str) -> None:
         print(f"patchkit: serving {script.name} at {url} (Ctrl-C stops)", flush=True)
 
     serve_blocking(pipeline, config, ready)
     print("patchkit: stopped", flush=True)
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from patchkit.scheduler.planner import plan
+
+    pipeline = _load("plan", args.file)
+    if pipeline is None:
+        return 2
+    made = plan(pipeline, resources=_resources(args), slo_ms=args.slo_ms)
+    print(json.dumps(made.to_dict(), indent=2) if args.json else made.table(), flush=True)
     return 0
 
 
@@ -68,16 +113,31 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--batch-size", type=int, default=None, help="batch size of every method (default: the method's own)")
     serve.add_argument("--batch-wait-ms", type=float, default=0.0, help="how long a partial batch waits for more calls")
     serve.add_argument("--slo-ms", type=float, default=None, help="the latency target of every request")
+    serve.add_argument("--plan", default=None, help="'auto' to plan first, or a plan saved by `patchkit plan --json`")
+    serve.add_argument("--resources", default=None, help="with --plan auto: the pool, as cpu=5,gpu=2 (default: this machine)")
+    planner = commands.add_parser("plan", help="profile a script's pipeline and print the plan that maximises its throughput")
+    planner.add_argument("file", help="a Python script with a `with patchkit.capture():` block that runs eagerly")
+    planner.add_argument("--resources", default=None, help="the pool, as cpu=5,gpu=2 (default: this machine)")
+    planner.add_argument("--slo-ms", type=float, default=None, help="plan only batch sizes whose latency fits this target")
+    planner.add_argument("--json", action="store_true", help="print the plan as JSON (for `patchkit serve --plan FILE`)")
     demo = commands.add_parser("demo", help="deploy the CRAG example (pydoc corpus, SmolLM2) and ask it questions")
     demo.add_argument("questions", nargs="*", help="questions to ask instead of the built-in ones")
     demo.add_argument("--replicas", type=int, default=None, help="replicas of every component (default 1)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.command == "serve":
-        return _serve(args)
-    from patchkit.demo import main as demo_main
+    from patchkit.errors import PatchkitError
 
-    return demo_main(args.questions, replicas=args.replicas)
+    try:
+        if args.command == "serve":
+            return _serve(args)
+        if args.command == "plan":
+            return _plan(args)
+        from patchkit.demo import main as demo_main
+
+        return demo_main(args.questions, replicas=args.replicas)
+    except PatchkitError as exc:  # a mistake the user can fix: its message, not a traceback
+        print(f"patchkit {args.command}: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

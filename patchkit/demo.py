@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 from patchkit.client.endpoint import Endpoint, deploy
 from patchkit.client.pipeline import Pipeline
+from patchkit.tables import text_table
 
 __all__ = ["ask", "component_table", "main"]
 
@@ -55,20 +56,16 @@ def _describe(question: str, output: Any) -> str:
 
 def component_table(stats: dict[str, Any]) -> str:
     """Per component method: replicas, batch size, calls, batches, mean batch and mean batch latency."""
-    header = ("component", "replicas", "batch size", "calls", "batches", "mean batch", "mean latency ms")
-    rows = [header]
-    for name, component in stats["components"].items():
-        for method, m in component["methods"].items():
-            rows.append((
-                f"{name}.{method}", str(len(component["replicas"])), str(m["batch_size"]), str(m["calls"]),
-                str(m["batches"]), f"{m['mean_batch']:.2f}", f"{m['mean_batch_ms']:.0f}",
-            ))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [
-        "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows
+    rows = [
+        (
+            f"{name}.{method}", str(len(component["replicas"])), str(m["batch_size"]), str(m["calls"]),
+            str(m["batches"]), f"{m['mean_batch']:.2f}", f"{m['mean_batch_ms']:.0f}",
+        )
+        for name, component in stats["components"].items()
+        for method, m in component["methods"].items()
     ]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    header = ("component", "replicas", "batch size", "calls", "batches", "mean batch", "mean latency ms")
+    return text_table(header, rows)
 
 
 def main(questions: Sequence[str] | None = None, *, replicas: int | None = None) -> int:

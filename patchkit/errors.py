@@ -9,7 +9,8 @@
     ├── ComponentError      your component raised: carries its traceback text
     ├── WorkerDiedError     the worker process serving a component died
     ├── DeadlineExceeded    a request ran past its deadline
-    └── Overloaded          admission is closed: carries the queue length and its limit
+    ├── Overloaded          admission is closed: carries the queue length and its limit
+    └── PlanError           no plan fits the resources or the SLO: says what is missing and how to declare it
 
 Errors cross process boundaries as JSON (`error_to_json` / `error_from_json`), never as pickles.
 
@@ -28,6 +29,7 @@ __all__ = [
     "MakeError",
     "Overloaded",
     "PatchkitError",
+    "PlanError",
     "WorkerDiedError",
     "error_from_json",
     "error_to_json",
@@ -88,6 +90,11 @@ class Overloaded(PatchkitError):
         super().__init__(reason or f"admission queue is full ({queue_length} waiting, limit {limit}); retry later")
 
 
+class PlanError(PatchkitError):
+    """The planner found no plan: the resources or the SLO cannot hold the pipeline; the message says
+    what is missing (which components, how many units of which resource) and what to declare."""
+
+
 def error_to_json(error: BaseException) -> dict[str, Any]:
     """The JSON form of an error: its type name, message and, for component errors, where it came from."""
     payload: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
@@ -112,6 +119,7 @@ def error_from_json(payload: dict[str, Any]) -> PatchkitError:
         "WorkerDiedError": WorkerDiedError,
         "DeadlineExceeded": DeadlineExceeded,
         "MakeError": MakeError,
+        "PlanError": PlanError,
         "CaptureError": PatchkitError,
     }
     return known.get(kind, PatchkitError)(message)

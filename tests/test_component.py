@@ -124,11 +124,14 @@ def test_public_names() -> None:
         "Overloaded",
         "PatchkitError",
         "Pipeline",
+        "Plan",
+        "PlanError",
         "WorkerDiedError",
         "capture",
         "deploy",
         "last_pipeline",
         "make",
+        "plan",
     ]
     assert all(hasattr(patchkit, name) for name in patchkit.__all__)
     assert callable(patchkit.capture)

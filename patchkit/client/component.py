@@ -81,6 +81,9 @@ class Component:
     """
 
     _patchkit_spec: ComponentSpec
+    # The resource types one replica can run on; the planner picks one per component. A class (or
+    # an instance, in its __init__) that can use a GPU says so: ("cpu", "gpu") or ("gpu",).
+    devices: tuple[str, ...] = ("cpu",)
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         self = super().__new__(cls)
@@ -91,6 +94,15 @@ class Component:
 
     def setup(self) -> None:
         """Load heavy state. Called once per process, before the first call runs there."""
+
+    def batch_limit(self, method: str) -> int:
+        """The largest batch of `method` this instance takes (its memory bound): the method's
+        `@make(max_batch_size=...)` unless the instance knows better. Read by deploy() for default
+        batch sizes and by the profiler as the batch size its search starts from."""
+        found = getattr(type(self), method, None)
+        if not isinstance(found, MakeMethod):
+            raise MakeError(f"{type(self).__name__}.{method} is not a @make method")
+        return found.max_batch_size
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Only the spec travels; the receiving process rebuilds the object and runs setup() itself.

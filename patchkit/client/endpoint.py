@@ -10,17 +10,18 @@ import sys
 import threading
 import urllib.parse
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
 from patchkit import envs
 from patchkit.client.pipeline import Pipeline, last_pipeline
-from patchkit.errors import PatchkitError, error_from_json
+from patchkit.errors import InputError, PatchkitError, error_from_json
 
 if TYPE_CHECKING:
     from patchkit.scheduler.config import DeploymentConfig
+    from patchkit.scheduler.plan import Plan
 
 __all__ = ["Endpoint", "deploy"]
 
@@ -57,6 +58,11 @@ class Endpoint:
     def stats(self) -> dict[str, Any]:
         """Per component: replicas, batch sizes, throughput, queue lengths; and request counts."""
         result: dict[str, Any] = self._reply(*self._request("GET", "/v1/stats?replicas=1", None))
+        return result
+
+    def plan(self) -> dict[str, Any]:
+        """What `GET /v1/plan` serves: per component its replicas and batch sizes, and the Plan applied, if any."""
+        result: dict[str, Any] = self._reply(*self._request("GET", "/v1/plan", None))
         return result
 
     def _request(self, method: str, path: str, payload: Any) -> tuple[int, bytes]:
@@ -124,6 +130,9 @@ def deploy(
     port: int = 0,
     replicas: int | Mapping[str, int] | None = None,
     batch_size: int | Mapping[str, int] | None = None,
+    plan: Plan | str | None = None,
+    resources: Mapping[str, int] | None = None,
+    calibration: Sequence[Mapping[str, Any]] | None = None,
     **options: Any,
 ) -> Endpoint:
     """Serve `pipeline` (default: the last one captured) and return its Endpoint once every worker is ready.
@@ -131,18 +140,24 @@ def deploy(
     `backend`: "local" (a front-end process and one worker process per replica) or "inprocess"
     (a thread of this process running your own component objects, for tests and pdb). `replicas`: a count for every component, or
     counts by component name; `batch_size`: a size for every method, or sizes by component or
-    "component.method" (default: each method's `@make(max_batch_size=...)`). Further options are
+    "component.method" (default: each method's `@make(max_batch_size=...)`). `plan`: a `Plan` to
+    apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=, calibration=,
+    slo_ms=)`: it sets every component's replicas, batch size and placement. Further options are
     the fields of `patchkit.scheduler.config.DeploymentConfig` (batch_wait_ms, optional_inputs,
     max_inflight_requests, max_body_bytes, request_timeout_s, max_retries, drain_timeout_s).
     """
     from patchkit.scheduler.config import DeploymentConfig
 
     pipeline = pipeline if pipeline is not None else last_pipeline()
-    # Replicas and batch sizes come from the arguments and the components' defaults; a Plan from the
-    # offline planner is a DeploymentConfig too, and takes this one's place.
+    if plan == "auto":
+        from patchkit.scheduler.planner import plan as make_plan
+
+        plan = make_plan(pipeline, resources=resources, calibration=calibration, slo_ms=slo_ms)
+    elif resources is not None or calibration is not None:
+        raise InputError("resources= and calibration= are for planning: pass them with plan='auto'")
     config = DeploymentConfig.resolve(
-        pipeline, replicas=replicas, batch_size=batch_size, backend=backend, slo_ms=slo_ms, host=host, port=port,
-        secret=secrets.token_urlsafe(32), **options,
+        pipeline, replicas=replicas, batch_size=batch_size, plan=plan, backend=backend, slo_ms=slo_ms, host=host,
+        port=port, secret=secrets.token_urlsafe(32), **options,
     )
     if backend == "inprocess":
         from patchkit.scheduler.server import ServerThread

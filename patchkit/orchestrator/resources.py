@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["ReplicaResources", "available_cpus", "spread"]
+__all__ = ["ReplicaResources", "assign", "available_cpus", "available_gpus", "spread"]
 
 # Math and tokenizer libraries read these once, at import: they are set before a component loads.
 THREAD_VARIABLES = (
@@ -57,6 +60,46 @@ def available_cpus() -> list[int]:
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))
     return list(range(os.cpu_count() or 1))
+
+
+def available_gpus() -> list[int]:
+    """The NVIDIA GPUs this process may use: `CUDA_VISIBLE_DEVICES` when set, else what `nvidia-smi -L` lists."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:  # the ids a child is given must be the ones this process sees
+        return [int(d) for d in visible.split(",") if d.strip().isdigit()]
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=True).stdout  # noqa: S603, S607
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [i for i, line in enumerate(line for line in listed.splitlines() if line.startswith("GPU "))]
+
+
+def assign(
+    replicas: Sequence[tuple[str, int]], cpus: list[int] | None = None, gpus: list[int] | None = None
+) -> list[ReplicaResources]:
+    """Resources for replicas that each take `units` of a resource type ("cpu" or "gpu"), as a plan says.
+
+    CPU replicas get disjoint cores, `units` each, while the machine has enough; past that (a
+    declared pool larger than the machine) they float with `units` threads. GPU replicas get one
+    real GPU each, in turn; where the machine has none (a declared, virtual GPU) they see no GPU.
+    """
+    cores = cpus if cpus is not None else available_cpus()
+    devices = gpus if gpus is not None else available_gpus()
+    pinned = sum(units for kind, units in replicas if kind == "cpu") <= len(cores)
+    next_core, next_gpu, out = 0, 0, []
+    for kind, units in replicas:
+        if kind == "gpu":
+            visible = (devices[next_gpu % len(devices)],) if devices else ()
+            next_gpu += 1
+            out.append(ReplicaResources(threads=1, gpus=visible))
+        elif pinned:
+            out.append(ReplicaResources(cpus=tuple(cores[next_core : next_core + units]), threads=units, gpus=()))
+            next_core += units
+        else:
+            out.append(ReplicaResources(threads=units, gpus=()))
+    return out
 
 
 def spread(replicas: int, cpus: list[int] | None = None) -> list[ReplicaResources]:

@@ -1,8 +1,8 @@
 """How a deployment is configured: per component, its replicas and per-method batch sizes.
 
-`DeploymentConfig.resolve` turns deploy()'s arguments into a config; until the offline planner
-exists, replicas and batch sizes come from those arguments or from the components' own defaults
-(`@make(max_batch_size=...)`). A Plan will produce a `DeploymentConfig` through the same type.
+`DeploymentConfig.resolve` turns deploy()'s arguments into a config: replicas and batch sizes come
+from a `Plan` when one is given, else from the arguments or the components' own defaults
+(`@make(max_batch_size=...)`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 from patchkit.client.component import make_methods
 from patchkit.client.pipeline import Pipeline
 from patchkit.errors import InputError
+from patchkit.scheduler.plan import Plan
 
 __all__ = ["BACKENDS", "ComponentConfig", "DeploymentConfig"]
 
@@ -25,6 +26,8 @@ BACKENDS = ("local", "inprocess")
 class ComponentConfig:
     replicas: int
     batch_sizes: dict[str, int]  # per @make method
+    resource: str = "cpu"  # what each replica takes `units` of, when a plan placed it
+    units: int = 1
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -51,6 +54,7 @@ class DeploymentConfig:
     max_retries: int = 2  # times a call is re-sent after the replica running it died
     optional_inputs: tuple[str, ...] = ()  # inputs a request may leave out (they keep their captured value)
     drain_timeout_s: float = 30.0
+    plan: dict[str, Any] | None = None  # the Plan applied, as Plan.to_dict(): replicas are placed as it says
     secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
@@ -75,12 +79,14 @@ class DeploymentConfig:
         replicas: int | Mapping[str, int] | None = None,
         batch_size: int | Mapping[str, int] | None = None,
         optional_inputs: tuple[str, ...] | list[str] = (),
+        plan: Plan | str | None = None,
         **options: Any,
     ) -> DeploymentConfig:
         """Build the config from deploy()'s arguments, naming any component, method or input it does not know.
 
         `replicas`: one count for every component, or counts by component name. `batch_size`: one
         size for every method, or sizes by component ("retriever") or method ("retriever.retrieve").
+        `plan`: replicas, batch sizes and placement of every component, instead of those two.
         """
         components = pipeline.components
         if not components:
@@ -89,13 +95,38 @@ class DeploymentConfig:
         _check_names("replicas", replicas, set(components))
         _check_names("batch_size", batch_size, set(components) | set(methods))
         _check_names("optional_inputs", dict.fromkeys(optional_inputs, 0), set(pipeline.inputs))
+        if plan is not None:
+            return cls._from_plan(pipeline, plan, replicas, batch_size, optional_inputs, options)
         configs = {}
         for name, component in components.items():
             sizes = {}
-            for method_name, method in make_methods(type(component)).items():
-                sizes[method_name] = _pick(batch_size, (f"{name}.{method_name}", name), method.max_batch_size)
+            for method_name in make_methods(type(component)):
+                sizes[method_name] = _pick(batch_size, (f"{name}.{method_name}", name), component.batch_limit(method_name))
             configs[name] = ComponentConfig(replicas=_pick(replicas, (name,), 1), batch_sizes=sizes)
         return cls(components=configs, optional_inputs=tuple(optional_inputs), **options)
+
+    @classmethod
+    def _from_plan(
+        cls, pipeline: Pipeline, plan: object, replicas: object, batch_size: object, optional_inputs: Any, options: dict[str, Any]
+    ) -> DeploymentConfig:
+        if replicas is not None or batch_size is not None:
+            raise InputError("pass either plan= or replicas=/batch_size=: a plan sets both")
+        if not isinstance(plan, Plan):
+            raise InputError(f"plan must be 'auto', a Plan, or None; got {plan!r}")
+        missing = set(pipeline.components) - set(plan.components)
+        _check_names("the plan", dict(plan.components), set(pipeline.components))
+        if missing:
+            raise InputError(f"the plan has no entry for {', '.join(sorted(missing))}; plan the same pipeline")
+        configs = {
+            name: ComponentConfig(
+                replicas=c.replicas,
+                batch_sizes=dict.fromkeys(make_methods(type(pipeline.components[name])), c.batch_size),
+                resource=c.resource,
+                units=c.units,
+            )
+            for name, c in plan.components.items()
+        }
+        return cls(components=configs, optional_inputs=tuple(optional_inputs), plan=plan.to_dict(), **options)
 
     def describe(self) -> dict[str, Any]:
         """The plan the front-end runs, for `GET /v1/plan` and `Endpoint.stats()`."""

@@ -22,7 +22,7 @@ from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.local import LocalBackend
-from patchkit.orchestrator.resources import ReplicaResources, spread
+from patchkit.orchestrator.resources import ReplicaResources, assign, spread
 from patchkit.orchestrator.supervisor import Supervisor
 from patchkit.scheduler.bridge import await_, run_sync
 from patchkit.scheduler.config import DeploymentConfig
@@ -85,9 +85,13 @@ class Frontend:
         await self.supervisor.start(specs)
 
     def _resources(self) -> list[ReplicaResources]:
+        """Each replica's pinning, in the order `start` creates them: placed as the plan says, else shared evenly."""
         total = sum(c.replicas for c in self.config.components.values())
         if self.config.backend == "inprocess":
             return [ReplicaResources() for _ in range(total)]
+        if self.config.plan is not None:
+            placed = [self.config.components[name] for name in self.components]
+            return assign([(c.resource, c.units) for c in placed for _ in range(c.replicas)])
         return spread(total)
 
     async def close(self) -> None:

@@ -4,7 +4,7 @@
     GET  /healthz    200 when every component has a live replica, else 503
     GET  /metrics    Prometheus text
     GET  /v1/graph   the captured graph
-    GET  /v1/plan    the deployment's configuration: replicas and batch sizes per component
+    GET  /v1/plan    the deployment's configuration: replicas and batch sizes per component, and the Plan applied
     GET  /v1/stats   per component: replicas, batches, throughput, queues (`Endpoint.stats()`)
 
 Errors are `{"error": {"type", "message", ...}}`: 400 bad input, 413 body too large, 503 with

@@ -35,6 +35,8 @@ class TransformersGenerator(Generator):
     every batch, so a sampled answer also depends on the prompts it shares a batch with.
     """
 
+    devices = ("cpu", "gpu")
+
     def __init__(
         self,
         model: str | None = None,

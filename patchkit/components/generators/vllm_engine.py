@@ -29,6 +29,8 @@ class VLLMGenerator(Generator):
     above it, each prompt samples with its own generator seeded with `seed`.
     """
 
+    devices = ("gpu",)
+
     def __init__(
         self,
         model: str,

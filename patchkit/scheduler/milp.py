@@ -1,0 +1,527 @@
+"""The planner's MILP: per component, a resource type, a batch size and a replica count.
+
+Patchwork (section 3.3) maximises the pipeline's throughput as a concurrent flow: every component
+must process its share of requests, and the slowest one sets the rate. Here it reads:
+
+    maximise    L                                           requests/s of the pipeline
+    subject to  sum_{k,b} z[i,k,b] = 1                         for each component i
+                z[i,k,b] <= n[i,k,b] <= (R_k // r[i,k]) * z[i,k,b]
+                sum_{k,b} n[i,k,b] * 1000 b / T_ik(b) >= visits_i * L   for each component i
+                sum_{i,b} n[i,k,b] * r[i,k] <= R_k                         for each resource type k
+                sum_{i,k,b} visits_i * 2 T_ik(b) * z[i,k,b] <= slo_ms      with an SLO
+                z binary, n integer, L >= 0
+
+i ranges over components, k over the resource types a component was profiled on (its `Option`s),
+b over candidate batch sizes; z picks one (k, b) per component, n counts its replicas, r[i,k] is
+the units one replica takes and R_k the units there are. T_ik(b) is the fitted milliseconds per
+batch, so one replica serves 1000 b / T_ik(b) calls/s when its queue keeps it busy.
+
+Candidate batch sizes. Along one linear segment of T, with T(b) = a + s b, the throughput
+b / (a + s b) is monotone in b (rising when a > 0), so without an SLO the best batch of a segment is
+one of its ends: the candidates are 1, the breakpoints (rounded both ways) and max_batch, all within
+[1, max_batch], and the plan is optimal over every integer batch size. With an SLO the per-request
+latency is estimated as visits_i * 2 T_i(b_i) summed over components (a call waits for the batch in
+progress, then runs in the next); each option also gets the largest batch that meets the SLO when
+every other component runs at its fastest, and candidates that cannot meet it are dropped. The plan
+is then optimal among these candidates.
+
+A candidate that another beats on both latency and calls/s is left out of the model (without an SLO
+only the batch of most calls/s stays, the smallest where they tie): it could not serve a plan better.
+
+Before branching, the LP relaxation bounds L, and each pair's replicas by what reaches that bound
+(a few rounds, each relaxation tighter than the last): no optimal plan is cut off, and HiGHS, whose
+branch and bound otherwise starts far from the optimum, solves several times faster.
+
+Among plans within a relative 1e-6 of the best L, the one using the fewest resource units in total
+wins: a second solve fixes L and minimises units.
+
+Solvers: gurobipy when importable and its licence takes the model (the pip licence stops at 2,000
+variables and 2,000 constraints), else HiGHS through highspy; `pip install 'patchkit[sched]'`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from patchkit.errors import PlanError
+from patchkit.scheduler.pwl import PiecewiseLinear
+
+__all__ = ["Choice", "Option", "Problem", "Solution", "candidate_batches", "solve"]
+
+logger = logging.getLogger(__name__)
+
+SOLVERS = ("auto", "gurobi", "highs")
+UNITS_SLACK = 1e-6  # relative throughput given up, at most, to use fewer resource units
+GUROBI_SIZE_LIMIT = 10010  # GurobiError.errno: the model is too large for a size-limited licence
+GUROBI_NO_LICENCE = 10009
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run a component: on one resource type, with its latency curve there."""
+
+    component: str
+    resource: str  # "cpu" | "gpu" (any key of Problem.capacity)
+    units: int  # resource units one replica takes (r[i,k])
+    latency: PiecewiseLinear  # ms per batch as a function of batch size, on that resource
+    max_batch: int  # memory-bounded largest batch (m[i,k])
+
+    def __post_init__(self) -> None:
+        for name in ("units", "max_batch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{self.component} on {self.resource}: {name} must be an int >= 1; got {value!r}")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What the planner knows: the options of every component, their visits, and the resources."""
+
+    options: tuple[Option, ...]
+    visits: Mapping[str, float]  # calls per request of each component (branches, loops), > 0
+    capacity: Mapping[str, int]  # units available per resource type, e.g. {"cpu": 5, "gpu": 2}
+    slo_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name, visits in self.visits.items():
+            if not (math.isfinite(visits) and visits > 0):
+                raise ValueError(f"visits of {name} must be a finite number > 0; got {visits!r}")
+        for kind, units in self.capacity.items():
+            if isinstance(units, bool) or not isinstance(units, int) or units < 0:
+                raise ValueError(f"capacity of {kind} must be an int >= 0; got {units!r}")
+        if self.slo_ms is not None and not (math.isfinite(self.slo_ms) and self.slo_ms > 0):
+            raise ValueError(f"slo_ms must be a finite number > 0; got {self.slo_ms!r}")
+        seen = set()
+        for option in self.options:
+            if option.component not in self.visits:
+                raise ValueError(f"an option runs {option.component}, which has no visits entry")
+            if (option.component, option.resource) in seen:
+                raise ValueError(f"{option.component} has two options on {option.resource}; give one per resource type")
+            seen.add((option.component, option.resource))
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The plan of one component."""
+
+    component: str
+    resource: str
+    replicas: int
+    batch_size: int
+    throughput: float  # calls/s of all its replicas
+    units: int = 1  # units of `resource` one replica takes
+    batch_ms: float = 0.0  # T(batch_size): milliseconds one batch takes
+
+
+@dataclass(frozen=True)
+class Solution:
+    """The plan of every component, the pipeline's predicted throughput and what limits it."""
+
+    choices: Mapping[str, Choice]
+    throughput: float  # requests/s of the pipeline
+    bottleneck: str  # the component whose throughput / visits is smallest
+    solver: str  # "gurobi" | "highs"
+    used: Mapping[str, int] = field(default_factory=dict)  # units taken per resource type
+    latency_ms: float = 0.0  # per-request latency estimate: sum of visits * 2 * T(batch)
+
+
+def solve(problem: Problem, *, solver: str = "auto") -> Solution:
+    """The throughput-maximising plan of `problem`; called by `patchkit.plan()` after profiling.
+
+    `solver`: "auto" (gurobi when it is installed and its licence takes the model, else HiGHS),
+    "gurobi" or "highs". Raises `PlanError` when no plan fits the resources or the SLO, saying what
+    is missing.
+    """
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {', '.join(map(repr, SOLVERS))}; got {solver!r}")
+    _check_feasible(problem)
+    candidates = candidate_batches(problem)
+    model = _Model.build(problem, candidates)
+    started = time.perf_counter()
+    name, values = _run(model, solver)
+    if values is None:
+        raise PlanError(_infeasible_message(problem))
+    choices = _read(problem, model, values)
+    solution = _solution(problem, choices, name)
+    logger.info(
+        "solved with %s in %.3f s (%d variables, %d constraints): %.6g requests/s, bottleneck %s",
+        name, time.perf_counter() - started, model.columns, len(model.rows), solution.throughput, solution.bottleneck,
+    )
+    return solution
+
+
+def candidate_batches(problem: Problem) -> dict[tuple[str, str], tuple[int, ...]]:
+    """Candidate batch sizes of every usable (component, resource) option, ascending.
+
+    An option is usable when its resource has units enough for one replica; with an SLO only batch
+    sizes that can meet it remain, and an option left with none is dropped.
+    """
+    fastest = {name: _fastest(problem, name)[0] for name in problem.visits}
+    found = {}
+    for option in _usable(problem):
+        latency, top = option.latency, option.max_batch
+        sizes = _segment_ends(option)
+        for size in sizes:
+            if latency(size) <= 0:
+                raise ValueError(
+                    f"{option.component} on {option.resource}: T({size}) is {latency(size)} ms; a batch must take > 0 ms"
+                )
+        if problem.slo_ms is not None:
+            visits = problem.visits[option.component]
+            others = sum(problem.visits[name] * 2 * ms for name, ms in fastest.items() if name != option.component)
+            bound = (problem.slo_ms - others) / (2 * visits)
+            largest = latency.largest_within(bound * (1 + 1e-12), 1, top)
+            if largest is not None:
+                sizes.add(largest)
+            sizes = {b for b in sizes if latency(b) <= bound * (1 + 1e-12)}
+        kept = _undominated(latency, sizes)
+        if kept:
+            found[option.component, option.resource] = kept if problem.slo_ms is not None else kept[-1:]
+    return found
+
+
+def _undominated(latency: PiecewiseLinear, sizes: set[int]) -> tuple[int, ...]:
+    """The sizes no other size beats on both latency and calls/s, by ascending latency (and calls/s).
+
+    A dominated size cannot serve a plan better, so the model leaves it out; where calls/s tie, the
+    quicker (smaller) batch stays. Without an SLO only the last, the most calls/s, matters.
+    """
+    kept: list[int] = []
+    most = 0.0
+    for b in sorted(sizes, key=lambda b: (latency(b), b)):
+        calls = b / latency(b)
+        if calls > most * (1 + 1e-12):
+            kept.append(b)
+            most = calls
+    return tuple(kept)
+
+
+def _usable(problem: Problem) -> list[Option]:
+    return [o for o in problem.options if problem.capacity.get(o.resource, 0) >= o.units]
+
+
+def _segment_ends(option: Option) -> set[int]:
+    """1, max_batch and the breakpoints rounded down and up, within [1, max_batch]: the integer batch
+    sizes at the ends of T's linear pieces, where both the most calls/s and the least latency lie."""
+    rounded = {f(x) for x in option.latency.breakpoints for f in (math.floor, math.ceil)}
+    return {1, option.max_batch} | {min(max(b, 1), option.max_batch) for b in rounded}
+
+
+def _fastest(problem: Problem, component: str) -> tuple[float, int, str]:
+    """(ms, batch, resource) of the component's quickest batch over its usable options."""
+    best = (math.inf, 0, "")
+    for option in _usable(problem):
+        if option.component == component:
+            best = min(best, *((option.latency(b), b, option.resource) for b in _segment_ends(option)))
+    return best
+
+
+# -- infeasibility, said before solving ------------------------------------------------------------
+def _check_feasible(problem: Problem) -> None:
+    """Raise PlanError naming what is missing when the obvious needs exceed the resources."""
+    for name in problem.visits:
+        options = [o for o in problem.options if o.component == name]
+        if not options:
+            raise PlanError(f"{name} has no option: it was profiled on no resource type, so no replica of it can be placed")
+        if not any(problem.capacity.get(o.resource, 0) >= o.units for o in options):
+            reasons = [f"{o.resource} ({o.units} a replica, {problem.capacity.get(o.resource, 0)} declared)" for o in options]
+            more = ", ".join(f"{o.resource!r}: {o.units}" for o in options)
+            raise PlanError(
+                f"{name} cannot get one replica: it runs on {' or '.join(reasons)}; declare more with resources={{{more}}}"
+            )
+    only: dict[str, dict[str, int]] = {}  # resource type -> components that can run nowhere else -> units
+    for name in problem.visits:
+        kinds = {o.resource: o.units for o in _usable(problem) if o.component == name}
+        if len(kinds) == 1:
+            [(kind, units)] = kinds.items()
+            only.setdefault(kind, {})[name] = units
+    for kind, needs in only.items():
+        total, capacity = sum(needs.values()), problem.capacity[kind]
+        if total > capacity:
+            if all(units == 1 for units in needs.values()):
+                what = f"{len(needs)} components need a {kind} replica each ({', '.join(needs)})"
+            else:
+                listed = ", ".join(f"{name}: {units}" for name, units in needs.items())
+                what = f"{len(needs)} components need {total} {kind} units for a replica each ({listed})"
+            raise PlanError(f"{what} but {kind} has {capacity} units; declare more with resources={{{kind!r}: {total}}}")
+    if problem.slo_ms is not None:
+        fastest = {name: _fastest(problem, name) for name in problem.visits}
+        least = sum(problem.visits[name] * 2 * ms for name, (ms, _, _) in fastest.items())
+        if least > problem.slo_ms * (1 + 1e-12):
+            parts = ", ".join(
+                f"{name}: {problem.visits[name]:g} x 2 x {ms:.3g} ms at batch {b} on {kind}"
+                for name, (ms, b, kind) in fastest.items()
+            )
+            raise PlanError(
+                f"no batch size meets slo_ms={problem.slo_ms:g}: a request takes at least {least:.3g} ms even with "
+                f"every component at its fastest batch ({parts}); raise slo_ms or use faster components"
+            )
+
+
+# -- the model, solver-neutral ---------------------------------------------------------------------
+@dataclass
+class _Model:
+    """Columns [L, z0, n0, z1, n1, ...], one (z, n) pair per (option, batch size) in `pairs`."""
+
+    pairs: list[tuple[Option, int]]
+    lower: list[float]
+    upper: list[float]
+    integer: list[bool]
+    rows: list[tuple[list[int], list[float], float, float]]  # column indices, coefficients, low, high
+    units: list[float]  # objective of the second solve: resource units taken
+    visits: Mapping[str, float]
+    most_rows: list[int]  # per pair, the row n - most * z <= 0
+
+    def limit_replicas(self, pair: int, most: int) -> None:
+        """Bound the replicas of one (option, batch size) pair to `most`."""
+        self.upper[2 + 2 * pair] = float(most)
+        self.rows[self.most_rows[pair]][1][1] = -float(most)
+
+    @property
+    def columns(self) -> int:
+        return len(self.lower)
+
+    @classmethod
+    def build(cls, problem: Problem, candidates: Mapping[tuple[str, str], tuple[int, ...]]) -> _Model:
+        pairs = [(o, b) for o in _usable(problem) for b in candidates.get((o.component, o.resource), ())]
+        lower, upper, integer, units = [0.0], [math.inf], [False], [0.0]
+        rows: list[tuple[list[int], list[float], float, float]] = []
+        most_rows = []
+        pick: dict[str, list[int]] = {name: [] for name in problem.visits}
+        serve: dict[str, tuple[list[int], list[float]]] = {name: ([0], [-problem.visits[name]]) for name in problem.visits}
+        use: dict[str, tuple[list[int], list[float]]] = {}
+        slo: tuple[list[int], list[float]] = ([], [])
+        best = dict.fromkeys(problem.visits, 0.0)  # an upper bound on each component's calls/s
+        for p, (option, b) in enumerate(pairs):
+            z, n = 1 + 2 * p, 2 + 2 * p
+            most = problem.capacity[option.resource] // option.units
+            lower += [0.0, 0.0]
+            upper += [1.0, float(most)]
+            integer += [True, True]
+            units += [0.0, float(option.units)]
+            rows.append(([n, z], [1.0, -1.0], 0.0, math.inf))
+            most_rows.append(len(rows))
+            rows.append(([n, z], [1.0, -float(most)], -math.inf, 0.0))
+            pick[option.component].append(z)
+            calls = 1000 * b / option.latency(b)
+            serve[option.component][0].append(n)
+            serve[option.component][1].append(calls)
+            best[option.component] = max(best[option.component], most * calls)
+            used = use.setdefault(option.resource, ([], []))
+            used[0].append(n)
+            used[1].append(float(option.units))
+            slo[0].append(z)
+            slo[1].append(problem.visits[option.component] * 2 * option.latency(b))
+        upper[0] = min(best[name] / problem.visits[name] for name in problem.visits)
+        rows += [(columns, [1.0] * len(columns), 1.0, 1.0) for columns in pick.values()]
+        rows += [(columns, coefficients, 0.0, math.inf) for columns, coefficients in serve.values()]
+        for kind, (columns, coefficients) in use.items():
+            rows.append((columns, coefficients, -math.inf, float(problem.capacity[kind])))
+        if problem.slo_ms is not None:
+            rows.append((slo[0], slo[1], -math.inf, problem.slo_ms))
+        return cls(pairs, lower, upper, integer, rows, units, problem.visits, most_rows)
+
+
+def _run(model: _Model, solver: str) -> tuple[str, list[float] | None]:
+    """Solve twice (most throughput, then fewest units at that throughput); returns (solver, values)."""
+    if solver in ("auto", "gurobi"):
+        try:
+            return "gurobi", _two_stages(model, _solve_gurobi)
+        except _GurobiUnavailable as exc:
+            if solver == "gurobi":
+                raise PlanError(f"solver='gurobi' cannot solve this plan: {exc}; use solver='highs' or 'auto'") from None
+            logger.info("gurobi unavailable (%s); solving with HiGHS", exc)
+    if importlib.util.find_spec("highspy") is None:
+        raise PlanError("planning needs a MILP solver: pip install 'patchkit[sched]' (highspy, and gurobipy if licensed)")
+    return "highs", _two_stages(model, _solve_highs)
+
+
+def _two_stages(model: _Model, backend: Any) -> list[float] | None:
+    """Most throughput, then fewest units within UNITS_SLACK of it; None when nothing is feasible."""
+    _tighten(model, backend)
+    throughput = [1.0] + [0.0] * (model.columns - 1)
+    first = backend(model, throughput, True, None)
+    if first is None:
+        return None
+    reached = _exact_throughput(model, first)
+    bound = model.lower[0]
+    model.lower[0] = reached * (1 - UNITS_SLACK)
+    try:
+        second = backend(model, model.units, False, first)
+    finally:
+        model.lower[0] = bound
+    return first if second is None else second
+
+
+def _tighten(model: _Model, backend: Any, rounds: int = 5) -> None:
+    """Bound L and every pair's replicas by the LP relaxation, so that branch and bound starts closer.
+
+    No plan beats the relaxation's L, and no pair needs more replicas than reach it, so no optimal
+    plan (of either solve) is cut off. Each round's smaller bounds can lower the next relaxation.
+    """
+    relaxed = dataclasses.replace(model, integer=[False] * model.columns)  # shares the bounds and rows
+    throughput = [1.0] + [0.0] * (model.columns - 1)
+    for _ in range(rounds):
+        values = backend(relaxed, throughput, True, None)
+        if values is None:
+            return  # the MILP is infeasible too, and its solve says so
+        bound = values[0] * (1 + 1e-6)  # above the solver's tolerances
+        model.upper[0] = min(model.upper[0], bound)
+        tightened = False
+        for p, (option, b) in enumerate(model.pairs):
+            need = max(math.ceil(model.visits[option.component] * bound * option.latency(b) / (1000 * b)), 1)
+            if need < model.upper[2 + 2 * p]:
+                model.limit_replicas(p, need)
+                tightened = True
+        if not tightened:
+            return
+
+
+def _infeasible_message(problem: Problem) -> str:
+    # The pre-checks look at one resource type at a time; what is left is components that could use
+    # several types competing for too few units of all of them, or an SLO met only on a full type.
+    needs = []
+    for name in problem.visits:
+        ways = [f"{o.units} {o.resource}" for o in _usable(problem) if o.component == name]
+        needs.append(f"{name}: {' or '.join(ways)}")
+    declared = ", ".join(f"{kind!r}: {units}" for kind, units in problem.capacity.items())
+    slo = f" within slo_ms={problem.slo_ms:g}" if problem.slo_ms is not None else ""
+    return (
+        f"no placement gives each of the {len(problem.visits)} components a replica{slo}: one replica takes "
+        f"{'; '.join(needs)}, and resources={{{declared}}} are declared; declare more"
+    )
+
+
+def _chosen(model: _Model, values: Sequence[float]) -> list[tuple[Option, int, int]]:
+    """(option, batch, replicas) of each component in a solver's answer."""
+    return [
+        (option, b, round(values[2 + 2 * p]))
+        for p, (option, b) in enumerate(model.pairs)
+        if values[1 + 2 * p] > 0.5
+    ]
+
+
+def _exact_throughput(model: _Model, values: Sequence[float]) -> float:
+    """L of an answer recomputed from its integers, free of the solver's tolerances."""
+    served = {option.component: replicas * 1000 * b / option.latency(b) for option, b, replicas in _chosen(model, values)}
+    return min(served[name] / visits for name, visits in model.visits.items())
+
+
+def _read(problem: Problem, model: _Model, values: Sequence[float]) -> dict[str, Choice]:
+    """Each component's Choice, in the order of `problem.visits`."""
+    chosen = {option.component: (option, b, replicas) for option, b, replicas in _chosen(model, values)}
+    choices = {}
+    for name in problem.visits:
+        option, b, replicas = chosen[name]
+        batch_ms = option.latency(b)
+        choices[name] = Choice(name, option.resource, replicas, b, replicas * 1000 * b / batch_ms, option.units, batch_ms)
+    return choices
+
+
+def _solution(problem: Problem, choices: dict[str, Choice], solver: str) -> Solution:
+    rates = {name: choice.throughput / problem.visits[name] for name, choice in choices.items()}
+    bottleneck = min(rates, key=rates.__getitem__)
+    used: dict[str, int] = {}
+    for choice in choices.values():
+        used[choice.resource] = used.get(choice.resource, 0) + choice.replicas * choice.units
+    latency = sum(problem.visits[name] * 2 * choice.batch_ms for name, choice in choices.items())
+    return Solution(choices, rates[bottleneck], bottleneck, solver, used, latency)
+
+
+# -- solvers ---------------------------------------------------------------------------------------
+class _GurobiUnavailable(Exception):
+    """gurobipy is missing, unlicensed, or its licence cannot take the model."""
+
+
+def _solve_gurobi(model: _Model, objective: Sequence[float], maximise: bool, start: Sequence[float] | None) -> list[float] | None:
+    """Optimal column values, or None when the model is infeasible."""
+    try:
+        import gurobipy as gp
+    except ImportError:
+        raise _GurobiUnavailable("gurobipy is not installed") from None
+    grb = gp.GRB
+
+    def bound(value: float) -> float:
+        return max(min(value, grb.INFINITY), -grb.INFINITY)
+
+    try:
+        with gp.Env(params={"OutputFlag": 0}) as env, gp.Model(env=env) as m:
+            for name, value in (("MIPGap", 1e-9), ("IntFeasTol", 1e-9), ("FeasibilityTol", 1e-9)):
+                m.setParam(name, value)
+            columns = m.addVars(
+                range(model.columns),
+                lb=[bound(v) for v in model.lower],
+                ub=[bound(v) for v in model.upper],
+                obj=list(objective),
+                vtype=[grb.INTEGER if i else grb.CONTINUOUS for i in model.integer],
+            )
+            x = [columns[c] for c in range(model.columns)]
+            for indices, coefficients, low, high in model.rows:
+                expr = gp.LinExpr(coefficients, [x[c] for c in indices])
+                if low == high:
+                    m.addConstr(expr == low)
+                elif math.isinf(high):
+                    m.addConstr(expr >= low)
+                elif math.isinf(low):
+                    m.addConstr(expr <= high)
+                else:
+                    m.addRange(expr, low, high)
+            m.ModelSense = grb.MAXIMIZE if maximise else grb.MINIMIZE
+            if start is not None:
+                for var, value in zip(x, start):
+                    var.Start = value
+            m.optimize()
+            if m.Status == grb.OPTIMAL:
+                return [float(v) for v in m.getAttr("X", x)]
+            if m.Status in (grb.INFEASIBLE, grb.INF_OR_UNBD):
+                return None
+            raise PlanError(f"gurobi stopped without a plan (status {m.Status})")
+    except gp.GurobiError as exc:
+        if exc.errno in (GUROBI_SIZE_LIMIT, GUROBI_NO_LICENCE):
+            size = f"{model.columns} variables, {len(model.rows)} constraints"
+            raise _GurobiUnavailable(f"{exc} ({size})") from None
+        raise
+
+
+def _solve_highs(model: _Model, objective: Sequence[float], maximise: bool, start: Sequence[float] | None) -> list[float] | None:
+    """Optimal column values, or None when the model is infeasible."""
+    import highspy
+    import numpy as np
+
+    h = highspy.Highs()
+    for name, value in (("output_flag", False), ("mip_rel_gap", 1e-9), ("mip_feasibility_tolerance", 1e-9),
+                        ("primal_feasibility_tolerance", 1e-9)):
+        h.setOptionValue(name, value)
+    lp = highspy.HighsLp()
+    lp.num_col_, lp.num_row_ = model.columns, len(model.rows)
+    lp.col_cost_ = np.array(objective, dtype=float)
+    lp.col_lower_ = np.clip(np.array(model.lower), -highspy.kHighsInf, highspy.kHighsInf)
+    lp.col_upper_ = np.clip(np.array(model.upper), -highspy.kHighsInf, highspy.kHighsInf)
+    lp.row_lower_ = np.clip(np.array([r[2] for r in model.rows]), -highspy.kHighsInf, highspy.kHighsInf)
+    lp.row_upper_ = np.clip(np.array([r[3] for r in model.rows]), -highspy.kHighsInf, highspy.kHighsInf)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = np.cumsum([0] + [len(r[0]) for r in model.rows]).astype(np.int32)
+    lp.a_matrix_.index_ = np.array([c for r in model.rows for c in r[0]], dtype=np.int32)
+    lp.a_matrix_.value_ = np.array([v for r in model.rows for v in r[1]], dtype=float)
+    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in model.integer]
+    lp.sense_ = highspy.ObjSense.kMaximize if maximise else highspy.ObjSense.kMinimize
+    h.passModel(lp)
+    if start is not None:
+        solution = highspy.HighsSolution()
+        solution.col_value = list(start)
+        solution.value_valid = True
+        h.setSolution(solution)
+    h.run()
+    status = h.getModelStatus()
+    if status == highspy.HighsModelStatus.kOptimal:
+        return [float(v) for v in h.getSolution().col_value]
+    if status in (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible):
+        return None
+    raise PlanError(f"HiGHS stopped without a plan ({h.modelStatusToString(status)})")

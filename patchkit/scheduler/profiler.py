@@ -1,0 +1,280 @@
+"""Profiler: how each component's batch latency grows with the batch size, per resource type.
+
+Called by `plan()`. Each (component, resource type) runs in a worker process of its own, pinned as
+a replica of the plan would be (one core, or one GPU), and is driven through the same gRPC channel
+the front-end uses, so the numbers include the process hop. Its inputs are the calls the eager
+runs recorded. Batch sizes are searched as Patchwork (section 3.3) does: the largest that fits
+(halving past a MemoryError), 1, then a binary search towards the knee, going lower while the
+larger batch's throughput gain stays under `threshold`. Results are cached on disk, keyed by the
+component's class and constructor arguments, the method, the resource type and the inputs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from patchkit import envs
+from patchkit.client.component import Call, Component
+from patchkit.client.pipeline import Pipeline
+from patchkit.errors import ComponentError, PlanError
+from patchkit.orchestrator.backend import Replica, ReplicaSpec
+from patchkit.orchestrator.execute import Failure
+from patchkit.orchestrator.local import LocalBackend
+from patchkit.orchestrator.resources import ReplicaResources, available_cpus, available_gpus
+from patchkit.scheduler.pool import ResourcePool
+from patchkit.scheduler.pwl import PiecewiseLinear
+
+__all__ = ["ComponentProfile", "MethodProfile", "Profiler", "visits_by_component"]
+
+logger = logging.getLogger(__name__)
+
+MAX_POINTS = 8  # batch sizes measured per method and resource type
+INPUTS_PER_METHOD = 64  # recorded calls kept to build batches from (cycled)
+
+
+@dataclass(frozen=True)
+class MethodProfile:
+    method: str
+    points: tuple[tuple[int, float], ...]  # (batch size, median ms per batch), ascending
+    max_batch: int  # the largest batch that ran (memory-bounded)
+
+
+@dataclass(frozen=True)
+class ComponentProfile:
+    """One component on one resource type: its methods' curves and their share of its calls."""
+
+    component: str
+    resource: str
+    methods: dict[str, MethodProfile]
+    visits: dict[str, float]  # calls per request, per method
+
+    @property
+    def max_batch(self) -> int:
+        return min(m.max_batch for m in self.methods.values())
+
+    def latency(self) -> PiecewiseLinear:
+        """ms per batch of the component's call mix: its methods' fitted curves weighted by their visits."""
+        curves = {name: PiecewiseLinear.fit(m.points) for name, m in self.methods.items()}
+        total = sum(self.visits[name] for name in curves)
+        sizes = sorted({b for curve in curves.values() for b in curve.breakpoints} | {1, self.max_batch})
+        sizes = [b for b in sizes if 1 <= b <= self.max_batch]
+        values = [sum(self.visits[name] / total * curve(b) for name, curve in curves.items()) for b in sizes]
+        return PiecewiseLinear(tuple(float(b) for b in sizes), tuple(values))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: {"points": [list(p) for p in m.points], "max_batch": m.max_batch} for name, m in self.methods.items()}
+
+
+def visits_by_component(pipeline: Pipeline) -> dict[str, dict[str, float]]:
+    """Calls per request of each component's methods, averaged over the eager runs (branches, loops)."""
+    visits: dict[str, dict[str, float]] = {name: {} for name in pipeline.components}
+    per_node = pipeline.graph.visits_per_run()
+    for node in pipeline.graph.nodes.values():
+        methods = visits.setdefault(node.component, {})
+        methods[node.method] = methods.get(node.method, 0.0) + per_node[node.id]
+    return visits
+
+
+@dataclass(frozen=True)
+class _Job:
+    """One component on one resource type, with the recorded calls and visits of the methods it runs."""
+
+    name: str
+    component: Component
+    resource: str
+    calls: dict[str, list[Call]]
+    visits: dict[str, float]
+
+
+class Profiler:
+    """Measures T(b) of every (component, resource type) a plan may choose. Called by `plan()`."""
+
+    def __init__(self, pool: ResourcePool, *, repeats: int = 3, threshold: float = 0.1, progress: bool = True) -> None:
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1; got {repeats}")
+        self.pool, self.repeats, self.threshold, self.progress = pool, repeats, threshold, progress
+        self.cache = envs.cache_dir() / "profiles"
+
+    def run(self, pipeline: Pipeline) -> list[ComponentProfile]:
+        """Profile every component the eager runs called; blocks (on an event loop of its own)."""
+        jobs = self._jobs(pipeline)
+        with _Progress(len(jobs), enabled=self.progress) as progress:
+            return _run_async(self._profile_all(jobs, progress))
+
+    def _jobs(self, pipeline: Pipeline) -> list[_Job]:
+        calls = _recorded_calls(pipeline)
+        jobs = []
+        for name, methods in visits_by_component(pipeline).items():
+            called = {method: v for method, v in methods.items() if v}
+            if not called:
+                continue  # never called on the calibration inputs: nothing to measure it with
+            missing = [method for method in called if not calls.get((name, method))]
+            if missing:
+                raise PlanError(
+                    f"no recorded inputs for {name}.{missing[0]}: run the capture eagerly (capture(run=True)) "
+                    "or pass calibration=[{...}, ...] inputs to plan() or deploy()"
+                )
+            component = pipeline.components[name]
+            for kind in component.devices:
+                if self.pool.capacity.get(kind, 0) > 0:
+                    jobs.append(_Job(name, component, kind, {m: calls[name, m] for m in called}, called))
+        return jobs
+
+    async def _profile_all(self, jobs: list[_Job], progress: _Progress) -> list[ComponentProfile]:
+        backend = LocalBackend(secrets.token_urlsafe(16))
+        try:
+            return [await self._profile(backend, job, progress) for job in jobs]
+        finally:
+            await backend.close()
+
+    async def _profile(self, backend: LocalBackend, job: _Job, progress: _Progress) -> ComponentProfile:
+        found = {method: self._load(job, method) for method in job.calls}
+        replica = None
+        try:
+            for method, profile in found.items():
+                if profile is None:
+                    if replica is None:
+                        spec = ReplicaSpec(job.name, job.component, self._resources(job.resource))
+                        replica = await backend.start(spec, f"profile-{job.name}")
+                    found[method] = profile = await self._search(replica, job, method, progress)
+                    self._store(job, method, profile)
+        finally:
+            if replica is not None:
+                await backend.stop(replica)
+        progress.done(f"{job.name} on {job.resource}")
+        return ComponentProfile(job.name, job.resource, {m: p for m, p in found.items() if p is not None}, job.visits)
+
+    def _resources(self, kind: str) -> ReplicaResources:
+        """One unit of `kind`, as a replica of the plan gets it."""
+        if kind == "gpu":
+            gpus = available_gpus()
+            return ReplicaResources(threads=1, gpus=tuple(gpus[:1]))  # none: a virtual GPU
+        return ReplicaResources(cpus=tuple(available_cpus()[:1]), threads=1, gpus=())
+
+    async def _search(self, replica: Replica, job: _Job, method: str, progress: _Progress) -> MethodProfile:
+        """Measure T(b) at the batch sizes the search visits, from the largest that fits downwards."""
+        name, calls = job.name, job.calls[method]
+        measured: dict[int, float] = {}
+
+        async def measure(size: int) -> float | None:
+            batch = [calls[i % len(calls)] for i in range(size)]
+            progress.note(f"{name}.{method}: batch {size}")
+            times = []
+            for _ in range(self.repeats + 1):  # the first run warms caches up and is not counted
+                started = time.perf_counter()
+                outcomes = await replica.channel.run_batch(method, batch)
+                elapsed = (time.perf_counter() - started) * 1000
+                failed = next((value for ok, value in outcomes if not ok), None)
+                if isinstance(failed, Failure):
+                    if _out_of_memory(failed):
+                        return None
+                    message = f"failed while being profiled at batch size {size}: {failed.type_name}: {failed.message}"
+                    raise ComponentError(name, method, message, failed.traceback)
+                times.append(elapsed)
+            measured[size] = statistics.median(times[1:])
+            return measured[size]
+
+        high = job.component.batch_limit(method)
+        while high > 1 and await measure(high) is None:
+            high //= 2
+        await measure(1)
+        if 1 not in measured:
+            raise PlanError(f"{name}.{method} runs out of memory at batch size 1 while being profiled")
+        low = 1
+        while high - low > 1 and len(measured) < MAX_POINTS:
+            middle = (low + high) // 2
+            if await measure(middle) is None:
+                high = middle
+                continue
+            gain = (high / measured[high]) / (middle / measured[middle]) - 1
+            low, high = (low, middle) if gain < self.threshold else (middle, high)
+        top = max(measured)
+        return MethodProfile(method, tuple(sorted(measured.items())), top)
+
+    # -- the on-disk cache -----------------------------------------------------------------------
+    def _path(self, job: _Job, method: str) -> Path:
+        spec = job.component._patchkit_spec
+        identity = (spec.cls.__module__, spec.cls.__qualname__, spec.args, spec.kwargs, method, job.resource, job.calls[method])
+        key = hashlib.sha256(cloudpickle.dumps((identity, self.repeats, self.threshold))).hexdigest()[:24]
+        return self.cache / f"{key}.json"
+
+    def _load(self, job: _Job, method: str) -> MethodProfile | None:
+        path = self._path(job, method)
+        try:
+            data = json.loads(path.read_text())
+            return MethodProfile(method, tuple((int(b), float(ms)) for b, ms in data["points"]), int(data["max_batch"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _store(self, job: _Job, method: str, profile: MethodProfile) -> None:
+        self.cache.mkdir(parents=True, exist_ok=True)
+        path = self._path(job, method)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"points": [list(p) for p in profile.points], "max_batch": profile.max_batch}))
+        tmp.replace(path)
+
+
+def _recorded_calls(pipeline: Pipeline) -> dict[tuple[str, str], list[Call]]:
+    calls: dict[tuple[str, str], list[Call]] = {}
+    for record in pipeline.recorded:
+        name = pipeline.graph.name_of(record.component)
+        if name is None:
+            continue
+        kept = calls.setdefault((name, record.method), [])
+        if len(kept) < INPUTS_PER_METHOD:
+            kept.append((record.args, record.kwargs))
+    return calls
+
+
+def _out_of_memory(failure: Failure) -> bool:
+    return failure.type_name in ("MemoryError", "OutOfMemoryError") or "out of memory" in failure.message.lower()
+
+
+def _run_async(coroutine: Any) -> Any:
+    """Run on a fresh event loop, in a thread when this one already runs a loop (Jupyter)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="patchkit-profile") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
+
+
+class _Progress:
+    """One status line on stderr (rewritten in place on a terminal) while profiling runs."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.total, self.finished, self.enabled = total, 0, enabled and total > 0
+        self.tty = sys.stderr.isatty()
+
+    def __enter__(self) -> _Progress:
+        return self
+
+    def note(self, what: str) -> None:
+        if self.enabled and self.tty:
+            print(f"\rprofiling [{self.finished}/{self.total}] {what:<60}", end="", file=sys.stderr, flush=True)
+
+    def done(self, what: str) -> None:
+        self.finished += 1
+        if self.enabled:
+            end = "" if self.tty and self.finished < self.total else "\n"
+            prefix = "\r" if self.tty else ""
+            print(f"{prefix}profiling [{self.finished}/{self.total}] {what:<60}", end=end, file=sys.stderr, flush=True)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled and self.tty and self.finished < self.total:
+            print(file=sys.stderr)

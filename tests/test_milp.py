@@ -1,0 +1,304 @@
+"""The planner's MILP: Patchwork's worked example, agreement with exhaustive search on random small
+instances, infeasibility said plainly, and the fall-back from gurobi's size-limited licence to HiGHS.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import logging
+import math
+import random
+from collections.abc import Iterator
+
+import pytest
+
+from patchkit.errors import PlanError
+from patchkit.scheduler.milp import Option, Problem, Solution, solve
+from patchkit.scheduler.pwl import PiecewiseLinear
+
+HAVE_GUROBI = importlib.util.find_spec("gurobipy") is not None
+SOLVERS = [
+    "highs",
+    pytest.param("gurobi", marks=pytest.mark.skipif(not HAVE_GUROBI, reason="gurobipy is not installed")),
+]
+
+
+def line(intercept: float, slope: float, top: float) -> PiecewiseLinear:
+    """T(b) = intercept + slope * b, as two breakpoints."""
+    return PiecewiseLinear((1.0, top), (intercept + slope, intercept + slope * top))
+
+
+# -- Patchwork's example (section 2.3): 5 CPUs, 2 GPUs ----------------------------------------------------
+def rag(retriever: PiecewiseLinear) -> Problem:
+    return Problem(
+        options=(
+            Option("retriever", "cpu", 1, retriever, 64),
+            Option("augmenter", "cpu", 1, line(0, 1, 64), 64),  # 1 ms per item
+            Option("generator", "gpu", 1, line(10, 0, 70), 70),  # 10 ms per batch up to 70
+        ),
+        visits={"retriever": 1.0, "augmenter": 1.0, "generator": 1.0},
+        capacity={"cpu": 5, "gpu": 2},
+    )
+
+
+def placement(solution: Solution) -> dict[str, tuple[str, int]]:
+    return {name: (c.resource, c.replicas) for name, c in solution.choices.items()}
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_a_retriever_that_costs_per_query_gets_three_cpus(solver: str) -> None:
+    solution = solve(rag(line(0, 2, 64)), solver=solver)  # Qdrant-like: 2 ms per query
+    assert placement(solution) == {"retriever": ("cpu", 3), "augmenter": ("cpu", 2), "generator": ("gpu", 1)}
+    assert solution.choices["generator"].batch_size == 70
+    assert solution.throughput == pytest.approx(1500.0)  # 0.5 queries/ms per retriever replica, times 3
+    assert solution.bottleneck == "retriever" and solution.solver == solver
+    assert solution.used == {"cpu": 5, "gpu": 1}  # the second GPU would add nothing
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_a_retriever_that_batches_for_free_moves_the_cpus_to_the_augmenter(solver: str) -> None:
+    solution = solve(rag(line(2, 0, 64)), solver=solver)  # Chroma-like: 2 ms per batch
+    assert placement(solution) == {"retriever": ("cpu", 1), "augmenter": ("cpu", 4), "generator": ("gpu", 1)}
+    assert solution.choices["retriever"].batch_size == 64 and solution.choices["generator"].batch_size == 70
+    assert solution.throughput == pytest.approx(4000.0)
+    assert solution.bottleneck == "augmenter" and solution.used == {"cpu": 5, "gpu": 1}
+
+
+def test_visits_scale_a_components_share() -> None:
+    problem = rag(line(0, 2, 64))
+    looping = Problem(problem.options, {**problem.visits, "augmenter": 3.0}, problem.capacity)
+    solution = solve(looping, solver="highs")  # three augmenter calls per request: r + a = 5
+    assert placement(solution)["augmenter"] == ("cpu", 3)  # min(0.5 r, a / 3): r = 2, a = 3 gives 1.0 vs 0.67
+    assert solution.throughput == pytest.approx(1000.0)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_an_slo_caps_the_batch_size(solver: str) -> None:
+    options = (Option("retriever", "cpu", 1, line(1, 0, 64), 64), Option("generator", "gpu", 1, line(5, 0.5, 64), 64))
+    problem = Problem(options, {"retriever": 1.0, "generator": 1.0}, {"cpu": 1, "gpu": 1})
+    assert solve(problem, solver=solver).choices["generator"].batch_size == 64
+    # 2 x (1 + 5 + 0.5 b) <= 32 leaves the generator batches of at most 20.
+    solution = solve(Problem(options, problem.visits, problem.capacity, slo_ms=32.0), solver=solver)
+    assert solution.choices["generator"].batch_size == 20 and solution.latency_ms == pytest.approx(32.0)
+    assert solution.throughput == pytest.approx(20 * 1000 / 15) and solution.bottleneck == "generator"
+
+
+# -- random small instances against exhaustive search --------------------------------------------
+def random_curve(rng: random.Random, top: int) -> PiecewiseLinear:
+    while True:
+        xs = sorted(rng.sample(range(1, int(top * 1.3) + 2), rng.randint(1, 3)))
+        if rng.random() < 0.3:
+            xs = sorted({x + rng.choice((0.0, 0.5)) for x in xs})  # a breakpoint between batch sizes
+        values = [rng.uniform(0.5, 20.0)]
+        for _ in xs[1:]:
+            values.append(values[-1] + rng.choice((0.0, rng.uniform(-2.0, 10.0))))
+        if min(values) <= 0:
+            continue
+        curve = PiecewiseLinear(tuple(map(float, xs)), tuple(values))
+        if min(curve(b) for b in range(1, top + 1)) > 0.1:
+            return curve
+
+
+def random_problem(rng: random.Random) -> Problem:
+    kinds = ["cpu", "gpu"][: rng.randint(1, 2)]
+    capacity = {kind: rng.randint(1, 4) for kind in kinds}
+    names = [f"c{i}" for i in range(rng.randint(2, 4))]
+    options = []
+    for name in names:
+        for kind in rng.sample(kinds, rng.randint(1, len(kinds))):
+            top = rng.randint(2, 40)
+            options.append(Option(name, kind, rng.choice((1, 1, 1, 2)), random_curve(rng, top), top))
+    visits = {name: rng.choice((1.0, rng.uniform(0.2, 3.0))) for name in names}
+    problem = Problem(tuple(options), visits, capacity)
+    if rng.random() < 0.4:  # an SLO between the fastest batches' latency and three times it
+        fastest = sum(
+            visits[name] * 2 * min(o.latency(b) for o in options if o.component == name for b in range(1, o.max_batch + 1))
+            for name in names
+        )
+        problem = Problem(problem.options, visits, capacity, slo_ms=fastest * rng.uniform(1.0, 3.0))
+    return problem
+
+
+def assignments(problem: Problem, batches: dict[tuple[str, str], tuple[int, ...]]) -> Iterator[tuple[float, int]]:
+    """(requests/s, units) of every plan that fits: each component on one option, batch and count."""
+    per_component = {
+        name: [
+            (o, b, n)
+            for o in problem.options if o.component == name and (o.component, o.resource) in batches
+            for b in batches[o.component, o.resource]
+            for n in range(1, problem.capacity[o.resource] // o.units + 1)
+        ]
+        for name in problem.visits
+    }
+    for plan in itertools.product(*per_component.values()):
+        used: dict[str, int] = {}
+        for o, _, n in plan:
+            used[o.resource] = used.get(o.resource, 0) + n * o.units
+        if any(units > problem.capacity[kind] for kind, units in used.items()):
+            continue
+        if problem.slo_ms is not None:
+            latency = sum(problem.visits[o.component] * 2 * o.latency(b) for o, b, _ in plan)
+            if latency > problem.slo_ms * (1 + 1e-9):
+                continue
+        rate = min(n * 1000 * b / o.latency(b) / problem.visits[o.component] for o, b, n in plan)
+        yield rate, sum(used.values())
+
+
+def exhaustive(problem: Problem, batches: dict[tuple[str, str], tuple[int, ...]]) -> tuple[float, int] | None:
+    """The best requests/s and the fewest units among plans within 1e-6 of it; None when none fits."""
+    found = list(assignments(problem, batches))
+    if not found:
+        return None
+    best = max(rate for rate, _ in found)
+    return best, min(units for rate, units in found if rate >= best * (1 - 1e-6))
+
+
+def documented_candidates(problem: Problem) -> dict[tuple[str, str], tuple[int, ...]]:
+    """The candidate batch sizes as milp's docstring states them, before it prunes dominated ones:
+    1, the breakpoints rounded both ways and max_batch; with an SLO, also the largest batch that meets
+    it while every other component runs at its fastest, and only sizes that can meet it."""
+    usable = [o for o in problem.options if problem.capacity.get(o.resource, 0) >= o.units]
+    fastest = {
+        name: min((o.latency(b) for o in usable if o.component == name for b in range(1, o.max_batch + 1)), default=math.inf)
+        for name in problem.visits
+    }
+    found = {}
+    for o in usable:
+        rounded = {f(x) for x in o.latency.breakpoints for f in (math.floor, math.ceil)}
+        sizes = {1, o.max_batch} | {min(max(b, 1), o.max_batch) for b in rounded}
+        if problem.slo_ms is not None:
+            others = sum(problem.visits[name] * 2 * ms for name, ms in fastest.items() if name != o.component)
+            bound = (problem.slo_ms - others) / (2 * problem.visits[o.component]) * (1 + 1e-12)
+            sizes |= {max((b for b in range(1, o.max_batch + 1) if o.latency(b) <= bound), default=1)}
+            sizes = {b for b in sizes if o.latency(b) <= bound}
+        if sizes:
+            found[o.component, o.resource] = tuple(sorted(sizes))
+    return found
+
+
+def every_batch(problem: Problem) -> dict[tuple[str, str], tuple[int, ...]]:
+    """Without an SLO a batch size only sets throughput: per option, the integer batch of most calls/s."""
+    best = {}
+    for o in problem.options:
+        if problem.capacity.get(o.resource, 0) >= o.units:
+            best[o.component, o.resource] = (max(range(1, o.max_batch + 1), key=lambda b, o=o: b / o.latency(b)),)
+    return best
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_random_instances_match_exhaustive_search(solver: str) -> None:
+    rng = random.Random(2024)
+    checked = with_slo = infeasible = 0
+    while checked < 50:
+        problem = random_problem(rng)
+        expected = exhaustive(problem, documented_candidates(problem))
+        try:
+            solution = solve(problem, solver=solver)
+        except PlanError:
+            assert expected is None, f"a plan exists: {expected}; {problem}"
+            infeasible += 1
+            continue
+        assert expected is not None
+        assert solution.throughput == pytest.approx(expected[0], rel=1e-6), problem
+        assert sum(solution.used.values()) == expected[1], problem
+        if problem.slo_ms is None:  # the candidates lose nothing against every integer batch size
+            assert solution.throughput == pytest.approx(exhaustive(problem, every_batch(problem))[0], rel=1e-6)
+        else:
+            assert solution.latency_ms <= problem.slo_ms * (1 + 1e-9)
+            with_slo += 1
+        checked += 1
+    assert with_slo >= 10 and infeasible >= 5  # both kinds of instance were met
+
+
+# -- infeasible problems -------------------------------------------------------------------------
+def cpu_only(*names: str, units: int = 1) -> tuple[Option, ...]:
+    return tuple(Option(name, "cpu", units, line(1, 1, 8), 8) for name in names)
+
+
+@pytest.mark.parametrize(
+    ("problem", "message"),
+    [
+        (
+            Problem(cpu_only("a", "b", "c", "d"), dict.fromkeys("abcd", 1.0), {"cpu": 3, "gpu": 2}),
+            "4 components need a cpu replica each (a, b, c, d) but cpu has 3 units; declare more with resources={'cpu': 4}",
+        ),
+        (
+            Problem(cpu_only("a", "b", units=2), dict.fromkeys("ab", 1.0), {"cpu": 3}),
+            "2 components need 4 cpu units for a replica each (a: 2, b: 2) but cpu has 3 units; "
+            "declare more with resources={'cpu': 4}",
+        ),
+        (
+            Problem(cpu_only("a"), {"a": 1.0, "b": 1.0}, {"cpu": 3}),
+            "b has no option: it was profiled on no resource type",
+        ),
+        (
+            Problem((Option("llm", "gpu", 2, line(10, 0, 8), 8),), {"llm": 1.0}, {"cpu": 4, "gpu": 1}),
+            "llm cannot get one replica: it runs on gpu (2 a replica, 1 declared); declare more with resources={'gpu': 2}",
+        ),
+        (
+            Problem(cpu_only("a", "b"), {"a": 1.0, "b": 2.0}, {"cpu": 4}, slo_ms=10.0),
+            "no batch size meets slo_ms=10: a request takes at least 12 ms even with every component at its fastest batch "
+            "(a: 1 x 2 x 2 ms at batch 1 on cpu, b: 2 x 2 x 2 ms at batch 1 on cpu)",
+        ),
+    ],
+)
+def test_an_impossible_plan_says_what_is_missing(problem: Problem, message: str) -> None:
+    with pytest.raises(PlanError) as raised:
+        solve(problem, solver="highs")
+    assert str(raised.value).startswith(message)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_components_competing_for_two_resource_types_are_reported_after_solving(solver: str) -> None:
+    either = tuple(Option(name, kind, 1, line(1, 1, 8), 8) for name in "abc" for kind in ("cpu", "gpu"))
+    problem = Problem(either, dict.fromkeys("abc", 1.0), {"cpu": 1, "gpu": 1})
+    with pytest.raises(PlanError, match=r"no placement gives each of the 3 components a replica: one replica takes "
+                       r"a: 1 cpu or 1 gpu; .*resources=\{'cpu': 1, 'gpu': 1\} are declared"):
+        solve(problem, solver=solver)
+
+
+def test_bad_problems_are_refused_when_built() -> None:
+    with pytest.raises(ValueError, match="visits of a must be a finite number > 0; got 0"):
+        Problem(cpu_only("a"), {"a": 0}, {"cpu": 1})
+    with pytest.raises(ValueError, match="a has two options on cpu"):
+        Problem(cpu_only("a", "a"), {"a": 1.0}, {"cpu": 1})
+    with pytest.raises(ValueError, match="an option runs a, which has no visits entry"):
+        Problem(cpu_only("a"), {"b": 1.0}, {"cpu": 1})
+    with pytest.raises(ValueError, match="max_batch must be an int >= 1"):
+        Option("a", "cpu", 1, line(1, 1, 8), 0)
+    with pytest.raises(ValueError, match="solver must be one of 'auto', 'gurobi', 'highs'"):
+        solve(Problem(cpu_only("a"), {"a": 1.0}, {"cpu": 1}), solver="cplex")
+
+
+# -- solver choice -------------------------------------------------------------------------------
+def large_problem() -> Problem:
+    """130 components with 8 breakpoints each, under a loose SLO that keeps them all candidates: past
+    2,000 variables and constraints, yet quick for HiGHS (one CPU each, so one replica each)."""
+    rng = random.Random(5)
+    xs = tuple(float(2**k) for k in range(8))
+    options = []
+    for i in range(130):
+        intercept, slope = rng.uniform(1, 3), rng.uniform(0.02, 0.2)
+        options.append(Option(f"c{i}", "cpu", 1, PiecewiseLinear(xs, tuple(intercept + slope * x for x in xs)), 128))
+    return Problem(tuple(options), {f"c{i}": 1.0 for i in range(130)}, {"cpu": 130}, slo_ms=10_000.0)
+
+
+@pytest.mark.skipif(not HAVE_GUROBI, reason="gurobipy is not installed")
+def test_a_model_past_gurobis_pip_licence_solves_with_highs(caplog: pytest.LogCaptureFixture) -> None:
+    problem = large_problem()
+    with caplog.at_level(logging.INFO, logger="patchkit.scheduler.milp"):
+        solution = solve(problem)
+    assert solution.solver == "highs"
+    assert "size-limited license" in caplog.text and "solved with highs" in caplog.text
+    # One CPU each; the slowest component at its largest batch, the one of most calls/s, sets the pace.
+    assert {c.replicas for c in solution.choices.values()} == {1}
+    slowest = min(problem.options, key=lambda o: 128 / o.latency(128))
+    assert solution.bottleneck == slowest.component and solution.choices[slowest.component].batch_size == 128
+    assert solution.throughput == pytest.approx(128_000 / slowest.latency(128))
+    with pytest.raises(PlanError, match="solver='gurobi' cannot solve this plan: .*size-limited license"):
+        solve(problem, solver="gurobi")
+
+
+def test_auto_uses_gurobi_where_it_is_installed_and_highs_otherwise() -> None:
+    assert solve(rag(line(0, 2, 64))).solver == ("gurobi" if HAVE_GUROBI else "highs")

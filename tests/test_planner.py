@@ -1,0 +1,169 @@
+"""`patchkit.plan`: calibration runs, profiling in worker processes, the MILP, and deploying the plan.
+
+Patchwork's worked example (section 2.3) is built from Simulated components of known cost, planned
+for 5 CPUs and 2 GPUs (virtual here), and must come out as the paper says.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import patchkit
+from patchkit.components.testing import Simulated
+from patchkit.orchestrator.local import LocalBackend
+from patchkit.scheduler.plan import ComponentPlan, Plan
+
+pytestmark = pytest.mark.slow
+
+POOL = {"cpu": 5, "gpu": 2}
+
+
+@pytest.fixture(autouse=True)
+def profile_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path))
+    return tmp_path / "profiles"
+
+
+def rag(retriever: Simulated) -> patchkit.Pipeline:
+    augmenter = Simulated(lambda b: 1.0 * b)
+    generator = Simulated(10.0, resource="gpu", max_batch=70)
+    query = "q"
+    with patchkit.capture() as pipeline:
+        docs = retriever.run(query)
+        prompt = augmenter.run(docs)
+        answer = generator.run(prompt)  # noqa: F841 - the pipeline's output
+    return pipeline
+
+
+def test_the_worked_example_of_patchwork_section_2_3() -> None:
+    made = patchkit.plan(rag(Simulated(lambda b: 2.0 * b)), resources=POOL, progress=False)
+    placed = {name: (c.resource, c.replicas) for name, c in made.components.items()}
+    assert placed == {"retriever": ("cpu", 3), "augmenter": ("cpu", 2), "generator": ("gpu", 1)}
+    assert made.used() == {"cpu": 5, "gpu": 1}  # the second GPU stays free
+    assert made.bottleneck == "retriever"
+    assert made.virtual == ("cpu", "gpu")  # this machine has 2 cores and no GPU
+    assert 1000 < made.throughput <= 1500  # 3 replicas at 2 ms per query, less the process hop
+
+
+def test_a_retriever_that_batches_for_free_moves_the_bottleneck_to_the_augmenter() -> None:
+    made = patchkit.plan(rag(Simulated(2.0)), resources=POOL, progress=False)  # ChromaDB-like: 2 ms per batch
+    placed = {name: (c.resource, c.replicas) for name, c in made.components.items()}
+    assert placed == {"retriever": ("cpu", 1), "augmenter": ("cpu", 4), "generator": ("gpu", 1)}
+    assert made.bottleneck == "augmenter"
+    assert made.components["retriever"].batch_size == 64  # the largest that fits
+
+
+def test_visits_count_branches_and_loops_on_the_calibration_inputs() -> None:
+    step, rare = Simulated(1.0), Simulated(1.0)
+    rounds, flag = 2, False
+    with patchkit.capture(run=False) as pipeline:
+        for _ in range(rounds):
+            x = step.run(rounds)
+        if flag:
+            x = rare.run(x)
+    made = patchkit.plan(
+        pipeline, resources={"cpu": 2, "gpu": 0}, calibration=[{"rounds": 2, "flag": True}, {"rounds": 4, "flag": False}],
+        progress=False,
+    )
+    assert made.components["step"].visits == 3.0
+    assert made.components["rare"].visits == 0.5
+
+
+def test_profiles_are_cached_on_disk(profile_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pipeline = rag(Simulated(lambda b: 2.0 * b))
+    first = patchkit.plan(pipeline, resources=POOL, progress=False)
+    assert len(list(profile_cache.glob("*.json"))) == 3
+
+    async def no_workers(*args: object) -> None:
+        raise AssertionError("profiled again instead of reading the cache")
+
+    monkeypatch.setattr(LocalBackend, "start", no_workers)
+    again = patchkit.plan(pipeline, resources=POOL, progress=False)
+    assert again.to_dict() == first.to_dict()
+
+
+def test_a_pipeline_that_never_ran_needs_calibration_inputs() -> None:
+    component = Simulated(1.0)
+    with patchkit.capture(run=False) as pipeline:
+        y = component.run(1)  # noqa: F841 - the pipeline's output
+    with pytest.raises(patchkit.PlanError, match="never run.*calibration="):
+        patchkit.plan(pipeline, resources={"cpu": 1})
+
+
+def test_more_components_than_resources_is_a_clear_error() -> None:
+    a, b, c = Simulated(1.0), Simulated(1.0), Simulated(1.0)
+    with patchkit.capture() as pipeline:
+        z = c.run(b.run(a.run(1)))
+    with pytest.raises(patchkit.PlanError, match="cpu"):
+        patchkit.plan(pipeline, resources={"cpu": 2, "gpu": 0}, progress=False)
+    assert z == 1
+
+
+def test_deploy_applies_the_plan_and_serves_it() -> None:
+    pipeline = rag(Simulated(lambda b: 2.0 * b))
+    with patchkit.deploy(pipeline, plan="auto", resources=POOL) as endpoint:
+        assert endpoint.query(query="hello") == "hello"
+        stats = endpoint.stats()
+        served = endpoint.plan()
+    replicas = {name: len(c["replicas"]) for name, c in stats["components"].items()}
+    assert replicas == {"retriever": 3, "augmenter": 2, "generator": 1}
+    gpu = stats["components"]["generator"]["replicas"][0]["resources"]
+    assert gpu["gpus"] == []  # a virtual GPU: the replica sees none
+    assert served["plan"]["bottleneck"] == "retriever"
+    assert served["components"]["generator"]["batch_sizes"] == {"run": served["plan"]["components"]["generator"]["batch_size"]}
+
+
+def test_a_hand_made_plan_deploys_inprocess_and_round_trips_through_json() -> None:
+    pipeline = rag(Simulated(1.0))
+    hand = Plan(
+        {
+            "retriever": ComponentPlan("cpu", 2, 8),
+            "augmenter": ComponentPlan("cpu", 1, 4),
+            "generator": ComponentPlan("gpu", 1, 16),
+        },
+        throughput=0.0,
+        bottleneck="augmenter",
+    )
+    assert Plan.from_dict(json.loads(json.dumps(hand.to_dict()))) == hand
+    with patchkit.deploy(pipeline, plan=hand, backend="inprocess") as endpoint:
+        assert endpoint.query(query="x") == "x"
+        assert {n: len(c["replicas"]) for n, c in endpoint.stats()["components"].items()}["retriever"] == 2
+    with pytest.raises(patchkit.InputError, match="either plan= or replicas="):
+        patchkit.deploy(pipeline, plan=hand, replicas=2)
+    with pytest.raises(patchkit.InputError, match="no entry for generator"):
+        patchkit.deploy(pipeline, plan=Plan({n: c for n, c in hand.components.items() if n != "generator"}, 0.0, "augmenter"))
+
+
+def test_patchkit_plan_prints_the_plan_from_the_shell(tmp_path: Path) -> None:
+    script = tmp_path / "pipe.py"
+    script.write_text(textwrap.dedent("""
+        import patchkit
+        from patchkit.components.testing import Simulated
+
+        retriever, generator = Simulated(lambda b: 2.0 * b), Simulated(10.0, resource="gpu", max_batch=70)
+        query = "q"
+        with patchkit.capture() as pipeline:
+            answer = generator.run(retriever.run(query))
+    """))
+    done = subprocess.run(
+        [sys.executable, "-m", "patchkit.cli", "plan", str(script), "--resources", "cpu=2,gpu=1", "--json"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    made = json.loads(done.stdout)
+    assert made["components"]["retriever"]["replicas"] == 2 and made["components"]["generator"]["resource"] == "gpu"
+    table = subprocess.run(
+        [sys.executable, "-m", "patchkit.cli", "plan", str(script), "--resources", "cpu=2,gpu=1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert "retriever *" in table.stdout and "gpu (virtual)" in table.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "patchkit.cli", "plan", str(script), "--resources", "tpu=2"], capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "the resource types are cpu, gpu" in bad.stderr

@@ -1,0 +1,135 @@
+"""`Simulated`: batches take the time they are told to, on the resource named, and answer deterministically.
+
+Timings are checked against generous bounds only (a shared machine may be slow); exact values are
+checked on `batch_ms`, which is what a batch sleeps or spins for.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import cloudpickle
+import pytest
+
+import patchkit
+from patchkit.components.testing import Simulated
+
+
+def run_batch(component: Simulated, items: list[Any]) -> tuple[list[Any], float, float]:
+    """Run one batch of `items`; returns (answers, wall ms, CPU ms of this process)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    answers = type(component).run.run_batch(component, [((item,), {}) for item in items])
+    return answers, (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
+
+
+# -- latency ---------------------------------------------------------------------------------------
+def test_a_number_is_the_time_of_any_batch() -> None:
+    simulated = Simulated(20.0)
+    assert [simulated.batch_ms(b) for b in (1, 10, 64)] == [20.0, 20.0, 20.0]
+    _, wall, _ = run_batch(simulated, list(range(10)))
+    assert 20 <= wall < 60
+
+
+def test_a_function_of_the_batch_size_gives_the_time() -> None:
+    simulated = Simulated(lambda b: 2.0 * b)
+    assert simulated.batch_ms(1) == 2.0 and simulated.batch_ms(16) == 32.0
+    _, wall, _ = run_batch(simulated, list(range(12)))
+    assert 24 <= wall < 64
+
+
+def test_points_are_interpolated_and_flat_beyond_the_ends() -> None:
+    simulated = Simulated([(20, 40.0), (4, 8.0)], max_batch=64)
+    assert simulated.batch_ms(1) == 8.0 and simulated.batch_ms(4) == 8.0
+    assert simulated.batch_ms(12) == pytest.approx(24.0)
+    assert simulated.batch_ms(50) == 40.0
+    _, wall, _ = run_batch(simulated, list(range(12)))
+    assert 24 <= wall < 64
+
+
+def test_a_batch_larger_than_max_batch_runs_in_parts() -> None:
+    simulated = Simulated(lambda b: 5.0 * b, max_batch=4)
+    answers, wall, _ = run_batch(simulated, list(range(10)))
+    assert answers == list(range(10))
+    assert 50 <= wall < 110  # 20 + 20 + 10 ms
+
+
+def test_sleep_uses_no_cpu_and_spin_does() -> None:
+    _, wall, cpu = run_batch(Simulated(40.0, work="sleep"), [1])
+    assert wall >= 40 and cpu < 20
+    _, wall, cpu = run_batch(Simulated(100.0, work="spin"), [1])
+    assert wall >= 100 and cpu >= 25  # a quarter of it at least: a busy machine may preempt the loop
+
+
+def test_resource_sets_the_devices_a_replica_runs_on() -> None:
+    assert Simulated(1.0).devices == ("cpu",)
+    assert Simulated(1.0, resource="gpu").devices == ("gpu",)
+    assert Simulated(1.0, max_batch=70).max_batch == 70
+
+
+# -- outputs ---------------------------------------------------------------------------------------
+def test_outputs_are_the_inputs_a_mapping_of_them_or_a_constant() -> None:
+    items = ["a", "b", "c"]
+    assert run_batch(Simulated(0.0), items)[0] == items
+    assert run_batch(Simulated(0.0, output=str.upper), items)[0] == ["A", "B", "C"]
+    assert run_batch(Simulated(0.0, output={"answer": 42}), items)[0] == [{"answer": 42}] * 3
+    assert Simulated(0.0, output=len).run("abcd") == 4  # a pipeline's single call: a batch of one
+
+
+# -- arguments -------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("latency", "options", "error", "message"),
+    [
+        (-1.0, {}, ValueError, "latency_ms must be a finite number of milliseconds >= 0; got -1.0"),
+        (math.inf, {}, ValueError, "finite"),
+        (lambda b: -b, {}, ValueError, r"latency_ms\(1\) must be a finite number of milliseconds >= 0; got -1"),
+        (lambda b: "fast", {}, ValueError, r"latency_ms\(1\) must be a finite number"),
+        ([], {}, ValueError, "no \\(batch, ms\\) point"),
+        ([(0, 1.0)], {}, ValueError, "the batch must be > 0"),
+        ([(1, -1.0)], {}, ValueError, "milliseconds >= 0"),
+        ([(1, 1.0), (1, 2.0)], {}, ValueError, "lists batch 1 twice"),
+        ([(1, 1.0, 3)], {}, TypeError, "pairs of numbers"),
+        ("10", {}, TypeError, "got str"),
+        (True, {}, TypeError, "got a bool"),
+        (1.0, {"resource": "tpu"}, ValueError, "resource must be one of 'cpu', 'gpu'; got 'tpu'"),
+        (1.0, {"work": "nap"}, ValueError, "work must be one of 'sleep', 'spin'; got 'nap'"),
+        (1.0, {"max_batch": 0}, ValueError, "max_batch must be an int >= 1; got 0"),
+        (1.0, {"max_batch": 2.5}, ValueError, "max_batch must be an int >= 1; got 2.5"),
+    ],
+)
+def test_bad_arguments_fail_at_construction(latency: Any, options: dict[str, Any], error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        Simulated(latency, **options)
+
+
+def test_lambdas_travel_with_cloudpickle() -> None:
+    rebuilt = cloudpickle.loads(cloudpickle.dumps(Simulated(lambda b: 3.0 * b, max_batch=8, output=lambda x: x * 2)))
+    assert isinstance(rebuilt, Simulated) and rebuilt.batch_ms(4) == 12.0 and rebuilt.max_batch == 8
+    assert run_batch(rebuilt, [1, 2])[0] == [2, 4]
+
+
+# -- deployed --------------------------------------------------------------------------------------
+retriever = Simulated(lambda b: 0.5 * b, output=lambda q: f"docs({q})")
+generator = Simulated([(1, 2.0), (8, 4.0)], resource="gpu", max_batch=8, output=lambda d: f"answer({d})")
+
+
+def rag(query: str) -> str:
+    with patchkit.capture():
+        return generator.run(retriever.run(query))
+
+
+def captured() -> patchkit.Pipeline:
+    assert rag("q") == "answer(docs(q))"  # the eager run
+    return patchkit.last_pipeline()
+
+
+def test_deployed_inprocess_it_answers_as_it_does_eagerly() -> None:
+    with patchkit.deploy(captured(), backend="inprocess") as endpoint:
+        assert [endpoint.query(query=q) for q in ("a", "b")] == ["answer(docs(a))", "answer(docs(b))"]
+
+
+@pytest.mark.slow
+def test_deployed_on_worker_processes_its_lambdas_are_rebuilt_there() -> None:
+    with patchkit.deploy(captured()) as endpoint:
+        assert [endpoint.query(query=q) for q in ("a", "b")] == ["answer(docs(a))", "answer(docs(b))"]
