@@ -20,6 +20,10 @@ from patchkit.scheduler.plan import Plan
 __all__ = ["BACKENDS", "ComponentConfig", "DeploymentConfig"]
 
 BACKENDS = ("local", "inprocess")
+ESTIMATORS = ("average", "xgboost")
+POSITIVE_FIELDS = (
+    "max_inflight_batches", "max_inflight_requests", "max_body_bytes", "request_timeout_s", "admission_queue_limit",
+)
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,11 @@ class DeploymentConfig:
     max_retries: int = 2  # times a call is re-sent after the replica running it died
     optional_inputs: tuple[str, ...] = ()  # inputs a request may leave out (they keep their captured value)
     drain_timeout_s: float = 30.0
+    # SLO policies, active for requests with an SLO (the request's slo_ms, else the endpoint's):
+    prioritize: bool = True  # calls of requests at risk jump their queues, least slack first
+    pause_admission: bool = True  # while a request in flight is at risk, new ones wait in a bounded queue
+    admission_queue_limit: int = 1024  # beyond it, 503 with Retry-After
+    estimator: str = "average"  # of remaining time: "average" (per graph position) or "xgboost" (xgboost-cpu)
     plan: dict[str, Any] | None = None  # the Plan applied, as Plan.to_dict(): replicas are placed as it says
     secret: str = field(default="", repr=False)
 
@@ -64,7 +73,9 @@ class DeploymentConfig:
             raise ValueError(f"slo_ms must be > 0; got {self.slo_ms}")
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be in 0..65535; got {self.port}")
-        for name in ("max_inflight_batches", "max_inflight_requests", "max_body_bytes", "request_timeout_s"):
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {', '.join(map(repr, ESTIMATORS))}; got {self.estimator!r}")
+        for name in POSITIVE_FIELDS:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0; got {getattr(self, name)}")
         for name in ("batch_wait_ms", "max_retries"):

@@ -9,10 +9,12 @@ sit at different components at once (pipelining). Lives on one event loop, drive
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +28,10 @@ from patchkit.orchestrator.resources import ReplicaResources, assign, spread
 from patchkit.orchestrator.supervisor import Supervisor
 from patchkit.scheduler.bridge import await_, run_sync
 from patchkit.scheduler.config import DeploymentConfig
+from patchkit.scheduler.estimator import Visit
 from patchkit.scheduler.inputs import InputSchema
 from patchkit.scheduler.queues import BatchQueue, ReplicaSet
+from patchkit.scheduler.slo import RequestState, SloPolicy, make_estimator
 
 __all__ = ["Frontend", "RequestResult", "make_backend"]
 
@@ -44,15 +48,25 @@ class RequestResult:
 
 
 class Frontend:
-    def __init__(self, pipeline: Pipeline, config: DeploymentConfig, backend: Backend) -> None:
+    def __init__(
+        self, pipeline: Pipeline, config: DeploymentConfig, backend: Backend, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.pipeline = pipeline
         self.config = config
+        self.clock = clock  # deadlines, queue waits and the SLO policies read it; tests inject their own
         self.schema = InputSchema(pipeline.inputs, config.optional_inputs)
         self.components: dict[str, Component] = pipeline.components
         self.sets: dict[str, ReplicaSet] = {}
         self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
         self._names = {c._patchkit_spec.uid: name for name, c in self.components.items()}
         self.supervisor = Supervisor(backend, self._replica_up, self._replica_down)
+        self.policy = SloPolicy(
+            make_estimator(config.estimator),
+            prioritize=config.prioritize,
+            pause_admission=config.pause_admission,
+            admission_limit=config.admission_queue_limit,
+            clock=clock,
+        )
         self._ids = itertools.count(1)
         self.inflight = 0
         self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded
@@ -80,6 +94,7 @@ class Frontend:
                     batch_size=settings.batch_sizes[method],
                     batch_wait_s=self.config.batch_wait_ms / 1000,
                     max_retries=self.config.max_retries,
+                    clock=self.clock,
                 )
             specs += [ReplicaSpec(name, component, resources.pop(0)) for _ in range(settings.replicas)]
         await self.supervisor.start(specs)
@@ -119,18 +134,26 @@ class Frontend:
             raise Overloaded(self.inflight, self.config.max_inflight_requests)
         request_id, start = next(self._ids), time.perf_counter()
         variables = self.pipeline.variables(inputs)
+        state = self.policy.start(request_id, len(str(inputs)), slo_ms or self.config.slo_ms)
         self.inflight += 1
         self._idle.clear()
+        ok = False
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
-                output = await run_sync(self._run, variables)
+                await self.policy.admit()
+                output = await run_sync(self._run, variables, state)
+            ok = True
         except TimeoutError:
             self.outcomes["timeout"] += 1
             raise DeadlineExceeded(f"request {request_id} ran past request_timeout_s={self.config.request_timeout_s:g}") from None
+        except Overloaded:
+            self.outcomes["overloaded"] += 1
+            raise
         except BaseException as exc:
             self.outcomes["worker_died" if isinstance(exc, WorkerDiedError) else "error"] += 1
             raise
         finally:
+            self.policy.finish(state, ok=ok)
             self.inflight -= 1
             if self.inflight == 0:
                 self._idle.set()
@@ -138,20 +161,25 @@ class Frontend:
         self._observe(latency, slo_ms or self.config.slo_ms)
         return RequestResult(request_id, output, latency)
 
-    def _run(self, variables: dict[str, Any]) -> Any:
-        with call_hook(self._call):
+    def _run(self, variables: dict[str, Any], state: RequestState) -> Any:
+        with call_hook(functools.partial(self._call, state)):
             return self.pipeline.run(variables)
 
-    def _call(self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _call(
+        self, state: RequestState, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """The call hook, inside a request's greenlet: queue the call and wait for its outcome."""
         queue = self.queues.get((component._patchkit_spec.uid, method.name))
         if queue is None:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
             return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
-        ok, value = await_(queue.submit(args, kwargs))
+        name = self._names[component._patchkit_spec.uid]
+        started = self.clock()
+        ok, value = await_(queue.submit(args, kwargs, slack=self.policy.check(state)))
+        self.policy.record(state, Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value)))
         if ok:
             return value
-        value.raise_for(self._names[component._patchkit_spec.uid], method.name)
+        value.raise_for(name, method.name)
 
     def _observe(self, latency_s: float, slo_ms: float | None) -> None:
         self.outcomes["ok"] += 1
@@ -195,7 +223,7 @@ class Frontend:
         if self.outcomes["ok"]:
             requests["mean_latency_ms"] = 1000 * self.latency_sum_s / self.outcomes["ok"]
         return {"backend": self.config.backend, "uptime_s": time.time() - self.started, "requests": requests,
-                "restarts": self.supervisor.restarts, "components": components}
+                "restarts": self.supervisor.restarts, "slo": self.policy.stats(), "components": components}
 
     async def replica_stats(self) -> dict[str, Any]:
         """What each replica reports about itself (pid, pinning, batches run)."""
@@ -206,6 +234,13 @@ class Frontend:
             except Exception as exc:
                 found[replica.id] = {"error": str(exc)}
         return found
+
+
+def _size(value: Any) -> int:
+    """A cheap size of a call's input or output for the estimators: the length of a string or collection."""
+    if isinstance(value, tuple) and len(value) == 1:
+        value = value[0]
+    return len(value) if isinstance(value, (str, list, tuple, dict)) else 1
 
 
 def make_backend(config: DeploymentConfig) -> Backend:

@@ -60,4 +60,12 @@ def render_metrics(frontend: Frontend) -> str:
     lines += _family("patchkit_replicas", "gauge", "Live replicas per component.", replicas)
     lines += _family("patchkit_replica_restarts_total", "counter", "Replicas restarted after dying.",
                      [("", {}, frontend.supervisor.restarts)])
+    slo = frontend.policy.stats()
+    lines += _family("patchkit_slo_at_risk_requests", "gauge", "Requests in flight at risk of missing their SLO.",
+                     [("", {}, slo["at_risk_now"])])
+    lines += _family("patchkit_slo_decisions_total", "counter", "SLO policy decisions, by kind.",
+                     [("", {"decision": k}, slo[k]) for k in ("at_risk_total", "prioritized_calls", "admission_paused",
+                                                               "admission_rejected")])
+    lines += _family("patchkit_admission_waiting", "gauge", "Requests waiting while admission is paused.",
+                     [("", {}, slo["admission_waiting"])])
     return "\n".join(lines) + "\n"

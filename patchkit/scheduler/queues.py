@@ -3,7 +3,9 @@
 A batch leaves a queue when it holds `batch_size` calls, or when its oldest call has waited
 `batch_wait_s`, and only when a replica has a free slot (`max_inflight` batches each): while
 every replica is busy, calls accumulate, so batches grow with load. It goes to the least-loaded
-replica. Calls whose replica died are re-queued at the front, up to `max_retries` times.
+replica. Calls of requests at risk of missing their SLO (those given a `slack`) leave first, least
+slack first; the others keep their arrival order. Calls whose replica died are re-queued at the
+front, up to `max_retries` times.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class PendingCall:
     future: asyncio.Future[Outcome]
     enqueued: float
     attempts: int = 0
+    slack: float | None = None  # seconds to spare when its request is at risk; None when it is not
 
 
 @dataclass
@@ -105,6 +108,7 @@ class BatchQueue:
         self.clock = clock
         self.stats = QueueStats()
         self._pending: deque[PendingCall] = deque()
+        self._urgent = 0  # pending calls with a slack
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         replicas.queues.append(self)
@@ -115,11 +119,16 @@ class BatchQueue:
     def oldest(self) -> float:
         return self._pending[0].enqueued if self._pending else float("inf")
 
-    def submit(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> asyncio.Future[Outcome]:
-        """Queue one call; called from a request's greenlet. The future resolves to its Outcome."""
+    def submit(self, args: tuple[Any, ...], kwargs: dict[str, Any], slack: float | None = None) -> asyncio.Future[Outcome]:
+        """Queue one call; called from a request's greenlet. The future resolves to its Outcome.
+
+        `slack`: the call's request is at risk with this many seconds to spare (negative: late); it
+        jumps the queue ahead of calls with more slack and of every call without one.
+        """
         loop = asyncio.get_running_loop()
-        call = PendingCall(args, kwargs, loop.create_future(), self.clock())
+        call = PendingCall(args, kwargs, loop.create_future(), self.clock(), slack=slack)
         self._pending.append(call)
+        self._urgent += slack is not None
         if not self._scheduled:
             # Calls submitted in the same loop turn (a burst of requests) leave in one batch.
             self._scheduled = True
@@ -131,7 +140,7 @@ class BatchQueue:
         self._scheduled = False
         while self._pending:
             while self._pending and self._pending[0].future.done():  # its request was cancelled
-                self._pending.popleft()
+                self._urgent -= self._pending.popleft().slack is not None
             if not self._pending:
                 return
             if len(self._pending) < self.batch_size and self._wait_more():
@@ -161,8 +170,11 @@ class BatchQueue:
     def _take(self) -> list[PendingCall]:
         batch: list[PendingCall] = []
         now = self.clock()
+        if self._urgent:  # at-risk calls first, least slack first; sorted() keeps the rest in order
+            self._pending = deque(sorted(self._pending, key=lambda c: (c.slack is None, c.slack or 0.0)))
         while self._pending and len(batch) < self.batch_size:
             call = self._pending.popleft()
+            self._urgent -= call.slack is not None
             if not call.future.done():
                 self.stats.queue_wait_s += now - call.enqueued
                 batch.append(call)
@@ -205,3 +217,4 @@ class BatchQueue:
             else:
                 self.stats.retries += 1
                 self._pending.appendleft(call)
+                self._urgent += call.slack is not None

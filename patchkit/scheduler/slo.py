@@ -1,0 +1,137 @@
+"""Online SLO policies (Patchwork section 3.4): which requests are at risk of missing their deadline,
+least-slack-first in the component queues, and admission pausing.
+
+The front-end keeps a `RequestState` per request: its deadline (the request's `slo_ms`, else the
+endpoint's), and its `Trace` (the component calls it made, with their times). At every component
+call, `SloPolicy.check` asks the estimator how long the request still needs: it is at risk when
+`now + remaining > deadline`. Its slack, `deadline - now - remaining`, orders the at-risk calls
+ahead of the others in every queue (prioritisation). While any request in flight is at risk, new
+requests wait in a bounded admission queue (admission pausing); when none is, they are let in, in
+arrival order. Each policy is switched by the deployment's config and every decision is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from patchkit.errors import Overloaded
+from patchkit.scheduler.estimator import Estimator, RunningAverage, Trace, Visit, XGBoostEstimator
+
+__all__ = ["RequestState", "SloPolicy", "make_estimator"]
+
+logger = logging.getLogger(__name__)
+
+
+def make_estimator(name: str) -> Estimator:
+    """The estimator a deployment's config names: "average" or "xgboost"."""
+    return XGBoostEstimator() if name == "xgboost" else RunningAverage()
+
+
+@dataclass(eq=False)
+class RequestState:
+    """One request in flight, as the policies see it."""
+
+    id: int
+    deadline: float | None  # on the policy's clock; None: no SLO applies
+    trace: Trace
+    at_risk: bool = False
+
+
+class SloPolicy:
+    """Called by the front-end: `admit` before a request starts, `check` at each of its component
+    calls, `record` after each call, `finish` when it ends. Runs on the front-end's event loop."""
+
+    def __init__(
+        self,
+        estimator: Estimator,
+        *,
+        prioritize: bool = True,
+        pause_admission: bool = True,
+        admission_limit: int = 1024,
+        clock: Callable[[], float],
+    ) -> None:
+        self.estimator, self.clock = estimator, clock
+        self.prioritize, self.pause_admission, self.admission_limit = prioritize, pause_admission, admission_limit
+        self.at_risk: set[RequestState] = set()
+        self.waiting: deque[asyncio.Future[None]] = deque()
+        self.counts: Counter[str] = Counter()  # at_risk, prioritized_calls, admission_paused, admission_rejected
+
+    # -- admission ------------------------------------------------------------------------------
+    async def admit(self) -> None:
+        """Wait while admission is paused (a request in flight is at risk); Overloaded when the queue is full."""
+        if not (self.pause_admission and (self.at_risk or self.waiting)):
+            return
+        if len(self.waiting) >= self.admission_limit:
+            self.counts["admission_rejected"] += 1
+            raise Overloaded(len(self.waiting), self.admission_limit, "admission is paused while requests are at risk "
+                             f"of missing their SLO and its queue is full ({len(self.waiting)} waiting); retry later")
+        self.counts["admission_paused"] += 1
+        turn = asyncio.get_running_loop().create_future()
+        self.waiting.append(turn)
+        try:
+            await turn
+        finally:
+            if turn in self.waiting:  # cancelled while waiting (a timeout)
+                self.waiting.remove(turn)
+                self._release()
+
+    def _release(self) -> None:
+        """Let waiting requests in, in arrival order, once no request in flight is at risk."""
+        while self.waiting and not self.at_risk:
+            turn = self.waiting.popleft()
+            if not turn.done():
+                turn.set_result(None)
+
+    # -- risk -----------------------------------------------------------------------------------
+    def start(self, request_id: int, inputs_length: int, slo_ms: float | None) -> RequestState:
+        now = self.clock()
+        deadline = None if slo_ms is None else now + slo_ms / 1000
+        return RequestState(request_id, deadline, Trace(request_id, now, inputs_length, []))
+
+    def check(self, state: RequestState) -> float | None:
+        """Called before each component call: the request's slack in seconds when it is at risk (the
+        queues serve the least slack first), None when it is not or prioritisation is off."""
+        if state.deadline is None:
+            return None
+        now = self.clock()
+        slack = state.deadline - now - self.estimator.remaining_s(state.trace, now)
+        self._mark(state, slack < 0)
+        if slack < 0 and self.prioritize:
+            self.counts["prioritized_calls"] += 1
+            return slack
+        return None
+
+    def record(self, state: RequestState, visit: Visit) -> None:
+        """Called after each component call returns."""
+        state.trace.visits.append(visit)
+
+    def finish(self, state: RequestState, *, ok: bool) -> None:
+        """Called when the request ends; a finished request teaches the estimator."""
+        state.trace.finished = self.clock()
+        self._mark(state, False)
+        if ok:
+            self.estimator.observe(state.trace)
+
+    def _mark(self, state: RequestState, at_risk: bool) -> None:
+        if at_risk and not state.at_risk:
+            self.counts["at_risk"] += 1
+            self.at_risk.add(state)
+        elif not at_risk and state.at_risk:
+            self.at_risk.discard(state)
+        state.at_risk = at_risk
+        if not self.at_risk:
+            self._release()
+
+    def stats(self) -> dict[str, int]:
+        return {
+            "at_risk_now": len(self.at_risk),
+            "admission_waiting": len(self.waiting),
+            "at_risk_total": self.counts["at_risk"],
+            "prioritized_calls": self.counts["prioritized_calls"],
+            "admission_paused": self.counts["admission_paused"],
+            "admission_rejected": self.counts["admission_rejected"],
+        }

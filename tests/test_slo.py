@@ -1,0 +1,125 @@
+"""SLO policies, run deterministically on an injected clock: at-risk detection, least-slack-first
+queues, admission pausing with a bounded queue, and their counters in stats and /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import patchkit
+from patchkit import Component, make
+from patchkit.scheduler.config import DeploymentConfig
+from patchkit.scheduler.estimator import RunningAverage, Trace, Visit
+from patchkit.scheduler.frontend import Frontend, make_backend
+from patchkit.scheduler.metrics import render_metrics
+from patchkit.scheduler.slo import SloPolicy
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Step(Component):
+    """Takes `ms` of the fake clock per call and records the order it served calls in."""
+
+    def __init__(self, clock: FakeClock, ms: float) -> None:
+        self.clock, self.ms, self.order = clock, ms, []
+
+    @make(batch=True, max_batch_size=1)
+    def run(self, x: list[str]) -> list[str]:
+        self.clock.now += self.ms / 1000 * len(x)
+        self.order.extend(x)
+        return x
+
+
+def learned(ms: float) -> RunningAverage:
+    """An estimator that has seen one request take `ms` in one call."""
+    estimator = RunningAverage()
+    estimator.observe(Trace(0, 0.0, 1, [Visit("step.run", "step", 0.0, ms / 1000, 1, 1)], finished=ms / 1000))
+    return estimator
+
+
+def test_a_request_is_at_risk_when_its_remaining_time_passes_its_deadline() -> None:
+    clock = FakeClock()
+    policy = SloPolicy(learned(10), clock=clock)
+    relaxed, tight, free = policy.start(1, 1, 50.0), policy.start(2, 1, 5.0), policy.start(3, 1, None)
+    assert policy.check(relaxed) is None and not relaxed.at_risk
+    slack = policy.check(tight)
+    assert slack == pytest.approx(-0.005) and tight.at_risk
+    assert policy.check(free) is None  # no SLO, never at risk
+    clock.now += 0.055
+    assert policy.check(relaxed) == pytest.approx(-0.005)  # past its deadline: at risk too
+    policy.finish(tight, ok=True)
+    policy.finish(relaxed, ok=True)
+    assert policy.stats()["at_risk_now"] == 0 and policy.stats()["at_risk_total"] == 2
+
+
+def test_admission_pauses_while_a_request_is_at_risk_and_its_queue_is_bounded() -> None:
+    async def main() -> None:
+        clock = FakeClock()
+        policy = SloPolicy(learned(10), admission_limit=1, clock=clock)
+        await policy.admit()  # nobody at risk: in at once
+        tight = policy.start(1, 1, 5.0)
+        policy.check(tight)
+        waiting = asyncio.ensure_future(policy.admit())
+        await asyncio.sleep(0)
+        assert not waiting.done() and policy.stats()["admission_waiting"] == 1
+        with pytest.raises(patchkit.Overloaded, match="admission is paused"):
+            await policy.admit()
+        policy.finish(tight, ok=True)
+        await asyncio.wait_for(waiting, 1)
+        assert policy.stats() == {
+            "at_risk_now": 0, "admission_waiting": 0, "at_risk_total": 1, "prioritized_calls": 1,
+            "admission_paused": 1, "admission_rejected": 1,
+        }
+
+    asyncio.run(main())
+
+
+def test_policies_switched_off_decide_nothing() -> None:
+    async def main() -> None:
+        policy = SloPolicy(learned(10), prioritize=False, pause_admission=False, clock=FakeClock())
+        tight = policy.start(1, 1, 5.0)
+        assert policy.check(tight) is None and tight.at_risk  # still detected and counted, not acted on
+        await asyncio.wait_for(policy.admit(), 1)
+
+    asyncio.run(main())
+
+
+def serve_order(prioritize: bool) -> tuple[list[str], dict[str, Any], str]:
+    clock = FakeClock()
+    step = Step(clock, ms=10)
+    query = "warm"
+    with patchkit.capture() as pipeline:
+        out = step.run(query)  # noqa: F841 - the pipeline's output
+
+    async def main() -> tuple[list[str], dict[str, Any], str]:
+        config = DeploymentConfig.resolve(pipeline, backend="inprocess", prioritize=prioritize, max_inflight_batches=1)
+        frontend = Frontend(pipeline, config, make_backend(config), clock=clock)
+        await frontend.start()
+        try:
+            await frontend.query({"query": "warm"}, slo_ms=1000)  # the estimator learns: 10 ms per request
+            step.order.clear()
+            relaxed = [frontend.query({"query": f"r{i}"}, slo_ms=1000) for i in range(4)]
+            urgent = frontend.query({"query": "urgent"}, slo_ms=5)
+            await asyncio.gather(*relaxed, urgent)
+            return list(step.order), frontend.stats()["slo"], render_metrics(frontend)
+        finally:
+            await frontend.close()
+
+    return asyncio.run(main())
+
+
+def test_calls_of_requests_at_risk_jump_the_queue() -> None:
+    order, slo, metrics = serve_order(prioritize=True)
+    assert order[0] == "urgent" and order[1:] == ["r0", "r1", "r2", "r3"]
+    assert slo["prioritized_calls"] == 1
+    assert 'patchkit_slo_decisions_total{decision="prioritized_calls"} 1' in metrics
+    order, slo, _ = serve_order(prioritize=False)
+    assert order == ["r0", "r1", "r2", "r3", "urgent"] and slo["prioritized_calls"] == 0
