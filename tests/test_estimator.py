@@ -222,7 +222,7 @@ def test_xgboost_sees_the_query_length_the_running_average_cannot() -> None:
 def test_untrained_xgboost_delegates_to_the_running_average_then_retrains() -> None:
     pytest.importorskip("xgboost")
     traces = Workload().traces(random.Random(8), 60)
-    xgb = XGBoostEstimator(min_traces=40, retrain_every=10, rounds=10)
+    xgb = XGBoostEstimator(min_traces=40, retrain_every=10, rounds=10, background=False)
     average = RunningAverage()
     probe = at(traces[0], 2)
     for trace in traces[:39]:
@@ -233,13 +233,24 @@ def test_untrained_xgboost_delegates_to_the_running_average_then_retrains() -> N
         assert xgb.remaining_s(probe, now) == average.remaining_s(probe, now)
     xgb.observe(traces[39])
     assert xgb.trained
-    booster = xgb._booster
+    booster = xgb._model
     for trace in traces[40:49]:
         xgb.observe(trace)
-    assert xgb._booster is booster
+    assert xgb._model is booster
     xgb.observe(traces[49])
-    assert xgb._booster is not booster  # retrained on the 50 it keeps
+    assert xgb._model is not booster  # retrained on the 50 it keeps
     assert len(xgb.traces) == 50
+
+
+def test_xgboost_trains_on_a_thread_of_its_own_by_default() -> None:
+    pytest.importorskip("xgboost")
+    traces = Workload().traces(random.Random(9), 40)
+    xgb = XGBoostEstimator(min_traces=40, rounds=10)
+    for trace in traces:
+        xgb.observe(trace)  # the 40th starts training and returns without waiting for it
+    assert xgb._training is not None
+    xgb._training.join(30)
+    assert xgb.trained
 
 
 def test_xgboost_settings_are_checked_when_given() -> None:
