@@ -1,6 +1,7 @@
 """The `patchkit` command: `patchkit serve FILE.py` serves the pipeline a script captures, `patchkit
-plan FILE.py` prints the plan the offline planner makes for it, and `patchkit demo` deploys the
-CRAG example on real components and asks it questions."""
+plan FILE.py` prints the plan the offline planner makes for it, `patchkit demo` deploys the
+CRAG example on real components and asks it questions, and `patchkit bench URL` sends open-loop load
+to an endpoint and reports its latency, throughput and SLO attainment."""
 
 from __future__ import annotations
 
@@ -123,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="deploy the CRAG example (pydoc corpus, SmolLM2) and ask it questions")
     demo.add_argument("questions", nargs="*", help="questions to ask instead of the built-in ones")
     demo.add_argument("--replicas", type=int, default=None, help="replicas of every component (default 1)")
+    from patchkit.bench import add_arguments as add_bench_arguments
+
+    bench = commands.add_parser("bench", help="send open-loop load to an endpoint; report latency, throughput, SLO attainment")
+    add_bench_arguments(bench)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from patchkit.errors import PatchkitError
@@ -132,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
             return _serve(args)
         if args.command == "plan":
             return _plan(args)
+        if args.command == "bench":
+            from patchkit.bench import run_from_args
+
+            return run_from_args(args)
         from patchkit.demo import main as demo_main
 
         return demo_main(args.questions, replicas=args.replicas)

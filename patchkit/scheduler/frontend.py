@@ -134,7 +134,7 @@ class Frontend:
             raise Overloaded(self.inflight, self.config.max_inflight_requests)
         request_id, start = next(self._ids), time.perf_counter()
         variables = self.pipeline.variables(inputs)
-        state = self.policy.start(request_id, len(str(inputs)), slo_ms or self.config.slo_ms)
+        state = self.policy.start(request_id, inputs, slo_ms or self.config.slo_ms)
         self.inflight += 1
         self._idle.clear()
         ok = False
@@ -174,9 +174,12 @@ class Frontend:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
             return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
         name = self._names[component._patchkit_spec.uid]
-        started = self.clock()
-        ok, value = await_(queue.submit(args, kwargs, slack=self.policy.check(state)))
-        self.policy.record(state, Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value)))
+        if state.deadline is None:  # no SLO applies: nothing to estimate, nothing to record
+            ok, value = await_(queue.submit(args, kwargs))
+        else:
+            started = self.clock()
+            ok, value = await_(queue.submit(args, kwargs, slack=self.policy.check(state)))
+            self.policy.record(state, Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value)))
         if ok:
             return value
         value.raise_for(name, method.name)

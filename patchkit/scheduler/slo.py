@@ -8,6 +8,7 @@ call, `SloPolicy.check` asks the estimator how long the request still needs: it 
 ahead of the others in every queue (prioritisation). While any request in flight is at risk, new
 requests wait in a bounded admission queue (admission pausing); when none is, they are let in, in
 arrival order. Each policy is switched by the deployment's config and every decision is counted.
+Requests without an SLO cost the policies nothing: they are neither traced nor learnt from.
 """
 
 from __future__ import annotations
@@ -87,10 +88,12 @@ class SloPolicy:
                 turn.set_result(None)
 
     # -- risk -----------------------------------------------------------------------------------
-    def start(self, request_id: int, inputs_length: int, slo_ms: float | None) -> RequestState:
+    def start(self, request_id: int, inputs: object, slo_ms: float | None) -> RequestState:
+        """Called when a request arrives, with its inputs and its SLO (None: the policies leave it alone)."""
         now = self.clock()
-        deadline = None if slo_ms is None else now + slo_ms / 1000
-        return RequestState(request_id, deadline, Trace(request_id, now, inputs_length, []))
+        if slo_ms is None:
+            return RequestState(request_id, None, Trace(request_id, now, 0, []))
+        return RequestState(request_id, now + slo_ms / 1000, Trace(request_id, now, len(str(inputs)), []))
 
     def check(self, state: RequestState) -> float | None:
         """Called before each component call: the request's slack in seconds when it is at risk (the
@@ -110,7 +113,9 @@ class SloPolicy:
         state.trace.visits.append(visit)
 
     def finish(self, state: RequestState, *, ok: bool) -> None:
-        """Called when the request ends; a finished request teaches the estimator."""
+        """Called when the request ends; a request with an SLO that finished teaches the estimator."""
+        if state.deadline is None:
+            return
         state.trace.finished = self.clock()
         self._mark(state, False)
         if ok:
