@@ -230,6 +230,7 @@ def arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--plot", default=None, help="where a benchmark that draws writes its PNG")
     return parser.parse_args()
 
 

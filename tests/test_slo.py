@@ -45,7 +45,7 @@ def learned(ms: float) -> RunningAverage:
     return estimator
 
 
-def test_a_request_is_at_risk_when_its_remaining_time_passes_its_deadline() -> None:
+def test_a_request_is_at_risk_while_it_can_still_make_its_deadline() -> None:
     clock = FakeClock()
     policy = SloPolicy(learned(10), clock=clock)
     relaxed, tight, free = policy.start(1, 1, 50.0), policy.start(2, 1, 5.0), policy.start(3, 1, None)
@@ -53,31 +53,41 @@ def test_a_request_is_at_risk_when_its_remaining_time_passes_its_deadline() -> N
     slack = policy.check(tight)
     assert slack == pytest.approx(-0.005) and tight.at_risk
     assert policy.check(free) is None  # no SLO, never at risk
-    clock.now += 0.055
-    assert policy.check(relaxed) == pytest.approx(-0.005)  # past its deadline: at risk too
+    clock.now += 0.006
+    assert policy.check(tight) is None and not tight.at_risk  # past its deadline: lost, no longer favoured
+    assert policy.stats()["at_risk_now"] == 0 and policy.stats()["at_risk_total"] == 1
     policy.finish(tight, ok=True)
     policy.finish(relaxed, ok=True)
-    assert policy.stats()["at_risk_now"] == 0 and policy.stats()["at_risk_total"] == 2
 
 
 def test_admission_pauses_while_a_request_is_at_risk_and_its_queue_is_bounded() -> None:
     async def main() -> None:
         clock = FakeClock()
         policy = SloPolicy(learned(10), admission_limit=1, clock=clock)
-        await policy.admit()  # nobody at risk: in at once
-        tight = policy.start(1, 1, 5.0)
+        await policy.admit(policy.start(1, 1, 1000.0))  # nobody at risk: in at once
+        tight = policy.start(2, 1, 5.0)
         policy.check(tight)
-        waiting = asyncio.ensure_future(policy.admit())
+        waiting = asyncio.ensure_future(policy.admit(policy.start(3, 1, 1000.0)))
         await asyncio.sleep(0)
         assert not waiting.done() and policy.stats()["admission_waiting"] == 1
         with pytest.raises(patchkit.Overloaded, match="admission is paused"):
-            await policy.admit()
+            await policy.admit(policy.start(4, 1, 1000.0))
+        await asyncio.wait_for(policy.admit(policy.start(5, 1, 5.0)), 1)  # nothing to spare: not held back
+        await asyncio.wait_for(policy.admit(), 1)  # no SLO: not held back
         policy.finish(tight, ok=True)
         await asyncio.wait_for(waiting, 1)
-        assert policy.stats() == {
-            "at_risk_now": 0, "admission_waiting": 0, "at_risk_total": 1, "prioritized_calls": 1,
-            "admission_paused": 1, "admission_rejected": 1,
-        }
+        stats = policy.stats()
+        assert (stats["admission_paused"], stats["admission_rejected"], stats["admission_waiting"]) == (1, 1, 0)
+
+    asyncio.run(main())
+
+
+def test_a_request_waits_for_admission_no_longer_than_it_can_spare() -> None:
+    async def main() -> None:
+        policy = SloPolicy(learned(10), clock=FakeClock())
+        policy.check(policy.start(1, 1, 5.0))  # at risk, and never finishes
+        await asyncio.wait_for(policy.admit(policy.start(2, 1, 30.0)), 1)  # 30 ms SLO, 10 ms expected: waits 20 ms
+        assert policy.stats()["admission_timeouts"] == 1
 
     asyncio.run(main())
 

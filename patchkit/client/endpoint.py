@@ -144,7 +144,8 @@ def deploy(
     apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=, calibration=,
     slo_ms=)`: it sets every component's replicas, batch size and placement. Further options are
     the fields of `patchkit.scheduler.config.DeploymentConfig` (batch_wait_ms, optional_inputs,
-    max_inflight_requests, max_body_bytes, request_timeout_s, max_retries, drain_timeout_s).
+    max_inflight_requests, max_body_bytes, request_timeout_s, max_retries, drain_timeout_s, the SLO
+    policies' prioritize, pause_admission, autoscale, min_replicas, max_replicas).
     """
     from patchkit.scheduler.config import DeploymentConfig
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ReplicaResources", "assign", "available_cpus", "available_gpus", "spread"]
+__all__ = ["ReplicaResources", "assign", "available_cpus", "available_gpus", "one_more", "spread"]
 
 # Math and tokenizer libraries read these once, at import: they are set before a component loads.
 THREAD_VARIABLES = (
@@ -100,6 +100,19 @@ def assign(
         else:
             out.append(ReplicaResources(threads=units, gpus=()))
     return out
+
+
+def one_more(kind: str, units: int, held_gpus: Collection[int], gpus: list[int] | None = None) -> ReplicaResources:
+    """Resources for a replica added to a running deployment that a plan placed (the autoscaler's).
+
+    The cores `assign` pinned stay with their replicas, so a CPU replica floats, with `units`
+    threads. A GPU replica gets a GPU that no replica holds (`held_gpus`); where every one is held,
+    or the machine has none, it sees no GPU (a virtual one, as `assign` places them).
+    """
+    if kind != "gpu":
+        return ReplicaResources(threads=units, gpus=())
+    free = [d for d in (gpus if gpus is not None else available_gpus()) if d not in held_gpus]
+    return ReplicaResources(threads=1, gpus=tuple(free[:1]))
 
 
 def spread(replicas: int, cpus: list[int] | None = None) -> list[ReplicaResources]:

@@ -1,8 +1,10 @@
-"""Keeps every component at its replica count: starts replicas, watches them, restarts the dead.
+"""Keeps every component at its replica count: starts replicas, watches them, restarts the dead,
+and adds or retires replicas when the autoscaler asks.
 
 Owned by the front-end, on its event loop. The front-end hears of replicas through two callbacks:
-`on_up(replica)` once one takes calls, `on_down(replica, reason)` once one is gone (its in-flight
-batches have failed with WorkerDiedError by then, and the front-end retries them elsewhere).
+`on_up(replica)` once one takes calls, `on_down(replica, reason)` once one takes no more: it is
+gone (its in-flight batches have failed with WorkerDiedError by then, and the front-end retries
+them elsewhere), or it is being retired (reason "retired": its in-flight batches still finish).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import contextlib
 import itertools
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 
@@ -20,17 +23,29 @@ __all__ = ["Supervisor"]
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+DRAIN_POLL_S = 0.01  # how often a retiring replica is checked for batches still in flight
 
 
 class Supervisor:
-    def __init__(self, backend: Backend, on_up: Callable[[Replica], None], on_down: Callable[[Replica, str], None]) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        on_up: Callable[[Replica], None],
+        on_down: Callable[[Replica, str], None],
+        *,
+        drain_timeout_s: float = 30.0,
+    ) -> None:
         self.backend = backend
         self._on_up = on_up
         self._on_down = on_down
+        self.drain_timeout_s = drain_timeout_s  # how long a retiring replica gets to send its batches back
         self._numbers: dict[str, itertools.count[int]] = defaultdict(itertools.count)
         self._keepers: dict[Replica, asyncio.Task[None]] = {}  # watching a live replica: safe to cancel
-        self._restarting: set[asyncio.Task[None]] = set()  # may be spawning a process: awaited, not cancelled
+        # Restarting, adding or retiring: may be spawning or stopping a process, so awaited, never cancelled.
+        self._busy: set[asyncio.Task[Any]] = set()
         self._closing = asyncio.Event()
         self.restarts = 0
 
@@ -61,9 +76,7 @@ class Supervisor:
             return
         logger.warning("replica %s died (%s); restarting it", replica.id, reason)
         self._on_down(replica, reason)
-        task = asyncio.get_running_loop().create_task(self._restart(replica))
-        self._restarting.add(task)
-        task.add_done_callback(self._restarting.discard)
+        self._track(self._restart(replica))
 
     async def _restart(self, dead: Replica) -> None:
         await self.backend.stop(dead)
@@ -83,10 +96,56 @@ class Supervisor:
                 self.restarts += 1
                 return
 
+    async def add(self, spec: ReplicaSpec) -> Replica:
+        """Start one more replica of `spec.component`; called by the autoscaler while the deployment serves.
+
+        It joins dispatch through `on_up` and is watched and restarted like the replicas `start`
+        started. Raises the backend's error, with nothing left running. Cancelling the caller does
+        not stop a start under way: the replica then joins all the same (or `close` stops it).
+        """
+        return await asyncio.shield(self._track(self._start(spec)))
+
+    async def retire(self, replica: Replica) -> bool:
+        """Remove a replica with no failed call; called by the autoscaler. False if it is not kept here
+        (it died and is being restarted, or the supervisor is closing): then nothing is done.
+
+        In order: its watch ends, so that stopping it is not taken for a death (no restart, not
+        counted in `restarts`); `on_down(replica, "retired")` takes it out of dispatch; its batches
+        in flight come back (`drain_timeout_s` at most: those still out then fail with
+        WorkerDiedError and are retried on other replicas); it is stopped.
+        """
+        keeper = None if self._closing.is_set() else self._keepers.pop(replica, None)
+        if keeper is None:
+            return False
+        keeper.cancel()
+        self._on_down(replica, "retired")
+        await asyncio.shield(self._track(self._drain_and_stop(replica, keeper)))
+        return True
+
+    async def _drain_and_stop(self, replica: Replica, keeper: asyncio.Task[None]) -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await keeper
+        deadline = asyncio.get_running_loop().time() + self.drain_timeout_s
+        # Batches come back on their senders' tasks, which count `inflight` down: polled, as Ray
+        # Serve's graceful shutdown polls its ongoing requests.
+        while replica.inflight and replica.alive and not self._closing.is_set():
+            if asyncio.get_running_loop().time() >= deadline:
+                logger.warning("retiring %s with %d batches still in flight after %.0f s; they are retried elsewhere",
+                               replica.id, replica.inflight, self.drain_timeout_s)
+                break
+            await asyncio.sleep(DRAIN_POLL_S)
+        await self.backend.stop(replica)
+
+    def _track(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.get_running_loop().create_task(work)
+        self._busy.add(task)
+        task.add_done_callback(self._busy.discard)
+        return task
+
     async def close(self) -> None:
-        """Stop every replica; nothing is restarted after this is called."""
+        """Stop every replica; nothing is started, restarted or retired after this is called."""
         self._closing.set()
-        await asyncio.gather(*self._restarting, return_exceptions=True)
+        await asyncio.gather(*self._busy, return_exceptions=True)
         keepers, self._keepers = self._keepers, {}
         for keeper in keepers.values():
             keeper.cancel()

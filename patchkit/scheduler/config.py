@@ -23,6 +23,7 @@ BACKENDS = ("local", "inprocess")
 ESTIMATORS = ("average", "xgboost")
 POSITIVE_FIELDS = (
     "max_inflight_batches", "max_inflight_requests", "max_body_bytes", "request_timeout_s", "admission_queue_limit",
+    "autoscale_interval_s",
 )
 
 
@@ -60,9 +61,15 @@ class DeploymentConfig:
     drain_timeout_s: float = 30.0
     # SLO policies, active for requests with an SLO (the request's slo_ms, else the endpoint's):
     prioritize: bool = True  # calls of requests at risk jump their queues, least slack first
-    pause_admission: bool = True  # while a request in flight is at risk, new ones wait in a bounded queue
+    pause_admission: bool = False  # while a request in flight is at risk, new ones wait in a bounded queue
     admission_queue_limit: int = 1024  # beyond it, 503 with Retry-After
     estimator: str = "average"  # of remaining time: "average" (per graph position) or "xgboost" (xgboost-cpu)
+    autoscale: bool = True  # add replicas to the bottleneck while requests stay at risk; remove idle ones
+    autoscale_interval_s: float = 1.0  # how often the autoscaler looks
+    scale_up_after_s: float = 2.0  # requests at risk this long (and this long after a scale-up): one more replica
+    scale_down_after_s: float = 30.0  # a component idle this long loses a replica
+    min_replicas: int | dict[str, int] | None = None  # for every component, or by name; None: as deployed
+    max_replicas: int | dict[str, int] | None = None  # for every component, or by name; None: as resources allow
     plan: dict[str, Any] | None = None  # the Plan applied, as Plan.to_dict(): replicas are placed as it says
     secret: str = field(default="", repr=False)
 
@@ -78,9 +85,36 @@ class DeploymentConfig:
         for name in POSITIVE_FIELDS:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0; got {getattr(self, name)}")
-        for name in ("batch_wait_ms", "max_retries"):
+        for name in ("batch_wait_ms", "max_retries", "scale_up_after_s", "scale_down_after_s"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
+        self._check_replica_bounds()
+
+    def _check_replica_bounds(self) -> None:
+        """min_replicas <= replicas <= max_replicas for every component; mappings name known components."""
+        for field_name in ("min_replicas", "max_replicas"):
+            value = getattr(self, field_name)
+            _check_names(field_name, value, set(self.components))
+            if isinstance(value, Mapping):  # a plain dict, so that describe() stays JSON-able
+                object.__setattr__(self, field_name, dict(value))
+        for name, component in self.components.items():
+            low, high = self.min_replicas_of(name), self.max_replicas_of(name)
+            if low < 1:
+                raise ValueError(f"min_replicas must be >= 1; got {low} for {name!r}")
+            if high is not None and high < low and _names(self.min_replicas, name):  # a default min: the next check says it
+                raise ValueError(f"max_replicas ({high}) must be >= min_replicas ({low}) for {name!r}")
+            if component.replicas < low:
+                raise ValueError(f"replicas ({component.replicas}) must be >= min_replicas ({low}) for {name!r}")
+            if high is not None and component.replicas > high:
+                raise ValueError(f"replicas ({component.replicas}) must be <= max_replicas ({high}) for {name!r}")
+
+    def min_replicas_of(self, name: str) -> int:
+        """The fewest replicas the autoscaler leaves component `name`: its own setting, else as deployed."""
+        return _pick(self.min_replicas, (name,), self.components[name].replicas)
+
+    def max_replicas_of(self, name: str) -> int | None:
+        """The most replicas the autoscaler gives component `name`; None: as many as resources allow."""
+        return _pick(self.max_replicas, (name,), 0) if _names(self.max_replicas, name) else None
 
     @classmethod
     def resolve(
@@ -155,6 +189,11 @@ def _check_names(argument: str, value: object, known: set[str]) -> None:
             hint = f"; did you mean {close[0]!r}?" if close else ""
             known_names = ", ".join(sorted(known))
             raise InputError(f"{argument} names {name!r}, which the pipeline does not have{hint} (known: {known_names})")
+
+
+def _names(value: int | Mapping[str, int] | None, name: str) -> bool:
+    """Whether a setting for every component, or by name, sets one for `name`."""
+    return value is not None and (not isinstance(value, Mapping) or name in value)
 
 
 def _pick(value: int | Mapping[str, int] | None, keys: tuple[str, ...], default: int) -> int:

@@ -26,6 +26,7 @@ from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, assign, spread
 from patchkit.orchestrator.supervisor import Supervisor
+from patchkit.scheduler.autoscale import Autoscaler
 from patchkit.scheduler.bridge import await_, run_sync
 from patchkit.scheduler.config import DeploymentConfig
 from patchkit.scheduler.estimator import Visit
@@ -59,7 +60,7 @@ class Frontend:
         self.sets: dict[str, ReplicaSet] = {}
         self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
         self._names = {c._patchkit_spec.uid: name for name, c in self.components.items()}
-        self.supervisor = Supervisor(backend, self._replica_up, self._replica_down)
+        self.supervisor = Supervisor(backend, self._replica_up, self._replica_down, drain_timeout_s=config.drain_timeout_s)
         self.policy = SloPolicy(
             make_estimator(config.estimator),
             prioritize=config.prioritize,
@@ -67,6 +68,7 @@ class Frontend:
             admission_limit=config.admission_queue_limit,
             clock=clock,
         )
+        self.autoscaler = Autoscaler(self)
         self._ids = itertools.count(1)
         self.inflight = 0
         self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded
@@ -80,7 +82,7 @@ class Frontend:
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Build the queues and start every replica; raises the first replica's start error."""
+        """Build the queues, start every replica, then the autoscaler (when on); raises the first replica's start error."""
         specs = []
         resources = self._resources()
         for name, component in self.components.items():
@@ -98,6 +100,8 @@ class Frontend:
                 )
             specs += [ReplicaSpec(name, component, resources.pop(0)) for _ in range(settings.replicas)]
         await self.supervisor.start(specs)
+        if self.config.autoscale:
+            self.autoscaler.start()
 
     def _resources(self) -> list[ReplicaResources]:
         """Each replica's pinning, in the order `start` creates them: placed as the plan says, else shared evenly."""
@@ -110,8 +114,10 @@ class Frontend:
         return spread(total)
 
     async def close(self) -> None:
-        """Refuse new requests, wait for in-flight ones (up to the drain timeout), then stop every replica."""
+        """Refuse new requests and stop the autoscaler, wait for in-flight requests (up to the drain
+        timeout), then stop every replica."""
         self.closing = True
+        await self.autoscaler.close()
         try:
             await asyncio.wait_for(self._idle.wait(), self.config.drain_timeout_s)
         except TimeoutError:
@@ -140,7 +146,7 @@ class Frontend:
         ok = False
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
-                await self.policy.admit()
+                await self.policy.admit(state)
                 output = await run_sync(self._run, variables, state)
             ok = True
         except TimeoutError:

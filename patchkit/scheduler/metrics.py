@@ -65,7 +65,7 @@ def render_metrics(frontend: Frontend) -> str:
                      [("", {}, slo["at_risk_now"])])
     lines += _family("patchkit_slo_decisions_total", "counter", "SLO policy decisions, by kind.",
                      [("", {"decision": k}, slo[k]) for k in ("at_risk_total", "prioritized_calls", "admission_paused",
-                                                               "admission_rejected")])
+                                                               "admission_rejected", "scale_ups", "scale_downs")])
     lines += _family("patchkit_admission_waiting", "gauge", "Requests waiting while admission is paused.",
                      [("", {}, slo["admission_waiting"])])
     return "\n".join(lines) + "\n"

@@ -45,8 +45,10 @@ class QueueStats:
     queue_wait_s: float = 0.0  # summed over calls: enqueue to dispatch
     service_s: float = 0.0  # summed over batches: dispatch to outcomes
     completions: deque[tuple[float, int]] = field(default_factory=deque)
+    last_done: float | None = None  # when a batch last came back answered; None: none has yet
 
     def completed(self, now: float, calls: int) -> None:
+        self.last_done = now
         self.completions.append((now, calls))
         while self.completions and self.completions[0][0] < now - THROUGHPUT_WINDOW_S:
             self.completions.popleft()

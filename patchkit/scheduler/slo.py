@@ -4,10 +4,14 @@ least-slack-first in the component queues, and admission pausing.
 The front-end keeps a `RequestState` per request: its deadline (the request's `slo_ms`, else the
 endpoint's), and its `Trace` (the component calls it made, with their times). At every component
 call, `SloPolicy.check` asks the estimator how long the request still needs: it is at risk when
-`now + remaining > deadline`. Its slack, `deadline - now - remaining`, orders the at-risk calls
+`now + remaining > deadline` while its deadline has not passed yet (past it, the request is lost,
+and favouring it would only make others late). Its slack, `deadline - now - remaining`, orders the at-risk calls
 ahead of the others in every queue (prioritisation). While any request in flight is at risk, new
-requests wait in a bounded admission queue (admission pausing); when none is, they are let in, in
-arrival order. Each policy is switched by the deployment's config and every decision is counted.
+requests wait in a bounded admission queue (admission pausing), each for no longer than it can
+spare by its own estimate; when none is at risk, they are let in, in arrival order.
+The third policy, autoscaling, acts on the same at-risk set from its own loop (`autoscale.py`)
+and counts its decisions here too. Each policy is switched by the deployment's
+config and every decision is counted.
 Requests without an SLO cost the policies nothing: they are neither traced nor learnt from.
 """
 
@@ -58,13 +62,20 @@ class SloPolicy:
         self.estimator, self.clock = estimator, clock
         self.prioritize, self.pause_admission, self.admission_limit = prioritize, pause_admission, admission_limit
         self.at_risk: set[RequestState] = set()
+        self.late: set[RequestState] = set()  # in flight past their deadline: lost, but a sign of overload
         self.waiting: deque[asyncio.Future[None]] = deque()
-        self.counts: Counter[str] = Counter()  # at_risk, prioritized_calls, admission_paused, admission_rejected
+        # at_risk, prioritized_calls, admission_paused, admission_rejected; scale_ups, scale_downs (the autoscaler's)
+        self.counts: Counter[str] = Counter()
 
     # -- admission ------------------------------------------------------------------------------
-    async def admit(self) -> None:
-        """Wait while admission is paused (a request in flight is at risk); Overloaded when the queue is full."""
+    async def admit(self, state: RequestState | None = None) -> None:
+        """Wait while admission is paused (a request in flight is at risk), for at most the time the
+        new request can spare: its deadline less what the estimator expects it to take. A request
+        with nothing to spare, or without an SLO, is not held back. Overloaded when the queue is full."""
         if not (self.pause_admission and (self.at_risk or self.waiting)):
+            return
+        spare = self._spare(state)
+        if spare <= 0:
             return
         if len(self.waiting) >= self.admission_limit:
             self.counts["admission_rejected"] += 1
@@ -74,11 +85,20 @@ class SloPolicy:
         turn = asyncio.get_running_loop().create_future()
         self.waiting.append(turn)
         try:
-            await turn
+            await asyncio.wait_for(asyncio.shield(turn), spare)
+        except TimeoutError:
+            self.counts["admission_timeouts"] += 1  # it could wait no longer: in it goes
         finally:
-            if turn in self.waiting:  # cancelled while waiting (a timeout)
+            if turn in self.waiting:
                 self.waiting.remove(turn)
                 self._release()
+
+    def _spare(self, state: RequestState | None) -> float:
+        """Seconds a new request can wait and still meet its deadline, by the estimator."""
+        if state is None or state.deadline is None:
+            return 0.0
+        now = self.clock()
+        return state.deadline - now - self.estimator.remaining_s(state.trace, now)
 
     def _release(self) -> None:
         """Let waiting requests in, in arrival order, once no request in flight is at risk."""
@@ -86,6 +106,10 @@ class SloPolicy:
             turn = self.waiting.popleft()
             if not turn.done():
                 turn.set_result(None)
+
+    def under_pressure(self) -> bool:
+        """Read by the autoscaler: requests in flight are at risk of missing their SLO, or have missed it."""
+        return bool(self.at_risk or self.late)
 
     # -- risk -----------------------------------------------------------------------------------
     def start(self, request_id: int, inputs: object, slo_ms: float | None) -> RequestState:
@@ -102,8 +126,13 @@ class SloPolicy:
             return None
         now = self.clock()
         slack = state.deadline - now - self.estimator.remaining_s(state.trace, now)
-        self._mark(state, slack < 0)
-        if slack < 0 and self.prioritize:
+        # A request already past its deadline is lost: jumping queues or pausing admission for it
+        # would only make others late too, so it is at risk only while it can still make it.
+        at_risk = slack < 0 and now < state.deadline
+        if now >= state.deadline:
+            self.late.add(state)
+        self._mark(state, at_risk)
+        if at_risk and self.prioritize:
             self.counts["prioritized_calls"] += 1
             return slack
         return None
@@ -117,6 +146,7 @@ class SloPolicy:
         if state.deadline is None:
             return
         state.trace.finished = self.clock()
+        self.late.discard(state)
         self._mark(state, False)
         if ok:
             self.estimator.observe(state.trace)
@@ -134,9 +164,13 @@ class SloPolicy:
     def stats(self) -> dict[str, int]:
         return {
             "at_risk_now": len(self.at_risk),
+            "late_now": len(self.late),
             "admission_waiting": len(self.waiting),
             "at_risk_total": self.counts["at_risk"],
             "prioritized_calls": self.counts["prioritized_calls"],
             "admission_paused": self.counts["admission_paused"],
             "admission_rejected": self.counts["admission_rejected"],
+            "admission_timeouts": self.counts["admission_timeouts"],
+            "scale_ups": self.counts["scale_ups"],
+            "scale_downs": self.counts["scale_downs"],
         }

@@ -1,0 +1,125 @@
+"""SLO policy benchmarks: violations with the policies on and off, their throughput cost, and a load
+step that doubles the rate.
+
+    python benchmarks/slo.py --seconds 20 --json slo.json --plot slo.png
+
+Pipeline: Simulated components with high runtime variance: CRAG's branch (a quarter of the
+questions fail the grade and take rewrite + web search) and an IRCoT-shaped loop whose round count
+(1 to 4) depends on the question. It is planned for a declared pool, deployed under the plan with
+worker processes, and driven open-loop (`patchkit bench`, Poisson) at 50% to 120% of the planned
+capacity. The SLO is twice the mean latency at low load (Patchwork's definition), measured first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from runtime import arguments, report  # noqa: E402
+
+import patchkit  # noqa: E402
+from patchkit.bench import run_bench  # noqa: E402
+from patchkit.components.testing import Simulated  # noqa: E402
+
+POOL = {"cpu": 6, "gpu": 1}
+QUESTIONS = [f"question {i}" + ("!" if i % 4 == 0 else "?") for i in range(32)]
+LOADS = (0.5, 0.7, 0.9, 1.0, 1.2)
+OFF = {"prioritize": False, "pause_admission": False, "autoscale": False}
+
+
+def rounds(question: str) -> int:
+    return int(question.rstrip("?!").split()[-1]) % 4 + 1
+
+
+def generator_ms(b: int) -> float:
+    return 15.0 if b <= 8 else 15.0 + 1.5 * (b - 8)
+
+
+def pipeline() -> patchkit.Pipeline:
+    retriever = Simulated(lambda b: 3.0 + 0.5 * b)
+    grader = Simulated(lambda b: 2.0 * b, max_batch=16, output=lambda q: not q.endswith("!"))
+    rewriter = Simulated(lambda b: 4.0 * b, max_batch=8)
+    web = Simulated(lambda b: 8.0 + 0.5 * b, max_batch=16)
+    generator = Simulated(generator_ms, resource="gpu", max_batch=32)
+    judge = Simulated(lambda b: 1.0 + 0.1 * b, output=lambda step: step[1] + 1 >= rounds(step[0]))
+    question = QUESTIONS[1]
+    with patchkit.capture(run=False) as captured:
+        docs = retriever.run(question)
+        if not grader.run(question):
+            docs = web.run(rewriter.run(question))
+        thought = generator.run(docs)
+        step = 0
+        while not judge.run((question, step)):
+            thought = generator.run(thought)
+            step += 1
+        answer = thought  # noqa: F841 - the pipeline's output
+    return captured
+
+
+def drive(endpoint: patchkit.Endpoint, rate: float, seconds: float, slo_ms: float | None, **extra: Any) -> dict[str, Any]:
+    inputs = [{"question": q} for q in QUESTIONS]
+    result = run_bench(endpoint.url, rate=rate, seconds=seconds, inputs=inputs, slo_ms=slo_ms, **extra)
+    summary = result.summary()
+    return {
+        "rate": rate,
+        "throughput": summary["throughput"],
+        "slo_attainment": summary["slo_attainment"],
+        "violations": 1 - (summary["slo_attainment"] or 0.0),
+        "p50_ms": summary["latency_ms"]["p50"],
+        "p99_ms": summary["latency_ms"]["p99"],
+        "errors": summary["errors"],
+        "slo": endpoint.stats()["slo"],
+    }
+
+
+def bench_policies(plan: patchkit.Plan, seconds: float) -> dict[str, Any]:
+    captured = pipeline()
+    capacity = plan.throughput
+    with patchkit.deploy(captured, plan=plan, **OFF) as endpoint:
+        low = drive(endpoint, 0.1 * capacity, seconds, None)
+        mean_low_ms = low["p50_ms"]
+    slo_ms = 2 * mean_low_ms
+    rows = []
+    for load in LOADS:
+        row: dict[str, Any] = {"load": load}
+        for label, options in (("off", OFF), ("on", {})):
+            with patchkit.deploy(captured, plan=plan, slo_ms=slo_ms, **options) as endpoint:
+                row[label] = drive(endpoint, load * capacity, seconds, slo_ms)
+        off, on = row["off"]["violations"], row["on"]["violations"]
+        row["fewer_violations"] = (off - on) / off if off else 0.0
+        row["throughput_cost"] = 1 - row["on"]["throughput"] / row["off"]["throughput"]
+        rows.append(row)
+    return {"capacity": capacity, "low_load_p50_ms": mean_low_ms, "slo_ms": slo_ms, "loads": rows}
+
+
+def bench_step(plan: patchkit.Plan, slo_ms: float, seconds: float, plot: str | None) -> dict[str, Any]:
+    rate = 0.6 * plan.throughput
+    schedule = f"0:{rate:.0f},{seconds / 3:.0f}:{2 * rate:.0f}"
+    # The plan takes the pool it was made for; the machine offers twice that, for the autoscaler.
+    roomy = dataclasses.replace(plan, capacity={kind: 2 * units for kind, units in plan.capacity.items()})
+    with patchkit.deploy(pipeline(), plan=roomy, slo_ms=slo_ms, autoscale_interval_s=0.5) as endpoint:
+        inputs = [{"question": q} for q in QUESTIONS]
+        result = run_bench(endpoint.url, schedule=schedule, seconds=seconds, inputs=inputs, slo_ms=slo_ms)
+        slo = endpoint.stats()["slo"]
+    if plot:
+        result.plot(plot)
+    return {"schedule": schedule, "summary": result.summary(), "steps": result.steps(), "slo": slo}
+
+
+def main() -> None:
+    args = arguments()
+    plan = patchkit.plan(
+        pipeline(), resources=POOL, calibration=[{"question": q} for q in QUESTIONS], progress=False
+    )
+    print(plan, file=sys.stderr)
+    policies = bench_policies(plan, args.seconds)
+    step = bench_step(plan, policies["slo_ms"], 3 * args.seconds, args.plot)
+    report({"plan": plan.to_dict(), "policies": policies, "load_step": step}, args.json)
+
+
+if __name__ == "__main__":
+    main()
