@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from serving import run_frontend
 from test_slo import FakeClock, learned
 
 import patchkit
@@ -55,18 +56,7 @@ def planned(fast_per_s: float, slow_per_s: float, cpus: int) -> Plan:
 
 def serve(clock: FakeClock, body: Callable[[Frontend], Awaitable[Any]], **options: Any) -> Any:
     """Run `body(frontend)` on an inprocess Frontend with the fake clock and no autoscaling loop."""
-
-    async def main() -> Any:
-        pipeline = routed()
-        config = DeploymentConfig.resolve(pipeline, backend="inprocess", autoscale=False, **options)
-        frontend = Frontend(pipeline, config, make_backend(config), clock=clock)
-        await frontend.start()
-        try:
-            return await body(frontend)
-        finally:
-            await frontend.close()
-
-    return asyncio.run(main())
+    return run_frontend(routed(), body, clock=clock, autoscale=False, **options)
 
 
 async def hold(frontend: Frontend, fast_calls: int, slow_calls: int) -> list[asyncio.Future[RequestResult]]:

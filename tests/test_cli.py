@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from serving import start_serve
 
 pytestmark = pytest.mark.slow
 
@@ -26,21 +26,9 @@ def _children(pid: int) -> list[int]:
 
 
 def test_serve_answers_over_http_and_ctrl_c_stops_everything() -> None:
-    server = subprocess.Popen(
-        [sys.executable, "-m", "patchkit.cli", "serve", str(ROOT / "examples" / "figure9.py"), "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    server, url = start_serve(ROOT / "examples" / "figure9.py")
     try:
         assert server.stdout is not None
-        url = None
-        for line in server.stdout:
-            match = re.search(r"serving figure9\.py at (http://127\.0\.0\.1:\d+)", line)
-            if match:
-                url = match.group(1)
-                break
-        assert url is not None, "patchkit serve printed no URL"
         workers = _children(server.pid)
         assert len(workers) == 5  # one per component of Figure 9
         request = urllib.request.Request(

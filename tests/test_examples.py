@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from serving import start_serve
 
 pytest.importorskip("llama_cpp")
 pytest.importorskip("faiss")
@@ -66,16 +67,8 @@ def test_demo_deploys_crag_and_prints_answers_sources_and_the_table() -> None:
 
 
 def test_an_example_serves_from_the_shell_with_only_the_question() -> None:
-    server = subprocess.Popen(
-        [sys.executable, "-m", "patchkit.cli", "serve", str(ROOT / "examples" / "oneshot.py"), "--port", "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    server, url = start_serve(ROOT / "examples" / "oneshot.py")
     try:
-        assert server.stdout is not None
-        url = next((m.group(1) for line in server.stdout if (m := re.search(r"at (http://127\.0\.0\.1:\d+)", line))), None)
-        assert url is not None, "patchkit serve printed no URL"
         request = urllib.request.Request(
             url + "/v1/query", data=json.dumps({"inputs": {"question": "What does a with statement do?"}}).encode()
         )

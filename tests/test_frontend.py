@@ -13,12 +13,13 @@ from typing import Any
 import pytest
 from components import Flaky, Generator, Grader, Retriever
 from corpus import CASES, Case
+from serving import run_frontend
 from test_capture_corpus import _capture as capture_case
 
 import patchkit
 from patchkit import Component, make
 from patchkit.scheduler.config import DeploymentConfig
-from patchkit.scheduler.frontend import Frontend, make_backend
+from patchkit.scheduler.frontend import Frontend
 from patchkit.scheduler.inputs import InputSchema
 
 
@@ -61,21 +62,6 @@ def checked(query: str) -> patchkit.Pipeline:
 def captured(fn: Any, query: str = "How do I catch an exception?") -> patchkit.Pipeline:
     fn(query)
     return patchkit.last_pipeline()
-
-
-def run_frontend(pipeline: patchkit.Pipeline, body: Any, **options: Any) -> Any:
-    """Start a Frontend on the inprocess backend, run `body(frontend)` on its loop, close it."""
-
-    async def main() -> Any:
-        config = DeploymentConfig.resolve(pipeline, backend="inprocess", **options)
-        frontend = Frontend(pipeline, config, make_backend(config))
-        await frontend.start()
-        try:
-            return await body(frontend)
-        finally:
-            await frontend.close()
-
-    return asyncio.run(main())
 
 
 # -- batching and concurrency -------------------------------------------------------------------

@@ -7,12 +7,12 @@ import asyncio
 from typing import Any
 
 import pytest
+from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.scheduler.config import DeploymentConfig
 from patchkit.scheduler.estimator import RunningAverage, Trace, Visit
-from patchkit.scheduler.frontend import Frontend, make_backend
+from patchkit.scheduler.frontend import Frontend
 from patchkit.scheduler.metrics import render_metrics
 from patchkit.scheduler.slo import SloPolicy
 
@@ -109,21 +109,18 @@ def serve_order(prioritize: bool) -> tuple[list[str], dict[str, Any], str]:
     with patchkit.capture() as pipeline:
         out = step.run(query)  # noqa: F841 - the pipeline's output
 
-    async def main() -> tuple[list[str], dict[str, Any], str]:
-        config = DeploymentConfig.resolve(pipeline, backend="inprocess", prioritize=prioritize, max_inflight_batches=1)
-        frontend = Frontend(pipeline, config, make_backend(config), clock=clock)
-        await frontend.start()
-        try:
-            await frontend.query({"query": "warm"}, slo_ms=1000)  # the estimator learns: 10 ms per request
-            step.order.clear()
-            relaxed = [frontend.query({"query": f"r{i}"}, slo_ms=1000) for i in range(4)]
-            urgent = frontend.query({"query": "urgent"}, slo_ms=5)
-            await asyncio.gather(*relaxed, urgent)
-            return list(step.order), frontend.stats()["slo"], render_metrics(frontend)
-        finally:
-            await frontend.close()
+    async def body(frontend: Frontend) -> tuple[list[str], dict[str, Any], str]:
+        await frontend.query({"query": "warm"}, slo_ms=1000)  # the estimator learns: 10 ms per request
+        step.order.clear()
+        relaxed = [frontend.query({"query": f"r{i}"}, slo_ms=1000) for i in range(4)]
+        urgent = frontend.query({"query": "urgent"}, slo_ms=5)
+        await asyncio.gather(*relaxed, urgent)
+        return list(step.order), frontend.stats()["slo"], render_metrics(frontend)
 
-    return asyncio.run(main())
+    result: tuple[list[str], dict[str, Any], str] = run_frontend(
+        pipeline, body, clock=clock, prioritize=prioritize, max_inflight_batches=1
+    )
+    return result
 
 
 def test_calls_of_requests_at_risk_jump_the_queue() -> None:

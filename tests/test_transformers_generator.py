@@ -10,7 +10,6 @@ a batched answer differ from the one alone.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
-import patchkit  # noqa: E402
+from serving import ask_deployed_together  # noqa: E402
+
 from patchkit.client.component import ensure_setup  # noqa: E402
 from patchkit.components import Hit, TransformersGenerator  # noqa: E402
 from patchkit.components.generators import default_gguf_path  # noqa: E402
@@ -101,20 +101,8 @@ def test_cuda_without_a_gpu_is_a_clear_error_at_setup() -> None:
 
 
 def test_deployed_batches_answer_as_local_calls() -> None:
-    def answer(question: str) -> patchkit.Pipeline:
-        with patchkit.capture(run=False) as pipeline:
-            return llm.generate(question)
-        return pipeline
-
-    answer("x")
-
-    async def ask_together(endpoint: patchkit.Endpoint) -> list[str]:
-        return list(await asyncio.gather(*(endpoint.aquery(question=q) for q in QUESTIONS)))
-
-    with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
-        assert asyncio.run(ask_together(endpoint)) == [alone(q) for q in QUESTIONS]
-        stats = endpoint.stats()
-    generate = next(c for c in stats["components"].values() if c["class"] == "TransformersGenerator")["methods"]["generate"]
+    answers, generate = ask_deployed_together(llm, QUESTIONS)
+    assert answers == [alone(q) for q in QUESTIONS]
     assert generate["batch_size"] == 16
     assert generate["calls"] == len(QUESTIONS)
     assert generate["batches"] < generate["calls"]  # some batch held several questions

@@ -8,14 +8,13 @@ alone that only a near-tie could change a token.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import shutil
 from pathlib import Path
 
 import pytest
+from serving import ask_deployed_together
 
-import patchkit
 from patchkit.client.component import ensure_setup
 from patchkit.components import VLLMGenerator
 from patchkit.orchestrator.execute import run_batch
@@ -87,19 +86,7 @@ def test_a_prompt_past_the_context_is_a_clear_error_and_fails_alone(llm: VLLMGen
 
 @pytest.mark.gpu
 def test_deployed_batches_answer_as_local_calls(llm: VLLMGenerator) -> None:
-    def answer(question: str) -> patchkit.Pipeline:
-        with patchkit.capture(run=False) as pipeline:
-            return llm.generate(question)
-        return pipeline
-
-    answer("x")
-
-    async def ask_together(endpoint: patchkit.Endpoint) -> list[str]:
-        return list(await asyncio.gather(*(endpoint.aquery(question=q) for q in QUESTIONS)))
-
-    with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
-        assert asyncio.run(ask_together(endpoint)) == [alone(llm, q) for q in QUESTIONS]
-        stats = endpoint.stats()
-    generate = next(c for c in stats["components"].values() if c["class"] == "VLLMGenerator")["methods"]["generate"]
+    answers, generate = ask_deployed_together(llm, QUESTIONS)
+    assert answers == [alone(llm, q) for q in QUESTIONS]
     assert generate["batch_size"] == 64
     assert generate["calls"] == len(QUESTIONS)

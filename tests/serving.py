@@ -1,0 +1,76 @@
+"""Helpers the tests share to serve a pipeline: a Frontend on the inprocess backend, `patchkit
+serve` in a subprocess, and a one-call generator pipeline deployed on workers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import patchkit
+from patchkit.scheduler.config import DeploymentConfig
+from patchkit.scheduler.frontend import Frontend, make_backend
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_frontend(
+    pipeline: patchkit.Pipeline,
+    body: Callable[[Frontend], Awaitable[Any]],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    **options: Any,
+) -> Any:
+    """Start a Frontend on the inprocess backend, run `body(frontend)` on its loop, close it."""
+
+    async def main() -> Any:
+        config = DeploymentConfig.resolve(pipeline, backend="inprocess", **options)
+        frontend = Frontend(pipeline, config, make_backend(config), clock=clock)
+        await frontend.start()
+        try:
+            return await body(frontend)
+        finally:
+            await frontend.close()
+
+    return asyncio.run(main())
+
+
+def start_serve(script: Path) -> tuple[subprocess.Popen[str], str]:
+    """`patchkit serve SCRIPT` on a free port; returns once it has printed the URL it serves at."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "patchkit.cli", "serve", str(script), "--port", "0"], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    assert server.stdout is not None
+    pattern = re.compile(rf"serving {re.escape(script.name)} at (http://127\.0\.0\.1:\d+)")
+    url = next((m.group(1) for line in server.stdout if (m := pattern.search(line))), None)
+    if url is None:
+        server.kill()
+        server.wait()
+        raise AssertionError("patchkit serve printed no URL")
+    return server, url
+
+
+def ask_deployed_together(llm: patchkit.Component, questions: Sequence[str]) -> tuple[list[str], dict[str, Any]]:
+    """Deploy `answer = llm.generate(question)` on workers, ask every question at once; the answers
+    and the statistics of the generator's `generate` queue."""
+
+    def answer(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return llm.generate(question)  # type: ignore[attr-defined, no-any-return]
+        return pipeline
+
+    answer("x")
+
+    async def together(endpoint: patchkit.Endpoint) -> list[str]:
+        return list(await asyncio.gather(*(endpoint.aquery(question=q) for q in questions)))
+
+    with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
+        answers = asyncio.run(together(endpoint))
+        stats = endpoint.stats()
+    kind = type(llm).__name__
+    return answers, next(c for c in stats["components"].values() if c["class"] == kind)["methods"]["generate"]
