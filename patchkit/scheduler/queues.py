@@ -3,9 +3,13 @@
 A batch leaves a queue when it holds `batch_size` calls, or when its oldest call has waited
 `batch_wait_s`, and only when a replica has a free slot (`max_inflight` batches each): while
 every replica is busy, calls accumulate, so batches grow with load. It goes to the least-loaded
-replica. Calls of requests at risk of missing their SLO (those given a `slack`) leave first, least
-slack first; the others keep their arrival order. Calls whose replica died are re-queued at the
-front, up to `max_retries` times.
+replica. A replica already running a batch gets another only when the queue fills a whole one:
+a batch sent early waits out the running one at the worker, and the calls that arrive meanwhile
+wait for both, where they would otherwise have joined it. Below saturation a replica thus runs one
+batch at a time; at saturation the extra slots hide the hop between batches.
+Calls of requests at risk of missing their SLO (those given a `slack`) leave first, least slack
+first; the others keep their arrival order. Calls whose replica died are re-queued at the front,
+up to `max_retries` times.
 """
 
 from __future__ import annotations
@@ -77,11 +81,13 @@ class ReplicaSet:
         if replica in self.replicas:
             self.replicas.remove(replica)
 
-    def least_loaded(self) -> Replica | None:
-        """The alive replica with the fewest batches in flight, if one has a free slot."""
+    def least_loaded(self, *, full: bool = True) -> Replica | None:
+        """The alive replica with the fewest batches in flight, if one has a free slot; unless the
+        batch is `full`, only an idle replica will do."""
+        most = self.max_inflight if full else 1
         best = None
         for replica in self.replicas:
-            if replica.alive and replica.inflight < self.max_inflight and (best is None or replica.inflight < best.inflight):
+            if replica.alive and replica.inflight < most and (best is None or replica.inflight < best.inflight):
                 best = replica
         return best
 
@@ -145,9 +151,10 @@ class BatchQueue:
                 self._urgent -= self._pending.popleft().slack is not None
             if not self._pending:
                 return
-            if len(self._pending) < self.batch_size and self._wait_more():
+            full = len(self._pending) >= self.batch_size
+            if not full and self._wait_more():
                 return
-            replica = self.replicas.least_loaded()
+            replica = self.replicas.least_loaded(full=full)
             if replica is None:
                 return
             batch = self._take()

@@ -1,0 +1,86 @@
+"""BatchQueue dispatch on its own: how many batches a replica is given, and when."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from components import Retriever
+
+from patchkit.orchestrator.backend import Call, Replica, ReplicaSpec
+from patchkit.orchestrator.execute import Outcome
+from patchkit.scheduler.queues import BatchQueue, ReplicaSet
+
+
+class HeldChannel:
+    """A replica's channel whose batches finish only when the test releases them, in order."""
+
+    def __init__(self) -> None:
+        self.lost = asyncio.Event()
+        self.lost_reason = ""
+        self.sent: list[int] = []  # the size of each batch, in the order sent
+        self.held: list[asyncio.Future[None]] = []
+
+    async def run_batch(self, method: str, calls: Sequence[Call]) -> list[Outcome]:
+        self.sent.append(len(calls))
+        done = asyncio.get_running_loop().create_future()
+        self.held.append(done)
+        await done
+        return [(True, args[0]) for args, _ in calls]
+
+    def release(self) -> None:
+        self.held.pop(0).set_result(None)
+
+    async def stats(self) -> dict[str, Any]:
+        return {}
+
+    async def close(self) -> None:
+        return None
+
+
+def queue_on_one_replica(batch_size: int) -> tuple[BatchQueue, HeldChannel]:
+    channel = HeldChannel()
+    replicas = ReplicaSet("retriever", max_inflight=2)
+    replicas.add(Replica("retriever-0", ReplicaSpec("retriever", Retriever()), channel))
+    return BatchQueue(replicas, "retrieve", batch_size=batch_size, batch_wait_s=0.0, max_retries=0), channel
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_a_busy_replica_gets_no_partial_batch_so_later_calls_join_the_next() -> None:
+    async def scenario() -> tuple[list[int], list[Any]]:
+        queue, channel = queue_on_one_replica(batch_size=8)
+        first = [queue.submit((i,), {}) for i in range(2)]
+        await settle()
+        later = [queue.submit((i,), {}) for i in range(2, 5)]  # arrive while the first batch runs
+        await settle()
+        assert channel.sent == [2]  # held in the queue: the replica is busy and 3 < 8
+        channel.release()
+        await settle()
+        channel.release()
+        return channel.sent, [await f for f in first + later]
+
+    sent, outcomes = asyncio.run(scenario())
+    assert sent == [2, 3]
+    assert [value for _, value in outcomes] == [0, 1, 2, 3, 4]
+
+
+def test_a_full_batch_takes_the_second_slot_of_a_busy_replica() -> None:
+    async def scenario() -> list[int]:
+        queue, channel = queue_on_one_replica(batch_size=2)
+        calls = [queue.submit((i,), {}) for i in range(2)]
+        await settle()
+        calls += [queue.submit((i,), {}) for i in range(2, 6)]  # two full batches while the first runs
+        await settle()
+        sent = list(channel.sent)
+        for _ in range(3):
+            channel.release()
+            await settle()
+        await asyncio.gather(*calls)
+        return sent
+
+    assert asyncio.run(scenario()) == [2, 2]  # the second slot is used, the third batch waits for one
