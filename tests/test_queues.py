@@ -54,9 +54,9 @@ async def settle() -> None:
 def test_a_busy_replica_gets_no_partial_batch_so_later_calls_join_the_next() -> None:
     async def scenario() -> tuple[list[int], list[Any]]:
         queue, channel = queue_on_one_replica(batch_size=8)
-        first = [queue.submit((i,), {}) for i in range(2)]
+        first = [queue.submit((i,), {}).future for i in range(2)]
         await settle()
-        later = [queue.submit((i,), {}) for i in range(2, 5)]  # arrive while the first batch runs
+        later = [queue.submit((i,), {}).future for i in range(2, 5)]  # arrive while the first batch runs
         await settle()
         assert channel.sent == [2]  # held in the queue: the replica is busy and 3 < 8
         channel.release()
@@ -72,9 +72,9 @@ def test_a_busy_replica_gets_no_partial_batch_so_later_calls_join_the_next() -> 
 def test_a_full_batch_takes_the_second_slot_of_a_busy_replica() -> None:
     async def scenario() -> list[int]:
         queue, channel = queue_on_one_replica(batch_size=2)
-        calls = [queue.submit((i,), {}) for i in range(2)]
+        calls = [queue.submit((i,), {}).future for i in range(2)]
         await settle()
-        calls += [queue.submit((i,), {}) for i in range(2, 6)]  # two full batches while the first runs
+        calls += [queue.submit((i,), {}).future for i in range(2, 6)]  # two full batches while the first runs
         await settle()
         sent = list(channel.sent)
         for _ in range(3):

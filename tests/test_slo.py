@@ -92,6 +92,24 @@ def test_a_request_waits_for_admission_no_longer_than_it_can_spare() -> None:
     asyncio.run(main())
 
 
+def test_a_request_short_by_more_than_the_queue_waits_ahead_is_beyond_saving() -> None:
+    clock = FakeClock()
+    estimator = RunningAverage()
+    policy = SloPolicy(estimator, clock=clock)
+    # One finished request: 10 ms in all, 4 of them waiting in the step's queue.
+    finished = Trace(0, 0.0, 1, [Visit("step.run", "step", 0.0, 0.010, 1, 1, waited=0.004)], finished=0.010)
+    estimator.observe(finished)
+    policy.waits.observe(finished)
+    savable, hopeless = policy.start(1, 1, 7.0), policy.start(2, 1, 5.0)  # short by 3 ms and by 5 ms
+    assert policy.check(savable) == pytest.approx(-0.003) and savable.at_risk
+    assert policy.check(hopeless) is None and not hopeless.at_risk
+    assert policy.under_pressure()  # overload all the same, for the autoscaler
+    stats = policy.stats()
+    assert (stats["at_risk_total"], stats["beyond_saving_total"], stats["lost_now"]) == (1, 1, 1)
+    policy.finish(hopeless, ok=True)
+    assert policy.stats()["lost_now"] == 0
+
+
 def test_policies_switched_off_decide_nothing() -> None:
     async def main() -> None:
         policy = SloPolicy(learned(10), prioritize=False, pause_admission=False, clock=FakeClock())
@@ -110,10 +128,11 @@ def serve_order(prioritize: bool) -> tuple[list[str], dict[str, Any], str]:
         out = step.run(query)  # noqa: F841 - the pipeline's output
 
     async def body(frontend: Frontend) -> tuple[list[str], dict[str, Any], str]:
-        await frontend.query({"query": "warm"}, slo_ms=1000)  # the estimator learns: 10 ms per request
+        # Four at once, served one by one: a request takes 25 ms on average, of which 15 ms queued.
+        await asyncio.gather(*(frontend.query({"query": "warm"}, slo_ms=1000) for _ in range(4)))
         step.order.clear()
         relaxed = [frontend.query({"query": f"r{i}"}, slo_ms=1000) for i in range(4)]
-        urgent = frontend.query({"query": "urgent"}, slo_ms=5)
+        urgent = frontend.query({"query": "urgent"}, slo_ms=20)  # 5 ms short: jumping the queue saves it
         await asyncio.gather(*relaxed, urgent)
         return list(step.order), frontend.stats()["slo"], render_metrics(frontend)
 

@@ -118,8 +118,8 @@ class Autoscaler:
         if free < units:
             logger.debug("requests are at risk, but no %s unit is free for another replica of %s", kind, name)
             return None
-        pressed = len(self.frontend.policy.at_risk) + len(self.frontend.policy.late)
-        reason = (f"{pressed} requests at risk or late for {now - self._risk_since:.1f} s; {name} is "
+        pressed = len(self.frontend.policy.at_risk) + len(self.frontend.policy.lost)
+        reason = (f"{pressed} requests at risk or beyond saving for {now - self._risk_since:.1f} s; {name} is "
                   f"the bottleneck (its queues drain in {drain_s:.2f} s); {free} {kind} units free")
         return Decision("scale_up", name, replicas + 1, reason)
 

@@ -36,6 +36,7 @@ __all__ = [
     "RunningAverage",
     "Trace",
     "Visit",
+    "WaitsAhead",
     "XGBoostEstimator",
     "accuracy",
     "nodes_remaining",
@@ -58,6 +59,7 @@ class Visit:
     finished: float
     input_length: int  # a cheap size of the call's first argument
     output_length: int  # and of its result
+    waited: float = 0.0  # seconds of it spent in the component's queue, before its batch left
 
 
 @dataclass
@@ -182,6 +184,39 @@ class RunningAverage:
             if following & self._next_calls.get(_START if seen is None else seen, set())
         ]
         return sum(siblings) / len(siblings) if siblings else None
+
+
+# -- the queue waits ahead -----------------------------------------------------------------------------
+class WaitsAhead:
+    """Per graph position, the queue waits a request still meets on its way to the end: an
+    exponentially weighted mean over the finished traces, as `RunningAverage` learns the time left.
+
+    Jumping the queues wins a request back at most these waits, so `SloPolicy` reads them to tell a
+    request it can still save from one short by more than that. Unknown (infinite) at a position no
+    finished trace has passed through yet.
+    """
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1]; got {alpha}")
+        self.alpha = alpha
+        self._ahead: dict[str | None, _Mean] = {}
+
+    def ahead_s(self, trace: Trace) -> float:
+        """Called by `SloPolicy.check` before each of the request's calls."""
+        mean = self._ahead.get(trace.position)
+        return mean.value if mean is not None else math.inf
+
+    def observe(self, trace: Trace) -> None:
+        """Called by `SloPolicy.finish` with each request that finished without error."""
+        ahead = 0.0
+        for k in range(len(trace.visits) - 1, -1, -1):
+            ahead += trace.visits[k].waited
+            position = trace.visits[k - 1].node if k else None
+            mean = self._ahead.get(position)
+            if mean is None:
+                mean = self._ahead[position] = _Mean(self.alpha)
+            mean.add(ahead)
 
 
 # -- the graph's calls left ----------------------------------------------------------------------------

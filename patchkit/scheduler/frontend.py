@@ -181,11 +181,13 @@ class Frontend:
             return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
         name = self._names[component._patchkit_spec.uid]
         if state.deadline is None:  # no SLO applies: nothing to estimate, nothing to record
-            ok, value = await_(queue.submit(args, kwargs))
+            ok, value = await_(queue.submit(args, kwargs).future)
         else:
             started = self.clock()
-            ok, value = await_(queue.submit(args, kwargs, slack=self.policy.check(state)))
-            self.policy.record(state, Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value)))
+            call = queue.submit(args, kwargs, slack=self.policy.check(state))
+            ok, value = await_(call.future)
+            visit = Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value), call.waited)
+            self.policy.record(state, visit)
         if ok:
             return value
         value.raise_for(name, method.name)

@@ -64,8 +64,9 @@ def render_metrics(frontend: Frontend) -> str:
     lines += _family("patchkit_slo_at_risk_requests", "gauge", "Requests in flight at risk of missing their SLO.",
                      [("", {}, slo["at_risk_now"])])
     lines += _family("patchkit_slo_decisions_total", "counter", "SLO policy decisions, by kind.",
-                     [("", {"decision": k}, slo[k]) for k in ("at_risk_total", "prioritized_calls", "admission_paused",
-                                                               "admission_rejected", "scale_ups", "scale_downs")])
+                     [("", {"decision": k}, slo[k]) for k in ("at_risk_total", "beyond_saving_total", "prioritized_calls",
+                                                               "admission_paused", "admission_rejected", "scale_ups",
+                                                               "scale_downs")])
     lines += _family("patchkit_admission_waiting", "gauge", "Requests waiting while admission is paused.",
                      [("", {}, slo["admission_waiting"])])
     return "\n".join(lines) + "\n"

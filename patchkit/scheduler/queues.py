@@ -38,6 +38,12 @@ class PendingCall:
     enqueued: float
     attempts: int = 0
     slack: float | None = None  # seconds to spare when its request is at risk; None when it is not
+    dispatched: float | None = None  # when it last left the queue in a batch
+
+    @property
+    def waited(self) -> float:
+        """Seconds it spent queued before it left in a batch (0 until then)."""
+        return self.dispatched - self.enqueued if self.dispatched is not None else 0.0
 
 
 @dataclass
@@ -127,8 +133,8 @@ class BatchQueue:
     def oldest(self) -> float:
         return self._pending[0].enqueued if self._pending else float("inf")
 
-    def submit(self, args: tuple[Any, ...], kwargs: dict[str, Any], slack: float | None = None) -> asyncio.Future[Outcome]:
-        """Queue one call; called from a request's greenlet. The future resolves to its Outcome.
+    def submit(self, args: tuple[Any, ...], kwargs: dict[str, Any], slack: float | None = None) -> PendingCall:
+        """Queue one call; called from a request's greenlet. Its `future` resolves to its Outcome.
 
         `slack`: the call's request is at risk with this many seconds to spare (negative: late); it
         jumps the queue ahead of calls with more slack and of every call without one.
@@ -141,7 +147,7 @@ class BatchQueue:
             # Calls submitted in the same loop turn (a burst of requests) leave in one batch.
             self._scheduled = True
             loop.call_soon(self.dispatch)
-        return call.future
+        return call
 
     def dispatch(self) -> None:
         """Send every batch that may leave now; called on submit, on timers and when a slot opens."""
@@ -185,6 +191,7 @@ class BatchQueue:
             call = self._pending.popleft()
             self._urgent -= call.slack is not None
             if not call.future.done():
+                call.dispatched = now
                 self.stats.queue_wait_s += now - call.enqueued
                 batch.append(call)
         return batch

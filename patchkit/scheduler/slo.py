@@ -4,9 +4,11 @@ least-slack-first in the component queues, and admission pausing.
 The front-end keeps a `RequestState` per request: its deadline (the request's `slo_ms`, else the
 endpoint's), and its `Trace` (the component calls it made, with their times). At every component
 call, `SloPolicy.check` asks the estimator how long the request still needs: it is at risk when
-`now + remaining > deadline` while its deadline has not passed yet (past it, the request is lost,
-and favouring it would only make others late). Its slack, `deadline - now - remaining`, orders the at-risk calls
-ahead of the others in every queue (prioritisation). While any request in flight is at risk, new
+`now + remaining > deadline`, as long as it can still be saved. Jumping the queues wins a request
+back at most the queue waits still ahead of it (`WaitsAhead`, learned per position like the
+estimator), so a request short by more than those, or already past its deadline, is lost:
+favouring it would only make others late too. Its slack, `deadline - now - remaining`, orders the
+at-risk calls ahead of the others in every queue (prioritisation). While any request in flight is at risk, new
 requests wait in a bounded admission queue (admission pausing), each for no longer than it can
 spare by its own estimate; when none is at risk, they are let in, in arrival order.
 The third policy, autoscaling, acts on the same at-risk set from its own loop (`autoscale.py`)
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from patchkit.errors import Overloaded
-from patchkit.scheduler.estimator import Estimator, RunningAverage, Trace, Visit, XGBoostEstimator
+from patchkit.scheduler.estimator import Estimator, RunningAverage, Trace, Visit, WaitsAhead, XGBoostEstimator
 
 __all__ = ["RequestState", "SloPolicy", "make_estimator"]
 
@@ -60,11 +62,15 @@ class SloPolicy:
         clock: Callable[[], float],
     ) -> None:
         self.estimator, self.clock = estimator, clock
+        self.waits = WaitsAhead()
         self.prioritize, self.pause_admission, self.admission_limit = prioritize, pause_admission, admission_limit
         self.at_risk: set[RequestState] = set()
-        self.late: set[RequestState] = set()  # in flight past their deadline: lost, but a sign of overload
+        # In flight and beyond saving (past their deadline, or short by more than the queue waits
+        # ahead): not favoured, but a sign of overload.
+        self.lost: set[RequestState] = set()
         self.waiting: deque[asyncio.Future[None]] = deque()
-        # at_risk, prioritized_calls, admission_paused, admission_rejected; scale_ups, scale_downs (the autoscaler's)
+        # at_risk, beyond_saving, prioritized_calls, admission_paused, admission_rejected, admission_timeouts;
+        # scale_ups, scale_downs (the autoscaler's)
         self.counts: Counter[str] = Counter()
 
     # -- admission ------------------------------------------------------------------------------
@@ -108,8 +114,8 @@ class SloPolicy:
                 turn.set_result(None)
 
     def under_pressure(self) -> bool:
-        """Read by the autoscaler: requests in flight are at risk of missing their SLO, or have missed it."""
-        return bool(self.at_risk or self.late)
+        """Read by the autoscaler: requests in flight are at risk of missing their SLO, or beyond saving."""
+        return bool(self.at_risk or self.lost)
 
     # -- risk -----------------------------------------------------------------------------------
     def start(self, request_id: int, inputs: object, slo_ms: float | None) -> RequestState:
@@ -126,11 +132,11 @@ class SloPolicy:
             return None
         now = self.clock()
         slack = state.deadline - now - self.estimator.remaining_s(state.trace, now)
-        # A request already past its deadline is lost: jumping queues or pausing admission for it
-        # would only make others late too, so it is at risk only while it can still make it.
-        at_risk = slack < 0 and now < state.deadline
-        if now >= state.deadline:
-            self.late.add(state)
+        savable = now < state.deadline and -slack <= self.waits.ahead_s(state.trace)
+        at_risk = slack < 0 and savable
+        if slack < 0 and not savable and state not in self.lost:
+            self.counts["beyond_saving"] += 1
+            self.lost.add(state)
         self._mark(state, at_risk)
         if at_risk and self.prioritize:
             self.counts["prioritized_calls"] += 1
@@ -146,10 +152,11 @@ class SloPolicy:
         if state.deadline is None:
             return
         state.trace.finished = self.clock()
-        self.late.discard(state)
+        self.lost.discard(state)
         self._mark(state, False)
         if ok:
             self.estimator.observe(state.trace)
+            self.waits.observe(state.trace)
 
     def _mark(self, state: RequestState, at_risk: bool) -> None:
         if at_risk and not state.at_risk:
@@ -164,9 +171,10 @@ class SloPolicy:
     def stats(self) -> dict[str, int]:
         return {
             "at_risk_now": len(self.at_risk),
-            "late_now": len(self.late),
+            "lost_now": len(self.lost),
             "admission_waiting": len(self.waiting),
             "at_risk_total": self.counts["at_risk"],
+            "beyond_saving_total": self.counts["beyond_saving"],
             "prioritized_calls": self.counts["prioritized_calls"],
             "admission_paused": self.counts["admission_paused"],
             "admission_rejected": self.counts["admission_rejected"],
