@@ -8,6 +8,10 @@ questions fail the grade and take rewrite + web search) and an IRCoT-shaped loop
 (1 to 4) depends on the question. It is planned for a declared pool, deployed under the plan with
 worker processes, and driven open-loop (`patchkit bench`, Poisson) at 50% to 120% of the planned
 capacity. The SLO is twice the mean latency at low load (Patchwork's definition), measured first.
+
+Three deployments per load, same arrivals: "off" (no policy), "on" (prioritisation; the plan uses
+the whole pool, so the autoscaler finds no free unit) and "on+room" (every policy, on a machine
+offering twice the plan's pool: the autoscaler may add replicas).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from runtime import arguments, report  # noqa: E402
 import patchkit  # noqa: E402
 from patchkit.bench import run_bench  # noqa: E402
 from patchkit.components.testing import Simulated  # noqa: E402
+from patchkit.tables import text_table  # noqa: E402
 
 POOL = {"cpu": 6, "gpu": 1}
 QUESTIONS = [f"question {i}" + ("!" if i % 4 == 0 else "?") for i in range(32)]
@@ -69,6 +74,7 @@ def drive(endpoint: patchkit.Endpoint, rate: float, seconds: float, slo_ms: floa
         "throughput": summary["throughput"],
         "slo_attainment": summary["slo_attainment"],
         "violations": 1 - (summary["slo_attainment"] or 0.0),
+        "mean_ms": summary["latency_ms"]["mean"],
         "p50_ms": summary["latency_ms"]["p50"],
         "p99_ms": summary["latency_ms"]["p99"],
         "errors": summary["errors"],
@@ -76,32 +82,51 @@ def drive(endpoint: patchkit.Endpoint, rate: float, seconds: float, slo_ms: floa
     }
 
 
+def roomy(plan: patchkit.Plan) -> patchkit.Plan:
+    """The plan, on a machine that offers twice the pool it was made for: room for the autoscaler."""
+    return dataclasses.replace(plan, capacity={kind: 2 * units for kind, units in plan.capacity.items()})
+
+
 def bench_policies(plan: patchkit.Plan, seconds: float) -> dict[str, Any]:
     captured = pipeline()
     capacity = plan.throughput
     with patchkit.deploy(captured, plan=plan, **OFF) as endpoint:
         low = drive(endpoint, 0.1 * capacity, seconds, None)
-        mean_low_ms = low["p50_ms"]
-    slo_ms = 2 * mean_low_ms
+    slo_ms = 2 * low["mean_ms"]
+    variants = {"off": (plan, OFF), "on": (plan, {}), "on+room": (roomy(plan), {"autoscale_interval_s": 0.5})}
     rows = []
     for load in LOADS:
         row: dict[str, Any] = {"load": load}
-        for label, options in (("off", OFF), ("on", {})):
-            with patchkit.deploy(captured, plan=plan, slo_ms=slo_ms, **options) as endpoint:
+        for label, (deployed, options) in variants.items():
+            with patchkit.deploy(captured, plan=deployed, slo_ms=slo_ms, **options) as endpoint:
                 row[label] = drive(endpoint, load * capacity, seconds, slo_ms)
-        off, on = row["off"]["violations"], row["on"]["violations"]
-        row["fewer_violations"] = (off - on) / off if off else 0.0
-        row["throughput_cost"] = 1 - row["on"]["throughput"] / row["off"]["throughput"]
+        off = row["off"]["violations"]
+        for label in ("on", "on+room"):
+            row[label]["fewer_violations"] = (off - row[label]["violations"]) / off if off else 0.0
+            row[label]["throughput_cost"] = 1 - row[label]["throughput"] / row["off"]["throughput"]
         rows.append(row)
-    return {"capacity": capacity, "low_load_p50_ms": mean_low_ms, "slo_ms": slo_ms, "loads": rows}
+    return {"capacity": capacity, "low_load_mean_ms": low["mean_ms"], "slo_ms": slo_ms, "loads": rows}
+
+
+def table(policies: dict[str, Any]) -> str:
+    """Violations and throughput per load: off, on, on+room, and the changes against off."""
+    header = ["load", "violations off / on / on+room", "fewer on / on+room", "req/s off / on / on+room"]
+    rows = []
+    for row in policies["loads"]:
+        labels = ("off", "on", "on+room")
+        rows.append([
+            f"{row['load']:.0%}",
+            " / ".join(f"{row[k]['violations']:.3f}" for k in labels),
+            " / ".join(f"{row[k]['fewer_violations']:.0%}" for k in labels[1:]),
+            " / ".join(f"{row[k]['throughput']:.0f}" for k in labels),
+        ])
+    return f"SLO {policies['slo_ms']:.0f} ms (2x the mean at 10% load)\n" + text_table(header, rows)
 
 
 def bench_step(plan: patchkit.Plan, slo_ms: float, seconds: float, plot: str | None) -> dict[str, Any]:
     rate = 0.6 * plan.throughput
     schedule = f"0:{rate:.0f},{seconds / 3:.0f}:{2 * rate:.0f}"
-    # The plan takes the pool it was made for; the machine offers twice that, for the autoscaler.
-    roomy = dataclasses.replace(plan, capacity={kind: 2 * units for kind, units in plan.capacity.items()})
-    with patchkit.deploy(pipeline(), plan=roomy, slo_ms=slo_ms, autoscale_interval_s=0.5) as endpoint:
+    with patchkit.deploy(pipeline(), plan=roomy(plan), slo_ms=slo_ms, autoscale_interval_s=0.5) as endpoint:
         inputs = [{"question": q} for q in QUESTIONS]
         result = run_bench(endpoint.url, schedule=schedule, seconds=seconds, inputs=inputs, slo_ms=slo_ms)
         slo = endpoint.stats()["slo"]
@@ -117,6 +142,7 @@ def main() -> None:
     )
     print(plan, file=sys.stderr)
     policies = bench_policies(plan, args.seconds)
+    print(table(policies), file=sys.stderr)
     step = bench_step(plan, policies["slo_ms"], 3 * args.seconds, args.plot)
     report({"plan": plan.to_dict(), "policies": policies, "load_step": step}, args.json)
 

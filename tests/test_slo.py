@@ -11,7 +11,7 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.scheduler.estimator import RunningAverage, Trace, Visit
+from patchkit.scheduler.estimator import RunningAverage, Trace, Visit, accuracy
 from patchkit.scheduler.frontend import Frontend
 from patchkit.scheduler.metrics import render_metrics
 from patchkit.scheduler.slo import SloPolicy
@@ -149,3 +149,28 @@ def test_calls_of_requests_at_risk_jump_the_queue() -> None:
     assert 'patchkit_slo_decisions_total{decision="prioritized_calls"} 1' in metrics
     order, slo, _ = serve_order(prioritize=False)
     assert order == ["r0", "r1", "r2", "r3", "urgent"] and slo["prioritized_calls"] == 0
+
+
+class Shout(Component):
+    @make
+    def run(self, text: str) -> str:
+        return text.upper() + "!"
+
+
+def test_finished_traces_are_served_for_accuracy_reports() -> None:
+    shout = Shout()
+    text = "a"
+    with patchkit.capture() as pipeline:
+        out = shout.run(shout.run(text))  # noqa: F841 - the pipeline's output
+    with patchkit.deploy(pipeline, backend="inprocess", slo_ms=60_000) as served:
+        answers = [served.query(text=t) for t in "abc"]
+        traces = served.traces()
+    assert answers == ["A!!", "B!!", "C!!"]
+    assert [len(t.visits) for t in traces] == [2, 2, 2]
+    assert {v.node for t in traces for v in t.visits} == {"shout.run"}
+    assert all(t.finished is not None and t.finished >= t.visits[-1].finished for t in traces)
+    assert all(0 <= v.waited <= v.finished - v.started for t in traces for v in t.visits)
+    learnt = RunningAverage()
+    for trace in traces:
+        learnt.observe(trace)
+    assert accuracy(learnt, traces)["prefixes"] == 6

@@ -21,6 +21,7 @@ from patchkit.errors import InputError, PatchkitError, error_from_json
 
 if TYPE_CHECKING:
     from patchkit.scheduler.config import DeploymentConfig
+    from patchkit.scheduler.estimator import Trace
     from patchkit.scheduler.plan import Plan
 
 __all__ = ["Endpoint", "deploy"]
@@ -64,6 +65,14 @@ class Endpoint:
         """What `GET /v1/plan` serves: per component its replicas and batch sizes, and the Plan applied, if any."""
         result: dict[str, Any] = self._reply(*self._request("GET", "/v1/plan", None))
         return result
+
+    def traces(self) -> list[Trace]:
+        """The last finished requests with an SLO (up to 5,000), each call with its times and queue
+        wait: what the SLO estimators learn from, for `patchkit.scheduler.estimator.accuracy`."""
+        from patchkit.scheduler.estimator import Trace
+
+        result: dict[str, Any] = self._reply(*self._request("GET", "/v1/traces", None))
+        return [Trace.from_dict(trace) for trace in result["traces"]]
 
     def _request(self, method: str, path: str, payload: Any) -> tuple[int, bytes]:
         if self._closer is None:

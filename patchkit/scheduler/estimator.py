@@ -25,7 +25,7 @@ import math
 import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from patchkit.capture.graph import OUTPUT, Graph
@@ -81,6 +81,15 @@ class Trace:
     def reached(self) -> float:
         """When the request reached its position: its last call returned, or it arrived."""
         return self.visits[-1].finished if self.visits else self.arrived
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able, as `GET /v1/traces` serves it: timings and sizes, never the request's data."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trace:
+        visits = [Visit(**visit) for visit in data["visits"]]
+        return cls(data["request_id"], data["arrived"], data["query_length"], visits, data.get("finished"))
 
 
 class Estimator(Protocol):

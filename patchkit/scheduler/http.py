@@ -105,6 +105,11 @@ async def stats(request: web.Request) -> web.Response:
     return _json(200, data)
 
 
+async def traces(request: web.Request) -> web.Response:
+    """The last finished requests with an SLO, as the estimators saw them (timings and sizes only)."""
+    return _json(200, {"traces": [trace.to_dict() for trace in request.app[_FRONTEND].policy.finished]})
+
+
 def build_app(frontend: Frontend) -> web.Application:
     app = web.Application(client_max_size=frontend.config.max_body_bytes)
     app[_FRONTEND] = frontend
@@ -114,4 +119,5 @@ def build_app(frontend: Frontend) -> web.Application:
     app.router.add_get("/v1/graph", graph)
     app.router.add_get("/v1/plan", plan)
     app.router.add_get("/v1/stats", stats)
+    app.router.add_get("/v1/traces", traces)
     return app

@@ -32,6 +32,8 @@ __all__ = ["RequestState", "SloPolicy", "make_estimator"]
 
 logger = logging.getLogger(__name__)
 
+TRACES_KEPT = 5000  # the last finished traces, for estimators trained offline and for accuracy reports
+
 
 def make_estimator(name: str) -> Estimator:
     """The estimator a deployment's config names: "average" or "xgboost"."""
@@ -69,6 +71,7 @@ class SloPolicy:
         # ahead): not favoured, but a sign of overload.
         self.lost: set[RequestState] = set()
         self.waiting: deque[asyncio.Future[None]] = deque()
+        self.finished: deque[Trace] = deque(maxlen=TRACES_KEPT)  # served by GET /v1/traces
         # at_risk, beyond_saving, prioritized_calls, admission_paused, admission_rejected, admission_timeouts;
         # scale_ups, scale_downs (the autoscaler's)
         self.counts: Counter[str] = Counter()
@@ -157,6 +160,7 @@ class SloPolicy:
         if ok:
             self.estimator.observe(state.trace)
             self.waits.observe(state.trace)
+            self.finished.append(state.trace)
 
     def _mark(self, state: RequestState, at_risk: bool) -> None:
         if at_risk and not state.at_risk:
