@@ -55,7 +55,8 @@ def hot_cache(index: IvfIndex, device: str, share: float, stream: Array, batch: 
             engine.search(stream[start : start + batch], 10)
         after = engine.report()
         hits = after["hit_rate"] * after["queries"] - before["hit_rate"] * before["queries"]
-        return {"share": share, "hit_rate": hits / (after["queries"] - before["queries"]), "resident_share": after["resident_share"]}
+        queries = after["queries"] - before["queries"]
+        return {"share": share, "hit_rate": hits / queries, "resident_share": after["resident_share"]}
     finally:
         engine.close()
 

@@ -96,7 +96,7 @@ def test_hybrid_retriever_in_a_pipeline_uses_its_prefetched_clusters() -> None:
     hybrid = HybridIVFRetriever(texts, topk=3, nlist=8, nprobe=4, device="cpu", gpu_budget=0.5, cache_share=0.0)
     question = "how do generators work?"
     with patchkit.capture(output="docs") as pipeline:
-        docs = hybrid.retrieve(llm.rewrite(question))
+        docs = hybrid.retrieve(llm.rewrite(question))  # noqa: F841 - capture(output="docs") returns it
     eager = pipeline(question="what about loops?")
 
     async def body(frontend: Frontend) -> Any:
