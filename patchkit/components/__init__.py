@@ -1,5 +1,5 @@
-"""Built-in components: an embedder, document loaders, retrievers over FAISS, Chroma and Qdrant, and
-generators over llama.cpp, transformers, vLLM and OpenAI-compatible servers.
+"""Built-in components: an embedder, document loaders, retrievers over FAISS, Chroma and Qdrant, a hybrid CPU/GPU IVF
+retriever, and generators over llama.cpp, transformers, vLLM and OpenAI-compatible servers.
 
 They know only `Component` and `make`; their heavy libraries load in `setup()`, in the process that
 runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
@@ -9,6 +9,7 @@ from patchkit.components.blocks import Augmenter, Grader, Rewriter, WebSearch
 from patchkit.components.documents import Document, Hit, from_directory, from_texts, merge_hits, pydoc_corpus, sources
 from patchkit.components.embedder import Embedder
 from patchkit.components.generators import Generator, LlamaCppGenerator, OpenAIGenerator, TransformersGenerator, VLLMGenerator
+from patchkit.components.hybrid import HybridIVFRetriever
 from patchkit.components.retrievers import ChromaRetriever, FaissRetriever, QdrantRetriever, VectorRetriever
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "Embedder",
     "FaissRetriever",
     "Hit",
+    "HybridIVFRetriever",
     "Generator",
     "LlamaCppGenerator",
     "OpenAIGenerator",

@@ -64,6 +64,7 @@ class DeploymentConfig:
     pause_admission: bool = False  # while a request in flight is at risk, new ones wait in a bounded queue
     admission_queue_limit: int = 1024  # beyond it, 503 with Retry-After
     estimator: str = "average"  # of remaining time: "average" (per graph position) or "xgboost" (xgboost-cpu)
+    prefetch: bool = True  # send a retriever's `prefetch` the input of the call its query comes from, as that call starts
     autoscale: bool = True  # add replicas to the bottleneck while requests stay at risk; remove idle ones
     autoscale_interval_s: float = 1.0  # how often the autoscaler looks
     scale_up_after_s: float = 2.0  # requests at risk this long (and this long after a scale-up): one more replica

@@ -12,12 +12,14 @@ import asyncio
 import functools
 import itertools
 import logging
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from patchkit.capture.recorder import site_of
 from patchkit.client.component import Component, MakeMethod, call_hook, make_methods
 from patchkit.client.pipeline import Pipeline
 from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
@@ -31,6 +33,7 @@ from patchkit.scheduler.bridge import await_, run_sync
 from patchkit.scheduler.config import DeploymentConfig
 from patchkit.scheduler.estimator import Visit
 from patchkit.scheduler.inputs import InputSchema
+from patchkit.scheduler.prefetch import PREFETCH_METHOD, Prefetcher, find_routes
 from patchkit.scheduler.queues import BatchQueue, ReplicaSet
 from patchkit.scheduler.slo import RequestState, SloPolicy, make_estimator
 
@@ -69,6 +72,8 @@ class Frontend:
             clock=clock,
         )
         self.autoscaler = Autoscaler(self)
+        routes = find_routes(pipeline.graph) if config.prefetch else []
+        self.prefetcher = Prefetcher(routes, self._submit_prefetch)
         self._ids = itertools.count(1)
         self.inflight = 0
         self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded
@@ -118,6 +123,7 @@ class Frontend:
         timeout), then stop every replica."""
         self.closing = True
         await self.autoscaler.close()
+        self.prefetcher.close()
         try:
             await asyncio.wait_for(self._idle.wait(), self.config.drain_timeout_s)
         except TimeoutError:
@@ -180,6 +186,8 @@ class Frontend:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
             return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
         name = self._names[component._patchkit_spec.uid]
+        if self.prefetcher.routes:  # frame 1 is BoundMake.__call__, 2 the pipeline code making the call
+            self.prefetcher.on_call(component, method.name, site_of(sys._getframe(2)), args, kwargs)
         if state.deadline is None:  # no SLO applies: nothing to estimate, nothing to record
             ok, value = await_(queue.submit(args, kwargs).future)
         else:
@@ -191,6 +199,9 @@ class Frontend:
         if ok:
             return value
         value.raise_for(name, method.name)
+
+    def _submit_prefetch(self, uid: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
+        return self.queues[uid, PREFETCH_METHOD].submit(args, {})
 
     def _observe(self, latency_s: float, slo_ms: float | None) -> None:
         self.outcomes["ok"] += 1
@@ -234,7 +245,8 @@ class Frontend:
         if self.outcomes["ok"]:
             requests["mean_latency_ms"] = 1000 * self.latency_sum_s / self.outcomes["ok"]
         return {"backend": self.config.backend, "uptime_s": time.time() - self.started, "requests": requests,
-                "restarts": self.supervisor.restarts, "slo": self.policy.stats(), "components": components}
+                "restarts": self.supervisor.restarts, "slo": self.policy.stats(), "prefetch": self.prefetcher.stats(),
+                "components": components}
 
     async def replica_stats(self) -> dict[str, Any]:
         """What each replica reports about itself (pid, pinning, batches run)."""

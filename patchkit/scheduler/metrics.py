@@ -69,4 +69,9 @@ def render_metrics(frontend: Frontend) -> str:
                                                                "scale_downs")])
     lines += _family("patchkit_admission_waiting", "gauge", "Requests waiting while admission is paused.",
                      [("", {}, slo["admission_waiting"])])
+    prefetch = frontend.prefetcher.stats()
+    lines += _family("patchkit_prefetch_total", "counter", "Lookahead prefetch calls the front-end inserted, by outcome.",
+                     [("", {"outcome": k}, prefetch[k]) for k in ("issued", "done", "failed", "skipped", "cancelled")])
+    lines += _family("patchkit_prefetch_bytes_total", "counter", "Bytes the retrievers' prefetches asked to copy.",
+                     [("", {}, prefetch["bytes_requested"])])
     return "\n".join(lines) + "\n"
