@@ -28,11 +28,13 @@ from runtime import arguments, report  # noqa: E402
 import patchkit  # noqa: E402
 from patchkit.bench import run_bench  # noqa: E402
 from patchkit.components.testing import Simulated  # noqa: E402
+from patchkit.scheduler.estimator import RunningAverage, Trace, XGBoostEstimator, accuracy  # noqa: E402
 from patchkit.tables import text_table  # noqa: E402
 
 POOL = {"cpu": 6, "gpu": 1}
 QUESTIONS = [f"question {i}" + ("!" if i % 4 == 0 else "?") for i in range(32)]
 LOADS = (0.5, 0.7, 0.9, 1.0, 1.2)
+TRACED_LOAD = 0.9  # the run whose finished requests both estimators are scored on
 OFF = {"prioritize": False, "pause_admission": False, "autoscale": False}
 
 
@@ -65,6 +67,19 @@ def pipeline() -> patchkit.Pipeline:
     return captured
 
 
+def estimator_accuracy(traces: list[Trace]) -> dict[str, Any]:
+    """Both estimators on the same deployment trace: learn from its first 60%, score on the rest."""
+    cut = int(0.6 * len(traces))
+    learnt, held_out = traces[:cut], traces[cut:]
+    average = RunningAverage()
+    for trace in learnt:
+        average.observe(trace)
+    boosted = XGBoostEstimator(background=False)
+    boosted.fit(learnt)
+    scores = {"average": accuracy(average, held_out), "xgboost": accuracy(boosted, held_out)}
+    return {"traces_learnt": len(learnt), "traces_scored": len(held_out), **scores}
+
+
 def drive(endpoint: patchkit.Endpoint, rate: float, seconds: float, slo_ms: float | None, **extra: Any) -> dict[str, Any]:
     inputs = [{"question": q} for q in QUESTIONS]
     result = run_bench(endpoint.url, rate=rate, seconds=seconds, inputs=inputs, slo_ms=slo_ms, **extra)
@@ -94,18 +109,23 @@ def bench_policies(plan: patchkit.Plan, seconds: float) -> dict[str, Any]:
         low = drive(endpoint, 0.1 * capacity, seconds, None)
     slo_ms = 2 * low["mean_ms"]
     variants = {"off": (plan, OFF), "on": (plan, {}), "on+room": (roomy(plan), {"autoscale_interval_s": 0.5})}
-    rows = []
+    rows, traces = [], []
     for load in LOADS:
         row: dict[str, Any] = {"load": load}
         for label, (deployed, options) in variants.items():
             with patchkit.deploy(captured, plan=deployed, slo_ms=slo_ms, **options) as endpoint:
                 row[label] = drive(endpoint, load * capacity, seconds, slo_ms)
+                if load == TRACED_LOAD and label == "on":
+                    traces = endpoint.traces()
         off = row["off"]["violations"]
         for label in ("on", "on+room"):
             row[label]["fewer_violations"] = (off - row[label]["violations"]) / off if off else 0.0
             row[label]["throughput_cost"] = 1 - row[label]["throughput"] / row["off"]["throughput"]
         rows.append(row)
-    return {"capacity": capacity, "low_load_mean_ms": low["mean_ms"], "slo_ms": slo_ms, "loads": rows}
+    return {
+        "capacity": capacity, "low_load_mean_ms": low["mean_ms"], "slo_ms": slo_ms, "loads": rows,
+        "estimators": {"load": TRACED_LOAD, **estimator_accuracy(traces)},
+    }
 
 
 def table(policies: dict[str, Any]) -> str:
@@ -120,7 +140,10 @@ def table(policies: dict[str, Any]) -> str:
             " / ".join(f"{row[k]['fewer_violations']:.0%}" for k in labels[1:]),
             " / ".join(f"{row[k]['throughput']:.0f}" for k in labels),
         ])
-    return f"SLO {policies['slo_ms']:.0f} ms (2x the mean at 10% load)\n" + text_table(header, rows)
+    scores = policies["estimators"]
+    accuracy = ", ".join(f"{name} MAE {scores[name]['mae_s'] * 1000:.1f} ms" for name in ("average", "xgboost"))
+    return (f"SLO {policies['slo_ms']:.0f} ms (2x the mean at 10% load)\n{text_table(header, rows)}\n"
+            f"estimators on the {scores['load']:.0%} load trace ({scores['traces_scored']} requests held out): {accuracy}")
 
 
 def bench_step(plan: patchkit.Plan, slo_ms: float, seconds: float, plot: str | None) -> dict[str, Any]:

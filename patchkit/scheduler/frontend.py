@@ -201,7 +201,7 @@ class Frontend:
         value.raise_for(name, method.name)
 
     def _submit_prefetch(self, uid: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
-        return self.queues[uid, PREFETCH_METHOD].submit(args, {})
+        return self.queues[uid, PREFETCH_METHOD].submit(args, {}).future
 
     def _observe(self, latency_s: float, slo_ms: float | None) -> None:
         self.outcomes["ok"] += 1
