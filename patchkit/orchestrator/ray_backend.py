@@ -13,12 +13,15 @@ place within `placement_timeout_s` fails to start with an error naming what is m
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,19 +66,18 @@ class RayBackend(Backend):
         self._remote: Any = None  # ray.remote(ReplicaActor), once connected
         self._capacity: dict[str, int] = {}
         self._started_ray = False
-        self._connecting = asyncio.Lock()
 
     # -- the cluster ----------------------------------------------------------------------------
-    async def _connect(self) -> None:
-        async with self._connecting:
-            if self._remote is None:
-                await asyncio.to_thread(self._connect_now)
-
-    def _connect_now(self) -> None:
+    def _connect(self) -> None:
+        """Join the cluster once, on the loop's thread: Ray installs signal handlers only from the main thread,
+        and nothing is served before the first replica starts."""
+        if self._remote is not None:
+            return
         import ray
 
         if not ray.is_initialized():
-            ray.init(address=self._options.address, configure_logging=False)
+            with _own_signal_handlers():
+                ray.init(address=self._options.address, configure_logging=False)
             self._started_ray = True
         self._capacity = _capacity(ray.nodes())
         self._remote = ray.remote(ReplicaActor)
@@ -86,7 +88,7 @@ class RayBackend(Backend):
 
     # -- replicas -------------------------------------------------------------------------------
     async def start(self, spec: ReplicaSpec, replica_id: str) -> Replica:
-        await self._connect()
+        self._connect()
         adopted = await self._adopt(spec, replica_id)
         if adopted is None:
             actor = Actor(self._create(spec))
@@ -121,8 +123,8 @@ class RayBackend(Backend):
                 logger.warning("Ray could not restart the actor of %s (%s); starting a new one", replica_id, exc)
                 await self._kill(actor)
                 continue
-            logger.info("Ray restarted the actor of %s (restart %d of %d)", replica_id, actor.restarts,
-                        self._options.max_restarts)
+            logger.warning("replica %s is back: Ray restarted its actor in place (restart %d of %s)", replica_id,
+                           actor.restarts, "unlimited" if self._options.max_restarts == -1 else self._options.max_restarts)
             return actor, report
         return None
 
@@ -136,7 +138,9 @@ class RayBackend(Backend):
             sys_path=list(sys.path),
         )
         options = self.actor_options(spec)
-        return self._remote.options(max_restarts=self._options.max_restarts, max_task_retries=0, **options).remote(boot)
+        # Its methods are idempotent: a call that meets the actor restarting waits for it, rather than failing.
+        retries = -1 if self._options.max_restarts else 0
+        return self._remote.options(max_restarts=self._options.max_restarts, max_task_retries=retries, **options).remote(boot)
 
     def actor_options(self, spec: ReplicaSpec) -> dict[str, Any]:
         """What a replica's actor asks Ray for: the plan's units of its device, then the user's `ray_actor_options`.
@@ -249,6 +253,20 @@ class RayBackend(Backend):
             import ray
 
             await asyncio.to_thread(ray.shutdown)
+
+
+@contextlib.contextmanager
+def _own_signal_handlers() -> Iterator[None]:
+    """Keep the front-end's SIGTERM and SIGINT handling (drain, then stop) over the exit Ray installs on connecting."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    kept = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for signum, handler in kept.items():
+            signal.signal(signum, handler)
 
 
 async def _result(ref: Any) -> Any:
