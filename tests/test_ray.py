@@ -31,6 +31,7 @@ import pytest
 import patchkit
 from patchkit import WorkerDiedError
 from patchkit.components.testing import Simulated
+from patchkit.orchestrator.ray_backend import cluster_resources
 from patchkit.orchestrator.rpc import HEALTH
 from patchkit.scheduler.config import DeploymentConfig
 from patchkit.scheduler.plan import ComponentPlan, Plan
@@ -148,6 +149,7 @@ def test_plan_shares_gpus_in_fractions_and_custom_resources_place_replicas(clust
     encode = Simulated(1, resource="gpu", output=lambda item: item * 10)
     rank = Simulated(1, output=lambda item: item + 1)
     pipeline = _two(encode, rank)
+    assert cluster_resources(cluster) == {"cpu": CLUSTER["num_cpus"], "gpu": CLUSTER["num_gpus"]}  # what plan() plans for
     plan = Plan({"encode": ComponentPlan("gpu", 3, 4), "rank": ComponentPlan("cpu", 1, 4)}, 1.0, "encode")
     options = {"rank": {"resources": {"node_b": 1}, "memory": 2**20}}
     with patchkit.deploy(pipeline, backend="ray", ray_address=cluster, plan=plan, ray_actor_options=options,
