@@ -21,9 +21,24 @@ from patchkit.orchestrator.resources import ReplicaResources
 from patchkit.orchestrator.rpc import WorkerService
 from patchkit.orchestrator.worker import describe, load_component, start_server
 
-__all__ = ["ActorBootstrap", "ReplicaActor"]
+__all__ = ["ActorBootstrap", "KEEPALIVE_CHANNEL_OPTIONS", "ReplicaActor"]
 
 logger = logging.getLogger(__name__)
+
+# Across a network a node can vanish without closing its connections: the front-end pings each worker's
+# stream, so that a dead node's replicas are taken out of dispatch within seconds, not at the next timeout.
+KEEPALIVE_S = 10
+KEEPALIVE_CHANNEL_OPTIONS = (
+    ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_S * 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+)
+KEEPALIVE_SERVER_OPTIONS = (  # accept those pings on an idle stream rather than answer them with GOAWAY
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", KEEPALIVE_S * 1000 // 2),
+    ("grpc.http2.max_ping_strikes", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+)
 
 
 @dataclass
@@ -71,7 +86,7 @@ class ReplicaActor:
             return {"error": error_to_json(setup_error(boot.name, exc))}
         service = WorkerService(component, boot.name, boot.secret, lambda: describe(boot.resources))
         host = ray.util.get_node_ip_address()  # the address Ray's own nodes reach this one at
-        self._server, port = start_server(service, host, boot.tls)
+        self._server, port = start_server(service, host, boot.tls, KEEPALIVE_SERVER_OPTIONS)
         self._report = {"address": f"[{host}]:{port}" if ":" in host else f"{host}:{port}", "pid": os.getpid(),
                         "node_ip": host}
         return self._report

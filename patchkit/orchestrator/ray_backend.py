@@ -30,7 +30,7 @@ import cloudpickle
 from patchkit import envs
 from patchkit.errors import WorkerDiedError, error_from_json
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
-from patchkit.orchestrator.ray_actor import ActorBootstrap, ReplicaActor
+from patchkit.orchestrator.ray_actor import KEEPALIVE_CHANNEL_OPTIONS, ActorBootstrap, ReplicaActor
 from patchkit.orchestrator.ray_options import RayOptions
 from patchkit.orchestrator.resources import available_cpus, available_gpus
 from patchkit.orchestrator.rpc import GrpcChannel
@@ -101,7 +101,7 @@ class RayBackend(Backend):
             actor, report = adopted
         address = report["address"]
         credentials, options = self._tls.channel_credentials() if self._tls is not None else (None, [])
-        channel = GrpcChannel(address, self._secret, credentials, options)
+        channel = GrpcChannel(address, self._secret, credentials, [*options, *KEEPALIVE_CHANNEL_OPTIONS])
         replica = Replica(replica_id, spec, channel, pid=report["pid"], address=address, handle=actor)
         self._actors[replica] = actor
         try:

@@ -147,7 +147,7 @@ class GrpcChannel:
         self.address = address
         self._metadata = ((SECRET_KEY, secret),)
         if credentials is None:
-            self._channel = grpc.aio.insecure_channel(address, options=OPTIONS)
+            self._channel = grpc.aio.insecure_channel(address, options=[*OPTIONS, *options])
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=[*OPTIONS, *options])
         self._pending: dict[int, asyncio.Future[list[Outcome]]] = {}

@@ -13,6 +13,7 @@ import os
 import pickle
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,13 +76,15 @@ def load_component(name: str, payload: bytes) -> Component:
 
 
 def start_server(
-    service: WorkerService, host: str, tls: tuple[bytes, bytes] | None = None
+    service: WorkerService, host: str, tls: tuple[bytes, bytes] | None = None, options: Sequence[tuple[str, Any]] = ()
 ) -> tuple[grpc.Server, int]:
     """Serve `service` on `host` with a free port; over TLS when `tls` gives (certificate, key) PEM bytes.
+    `options`: further gRPC server options.
 
     Returns the started server and its port. Called by the worker process and the Ray actor.
     """
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="patchkit-rpc"), options=SERVER_OPTIONS)
+    executor = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="patchkit-rpc")
+    server = grpc.server(executor, options=[*SERVER_OPTIONS, *options])
     server.add_generic_rpc_handlers((service.handler(),))
     if tls is None:
         port = server.add_insecure_port(f"{host}:0")
