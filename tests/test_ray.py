@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -241,6 +242,16 @@ def test_idle_replicas_are_retired_and_their_resources_given_back(cluster: str) 
         _wait_until(lambda: len(_replicas(endpoint, "a")) == 1, "the autoscaler retired the idle replicas")
         _wait_until(lambda: _free("CPU") == CLUSTER["num_cpus"] - 1, "their actors gave their CPUs back")
         assert endpoint.query(x=4) == -4
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_cluster_address_nobody_answers_at_fails_deploy_at_once() -> None:
+    with socket.socket() as probe:  # a port that was free a moment ago
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with pytest.raises(patchkit.PatchkitError, match=rf"no Ray cluster answers at 127.0.0.1:{port}.*ray start --head"):
+        patchkit.deploy(_one(Simulated(0)), backend="ray", ray_address=f"127.0.0.1:{port}")
 
 
 def _self_signed(directory: Path) -> tuple[Path, Path]:

@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import threading
 from collections import defaultdict
@@ -28,7 +29,7 @@ from typing import Any
 import cloudpickle
 
 from patchkit import envs
-from patchkit.errors import WorkerDiedError, error_from_json
+from patchkit.errors import PatchkitError, WorkerDiedError, error_from_json
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.ray_actor import KEEPALIVE_CHANNEL_OPTIONS, ActorBootstrap, ReplicaActor
 from patchkit.orchestrator.ray_options import RayOptions
@@ -40,6 +41,7 @@ __all__ = ["RayBackend", "cluster_resources"]
 logger = logging.getLogger(__name__)
 
 GPU_SHARE_DECIMALS = 4  # Ray takes fractional GPUs to four decimals
+CONNECT_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -76,8 +78,16 @@ class RayBackend(Backend):
         import ray
 
         if not ray.is_initialized():
-            with _own_signal_handlers():
-                ray.init(address=self._options.address, configure_logging=False)
+            where = self._options.address or os.environ.get("RAY_ADDRESS") or "a new local instance"
+            _check_reachable(self._options.address or os.environ.get("RAY_ADDRESS"))
+            try:
+                with _own_signal_handlers():
+                    ray.init(address=self._options.address, configure_logging=False)
+            except Exception as exc:
+                raise PatchkitError(
+                    f"cannot join the Ray cluster ({where}): {type(exc).__name__}: {exc}. Check ray_address, and that "
+                    "`ray status` on the head node lists the cluster"
+                ) from exc
             self._started_ray = True
         self._capacity = _capacity(ray.nodes())
         self._remote = ray.remote(ReplicaActor)
@@ -253,6 +263,22 @@ class RayBackend(Backend):
             import ray
 
             await asyncio.to_thread(ray.shutdown)
+
+
+def _check_reachable(address: str | None) -> None:
+    """Fail fast on a HOST:PORT nobody listens on: Ray itself retries such an address for minutes."""
+    if not address or address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not port.isdigit():
+        raise PatchkitError(f"ray_address must be 'auto', 'HOST:PORT' or 'ray://HOST:PORT'; got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise PatchkitError(
+            f"no Ray cluster answers at {address} ({exc}): start one with `ray start --head --port={port}` on {host}, "
+            "or pass the address `ray start --head` printed"
+        ) from None
 
 
 @contextlib.contextmanager
