@@ -356,7 +356,9 @@ def cluster_resources(address: str | None = None) -> dict[str, int]:
         return _capacity(ray.nodes())
     if address is None and not os.environ.get("RAY_ADDRESS"):
         return {"cpu": len(available_cpus()), "gpu": len(available_gpus())}
-    ray.init(address=address, configure_logging=False, log_to_driver=False)
+    _check_reachable(address or os.environ.get("RAY_ADDRESS"))
+    with _own_signal_handlers():
+        ray.init(address=address, configure_logging=False, log_to_driver=False)
     try:
         return _capacity(ray.nodes())
     finally:
