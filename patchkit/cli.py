@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("file", help="a Python script with a `with patchkit.capture():` block")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--backend", default="local", choices=["local", "inprocess"])
+    serve.add_argument("--backend", default="local", choices=["local", "inprocess", "ray"])
     serve.add_argument("--replicas", type=int, default=None, help="replicas of every component (default 1)")
     serve.add_argument("--batch-size", type=int, default=None, help="batch size of every method (default: the method's own)")
     serve.add_argument("--batch-wait-ms", type=float, default=0.0, help="how long a partial batch waits for more calls")

@@ -142,12 +142,17 @@ def deploy(
     plan: Plan | str | None = None,
     resources: Mapping[str, int] | None = None,
     calibration: Sequence[Mapping[str, Any]] | None = None,
+    ray_address: str | None = None,
     **options: Any,
 ) -> Endpoint:
     """Serve `pipeline` (default: the last one captured) and return its Endpoint once every worker is ready.
 
     `backend`: "local" (a front-end process and one worker process per replica) or "inprocess"
-    (a thread of this process running your own component objects, for tests and pdb). `replicas`: a count for every component, or
+    (a thread of this process running your own component objects, for tests and pdb) or "ray" (one
+    Ray actor per replica, placed across a Ray cluster: `ray_address` names it; default: the cluster
+    this process is connected to, else the one `RAY_ADDRESS` names, else a local Ray instance started
+    for the deployment; further options ray_max_restarts, ray_placement_timeout_s, ray_actor_options,
+    tls_cert, tls_key, tls_ca, tls_server_name). `replicas`: a count for every component, or
     counts by component name; `batch_size`: a size for every method, or sizes by component or
     "component.method" (default: each method's `@make(max_batch_size=...)`). `plan`: a `Plan` to
     apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=, calibration=,
@@ -159,6 +164,12 @@ def deploy(
     from patchkit.scheduler.config import DeploymentConfig
 
     pipeline = pipeline if pipeline is not None else last_pipeline()
+    if backend == "ray":
+        ray_address = _ray_address(ray_address)
+        if plan == "auto" and resources is None:  # plan for the cluster, not for this machine
+            from patchkit.orchestrator.ray_backend import cluster_resources
+
+            resources = cluster_resources(ray_address)
     if plan == "auto":
         from patchkit.scheduler.planner import plan as make_plan
 
@@ -167,7 +178,7 @@ def deploy(
         raise InputError("resources= and calibration= are for planning: pass them with plan='auto'")
     config = DeploymentConfig.resolve(
         pipeline, replicas=replicas, batch_size=batch_size, plan=plan, backend=backend, slo_ms=slo_ms, host=host,
-        port=port, secret=secrets.token_urlsafe(32), **options,
+        port=port, secret=secrets.token_urlsafe(32), ray_address=ray_address, **options,
     )
     if backend == "inprocess":
         from patchkit.scheduler.server import ServerThread
@@ -177,7 +188,17 @@ def deploy(
     return _deploy_local(pipeline, config)
 
 
+def _ray_address(given: str | None) -> str | None:
+    """The cluster a ray deployment's front-end joins: `given`, else the one this process is connected to."""
+    if given is not None or "ray" not in sys.modules:
+        return given
+    import ray
+
+    return ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+
+
 def _deploy_local(pipeline: Pipeline, config: DeploymentConfig) -> Endpoint:
+    """The front-end in a process of its own, which starts the workers (local) or the actors (ray)."""
     import pickle
 
     from patchkit.orchestrator.process import spawn

@@ -17,11 +17,17 @@ __all__ = ["Backend", "Channel", "Replica", "ReplicaSpec"]
 
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """One replica to start: which component (by its pipeline name), with which resources."""
+    """One replica to start: which component (by its pipeline name), with which resources.
+
+    `device` and `units`: the resource type ("cpu" or "gpu") and the units of it a plan gave each
+    replica, which a cluster backend asks its scheduler for; `device` None: no plan placed it.
+    """
 
     component: str
     instance: Component  # travels as its spec; the inprocess backend runs this very object
     resources: ReplicaResources = field(default_factory=ReplicaResources)
+    device: str | None = None
+    units: int = 1
 
 
 class Channel(Protocol):
@@ -92,6 +98,13 @@ class Backend(ABC):
     @abstractmethod
     def replicas(self) -> list[Replica]:
         """The replicas this backend started and has not stopped, dead or alive."""
+
+    def capacity(self) -> dict[str, int] | None:
+        """Units per resource type ("cpu", "gpu") the replicas may share; None: this machine's.
+
+        Read by the autoscaler once the replicas are up; a cluster backend answers for the cluster.
+        """
+        return None
 
     async def close(self) -> None:  # noqa: B027 - most backends hold nothing of their own
         """Release what the backend itself holds; the supervisor has stopped every replica by then."""

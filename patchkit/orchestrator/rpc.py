@@ -136,10 +136,20 @@ class GrpcChannel:
     is set, so the caller can retry the calls elsewhere.
     """
 
-    def __init__(self, address: str, secret: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        secret: str,
+        credentials: grpc.ChannelCredentials | None = None,
+        options: Sequence[tuple[str, Any]] = (),
+    ) -> None:
+        """`credentials`: TLS to the worker (None: plaintext); `options`: further gRPC channel options."""
         self.address = address
         self._metadata = ((SECRET_KEY, secret),)
-        self._channel = grpc.aio.insecure_channel(address, options=OPTIONS)
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(address, options=[*OPTIONS, *options])
+        else:
+            self._channel = grpc.aio.secure_channel(address, credentials, options=[*OPTIONS, *options])
         self._pending: dict[int, asyncio.Future[list[Outcome]]] = {}
         self._ids = itertools.count()
         self._write_lock = asyncio.Lock()

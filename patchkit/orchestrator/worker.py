@@ -13,6 +13,7 @@ import os
 import pickle
 import sys
 import threading
+from collections.abc import Sequence
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,7 @@ from patchkit.orchestrator.process import ChildSide
 from patchkit.orchestrator.resources import ReplicaResources
 from patchkit.orchestrator.rpc import SERVER_OPTIONS, WorkerService
 
-__all__ = ["WorkerBootstrap", "main"]
+__all__ = ["WorkerBootstrap", "describe", "load_component", "main", "start_server"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,24 +51,51 @@ def main() -> None:
     sys.path[:] = boot.sys_path or sys.path
     boot.resources.pin()
     try:
-        component = pickle.loads(boot.component)  # noqa: S301 - ditto
-        if not isinstance(component, Component):
-            raise MakeError(f"worker {boot.name}: expected a Component, got {type(component).__name__}")
-        ensure_setup(component)
+        component = load_component(boot.name, boot.component)
     except BaseException as exc:
         logger.exception("worker %s failed to start", boot.name)
         side.failed(setup_error(boot.name, exc))
         os._exit(1)
-    service = WorkerService(component, boot.name, boot.secret, lambda: _describe(boot.resources))
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="patchkit-rpc"), options=SERVER_OPTIONS)
-    server.add_generic_rpc_handlers((service.handler(),))
-    port = server.add_insecure_port(f"{boot.host}:0")
-    server.start()
+    service = WorkerService(component, boot.name, boot.secret, lambda: describe(boot.resources))
+    _, port = start_server(service, boot.host)
     side.ready(port=port, pid=os.getpid())
     threading.Event().wait()  # serve until the lifeline ends the process
 
 
-def _describe(resources: ReplicaResources) -> dict[str, Any]:
+def load_component(name: str, payload: bytes) -> Component:
+    """Rebuild a replica's component from its cloudpickled spec and run its `setup()`.
+
+    Called once per replica by the worker process and by the Ray actor, after the resources are
+    pinned; raises whatever the component's build or setup raised.
+    """
+    component = pickle.loads(payload)  # noqa: S301 - from the front-end of this deployment, over a private channel
+    if not isinstance(component, Component):
+        raise MakeError(f"worker {name}: expected a Component, got {type(component).__name__}")
+    ensure_setup(component)
+    return component
+
+
+def start_server(
+    service: WorkerService, host: str, tls: tuple[bytes, bytes] | None = None, options: Sequence[tuple[str, Any]] = ()
+) -> tuple[grpc.Server, int]:
+    """Serve `service` on `host` with a free port; over TLS when `tls` gives (certificate, key) PEM bytes.
+    `options`: further gRPC server options.
+
+    Returns the started server and its port. Called by the worker process and the Ray actor.
+    """
+    executor = futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="patchkit-rpc")
+    server = grpc.server(executor, options=[*SERVER_OPTIONS, *options])
+    server.add_generic_rpc_handlers((service.handler(),))
+    if tls is None:
+        port = server.add_insecure_port(f"{host}:0")
+    else:
+        certificate, key = tls
+        port = server.add_secure_port(f"{host}:0", grpc.ssl_server_credentials([(key, certificate)]))
+    server.start()
+    return server, port
+
+
+def describe(resources: ReplicaResources) -> dict[str, Any]:
     affinity = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
     return {
         "pid": os.getpid(),

@@ -146,7 +146,9 @@ class Autoscaler:
     async def _add(self, name: str, now: float) -> str | None:
         """Start one more replica; its id, or None when it could not start (logged)."""
         self._risk_since = now  # the new replica gets scale_up_after_s to help before the next; so does a retry
-        spec = ReplicaSpec(name, self.frontend.components[name], self._resources(name))
+        settings = self.config.components[name]
+        device = settings.resource if self.config.plan is not None else None
+        spec = ReplicaSpec(name, self.frontend.components[name], self._resources(name), device, settings.units)
         try:
             replica = await self.frontend.supervisor.add(spec)
         except Exception as exc:
@@ -168,6 +170,8 @@ class Autoscaler:
         if self.config.backend == "inprocess":
             return ReplicaResources()
         component = self.config.components[name]
+        if self.config.backend == "ray":  # Ray places it and sets its GPUs; only its thread count is ours
+            return ReplicaResources(threads=component.units)
         if self.config.plan is None:  # placed by nobody: like the replicas `spread` started, it sees this process's GPUs
             return ReplicaResources(threads=component.units)
         held = {g for r in self.frontend.supervisor.replicas() for g in (r.spec.resources.gpus or ())}
@@ -211,7 +215,8 @@ class Autoscaler:
     def capacity_of(self, kind: str) -> int:
         if self.capacity is None:
             planned = (self.config.plan or {}).get("capacity")
-            self.capacity = dict(planned) if planned else {"cpu": len(available_cpus()), "gpu": len(available_gpus())}
+            found = planned or self.frontend.supervisor.backend.capacity()  # a cluster backend's, else this machine's
+            self.capacity = dict(found) if found else {"cpu": len(available_cpus()), "gpu": len(available_gpus())}
         return self.capacity.get(kind, 0)
 
     def used(self, kind: str) -> int:

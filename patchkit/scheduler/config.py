@@ -15,15 +15,20 @@ from typing import Any
 from patchkit.client.component import make_methods
 from patchkit.client.pipeline import Pipeline
 from patchkit.errors import InputError
+from patchkit.orchestrator.ray_options import RayOptions
 from patchkit.scheduler.plan import Plan
 
 __all__ = ["BACKENDS", "ComponentConfig", "DeploymentConfig"]
 
-BACKENDS = ("local", "inprocess")
+BACKENDS = ("local", "inprocess", "ray")
 ESTIMATORS = ("average", "xgboost")
 POSITIVE_FIELDS = (
     "max_inflight_batches", "max_inflight_requests", "max_body_bytes", "request_timeout_s", "admission_queue_limit",
     "autoscale_interval_s",
+)
+RAY_FIELDS = (
+    "ray_address", "ray_max_restarts", "ray_placement_timeout_s", "ray_actor_options", "tls_cert", "tls_key", "tls_ca",
+    "tls_server_name",
 )
 
 
@@ -72,6 +77,16 @@ class DeploymentConfig:
     min_replicas: int | dict[str, int] | None = None  # for every component, or by name; None: as deployed
     max_replicas: int | dict[str, int] | None = None  # for every component, or by name; None: as resources allow
     plan: dict[str, Any] | None = None  # the Plan applied, as Plan.to_dict(): replicas are placed as it says
+    # The ray backend's (see orchestrator/ray_options.py): the cluster, Ray's restarts of a dead actor, how long
+    # a replica may wait for resources, Ray actor options by component, and TLS between front-end and workers.
+    ray_address: str | None = None
+    ray_max_restarts: int = 3
+    ray_placement_timeout_s: float = 60.0
+    ray_actor_options: dict[str, dict[str, Any]] | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    tls_server_name: str | None = None
     secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
@@ -90,6 +105,32 @@ class DeploymentConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
         self._check_replica_bounds()
+        self._check_ray()
+
+    def _check_ray(self) -> None:
+        """Ray and TLS options only with backend='ray', valid, and naming known components."""
+        options = self.ray_options()
+        if self.backend != "ray":
+            given = [name for name in RAY_FIELDS if getattr(self, name) != getattr(DeploymentConfig, name, None)]
+            if given:
+                raise ValueError(f"{given[0]} is an option of backend='ray'; got backend={self.backend!r}")
+            return
+        _check_names("ray_actor_options", options.actor_options, set(self.components))
+        if self.ray_actor_options is not None:
+            object.__setattr__(self, "ray_actor_options", {k: dict(v) for k, v in self.ray_actor_options.items()})
+
+    def ray_options(self) -> RayOptions:
+        """The ray backend's options, checked (raises ValueError naming the option to fix)."""
+        return RayOptions(
+            address=self.ray_address,
+            max_restarts=self.ray_max_restarts,
+            placement_timeout_s=self.ray_placement_timeout_s,
+            actor_options=dict(self.ray_actor_options or {}),
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            tls_ca=self.tls_ca,
+            tls_server_name=self.tls_server_name,
+        )
 
     def _check_replica_bounds(self) -> None:
         """min_replicas <= replicas <= max_replicas for every component; mappings name known components."""

@@ -103,7 +103,8 @@ class Frontend:
                     max_retries=self.config.max_retries,
                     clock=self.clock,
                 )
-            specs += [ReplicaSpec(name, component, resources.pop(0)) for _ in range(settings.replicas)]
+            device = settings.resource if self.config.plan is not None else None
+            specs += [ReplicaSpec(name, component, resources.pop(0), device, settings.units) for _ in range(settings.replicas)]
         await self.supervisor.start(specs)
         if self.config.autoscale:
             self.autoscaler.start()
@@ -113,6 +114,9 @@ class Frontend:
         total = sum(c.replicas for c in self.config.components.values())
         if self.config.backend == "inprocess":
             return [ReplicaResources() for _ in range(total)]
+        if self.config.backend == "ray":  # Ray places them and sets their GPUs; only thread counts are ours
+            placed = [self.config.components[name] for name in self.components]
+            return [ReplicaResources(threads=c.units) for c in placed for _ in range(c.replicas)]
         if self.config.plan is not None:
             placed = [self.config.components[name] for name in self.components]
             return assign([(c.resource, c.units) for c in placed for _ in range(c.replicas)])
@@ -269,4 +273,15 @@ def _size(value: Any) -> int:
 def make_backend(config: DeploymentConfig) -> Backend:
     if config.backend == "inprocess":
         return InProcessBackend()
+    if config.backend == "ray":
+        from patchkit.orchestrator.ray_backend import RayBackend  # imports nothing of Ray until it connects
+
+        return RayBackend(config.secret, config.ray_options(), gpu_units=_gpu_units(config))
     return LocalBackend(config.secret, host="127.0.0.1")
+
+
+def _gpu_units(config: DeploymentConfig) -> int:
+    """GPU units the plan gives all replicas together; the Ray backend shares GPUs when the cluster has fewer."""
+    if config.plan is None:
+        return 0
+    return sum(c.replicas * c.units for c in config.components.values() if c.resource == "gpu")
