@@ -33,6 +33,7 @@ from patchkit.scheduler.estimator import Visit
 from patchkit.scheduler.inputs import InputSchema
 from patchkit.scheduler.queues import BatchQueue, ReplicaSet
 from patchkit.scheduler.slo import RequestState, SloPolicy, make_estimator
+from patchkit.scheduler.waves import Waves
 
 __all__ = ["Frontend", "RequestResult", "make_backend"]
 
@@ -69,6 +70,7 @@ class Frontend:
             clock=clock,
         )
         self.autoscaler = Autoscaler(self)
+        self.waves = None if config.pipelining else Waves()
         self._ids = itertools.count(1)
         self.inflight = 0
         self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded
@@ -143,10 +145,13 @@ class Frontend:
         state = self.policy.start(request_id, inputs, slo_ms or self.config.slo_ms)
         self.inflight += 1
         self._idle.clear()
-        ok = False
+        ok = entered = False
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
                 await self.policy.admit(state)
+                if self.waves is not None:
+                    await self.waves.enter()
+                    entered = True
                 output = await run_sync(self._run, variables, state)
             ok = True
         except TimeoutError:
@@ -159,6 +164,9 @@ class Frontend:
             self.outcomes["worker_died" if isinstance(exc, WorkerDiedError) else "error"] += 1
             raise
         finally:
+            if entered:
+                assert self.waves is not None
+                self.waves.leave()
             self.policy.finish(state, ok=ok)
             self.inflight -= 1
             if self.inflight == 0:
