@@ -93,7 +93,7 @@ def _error(exc: BaseException) -> bytes:
 
 
 # --- sequential: one request at a time per worker ----------------------------------------------------
-def serve_sequential(sock: socket.socket, run: Callable[[Mapping[str, Any]], Any]) -> None:
+def serve_sequential(sock: socket.socket, run: Callable[[Mapping[str, Any]], Any], ready: Callable[[], None]) -> None:
     ids = itertools.count(1)
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -125,15 +125,23 @@ def serve_sequential(sock: socket.socket, run: Callable[[Mapping[str, Any]], Any
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
             pass
 
-    server = http.server.HTTPServer(sock.getsockname(), Handler, bind_and_activate=False)
+    class Server(http.server.HTTPServer):
+        def handle_error(self, request: Any, client_address: Any) -> None:
+            if not isinstance(sys.exc_info()[1], ConnectionError):  # a client that gave up waiting is no error here
+                super().handle_error(request, client_address)
+
+    server = Server(sock.getsockname(), Handler, bind_and_activate=False)
     server.socket.close()
     server.socket = sock
+    ready()
     while True:
         server._handle_request_noblock()  # a blocking accept: the worker that gets the connection serves it
 
 
 # --- LangGraph: concurrent invocations per worker -----------------------------------------------------
-def serve_langgraph(sock: socket.socket, graph: Any, invoke: Callable[[Any, Mapping[str, Any]], Any]) -> None:
+def serve_langgraph(
+    sock: socket.socket, graph: Any, invoke: Callable[[Any, Mapping[str, Any]], Any], ready: Callable[[], None]
+) -> None:
     from aiohttp import web
 
     ids = itertools.count(1)
@@ -158,6 +166,7 @@ def serve_langgraph(sock: socket.socket, graph: Any, invoke: Callable[[Any, Mapp
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.SockSite(runner, sock, backlog=4096).start()
+        ready()
         await asyncio.Event().wait()
 
     asyncio.run(main())
@@ -181,13 +190,16 @@ def worker(system: str, workload_name: str, components: dict[str, Component], so
     for component in components.values():
         ensure_setup(component)
     replicas = {name: Replica(c, units[c.devices[0]]) for name, c in components.items()}
-    os.write(ready, b"r")
-    os.close(ready)
+
+    def say_ready() -> None:  # once it serves: a request that comes sooner must not wait on imports
+        os.write(ready, b"r")
+        os.close(ready)
+
     if system == "sequential":
-        serve_sequential(sock, lambda inputs: workload.sequential(replicas, inputs))
+        serve_sequential(sock, lambda inputs: workload.sequential(replicas, inputs), say_ready)
     else:
         steps = workload.resolved_steps()
-        serve_langgraph(sock, workload.graph(replicas), steps.ainvoke)
+        serve_langgraph(sock, workload.graph(replicas), steps.ainvoke, say_ready)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,6 +216,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         os.environ[name] = "1"  # one thread per worker, as patchkit gives each replica its share
     components = WORKLOADS[args.workload].build()
+    if args.system == "langgraph":  # imported once, before the fork, rather than in every worker at once
+        import aiohttp.web  # noqa: F401
+        import langgraph.graph  # noqa: F401
     needed = {c.devices[0] for c in components.values()}
     if needed - set(args.units):
         raise SystemExit(f"--units names no {', '.join(sorted(needed - set(args.units)))} units, which the components need")

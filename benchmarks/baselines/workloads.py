@@ -19,7 +19,6 @@ llama.cpp-like one that does not batch); the real ones are MiniLM + FAISS and Sm
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -36,8 +35,8 @@ Components = Mapping[str, Any]  # name -> component, or a stand-in with the same
 # --- simulated latency curves, (batch, ms) points: linear between them, flat beyond the last ------------
 CHROMA = [(1, 6.0), (64, 16.0)]  # one index scan serves the whole batch: batches well
 QDRANT = [(1, 4.0), (16, 64.0), (64, 288.0)]  # per-query work, and worse than linear past 16: batching does not pay
-VLLM = [(1, 30.0), (32, 34.0), (64, 60.0)]  # flat until the GPU saturates (continuous batching)
-VLLM_GRADER = [(1, 45.0), (32, 50.0), (64, 90.0)]  # the grader reads the question and every document: longer prompts
+VLLM = [(1, 90.0), (32, 100.0), (64, 180.0)]  # flat until the GPU saturates (continuous batching)
+VLLM_GRADER = [(1, 135.0), (32, 150.0), (64, 270.0)]  # the grader reads the question and every document: longer prompts
 LLAMACPP = [(1, 30.0), (64, 1920.0)]  # one stream at a time: b calls take b times one
 LLAMACPP_GRADER = [(1, 45.0), (64, 2880.0)]
 WEB = [(1, 10.0), (32, 26.0)]
@@ -97,11 +96,15 @@ def crag_graph(steps: CragSteps, c: Components) -> Any:
     graph.add_node("generate", lambda s: {"answer": steps.generate(c, s["question"], s["docs"])})
     graph.add_edge(START, "retrieve")
     graph.add_edge("retrieve", "grade")
-    graph.add_conditional_edges("grade", operator.itemgetter("relevant"), {True: "generate", False: "rewrite"})
+    graph.add_conditional_edges("grade", _route_graded, {"relevant": "generate", "not relevant": "rewrite"})
     graph.add_edge("rewrite", "search")
     graph.add_edge("search", "generate")
     graph.add_edge("generate", END)
     return graph.compile()
+
+
+def _route_graded(s: CragState) -> str:
+    return "relevant" if s["relevant"] else "not relevant"
 
 
 @dataclass(frozen=True)
