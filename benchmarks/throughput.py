@@ -32,7 +32,6 @@ import contextlib
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -45,6 +44,7 @@ sys.path.insert(0, str(ROOT))
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 import patchkit  # noqa: E402
+from benchmarks.baselines.server import running  # noqa: E402
 from benchmarks.baselines.workloads import WORKLOADS, Workload  # noqa: E402
 from patchkit.bench import RequestRecord, run_bench  # noqa: E402
 from patchkit.client.component import make_methods  # noqa: E402
@@ -65,27 +65,10 @@ ABLATION_LOAD = 1.3  # of the plan's prediction: past every arm's saturation
 
 # --- serving each system ------------------------------------------------------------------------------
 @contextlib.contextmanager
-def baseline_server(system: str, workload: Workload) -> Iterator[str]:
-    """Start `benchmarks/baselines/server.py` for `workload` on its pool; yields its URL; stops it after."""
-    units = ",".join(f"{kind}={count}" for kind, count in workload.pool.items())
-    command = [sys.executable, "-m", "benchmarks.baselines.server", "--system", system, "--workload", workload.name,
-               "--units", units]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)  # noqa: S603
-    try:
-        line = process.stdout.readline() if process.stdout else ""
-        if not line:
-            raise RuntimeError(f"the {system} server for {workload.name} did not start (exit {process.wait()})")
-        yield json.loads(line)["url"]
-    finally:
-        process.terminate()
-        process.wait(30)
-
-
-@contextlib.contextmanager
 def serve(system: str, workload: Workload, pipeline: patchkit.Pipeline, plan: patchkit.Plan, **options: Any) -> Iterator[str]:
     """An endpoint URL for `system` serving `workload`: patchkit under `plan` (or `options`), else a baseline server."""
     if system != "patchkit":
-        with baseline_server(system, workload) as url:
+        with running(system, workload.name, workload.pool, ROOT) as url:
             yield url
         return
     settings: dict[str, Any] = {"autoscale": False, **options}  # a fixed budget: no replica beyond the plan's
@@ -263,7 +246,7 @@ def main() -> None:
     (out / "throughput.json").write_text(json.dumps(results, indent=1))
     print(tables(results))
     plot(results, out)
-    print(f"\nwall time {results['wall_s']:.0f} s; wrote {out / 'throughput.json'}, {out / 'throughput.png'}, {out / 'ablation.png'}")
+    print(f"\nwall time {results['wall_s']:.0f} s; wrote {out}/throughput.json, throughput.png, ablation.png")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.server
 import itertools
 import json
@@ -34,11 +35,12 @@ import os
 import select
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -275,6 +277,25 @@ def _stop(pids: list[int], reason: str | None = None) -> None:
     if reason:
         print(f"baseline server: {reason}", file=sys.stderr)
     os._exit(1 if reason else 0)
+
+
+@contextlib.contextmanager
+def running(system: str, workload: str, units: Mapping[str, int], cwd: str | os.PathLike[str]) -> Iterator[str]:
+    """Serve `workload` with `system` in a subprocess on `units`; yields its URL; stops it (and every
+    worker) on leaving. `cwd`: the directory `benchmarks` is importable from."""
+    budget = ",".join(f"{kind}={count}" for kind, count in units.items())
+    command = [sys.executable, "-m", "benchmarks.baselines.server", "--system", system, "--workload", workload, "--units", budget]
+    process = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, text=True)  # noqa: S603
+    try:
+        line = process.stdout.readline() if process.stdout else ""
+        if not line:
+            raise RuntimeError(f"the {system} server for {workload} did not start (exit {process.wait()})")
+        yield json.loads(line)["url"]
+    finally:
+        process.terminate()
+        process.wait(30)
+        if process.stdout:
+            process.stdout.close()
 
 
 if __name__ == "__main__":

@@ -161,7 +161,7 @@ def capture_sim_crag(c: Components) -> patchkit.Pipeline:
         docs = retriever.run(question)
         if not grader.run(question):
             docs = web.run(rewriter.run(question))
-        answer = generator.run(docs)
+        answer = generator.run(docs)  # noqa: F841 - the pipeline's output
     return pipeline
 
 
@@ -174,7 +174,7 @@ def capture_real_crag(c: Components) -> patchkit.Pipeline:
         if not relevant:
             docs = web.search(rewriter.rewrite(question))
         answer = llm.generate(question, docs)
-        result = {"answer": answer, "sources": sources(docs), "graded_relevant": relevant}
+        result = {"answer": answer, "sources": sources(docs), "graded_relevant": relevant}  # noqa: F841 - the output
     return pipeline
 
 
@@ -271,7 +271,8 @@ SIM_IRCOT = IrcotSteps(
 
 
 def _real_ircot_steps() -> IrcotSteps:
-    from examples.ircot import final_answer, gives_answer as real_gives_answer, step_prompt
+    from examples.ircot import final_answer, step_prompt
+    from examples.ircot import gives_answer as real_gives_answer
 
     return IrcotSteps(
         retrieve=lambda c, q: c["retriever"].retrieve(q),
@@ -295,12 +296,13 @@ def capture_sim_ircot(c: Components) -> patchkit.Pipeline:
             if gives_answer(thought):
                 break
             docs = retriever.run(thought)
-        answer = thoughts[-1]
+        answer = thoughts[-1]  # noqa: F841 - the pipeline's output
     return pipeline
 
 
 def capture_real_ircot(c: Components) -> patchkit.Pipeline:
-    from examples.ircot import final_answer, gives_answer as real_gives_answer, step_prompt
+    from examples.ircot import final_answer, step_prompt
+    from examples.ircot import gives_answer as real_gives_answer
 
     retriever, llm = c["retriever"], c["llm"]
     question = REAL_QUESTIONS[0]
@@ -313,7 +315,7 @@ def capture_real_ircot(c: Components) -> patchkit.Pipeline:
             if real_gives_answer(thought):
                 break
             docs = merge_hits(docs, retriever.retrieve(thought))
-        result = {"answer": final_answer(thoughts), "sources": sources(docs), "rounds": len(thoughts)}
+        result = {"answer": final_answer(thoughts), "sources": sources(docs), "rounds": len(thoughts)}  # noqa: F841
     return pipeline
 
 
