@@ -242,6 +242,7 @@ def main() -> None:
         results["workloads"][name] = sweep(workload, pipeline, plan, loads, seconds)
         if name in settings["ablation"]:
             results["ablation"][name] = ablation(workload, pipeline, plan, seconds)
+        (out / "throughput.json").write_text(json.dumps(results, indent=1))  # a run cut short keeps what it measured
     results["wall_s"] = time.perf_counter() - started
     (out / "throughput.json").write_text(json.dumps(results, indent=1))
     print(tables(results))

@@ -70,7 +70,7 @@ first, second = Stage(), Stage()
 def test_a_deployment_without_pipelining_answers_every_request() -> None:
     value = 1
     with patchkit.capture(output="out") as pipeline:
-        out = second.run(first.run(value))
+        out = second.run(first.run(value))  # noqa: F841 - the output
 
     async def body(frontend) -> list[int]:  # noqa: ANN001 - the Frontend
         results = await asyncio.gather(*(frontend.query({"value": v}) for v in range(20)))
