@@ -57,6 +57,7 @@ class DeploymentConfig:
     port: int = 0
     slo_ms: float | None = None
     batch_wait_ms: float = 0.0  # a partial batch leaves once its oldest call waited this long
+    pipelining: bool = True  # False: requests run in waves, a new one waits until every running one has finished
     max_inflight_batches: int = 2  # per replica: one running, one on the wire
     max_inflight_requests: int = 4096  # admission bound: beyond it, 503 with Retry-After
     max_body_bytes: int = 1 << 20

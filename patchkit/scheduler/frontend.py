@@ -36,6 +36,7 @@ from patchkit.scheduler.inputs import InputSchema
 from patchkit.scheduler.prefetch import PREFETCH_METHOD, Prefetcher, find_routes
 from patchkit.scheduler.queues import BatchQueue, ReplicaSet
 from patchkit.scheduler.slo import RequestState, SloPolicy, make_estimator
+from patchkit.scheduler.waves import Waves
 
 __all__ = ["Frontend", "RequestResult", "make_backend"]
 
@@ -74,6 +75,7 @@ class Frontend:
         self.autoscaler = Autoscaler(self)
         routes = find_routes(pipeline.graph) if config.prefetch else []
         self.prefetcher = Prefetcher(routes, self._submit_prefetch)
+        self.waves = None if config.pipelining else Waves()
         self._ids = itertools.count(1)
         self.inflight = 0
         self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded
@@ -153,10 +155,13 @@ class Frontend:
         state = self.policy.start(request_id, inputs, slo_ms or self.config.slo_ms)
         self.inflight += 1
         self._idle.clear()
-        ok = False
+        ok = entered = False
         try:
             async with asyncio.timeout(self.config.request_timeout_s):
                 await self.policy.admit(state)
+                if self.waves is not None:
+                    await self.waves.enter()
+                    entered = True
                 output = await run_sync(self._run, variables, state)
             ok = True
         except TimeoutError:
@@ -169,6 +174,9 @@ class Frontend:
             self.outcomes["worker_died" if isinstance(exc, WorkerDiedError) else "error"] += 1
             raise
         finally:
+            if entered:
+                assert self.waves is not None
+                self.waves.leave()
             self.policy.finish(state, ok=ok)
             self.inflight -= 1
             if self.inflight == 0:
