@@ -7,6 +7,7 @@ import http.client
 import json
 import threading
 import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -346,3 +347,37 @@ def test_a_component_calling_a_component_it_holds_runs_it_in_place() -> None:
     assert set(pipeline.components) == {"outer"}
     with patchkit.deploy(pipeline, backend="inprocess") as served:
         assert served.query(query="x") == "[<x>]"
+
+
+class Tally(Component):
+    """Counts its calls and reports them through `stats()`."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    @make
+    def count(self, text: str) -> str:
+        self.seen += 1
+        return text
+
+    def stats(self) -> dict[str, Any]:
+        return {"seen": self.seen, "cache": {"hit_rate": 0.5, "warm": True}, "device": "cpu"}
+
+
+def test_a_components_own_stats_reach_metrics_per_replica() -> None:
+    tally = Tally()
+    text = "x"
+    with patchkit.capture() as pipeline:
+        out = tally.count(text)  # noqa: F841 - the pipeline's output
+    with patchkit.deploy(pipeline, backend="inprocess") as served:
+        served.query(text="a")
+        served.query(text="b")
+        reports = served.stats()["replica_reports"]
+        with urllib.request.urlopen(served.url + "/metrics") as reply:  # noqa: S310 - a local test server
+            metrics = reply.read().decode()
+    [report] = reports.values()
+    # inprocess replicas are the user's own object: the capture's eager run counted once too
+    assert report["component_stats"] == {"seen": 3, "cache": {"hit_rate": 0.5, "warm": True}, "device": "cpu"}
+    lines = [line for line in metrics.splitlines() if line.startswith("patchkit_component_stat{")]
+    assert len(lines) == 3 and all('component="tally"' in line for line in lines)  # the string is left out
+    assert any('stat="seen"} 3' in line for line in lines) and any('stat="cache_warm"} 1' in line for line in lines)

@@ -95,6 +95,13 @@ class Component:
     def setup(self) -> None:
         """Load heavy state. Called once per process, before the first call runs there."""
 
+    def stats(self) -> dict[str, Any]:
+        """The component's own figures (hit rates, bytes moved, seconds spent): called by its worker
+        when the front-end asks a replica for its stats, on a thread other than the one running
+        batches. Numbers, nested dicts of numbers allowed, appear in `/metrics` per replica; other
+        values only in `Endpoint.stats()`. None by default."""
+        return {}
+
     def batch_limit(self, method: str) -> int:
         """The largest batch of `method` this instance takes (its memory bound): the method's
         `@make(max_batch_size=...)` unless the instance knows better. Read by deploy() for default

@@ -5,6 +5,7 @@ Shared by the worker process and the inprocess backend, so both isolate failures
 
 from __future__ import annotations
 
+import json
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,7 +14,7 @@ from typing import Any
 from patchkit.client.component import Call, Component, MakeMethod
 from patchkit.errors import ComponentError
 
-__all__ = ["Failure", "Outcome", "run_batch", "setup_error"]
+__all__ = ["Failure", "Outcome", "component_stats", "run_batch", "setup_error"]
 
 
 @dataclass
@@ -78,3 +79,11 @@ def setup_error(name: str, exc: BaseException) -> ComponentError:
     """The error a replica whose build or `setup()` raised reports, with the component's traceback."""
     failure = Failure.of(exc)
     return ComponentError(name, "setup", f"{failure.type_name}: {failure.message}", failure.traceback)
+
+
+def component_stats(component: Component) -> dict[str, Any]:
+    """The component's `stats()`, or what went wrong asking for them: stats never fail a replica."""
+    try:
+        return json.loads(json.dumps(component.stats(), default=str))  # JSON-able, whatever it returned
+    except Exception as exc:  # a component's stats() raising must not break the replica's report
+        return {"error": f"{type(exc).__name__}: {exc}"}

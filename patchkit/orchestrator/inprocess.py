@@ -15,7 +15,7 @@ from typing import Any
 from patchkit.client.component import Call, Component, ensure_setup
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
-from patchkit.orchestrator.execute import Outcome, run_batch, setup_error
+from patchkit.orchestrator.execute import Outcome, component_stats, run_batch, setup_error
 
 __all__ = ["InProcessBackend"]
 
@@ -39,7 +39,7 @@ class DirectChannel:
         return outcomes
 
     async def stats(self) -> dict[str, Any]:
-        return {"batches": self.batches, "calls": self.calls}
+        return {"batches": self.batches, "calls": self.calls, "component_stats": component_stats(self.component)}
 
     async def close(self) -> None:
         if not self.lost.is_set():

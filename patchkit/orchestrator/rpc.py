@@ -27,7 +27,7 @@ import grpc.aio
 
 from patchkit.client.component import Call, Component
 from patchkit.errors import WorkerDiedError
-from patchkit.orchestrator.execute import Failure, Outcome, run_batch
+from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_batch
 
 __all__ = ["GrpcChannel", "WorkerService", "decode", "encode"]
 
@@ -125,7 +125,7 @@ class WorkerService:
         self._authorize(context)
         stats = {"component": self.name, "batches": self.batches, "calls": self.calls, "busy_s": self.busy_s}
         stats["uptime_s"] = time.time() - self.started
-        return json.dumps({**stats, **self._describe()}).encode()
+        return json.dumps({**stats, **self._describe(), "component_stats": component_stats(self.component)}).encode()
 
 
 class GrpcChannel:

@@ -261,14 +261,14 @@ class Frontend:
                 "components": components}
 
     async def replica_stats(self) -> dict[str, Any]:
-        """What each replica reports about itself (pid, pinning, batches run)."""
-        found = {}
-        for replica in self.supervisor.replicas():
-            try:
-                found[replica.id] = await replica.channel.stats()
-            except Exception as exc:
-                found[replica.id] = {"error": str(exc)}
-        return found
+        """What each replica reports about itself (pid, pinning, batches run, its component's own
+        stats()), asked of all at once; a replica that cannot answer reports its error."""
+        replicas = list(self.supervisor.replicas())
+        reports = await asyncio.gather(*(replica.channel.stats() for replica in replicas), return_exceptions=True)
+        return {
+            replica.id: {"error": str(report)} if isinstance(report, BaseException) else report
+            for replica, report in zip(replicas, reports)
+        }
 
 
 def _size(value: Any) -> int:

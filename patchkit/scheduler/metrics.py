@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from patchkit.scheduler.frontend import LATENCY_BUCKETS_S, Frontend
 
@@ -22,7 +23,9 @@ def _family(name: str, kind: str, help_text: str, samples: Iterable[tuple[str, d
     return lines
 
 
-def render_metrics(frontend: Frontend) -> str:
+def render_metrics(frontend: Frontend, reports: Mapping[str, Mapping[str, Any]] | None = None) -> str:
+    """Prometheus text for the front-end's state; `reports` (replica id -> what the replica reported,
+    as `Frontend.replica_stats` gathers) adds each component's own `stats()` figures."""
     lines: list[str] = []
     outcomes = frontend.outcomes
     lines += _family("patchkit_requests_total", "counter", "Requests by outcome.",
@@ -56,6 +59,9 @@ def render_metrics(frontend: Frontend) -> str:
     lines += _family("patchkit_queue_length", "gauge", "Calls waiting for a batch.", per_method["queue_length"])
     lines += _family("patchkit_queue_wait_seconds_total", "counter", "Time calls spent queued.", per_method["queue_wait"])
     lines += _family("patchkit_batch_size", "gauge", "Configured batch size.", per_method["batch_size"])
+    if reports is not None:
+        lines += _family("patchkit_component_stat", "gauge", "A component's own figures (its stats()), per replica.",
+                         _component_samples(frontend, reports))
     replicas = [("", {"component": n}, sum(r.alive for r in s.replicas)) for n, s in frontend.sets.items()]
     lines += _family("patchkit_replicas", "gauge", "Live replicas per component.", replicas)
     lines += _family("patchkit_replica_restarts_total", "counter", "Replicas restarted after dying.",
@@ -75,3 +81,21 @@ def render_metrics(frontend: Frontend) -> str:
     lines += _family("patchkit_prefetch_bytes_total", "counter", "Bytes the retrievers' prefetches asked to copy.",
                      [("", {}, prefetch["bytes_requested"])])
     return "\n".join(lines) + "\n"
+
+
+def _component_samples(frontend: Frontend, reports: Mapping[str, Mapping[str, Any]]) -> list[tuple[str, dict[str, str], float]]:
+    component_of = {replica.id: replica.component for replica in frontend.supervisor.replicas()}
+    samples = []
+    for replica_id, report in sorted(reports.items()):
+        for stat, value in _numbers(report.get("component_stats", {})):
+            samples.append(("", {"component": component_of.get(replica_id, ""), "replica": replica_id, "stat": stat}, value))
+    return samples
+
+
+def _numbers(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
+    """The numbers of a component's stats, nested dicts flattened with "_" (booleans count as 0/1)."""
+    for key, value in data.items():
+        if isinstance(value, (bool, int, float)):
+            yield f"{prefix}{key}", float(value)
+        elif isinstance(value, Mapping):
+            yield from _numbers(value, f"{prefix}{key}_")
