@@ -4,7 +4,7 @@ resident share, exactness against FAISS IVF, and the search time split.
 Synthetic clustered unit vectors; queries pick a cluster with Zipf-skewed popularity and land near
 its centre; (original, rewritten) pairs sit close to each other to model pre-retrieval rewriting.
 
-    python benchmarks/hybrid.py --vectors 200000 --nlist 1024 --nprobe 32 --json hybrid.json --plot hybrid.png
+    python benchmarks/hybrid_retriever.py --vectors 200000 --nlist 1024 --nprobe 32 --json hybrid.json --plot hybrid.png
 
 The device tier runs on torch's default device here ("cuda" when present, else "cpu"): on a CPU
 the latency figures say what the split costs, not what a GPU gains.
