@@ -1,5 +1,6 @@
 """Built-in components: an embedder, document loaders, retrievers over FAISS, Chroma and Qdrant, and
-generators over llama.cpp, transformers, vLLM and OpenAI-compatible servers.
+generators over llama.cpp, transformers, vLLM and OpenAI-compatible servers, and a speculative
+retriever for iterative pipelines.
 
 They know only `Component` and `make`; their heavy libraries load in `setup()`, in the process that
 runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
@@ -10,6 +11,7 @@ from patchkit.components.documents import Document, Hit, from_directory, from_te
 from patchkit.components.embedder import Embedder
 from patchkit.components.generators import Generator, LlamaCppGenerator, OpenAIGenerator, TransformersGenerator, VLLMGenerator
 from patchkit.components.retrievers import ChromaRetriever, FaissRetriever, QdrantRetriever, VectorRetriever
+from patchkit.components.speculative import SpeculativeRetriever, SpeculativeState
 
 __all__ = [
     "Augmenter",
@@ -27,6 +29,8 @@ __all__ = [
     "TransformersGenerator",
     "VLLMGenerator",
     "QdrantRetriever",
+    "SpeculativeRetriever",
+    "SpeculativeState",
     "VectorRetriever",
     "from_directory",
     "from_texts",
