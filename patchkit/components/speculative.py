@@ -38,7 +38,7 @@ import numpy as np
 
 from patchkit.client.component import Component, ensure_setup, make
 from patchkit.components.documents import Hit, fingerprint
-from patchkit.components.retrievers import Vectors, VectorRetriever
+from patchkit.components.retrievers import VectorRetriever, Vectors
 from patchkit.components.stride import estimate_gamma, optimal_stride
 
 __all__ = ["SpeculativeRetriever", "SpeculativeState"]
@@ -352,7 +352,7 @@ class SpeculativeRetriever(Component):
     def _vectors_of(self, ids: np.ndarray[Any, np.dtype[np.int64]]) -> Vectors:
         if self._all_vectors is not None:
             return np.ascontiguousarray(self._all_vectors[ids], dtype=np.float32)
-        vectors: Vectors = self.base.index.reconstruct_batch(ids)
+        vectors: Vectors = self.base.index.reconstruct_batch(ids)  # type: ignore[attr-defined]  # FAISS bases
         return vectors
 
     # -- helpers ---------------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ class SpeculativeRetriever(Component):
     def _checked(self, state: Any, method: str) -> SpeculativeState:
         if not isinstance(state, SpeculativeState):
             raise TypeError(
-                f"SpeculativeRetriever.{method}() takes the state that start() or retrieve() returned; got a {type(state).__name__}"
+                f"SpeculativeRetriever.{method}() takes the state start() or retrieve() returned; got a {type(state).__name__}"
             )
         if state.corpus != self.corpus:
             raise ValueError(
