@@ -13,6 +13,8 @@ Run it: `python examples/speculative.py`. Serve it: `patchkit serve examples/spe
 
 from __future__ import annotations
 
+from typing import Any
+
 import patchkit
 from patchkit.components import FaissRetriever, LlamaCppGenerator, SpeculativeRetriever, sources
 from patchkit.demo import ask
@@ -31,25 +33,23 @@ def finished(thoughts: list[str]) -> bool:
     return len(thoughts) >= ROUNDS
 
 
-base = FaissRetriever("pydoc", topk=2)
-retriever = SpeculativeRetriever(base, cache_topk=20, stride="auto", async_verify=True)
-llm = LlamaCppGenerator(max_tokens=STEP_TOKENS)
-
-question = QUESTIONS[0]
-with patchkit.capture(run=False, output="result") as plain:  # run=False: nothing loads here
+def plain_rounds(question: str, base: FaissRetriever, llm: LlamaCppGenerator) -> dict[str, Any]:
+    """The loop over the plain retriever: retrieve, write, retrieve with what was written, ..."""
     docs = base.retrieve(question)
-    thoughts = []
+    thoughts: list[str] = []
     while True:
         thought = llm.generate(step_prompt(question, thoughts), docs)
         thoughts.append(thought)
         if finished(thoughts):
             break
         docs = base.retrieve(thought)
-    result = {"answer": " ".join(thoughts), "thoughts": thoughts, "sources": sources(docs)}
+    return {"answer": " ".join(thoughts), "thoughts": thoughts, "sources": sources(docs)}
 
-with patchkit.capture(run=False, output="result") as pipeline:  # the last capture: what `patchkit serve` serves
+
+def speculative_rounds(question: str, retriever: SpeculativeRetriever, llm: LlamaCppGenerator) -> dict[str, Any]:
+    """The same loop over the speculative retriever, rolling back from the first wrong retrieval."""
     state = retriever.start(question)
-    thoughts = []
+    thoughts: list[str] = []
     while True:
         thought = llm.generate(step_prompt(question, thoughts), state.docs)
         thoughts.append(thought)
@@ -61,7 +61,19 @@ with patchkit.capture(run=False, output="result") as pipeline:  # the last captu
             thoughts = thoughts[: state.rollback]  # redo from the first wrong retrieval, with its true docs
         elif finished(thoughts):
             break
-    result = {"answer": " ".join(thoughts), "thoughts": thoughts, "sources": sources(state.docs)}
+    return {"answer": " ".join(thoughts), "thoughts": thoughts, "sources": sources(state.docs)}
+
+
+base = FaissRetriever("pydoc", topk=2)
+retriever = SpeculativeRetriever(base, cache_topk=20, stride="auto", async_verify=True)
+llm = LlamaCppGenerator(max_tokens=STEP_TOKENS)
+
+question = QUESTIONS[0]
+with patchkit.capture(run=False, output="result") as plain:  # run=False: nothing loads here
+    result = plain_rounds(question, base, llm)
+
+with patchkit.capture(run=False, output="result") as pipeline:  # the last capture: what `patchkit serve` serves
+    result = speculative_rounds(question, retriever, llm)
 
 if __name__ == "__main__":
     ask(pipeline, QUESTIONS)
