@@ -9,9 +9,10 @@ questions fail the grade and take rewrite + web search) and an IRCoT-shaped loop
 worker processes, and driven open-loop (`patchkit bench`, Poisson) at 50% to 120% of the planned
 capacity. The SLO is twice the mean latency at low load (Patchwork's definition), measured first.
 
-Three deployments per load, same arrivals: "off" (no policy), "on" (prioritisation; the plan uses
-the whole pool, so the autoscaler finds no free unit) and "on+room" (every policy, on a machine
-offering twice the plan's pool: the autoscaler may add replicas).
+Four deployments per load, same arrivals: "off" (no policy); "on" (the defaults: prioritisation
+and autoscaling, but the plan uses the whole pool, so the autoscaler finds no free unit); "on+room"
+(the defaults on a machine offering twice the plan's pool: the autoscaler may add replicas); "all"
+(as on+room, with admission pausing too).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ POOL = {"cpu": 6, "gpu": 1}
 QUESTIONS = [f"question {i}" + ("!" if i % 4 == 0 else "?") for i in range(32)]
 LOADS = (0.5, 0.7, 0.9, 1.0, 1.2)
 TRACED_LOAD = 0.9  # the run whose finished requests both estimators are scored on
+POLICIES = ("on", "on+room", "all")  # each compared with "off"
 OFF = {"prioritize": False, "pause_admission": False, "autoscale": False}
 
 
@@ -108,7 +110,11 @@ def bench_policies(plan: patchkit.Plan, seconds: float) -> dict[str, Any]:
     with patchkit.deploy(captured, plan=plan, **OFF) as endpoint:
         low = drive(endpoint, 0.1 * capacity, seconds, None)
     slo_ms = 2 * low["mean_ms"]
-    variants = {"off": (plan, OFF), "on": (plan, {}), "on+room": (roomy(plan), {"autoscale_interval_s": 0.5})}
+    scaling = {"autoscale_interval_s": 0.5}
+    variants = {
+        "off": (plan, OFF), "on": (plan, {}), "on+room": (roomy(plan), scaling),
+        "all": (roomy(plan), {**scaling, "pause_admission": True}),
+    }
     rows, traces = [], []
     for load in LOADS:
         row: dict[str, Any] = {"load": load}
@@ -118,7 +124,7 @@ def bench_policies(plan: patchkit.Plan, seconds: float) -> dict[str, Any]:
                 if load == TRACED_LOAD and label == "on":
                     traces = endpoint.traces()
         off = row["off"]["violations"]
-        for label in ("on", "on+room"):
+        for label in POLICIES:
             row[label]["fewer_violations"] = (off - row[label]["violations"]) / off if off else 0.0
             row[label]["throughput_cost"] = 1 - row[label]["throughput"] / row["off"]["throughput"]
         rows.append(row)
@@ -129,15 +135,15 @@ def bench_policies(plan: patchkit.Plan, seconds: float) -> dict[str, Any]:
 
 
 def table(policies: dict[str, Any]) -> str:
-    """Violations and throughput per load: off, on, on+room, and the changes against off."""
-    header = ["load", "violations off / on / on+room", "fewer on / on+room", "req/s off / on / on+room"]
+    """Violations and throughput per load: off and each policy set, and the changes against off."""
+    labels = ("off", *POLICIES)
+    header = ["load", f"violations {' / '.join(labels)}", f"fewer {' / '.join(POLICIES)}", f"req/s {' / '.join(labels)}"]
     rows = []
     for row in policies["loads"]:
-        labels = ("off", "on", "on+room")
         rows.append([
             f"{row['load']:.0%}",
             " / ".join(f"{row[k]['violations']:.3f}" for k in labels),
-            " / ".join(f"{row[k]['fewer_violations']:.0%}" for k in labels[1:]),
+            " / ".join(f"{row[k]['fewer_violations']:.0%}" for k in POLICIES),
             " / ".join(f"{row[k]['throughput']:.0f}" for k in labels),
         ])
     scores = policies["estimators"]

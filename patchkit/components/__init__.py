@@ -1,5 +1,6 @@
 """Built-in components: an embedder, document loaders, retrievers over FAISS, Chroma and Qdrant, a hybrid CPU/GPU IVF
-retriever, and generators over llama.cpp, transformers, vLLM and OpenAI-compatible servers.
+retriever, generators over llama.cpp, transformers, vLLM and OpenAI-compatible servers, and a speculative
+retriever for iterative pipelines.
 
 They know only `Component` and `make`; their heavy libraries load in `setup()`, in the process that
 runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
@@ -11,6 +12,7 @@ from patchkit.components.embedder import Embedder
 from patchkit.components.generators import Generator, LlamaCppGenerator, OpenAIGenerator, TransformersGenerator, VLLMGenerator
 from patchkit.components.hybrid import HybridIVFRetriever
 from patchkit.components.retrievers import ChromaRetriever, FaissRetriever, QdrantRetriever, VectorRetriever
+from patchkit.components.speculative import SpeculativeRetriever, SpeculativeState
 
 __all__ = [
     "Augmenter",
@@ -29,6 +31,8 @@ __all__ = [
     "TransformersGenerator",
     "VLLMGenerator",
     "QdrantRetriever",
+    "SpeculativeRetriever",
+    "SpeculativeState",
     "VectorRetriever",
     "from_directory",
     "from_texts",
