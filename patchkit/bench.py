@@ -50,6 +50,8 @@ _HEADERS = {"Content-Type": "application/json"}
 _BENCH_EXTRA = "pip install 'patchkit[bench]'"
 
 
+CHECK_QUERY_TIMEOUT_S = 120.0  # the first query, before the clock starts: a cold LLM pipeline is slow
+
 @dataclass(frozen=True)
 class Schedule:
     """Piecewise-constant arrival rates: `steps` are (start_s, requests per second), the first at 0 s."""
@@ -517,9 +519,10 @@ def _bodies(inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]], slo_ms: flo
     return bodies
 
 
-async def _check_endpoint(session: aiohttp.ClientSession, url: str, body: bytes) -> None:
-    """Before the clock starts: the endpoint answers /healthz, and accepts the first inputs (a 400
-    would make every request of the run fail the same way)."""
+async def _check_endpoint(session: aiohttp.ClientSession, url: str, body: bytes, query_timeout_s: float) -> None:
+    """Before the clock starts: the endpoint answers /healthz within 10 s, and answers the first inputs
+    (a 400 would make every request of the run fail the same way) within `query_timeout_s`: a cold
+    pipeline of LLM calls may take a while, and this first answer warms it for the run."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=10.0)
@@ -530,10 +533,14 @@ async def _check_endpoint(session: aiohttp.ClientSession, url: str, body: bytes)
                 raise PatchkitError(f"the endpoint at {url} is not healthy (GET /healthz: 503 {health.strip()})")
             if response.status != 200:
                 logger.warning("GET %s/healthz answered %d; benchmarking anyway", url, response.status)
-        async with session.post(url + "/v1/query", data=body, headers=_HEADERS, timeout=timeout) as response:
+        first = aiohttp.ClientTimeout(total=query_timeout_s)
+        async with session.post(url + "/v1/query", data=body, headers=_HEADERS, timeout=first) as response:
             reply = await response.read()
             status = response.status
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+    except TimeoutError:
+        raise PatchkitError(f"the endpoint at {url} did not answer GET /healthz within 10 s or its first query within "
+                            f"{query_timeout_s:g} s; is it overloaded or stuck?") from None
+    except (aiohttp.ClientError, OSError) as exc:
         raise PatchkitError(f"cannot reach the endpoint at {url} ({type(exc).__name__}: {exc}); is it running?") from None
     if status in (400, 413):
         try:
@@ -603,7 +610,7 @@ def run_bench(
 
         connector = aiohttp.TCPConnector(limit=0)  # open loop: no pool limit may hold a request back
         async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
-            await _check_endpoint(session, base, bodies[0])
+            await _check_endpoint(session, base, bodies[0], max(timeout_s, CHECK_QUERY_TIMEOUT_S))
             logger.info("sending %d requests to %s over %g s (%s)", len(arrivals), base, seconds, steps.describe())
             return await generator.run(session, seconds)
 
