@@ -55,7 +55,7 @@ logger = logging.getLogger("throughput")
 SYSTEMS = ("patchkit", "langgraph", "sequential")
 SIM = ("crag-gpu", "crag-cpu", "ircot-gpu", "ircot-cpu")
 REAL = ("crag-real", "ircot-real")
-FULL = {"loads": (0.1, 0.4, 0.8, 1.3), "seconds": 5.0, "real_loads": (0.6, 1.3), "real_seconds": 12.0,
+FULL = {"loads": (0.1, 0.4, 0.8, 1.3), "seconds": 5.0, "real_loads": (0.4,), "real_seconds": 45.0,
         "ablation": ("crag-gpu", "crag-cpu", "ircot-gpu"), "workloads": SIM + REAL}
 QUICK = {"loads": (0.1, 0.5, 1.2), "seconds": 3.0, "real_loads": (1.0,), "real_seconds": 10.0,
          "ablation": ("ircot-gpu",), "workloads": SIM}
