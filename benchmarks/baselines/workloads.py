@@ -25,7 +25,7 @@ from typing import Any, TypedDict
 
 import patchkit
 from patchkit import Component
-from patchkit.components import FaissRetriever, Grader, LlamaCppGenerator, Rewriter, WebSearch, merge_hits, sources
+from patchkit.components import merge_hits, sources
 from patchkit.components.testing import Simulated
 
 __all__ = ["WORKLOADS", "Workload"]
@@ -166,16 +166,10 @@ def capture_sim_crag(c: Components) -> patchkit.Pipeline:
 
 
 def capture_real_crag(c: Components) -> patchkit.Pipeline:
-    retriever, grader, rewriter, web, llm = c["retriever"], c["grader"], c["rewriter"], c["web"], c["llm"]
-    question = REAL_QUESTIONS[0]
-    with patchkit.capture(run=False, output="result") as pipeline:
-        docs = retriever.retrieve(question)
-        relevant = grader.grade(question, docs)
-        if not relevant:
-            docs = web.search(rewriter.rewrite(question))
-        answer = llm.generate(question, docs)
-        result = {"answer": answer, "sources": sources(docs), "graded_relevant": relevant}  # noqa: F841 - the output
-    return pipeline
+    """examples/crag.py's own captured pipeline, over the components `real_crag` hands out."""
+    from examples import crag
+
+    return crag.pipeline
 
 
 def sim_crag(retriever: list[tuple[float, float]], llm: list[tuple[float, float]], grader: list[tuple[float, float]],
@@ -190,13 +184,10 @@ def sim_crag(retriever: list[tuple[float, float]], llm: list[tuple[float, float]
 
 
 def real_crag() -> dict[str, Component]:
-    return {  # as examples/crag.py
-        "retriever": FaissRetriever("pydoc", topk=3),
-        "grader": Grader(LlamaCppGenerator(max_tokens=4)),
-        "rewriter": Rewriter(LlamaCppGenerator(max_tokens=24)),
-        "web": WebSearch(topk=3),
-        "llm": LlamaCppGenerator(max_tokens=64),
-    }
+    """The very components of examples/crag.py, so that its pipeline runs on them."""
+    from examples import crag
+
+    return {"retriever": crag.retriever, "grader": crag.grader, "rewriter": crag.rewriter, "web": crag.web, "llm": crag.llm}
 
 
 # --- IRCoT --------------------------------------------------------------------------------------------
@@ -301,22 +292,10 @@ def capture_sim_ircot(c: Components) -> patchkit.Pipeline:
 
 
 def capture_real_ircot(c: Components) -> patchkit.Pipeline:
-    from examples.ircot import final_answer, step_prompt
-    from examples.ircot import gives_answer as real_gives_answer
+    """examples/ircot.py's own captured pipeline, over the components `real_ircot` hands out."""
+    from examples import ircot
 
-    retriever, llm = c["retriever"], c["llm"]
-    question = REAL_QUESTIONS[0]
-    with patchkit.capture(run=False, output="result") as pipeline:  # as examples/ircot.py
-        docs = retriever.retrieve(question)
-        thoughts = []
-        while len(thoughts) < 3:
-            thought = llm.generate(step_prompt(question, thoughts), docs)
-            thoughts.append(thought)
-            if real_gives_answer(thought):
-                break
-            docs = merge_hits(docs, retriever.retrieve(thought))
-        result = {"answer": final_answer(thoughts), "sources": sources(docs), "rounds": len(thoughts)}  # noqa: F841
-    return pipeline
+    return ircot.pipeline
 
 
 def sim_ircot(retriever: list[tuple[float, float]], llm: list[tuple[float, float]], llm_resource: str) -> dict[str, Component]:
@@ -327,7 +306,10 @@ def sim_ircot(retriever: list[tuple[float, float]], llm: list[tuple[float, float
 
 
 def real_ircot() -> dict[str, Component]:
-    return {"retriever": FaissRetriever("pydoc", topk=2), "llm": LlamaCppGenerator(max_tokens=48)}  # as examples/ircot.py
+    """The very components of examples/ircot.py, so that its pipeline runs on them."""
+    from examples import ircot
+
+    return {"retriever": ircot.retriever, "llm": ircot.llm}
 
 
 REAL_QUESTIONS = [

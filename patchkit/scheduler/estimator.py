@@ -133,6 +133,22 @@ class _Mean:
         self.value += max(self.alpha, 1 / self.count) * (sample - self.value)
 
 
+class _MeanPerPosition(dict[str | None, _Mean]):
+    """A `_Mean` per graph position (None: before the first call), made as positions are seen."""
+
+    def __init__(self, alpha: float) -> None:
+        super().__init__()
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1]; got {alpha}")
+        self.alpha = alpha
+
+    def add(self, position: str | None, sample: float) -> None:
+        mean = self.get(position)
+        if mean is None:
+            mean = self[position] = _Mean(self.alpha)
+        mean.add(sample)
+
+
 # -- the running average ----------------------------------------------------------------------------
 class RunningAverage:
     """Expected remaining time per graph position, the position being the last node visited (None
@@ -149,12 +165,10 @@ class RunningAverage:
     name = "average"
 
     def __init__(self, alpha: float = 0.1, graph: Graph | None = None) -> None:
-        if not 0 < alpha <= 1:
-            raise ValueError(f"alpha must be in (0, 1]; got {alpha}")
+        self._remaining = _MeanPerPosition(alpha)
         self.alpha = alpha
         self.graph = graph
         self._next_calls = _next_calls(graph) if graph is not None else {}
-        self._remaining: dict[str | None, _Mean] = {}
         self._total = _Mean(alpha)
 
     def remaining_s(self, trace: Trace, now: float) -> float:
@@ -173,11 +187,7 @@ class RunningAverage:
         finished = _finished(trace)
         self._total.add(finished - trace.arrived)
         for k, reached in prefixes(trace):
-            position = trace.visits[k - 1].node if k else None
-            mean = self._remaining.get(position)
-            if mean is None:
-                mean = self._remaining[position] = _Mean(self.alpha)
-            mean.add(finished - reached)
+            self._remaining.add(trace.visits[k - 1].node if k else None, finished - reached)
 
     def expected(self) -> dict[str | None, float]:
         """The learned expected remaining seconds per position, from the moment it is reached."""
@@ -206,10 +216,7 @@ class WaitsAhead:
     """
 
     def __init__(self, alpha: float = 0.1) -> None:
-        if not 0 < alpha <= 1:
-            raise ValueError(f"alpha must be in (0, 1]; got {alpha}")
-        self.alpha = alpha
-        self._ahead: dict[str | None, _Mean] = {}
+        self._ahead = _MeanPerPosition(alpha)
 
     def ahead_s(self, trace: Trace) -> float:
         """Called by `SloPolicy.check` before each of the request's calls."""
@@ -221,11 +228,7 @@ class WaitsAhead:
         ahead = 0.0
         for k in range(len(trace.visits) - 1, -1, -1):
             ahead += trace.visits[k].waited
-            position = trace.visits[k - 1].node if k else None
-            mean = self._ahead.get(position)
-            if mean is None:
-                mean = self._ahead[position] = _Mean(self.alpha)
-            mean.add(ahead)
+            self._ahead.add(trace.visits[k - 1].node if k else None, ahead)
 
 
 # -- the graph's calls left ----------------------------------------------------------------------------

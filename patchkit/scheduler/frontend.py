@@ -198,7 +198,8 @@ class Frontend:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
             return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
         name = self._names[component._patchkit_spec.uid]
-        if self.prefetcher.routes:  # frame 1 is BoundMake.__call__, 2 the pipeline code making the call
+        if (component._patchkit_spec.uid, method.name) in self.prefetcher.sources:
+            # frame 1 is BoundMake.__call__, 2 the pipeline code making the call
             self.prefetcher.on_call(component, method.name, site_of(sys._getframe(2)), args, kwargs)
         if state.deadline is None:  # no SLO applies: nothing to estimate, nothing to record
             ok, value = await_(queue.submit(args, kwargs).future)

@@ -71,6 +71,7 @@ class Prefetcher:
         for route in routes:
             self._by_site.setdefault(route.site, []).append(route)
             self._by_method.setdefault((route.source_uid, route.source_method), []).append(route)
+        self.sources = frozenset(self._by_method)  # the (component uid, method) calls that may start a prefetch
         self.counts: Counter[str] = Counter()  # issued, done, failed, skipped
         self.bytes_requested = 0
         self._tasks: set[asyncio.Future[Any]] = set()
