@@ -1,6 +1,6 @@
 """Speculative retrieval: latency per request of the iterative example with and without speculation.
 
-    python benchmarks/speculative.py --synthetic 2000000 --json speculative.json
+    python benchmarks/speculative.py --synthetic 4000000 --json speculative.json
 
 Retriever: exact dense retrieval (FAISS flat, inner product) over the pydoc corpus's real MiniLM
 vectors plus `--synthetic` random unit vectors (seeded normal draws, L2-normalised) added to the
@@ -8,15 +8,20 @@ same index as distractor documents with empty text. Random directions in 384 dim
 cosine 0 from every question, so the top hits stay the real pydoc chunks while each search costs
 what a corpus of that size costs: one retrieval at least as long as one generation stride.
 Generator: SmolLM2-135M-Instruct through llama.cpp, temperature 0. Pipeline: `examples/speculative.py`
-(six rounds of 16 tokens, a retrieval after each), run eagerly in this process, once per question
-with the plain retriever and once per speculative configuration, in alternating order; the outputs
-must be identical. FAISS searches on one thread, llama.cpp on `--llm-threads`.
+(twelve rounds of 8 tokens, a retrieval after each), run eagerly in this process, once per question
+with the plain retriever and once per speculative configuration, in alternating order, after one
+warm-up request per configuration; the outputs must be identical. The plain runs time each
+generation step and each retrieval: the regime needs a retrieval at least as long as a step.
+FAISS searches on `--faiss-threads` (default: every core, FAISS's own default) and sends batches of
+`--blas-from` queries or more through BLAS (one pass over the vectors per block of queries, where its
+per-query scan makes one pass per query); llama.cpp runs on `--llm-threads`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import runpy
 import statistics
 import time
@@ -38,9 +43,12 @@ QUESTIONS = (
     "How do I open a file and read its lines?",
     "What does the global statement do?",
 )
+WARM_UP = "How do I define a function with default arguments?"
 CONFIGS = {
     "speculative, auto stride, async": {"stride": "auto", "async_verify": True},
     "speculative, auto stride, sync": {"stride": "auto", "async_verify": False},
+    "speculative, auto stride, sync, gamma_max 0.9": {"stride": "auto", "async_verify": False, "gamma_max": 0.9},
+    "speculative, stride 3, sync": {"stride": 3, "async_verify": False},
 }
 
 
@@ -84,6 +92,31 @@ class LargeFaissRetriever(FaissRetriever):
         self.docs = PaddedDocs(self.docs, self.synthetic)  # type: ignore[assignment]
 
 
+class CallTimes:
+    """Wall times of the eager calls of chosen component methods, by label (an instance attribute
+    shadows each method)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, list[float]] = {}
+
+    def wrap(self, component: Any, method: str, label: str) -> None:
+        inner = getattr(component, method)
+        times = self.seconds.setdefault(label, [])
+
+        def timed_call(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                times.append(time.perf_counter() - started)
+
+        setattr(component, method, timed_call)
+
+    def reset(self) -> None:
+        for times in self.seconds.values():
+            times.clear()
+
+
 def timed(fn: Any, *args: Any) -> tuple[Any, float]:
     started = time.perf_counter()
     result = fn(*args)
@@ -92,16 +125,19 @@ def timed(fn: Any, *args: Any) -> tuple[Any, float]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--synthetic", type=int, default=2_000_000, help="random unit vectors added to the index")
+    parser.add_argument("--synthetic", type=int, default=4_000_000, help="random unit vectors added to the index")
     parser.add_argument("--questions", type=int, default=len(QUESTIONS))
     parser.add_argument("--topk", type=int, default=1, help="documents per retrieval (each one lengthens every prompt)")
     parser.add_argument("--llm-threads", type=int, default=2)
+    parser.add_argument("--faiss-threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--blas-from", type=int, default=4, help="the smallest batch FAISS searches through BLAS")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
     import faiss
 
-    faiss.omp_set_num_threads(1)
+    faiss.omp_set_num_threads(args.faiss_threads)
+    faiss.cvar.distance_compute_blas_threshold = args.blas_from
     example = runpy.run_path(str(ROOT / "examples" / "speculative.py"), run_name="speculative_example")
     base = LargeFaissRetriever("pydoc", topk=args.topk, synthetic=args.synthetic)
     llm = LlamaCppGenerator(max_tokens=example["STEP_TOKENS"], threads=args.llm_threads)
@@ -110,14 +146,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     base.retrieve("warm up")  # builds the index
     llm.generate("warm up", max_tokens=4)
     for retriever in retrievers.values():
-        retriever.start("warm up")
+        example["speculative_rounds"](WARM_UP, retriever, llm)  # a warm replica: it has measured a decoding step
         retriever.totals.clear()
         retriever.strides.clear()
-    _, one_retrieval = timed(base.retrieve, "How do I leave a loop?")
-    _, one_stride = timed(llm.generate, example["step_prompt"]("How do I leave a loop?", []), base.retrieve("loop"))
-    print(f"ready in {time.perf_counter() - started:.0f} s: {base.index.ntotal:,} vectors; one retrieval "
-          f"{one_retrieval * 1000:.0f} ms, one generation stride {one_stride * 1000:.0f} ms", flush=True)
+    vectors = base.embedder.encode(list(QUESTIONS) * 2)
+    search_ms = {n: 1000 * min(timed(base.search, vectors[:n], 20)[1] for _ in range(2)) for n in (1, 2, 3, 4, 8)}
+    print(f"ready in {time.perf_counter() - started:.0f} s: {base.index.ntotal:,} vectors; one base search of a "
+          "batch of n queries: " + ", ".join(f"n={n} {ms:.0f} ms" for n, ms in search_ms.items()), flush=True)
 
+    calls = CallTimes()
+    calls.wrap(llm, "generate", "generation step")
+    calls.wrap(base, "retrieve", "retrieval")
+    steps: dict[str, list[float]] = {"generation step": [], "retrieval": []}
     latencies: dict[str, list[float]] = {"plain": [], **{name: [] for name in retrievers}}
     identical = True
     for n, question in enumerate(QUESTIONS[: args.questions]):
@@ -126,8 +166,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             runs.reverse()  # alternate the order: the generator's prompt cache favours neither
         outputs = {}
         for name, retriever in runs:
+            calls.reset()
             if retriever is None:
                 outputs[name], seconds = timed(example["plain_rounds"], question, base, llm)
+                for label, times in calls.seconds.items():
+                    steps[label].extend(times)
             else:
                 outputs[name], seconds = timed(example["speculative_rounds"], question, retriever, llm)
             latencies[name].append(seconds)
@@ -137,11 +180,14 @@ def main(argv: Sequence[str] | None = None) -> None:
               flush=True)
 
     plain_mean = statistics.mean(latencies["plain"])
+    step_ms = {label: 1000 * statistics.mean(times) for label, times in steps.items()}
     results: dict[str, Any] = {
-        "vectors": base.index.ntotal, "one_retrieval_ms": one_retrieval * 1000, "one_stride_ms": one_stride * 1000,
-        "identical_outputs": identical, "plain_mean_s": plain_mean, "configs": {},
+        "vectors": base.index.ntotal, "mean_step_ms": step_ms, "search_ms_by_batch": search_ms,
+        "identical_outputs": identical,
+        "plain_mean_s": plain_mean, "plain_latencies_s": latencies["plain"], "configs": {},
     }
-    print(f"\nplain: mean {plain_mean:.2f} s per request")
+    print(f"\nplain: mean {plain_mean:.2f} s per request; mean generation step {step_ms['generation step']:.0f} ms, "
+          f"mean retrieval {step_ms['retrieval']:.0f} ms")
     for name, retriever in retrievers.items():
         mean = statistics.mean(latencies[name])
         totals = retriever.totals

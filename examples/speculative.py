@@ -1,4 +1,4 @@
-"""Speculative retrieval in an Iter-RetGen-shaped loop: each of six rounds the LLM writes a few more
+"""Speculative retrieval in an Iter-RetGen-shaped loop: each of twelve rounds the LLM writes a few more
 tokens of reasoning from the documents so far, and what it wrote retrieves the documents for the
 next round; the reasoning is the answer.
 
@@ -20,8 +20,8 @@ from patchkit.components import FaissRetriever, LlamaCppGenerator, SpeculativeRe
 from patchkit.demo import ask
 
 QUESTIONS = ("Which statement do I use to leave a loop early?", "How do I make a class usable in a with statement?")
-ROUNDS = 6
-STEP_TOKENS = 16  # a generation stride: a few tokens, then retrieve again
+ROUNDS = 12
+STEP_TOKENS = 8  # a generation stride: a few tokens, then retrieve again
 STEP_PROMPT = "Question: {question}\nReasoning so far: {thoughts}\nWrite the next sentence of the reasoning."
 
 

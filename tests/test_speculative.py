@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import runpy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,20 @@ def test_the_state_travels_to_another_replica_which_verifies_again(parts: Any) -
     after = other.retrieve(pickle.loads(pickle.dumps(state)), "next")
     assert after.rollback == 1 and after.docs == parts.retrieve("How do I catch an exception?")
     assert other.totals["recomputed"] == 1
+
+
+@pytest.mark.slow
+def test_auto_stride_checks_a_requests_first_guess_at_once_and_seeds_later_requests(parts: Any) -> None:
+    retriever = speculative(parts, cache_topk=6, async_verify=False)  # stride "auto"
+    first = retriever.start("How do I leave a loop?")
+    assert first.stride == 1 and first.decode_s is None  # this replica has measured no decoding yet
+    time.sleep(0.05)  # the pipeline decodes
+    first = retriever.retrieve(first, "What does yield do?")
+    assert first.verified and first.verifications == 1  # the first guess is verified in its own call
+    assert first.decode_s is not None and first.decode_s >= 0.05
+    second = retriever.start("How do I open a file?")
+    assert second.stride == 1  # every request's first guess, however good the last request's were
+    assert second.decode_s == first.decode_s  # but its estimate starts from what this replica measured
 
 
 @pytest.mark.slow

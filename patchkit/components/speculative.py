@@ -51,6 +51,10 @@ DECODE_SMOOTHING = 0.5  # weight of the newest latency sample: "the most recent 
 Found = list[tuple[int, float]]  # (document index, score) pairs, best first, as VectorRetriever.search gives
 
 
+def smoothed(mean: float | None, sample: float) -> float:
+    return sample if mean is None else DECODE_SMOOTHING * sample + (1 - DECODE_SMOOTHING) * mean
+
+
 @dataclass(frozen=True)
 class Speculation:
     """One retrieval answered from the cache: its number, query vector and the document indexes it gave."""
@@ -115,7 +119,8 @@ class SpeculativeRetriever(Component):
     Pipeline code: `state = retriever.start(question)`, then `state = retriever.retrieve(state, query)`
     for each further retrieval, reading `state.docs` and rolling back when `state.rollback` is set,
     and `state = retriever.settle(state)` before the output (it verifies what is left). `stride`: the
-    speculations per verification, an int or "auto" (the optimal stride scheduler, starting at 1);
+    speculations per verification, an int or "auto" (the optimal stride scheduler: stride 1 for a
+    request's first guess, then from its measurements, seeded with this replica's decode latency);
     `cache_topk`: the documents each real retrieval adds to the cache.
     """
 
@@ -166,6 +171,9 @@ class SpeculativeRetriever(Component):
         self._lock = threading.Lock()
         self.totals: Counter[str] = Counter()  # this process's counts over every request, for benchmarks and logs
         self.strides: Counter[int] = Counter()  # strides of the verifications run here
+        # This replica's latest decode latency over all requests: a new request's estimate starts
+        # from it, so its second stride need not wait for its own steps to be measured.
+        self._decode_s: float | None = None
 
     # -- pipeline calls ------------------------------------------------------------------------------
     @make(batch=True, max_batch_size=64)
@@ -177,8 +185,10 @@ class SpeculativeRetriever(Component):
             ids = np.array([i for i, _ in found], dtype=np.int64)
             state = SpeculativeState(self._hits(found), self.corpus, np.empty(0, np.int64), np.empty((0, 0), np.float32))
             self._add_to_cache(state, ids)
+            # "auto" starts at stride 1 (RaLMSpec): the first guess, made from the question's documents
+            # alone, is the likeliest to miss, and a miss found late throws away every step since.
             state.stride = 1 if self.stride == "auto" else int(self.stride)
-            state.verify_s, state.returned_at = verification.seconds, time.time()
+            state.decode_s, state.verify_s, state.returned_at = self._decode_s, verification.seconds, time.time()
             states.append(state)
         self._count(retrievals=len(query), base_queries=len(query))
         return states
@@ -196,7 +206,8 @@ class SpeculativeRetriever(Component):
             s.rollback = None
             if s.returned_at:
                 sample = max(0.0, now - s.returned_at)
-                s.decode_s = sample if s.decode_s is None else DECODE_SMOOTHING * sample + (1 - DECODE_SMOOTHING) * s.decode_s
+                s.decode_s = smoothed(s.decode_s, sample)
+                self._decode_s = smoothed(self._decode_s, sample)
         self._collect(states)
         live = [i for i, s in enumerate(states) if s.rollback is None]
         vectors = self.base.embedder.encode([query[i] for i in live]) if live else np.empty((0, 0), np.float32)

@@ -110,6 +110,8 @@ class DeviceTier:
         starts = np.full(self.nlist, -1, dtype=np.int64)
         row_cluster = np.repeat(np.array(clusters, dtype=np.int64), lengths)
         stream = self._stream
+        if stream is not None:  # the new slabs come from the default stream's pool: let its pending work finish first
+            stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
             at = 0
             for c, n in zip(clusters, lengths):
