@@ -1,6 +1,6 @@
 """Speculative retrieval: latency per request of the iterative example with and without speculation.
 
-    python benchmarks/speculative.py --synthetic 4000000 --json speculative.json
+    python benchmarks/speculative.py --synthetic 8000000 --questions 6 --json speculative.json
 
 Retriever: exact dense retrieval (FAISS flat, inner product) over the pydoc corpus's real MiniLM
 vectors plus `--synthetic` random unit vectors (seeded normal draws, L2-normalised) added to the
