@@ -48,7 +48,9 @@ def test_the_worked_example_of_patchwork_section_2_3() -> None:
     assert made.used() == {"cpu": 5, "gpu": 1}  # the second GPU stays free
     assert made.bottleneck == "retriever"
     assert made.virtual == ("cpu", "gpu")  # this machine has 2 cores and no GPU
-    assert 1000 < made.throughput <= 1500  # 3 replicas at 2 ms per query, less the process hop
+    # 3 replicas at 2 ms per query, less the process hop; the plan reads T(b) from a fit that may
+    # sit up to its 5% tolerance below the measured times, so its estimate may pass 1500 by as much
+    assert 1000 < made.throughput <= 1500 * 1.05
 
 
 def test_a_retriever_that_batches_for_free_moves_the_bottleneck_to_the_augmenter() -> None:
