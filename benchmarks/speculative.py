@@ -157,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     calls = CallTimes()
     calls.wrap(llm, "generate", "generation step")
     calls.wrap(base, "retrieve", "retrieval")
-    steps: dict[str, list[float]] = {"generation step": [], "retrieval": []}
+    steps: dict[str, list[float]] = {label: [] for label in calls.seconds}
     latencies: dict[str, list[float]] = {"plain": [], **{name: [] for name in retrievers}}
     identical = True
     for n, question in enumerate(QUESTIONS[: args.questions]):
