@@ -206,7 +206,9 @@ def test_a_stream_of_queries_loses_none_while_a_replica_is_added_and_one_retired
         assert (up.component, len(frontend.sets["slow"].replicas)) == ("slow", 3)
         busy = await first_busy(frontend, "slow")
         seen["inflight"] = busy.inflight
-        assert await frontend.supervisor.retire(busy)  # with a batch sent (inprocess: it runs within this loop turn)
+        stopped = frontend.supervisor.retire(busy)  # with a batch sent (inprocess: it runs within this loop turn)
+        assert stopped is not None
+        await stopped
         seen["alive_after"], seen["kept"] = busy.alive, [r.id for r in frontend.supervisor.replicas("slow")]
         await streaming
         outputs = [r.output for r in await asyncio.gather(*queries)]
@@ -337,7 +339,9 @@ def test_a_worker_retired_with_a_batch_in_flight_finishes_it_first() -> None:
             queries = [asyncio.ensure_future(frontend.query({"query": f"q{i}"})) for i in range(8)]
             busy = await first_busy(frontend, "sim")
             started = time.monotonic()
-            assert await frontend.supervisor.retire(busy)
+            stopped = frontend.supervisor.retire(busy)
+            assert stopped is not None
+            await stopped
             waited = time.monotonic() - started
             outputs = [r.output for r in await asyncio.gather(*queries)]
             return outputs, waited, frontend.stats()

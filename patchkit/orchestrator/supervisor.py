@@ -105,22 +105,24 @@ class Supervisor:
         """
         return await asyncio.shield(self._track(self._start(spec)))
 
-    async def retire(self, replica: Replica) -> bool:
-        """Remove a replica with no failed call; called by the autoscaler. False if it is not kept here
-        (it died and is being restarted, or the supervisor is closing): then nothing is done.
+    def retire(self, replica: Replica) -> asyncio.Future[None] | None:
+        """Take a replica out of dispatch at once, then stop it with no failed call; called by the
+        autoscaler. Returns a future done once it is drained and stopped (cancelling a waiter does
+        not cancel that), or None if the replica is not kept here (it died and is being restarted,
+        or the supervisor is closing): then nothing is done.
 
         In order: its watch ends, so that stopping it is not taken for a death (no restart, not
-        counted in `restarts`); `on_down(replica, "retired")` takes it out of dispatch; its batches
-        in flight come back (`drain_timeout_s` at most: those still out then fail with
-        WorkerDiedError and are retried on other replicas); it is stopped.
+        counted in `restarts`); `on_down(replica, "retired")` takes it out of dispatch before this
+        returns; then, in a task of its own that `close` waits for, its batches in flight come back
+        (`drain_timeout_s` at most: those still out then fail with WorkerDiedError and are retried
+        on other replicas), and it is stopped.
         """
         keeper = None if self._closing.is_set() else self._keepers.pop(replica, None)
         if keeper is None:
-            return False
+            return None
         keeper.cancel()
         self._on_down(replica, "retired")
-        await asyncio.shield(self._track(self._drain_and_stop(replica, keeper)))
-        return True
+        return asyncio.shield(self._track(self._drain_and_stop(replica, keeper)))
 
     async def _drain_and_stop(self, replica: Replica, keeper: asyncio.Task[None]) -> None:
         with contextlib.suppress(asyncio.CancelledError):

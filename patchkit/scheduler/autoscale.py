@@ -133,14 +133,21 @@ class Autoscaler:
 
     # -- applying -------------------------------------------------------------------------------
     async def _apply(self, decision: Decision, now: float) -> bool:
-        name = decision.component
-        changed = await self._add(name, now) if decision.kind == "scale_up" else await self._retire(name)
+        """Apply one decision. A retired replica leaves dispatch at once, so a scale-down is recorded
+        then, as stats show it, and only after that does the step wait for the replica to stop."""
+        name, stopped = decision.component, None
+        if decision.kind == "scale_up":
+            changed = await self._add(name, now)
+        else:
+            changed, stopped = self._retire(name)
         if changed is None:
             return False
         self.replicas[name] = decision.replicas
         self.frontend.policy.counts[decision.kind + "s"] += 1
         logger.info("scaled %s %s to %d replicas (%s): %s", decision.kind.removeprefix("scale_"), name, decision.replicas,
                     changed, decision.reason)
+        if stopped is not None:
+            await stopped
         return True
 
     async def _add(self, name: str, now: float) -> str | None:
@@ -157,13 +164,15 @@ class Autoscaler:
         self._quiet_since[name] = now
         return replica.id
 
-    async def _retire(self, name: str) -> str | None:
-        """Retire the least loaded live replica (of equals, the newest); its id, or None when none was."""
+    def _retire(self, name: str) -> tuple[str | None, asyncio.Future[None] | None]:
+        """Retire the least loaded live replica (of equals, the newest): its id and the future of its
+        stop, or (None, None) when none was."""
         live = [r for r in self._set(name).replicas if r.alive]
         if len(live) < 2:  # the others are being restarted: wait for them
-            return None
+            return None, None
         replica = min(reversed(live), key=lambda r: r.inflight)
-        return replica.id if await self.frontend.supervisor.retire(replica) else None
+        stopped = self.frontend.supervisor.retire(replica)
+        return (None, None) if stopped is None else (replica.id, stopped)
 
     def _resources(self, name: str) -> ReplicaResources:
         """What an added replica may use: placed like its siblings on the plan's resource type."""
