@@ -30,8 +30,8 @@ from runtime import arguments, load, report  # noqa: E402
 
 import patchkit  # noqa: E402
 from patchkit.components.testing import Simulated  # noqa: E402
-from patchkit.scheduler.milp import Option, Problem, solve  # noqa: E402
-from patchkit.scheduler.pwl import PiecewiseLinear  # noqa: E402
+from patchkit.scheduler.offline.milp import Option, Problem, solve  # noqa: E402
+from patchkit.scheduler.offline.pwl import PiecewiseLinear  # noqa: E402
 
 POOL = {"cpu": 8, "gpu": 2}
 # A quarter of the questions fail the grade and take the rewrite + web search branch.

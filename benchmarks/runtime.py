@@ -36,8 +36,8 @@ from patchkit import Component, make
 from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.rpc import HEALTH, SECRET_KEY
-from patchkit.scheduler.config import DeploymentConfig
-from patchkit.scheduler.frontend import Frontend, make_backend
+from patchkit.config import DeploymentConfig
+from patchkit.scheduler.online.frontend import Frontend, make_backend
 
 LOAD = str(Path(__file__).with_name("_load.py"))
 

@@ -6,7 +6,7 @@ Mark component methods with `@patchkit.make`, write the pipeline inside
 
 from patchkit import capture as _capture_package  # noqa: F401 - load the package before the function shadows its name
 from patchkit.client.capture import capture
-from patchkit.client.component import Component, make
+from patchkit.component import Component, make
 from patchkit.client.endpoint import Endpoint, deploy
 from patchkit.client.pipeline import Pipeline, last_pipeline
 from patchkit.errors import (
@@ -20,8 +20,8 @@ from patchkit.errors import (
     PlanError,
     WorkerDiedError,
 )
-from patchkit.scheduler.plan import Plan
-from patchkit.scheduler.planner import plan
+from patchkit.scheduler.offline.plan import Plan
+from patchkit.client.planning import plan
 
 __version__ = "0.1.0"
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline
-    from patchkit.scheduler.plan import Plan
+    from patchkit.scheduler.offline.plan import Plan
 
 __all__ = ["main"]
 
@@ -46,8 +46,8 @@ def _load(command: str, file: str) -> Pipeline | None:
 
 def _plan_of(args: argparse.Namespace, pipeline: Pipeline) -> Plan | None:
     """`--plan auto` plans now; `--plan FILE.json` loads what `patchkit plan --json` printed."""
-    from patchkit.scheduler.plan import Plan
-    from patchkit.scheduler.planner import plan
+    from patchkit.scheduler.offline.plan import Plan
+    from patchkit.scheduler.offline.planner import plan
 
     if args.plan is None:
         return None
@@ -57,14 +57,14 @@ def _plan_of(args: argparse.Namespace, pipeline: Pipeline) -> Plan | None:
 
 
 def _resources(args: argparse.Namespace) -> dict[str, int] | None:
-    from patchkit.scheduler.pool import ResourcePool
+    from patchkit.scheduler.offline.pool import ResourcePool
 
     return dict(ResourcePool.parse(args.resources).capacity) if args.resources else None
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from patchkit.scheduler.config import DeploymentConfig
-    from patchkit.scheduler.server import serve_blocking
+    from patchkit.config import DeploymentConfig
+    from patchkit.server.process import serve_blocking
 
     pipeline = _load("serve", args.file)
     if pipeline is None:
@@ -92,7 +92,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from patchkit.scheduler.planner import plan
+    from patchkit.scheduler.offline.planner import plan
 
     pipeline = _load("plan", args.file)
     if pipeline is None:

@@ -19,6 +19,8 @@ This module imports nothing from patchkit, so every part may raise these.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "WorkerDiedError",
     "error_from_json",
     "error_to_json",
+    "unknown_input",
 ]
 
 
@@ -123,3 +126,10 @@ def error_from_json(payload: dict[str, Any]) -> PatchkitError:
         "CaptureError": PatchkitError,
     }
     return known.get(kind, PatchkitError)(message)
+
+
+def unknown_input(name: str, known: Mapping[str, Any]) -> InputError:
+    """The error for an input the pipeline does not have, with the closest known name."""
+    close = difflib.get_close_matches(name, list(known), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return InputError(f"unknown pipeline input {name!r}{hint} (inputs: {', '.join(sorted(known)) or 'none'})")

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import patchkit
-from patchkit.scheduler.config import DeploymentConfig
-from patchkit.scheduler.frontend import Frontend, make_backend
+from patchkit.config import DeploymentConfig
+from patchkit.scheduler.online.frontend import Frontend, make_backend
 
 ROOT = Path(__file__).resolve().parent.parent
 

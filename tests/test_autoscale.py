@@ -22,11 +22,11 @@ import patchkit
 from patchkit.components.testing import Simulated
 from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.resources import ReplicaResources, one_more
-from patchkit.scheduler.config import DeploymentConfig
-from patchkit.scheduler.frontend import Frontend, RequestResult, make_backend
-from patchkit.scheduler.metrics import render_metrics
-from patchkit.scheduler.plan import ComponentPlan, Plan
-from patchkit.scheduler.slo import RequestState
+from patchkit.config import DeploymentConfig
+from patchkit.scheduler.online.frontend import Frontend, RequestResult, make_backend
+from patchkit.server.metrics import render_metrics
+from patchkit.scheduler.offline.plan import ComponentPlan, Plan
+from patchkit.scheduler.online.slo import RequestState
 
 fast, slow, sim = Simulated(0.0), Simulated(0.0), Simulated(50.0, max_batch=1)
 HOLD_MS = 60_000.0  # calls wait this long for a full batch: on the fake clock, until a test lets them go

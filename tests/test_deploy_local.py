@@ -210,7 +210,7 @@ def test_close_drains_inflight_requests_and_leaves_no_process() -> None:
     ours = _children(os.getpid())
     endpoint = patchkit.deploy(_nap_pipeline(slow), replicas=2)
     try:
-        [frontend] = [pid for pid in _children(os.getpid()) - ours if b"patchkit.scheduler.server" in _cmdline(pid)]
+        [frontend] = [pid for pid in _children(os.getpid()) - ours if b"patchkit.server.process" in _cmdline(pid)]
         workers = _worker_pids(endpoint)
         assert _children(frontend) == set(workers) and len(workers) == 2
         threads, results = _in_threads(lambda i: endpoint.query(text=f"request {i}"), requests)

@@ -11,7 +11,7 @@ import pytest
 
 from patchkit.capture.graph import OUTPUT, Graph, Node
 from patchkit.capture.recorder import CallSite
-from patchkit.scheduler.estimator import (
+from patchkit.scheduler.online.estimator import (
     RunningAverage,
     Trace,
     Visit,

@@ -19,9 +19,9 @@ from test_capture_corpus import _capture as capture_case
 
 import patchkit
 from patchkit import Component, make
-from patchkit.scheduler.config import DeploymentConfig
-from patchkit.scheduler.frontend import Frontend
-from patchkit.scheduler.inputs import InputSchema
+from patchkit.config import DeploymentConfig
+from patchkit.scheduler.online.frontend import Frontend
+from patchkit.server.inputs import InputSchema
 
 
 class Recorder(Component):
@@ -290,7 +290,7 @@ def test_more_requests_than_the_admission_bound_get_503_with_retry_after() -> No
 
     results = run_frontend(pipeline, body, max_inflight_requests=2, batch_size=2, batch_wait_ms=50)
     assert [r.output for r in results] == ["<a>", "<b>"]
-    from patchkit.scheduler.http import error_reply
+    from patchkit.server.http import error_reply
 
     status, payload = error_reply(patchkit.Overloaded(5, 5))
     assert status == 503 and payload["error"]["limit"] == 5

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 
 from patchkit.errors import PlanError
-from patchkit.scheduler.milp import Option, Problem, Solution, solve
-from patchkit.scheduler.pwl import PiecewiseLinear
+from patchkit.scheduler.offline.milp import Option, Problem, Solution, solve
+from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
 HAVE_GUROBI = importlib.util.find_spec("gurobipy") is not None
 SOLVERS = [
@@ -287,7 +287,7 @@ def large_problem() -> Problem:
 @pytest.mark.skipif(not HAVE_GUROBI, reason="gurobipy is not installed")
 def test_a_model_past_gurobis_pip_licence_solves_with_highs(caplog: pytest.LogCaptureFixture) -> None:
     problem = large_problem()
-    with caplog.at_level(logging.INFO, logger="patchkit.scheduler.milp"):
+    with caplog.at_level(logging.INFO, logger="patchkit.scheduler.offline.milp"):
         solution = solve(problem)
     assert solution.solver == "highs"
     assert "size-limited license" in caplog.text and "solved with highs" in caplog.text

@@ -17,7 +17,7 @@ import pytest
 import patchkit
 from patchkit.components.testing import Simulated
 from patchkit.orchestrator.local import LocalBackend
-from patchkit.scheduler.plan import ComponentPlan, Plan
+from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 
 pytestmark = pytest.mark.slow
 

@@ -6,7 +6,7 @@ import pytest
 
 import patchkit
 from patchkit.orchestrator.resources import ReplicaResources, assign, available_gpus
-from patchkit.scheduler.pool import ResourcePool
+from patchkit.scheduler.offline.pool import ResourcePool
 
 
 def test_a_declared_pool_larger_than_the_machine_is_virtual() -> None:

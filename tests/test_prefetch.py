@@ -11,9 +11,9 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.scheduler.frontend import Frontend
-from patchkit.scheduler.metrics import render_metrics
-from patchkit.scheduler.prefetch import find_routes
+from patchkit.scheduler.online.frontend import Frontend
+from patchkit.server.metrics import render_metrics
+from patchkit.scheduler.online.prefetch import find_routes
 
 
 class PrefetchingRetriever(Component):

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from patchkit.scheduler.pwl import PiecewiseLinear
+from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
 SIZES = (1, 2, 4, 8, 16, 32, 48, 64, 96, 128)
 

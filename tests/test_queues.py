@@ -10,7 +10,7 @@ from components import Retriever
 
 from patchkit.orchestrator.backend import Call, Replica, ReplicaSpec
 from patchkit.orchestrator.execute import Outcome
-from patchkit.scheduler.queues import BatchQueue, ReplicaSet
+from patchkit.scheduler.online.queues import BatchQueue, ReplicaSet
 
 
 class HeldChannel:

@@ -34,8 +34,8 @@ from patchkit import WorkerDiedError
 from patchkit.components.testing import Simulated
 from patchkit.orchestrator.ray_backend import cluster_resources
 from patchkit.orchestrator.rpc import HEALTH
-from patchkit.scheduler.config import DeploymentConfig
-from patchkit.scheduler.plan import ComponentPlan, Plan
+from patchkit.config import DeploymentConfig
+from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 
 if importlib.util.find_spec("ray") is None:
     pytest.skip("needs ray (the ray extra)", allow_module_level=True)

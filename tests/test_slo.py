@@ -11,10 +11,10 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.scheduler.estimator import RunningAverage, Trace, Visit, accuracy
-from patchkit.scheduler.frontend import Frontend
-from patchkit.scheduler.metrics import render_metrics
-from patchkit.scheduler.slo import SloPolicy
+from patchkit.scheduler.online.estimator import RunningAverage, Trace, Visit, accuracy
+from patchkit.scheduler.online.frontend import Frontend
+from patchkit.server.metrics import render_metrics
+from patchkit.scheduler.online.slo import SloPolicy
 
 
 class FakeClock:

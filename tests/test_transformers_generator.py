@@ -20,7 +20,7 @@ pytest.importorskip("gguf")
 
 from serving import ask_deployed_together  # noqa: E402
 
-from patchkit.client.component import ensure_setup  # noqa: E402
+from patchkit.component import ensure_setup  # noqa: E402
 from patchkit.components import Hit, TransformersGenerator  # noqa: E402
 from patchkit.components.generators import default_gguf_path  # noqa: E402
 from patchkit.orchestrator.execute import run_batch  # noqa: E402

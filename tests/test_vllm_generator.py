@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from serving import ask_deployed_together
 
-from patchkit.client.component import ensure_setup
+from patchkit.component import ensure_setup
 from patchkit.components import VLLMGenerator
 from patchkit.orchestrator.execute import run_batch
 

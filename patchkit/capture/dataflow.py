@@ -29,7 +29,7 @@ from patchkit.capture.graph import OUTPUT, Graph, Guard, Loop
 from patchkit.capture.ir import BlockExit, CapturedBlock
 from patchkit.capture.recorder import CallSite
 from patchkit.capture.stack import pops_pushes
-from patchkit.client.component import Component, make_methods
+from patchkit.component import Component, make_methods
 
 __all__ = ["build_graph"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from patchkit.capture.analysis import default_output, instr_writes, live_in
 from patchkit.capture.ir import CapturedBlock
-from patchkit.client.component import Component
+from patchkit.component import Component
 from patchkit.errors import CaptureError
 
 __all__ = ["FrameVariables", "is_bound_object", "resolve_output", "split_variables"]

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from patchkit.capture import render
 from patchkit.capture.recorder import CallRecord, CallSite
-from patchkit.client.component import Component
+from patchkit.component import Component
 
 __all__ = ["Edge", "Graph", "Guard", "Loop", "Node", "OUTPUT"]
 

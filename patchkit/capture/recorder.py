@@ -13,7 +13,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.client.component import Component, MakeMethod, call_hook
+from patchkit.component import Component, MakeMethod, call_hook
 
 __all__ = ["CallRecord", "CallSite", "Recorder", "site_of"]
 

@@ -22,7 +22,7 @@ from patchkit.capture.frame import frame_namespace, resolve_output, split_variab
 from patchkit.capture.ir import CapturedBlock
 from patchkit.capture.recorder import Recorder
 from patchkit.capture.skip import BodySkipped, Skipper
-from patchkit.client.component import call_hook
+from patchkit.component import call_hook
 from patchkit.client.pipeline import Pipeline, set_last_pipeline
 from patchkit.errors import CaptureError
 

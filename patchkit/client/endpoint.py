@@ -20,9 +20,9 @@ from patchkit.client.pipeline import Pipeline, last_pipeline
 from patchkit.errors import InputError, PatchkitError, error_from_json
 
 if TYPE_CHECKING:
-    from patchkit.scheduler.config import DeploymentConfig
-    from patchkit.scheduler.estimator import Trace
-    from patchkit.scheduler.plan import Plan
+    from patchkit.config import DeploymentConfig
+    from patchkit.scheduler.online.estimator import Trace
+    from patchkit.scheduler.offline.plan import Plan
 
 __all__ = ["Endpoint", "deploy"]
 
@@ -68,8 +68,8 @@ class Endpoint:
 
     def traces(self) -> list[Trace]:
         """The last finished requests with an SLO (up to 5,000), each call with its times and queue
-        wait: what the SLO estimators learn from, for `patchkit.scheduler.estimator.accuracy`."""
-        from patchkit.scheduler.estimator import Trace
+        wait: what the SLO estimators learn from, for `patchkit.scheduler.online.estimator.accuracy`."""
+        from patchkit.scheduler.online.estimator import Trace
 
         result: dict[str, Any] = self._reply(*self._request("GET", "/v1/traces", None))
         return [Trace.from_dict(trace) for trace in result["traces"]]
@@ -157,11 +157,11 @@ def deploy(
     "component.method" (default: each method's `@make(max_batch_size=...)`). `plan`: a `Plan` to
     apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=, calibration=,
     slo_ms=)`: it sets every component's replicas, batch size and placement. Further options are
-    the fields of `patchkit.scheduler.config.DeploymentConfig` (batch_wait_ms, optional_inputs,
+    the fields of `patchkit.config.DeploymentConfig` (batch_wait_ms, optional_inputs,
     max_inflight_requests, max_body_bytes, request_timeout_s, max_retries, drain_timeout_s, the SLO
     policies' prioritize, pause_admission, autoscale, min_replicas, max_replicas).
     """
-    from patchkit.scheduler.config import DeploymentConfig
+    from patchkit.config import DeploymentConfig
 
     pipeline = pipeline if pipeline is not None else last_pipeline()
     if backend == "ray":
@@ -171,7 +171,7 @@ def deploy(
 
             resources = cluster_resources(ray_address)
     if plan == "auto":
-        from patchkit.scheduler.planner import plan as make_plan
+        from patchkit.scheduler.offline.planner import plan as make_plan
 
         plan = make_plan(pipeline, resources=resources, calibration=calibration, slo_ms=slo_ms)
     elif resources is not None or calibration is not None:
@@ -181,7 +181,7 @@ def deploy(
         port=port, secret=secrets.token_urlsafe(32), ray_address=ray_address, **options,
     )
     if backend == "inprocess":
-        from patchkit.scheduler.server import ServerThread
+        from patchkit.server.process import ServerThread
 
         thread = ServerThread(pipeline, config)
         return Endpoint(thread.start(), thread.close)
@@ -202,7 +202,7 @@ def _deploy_local(pipeline: Pipeline, config: DeploymentConfig) -> Endpoint:
     import pickle
 
     from patchkit.orchestrator.process import spawn
-    from patchkit.scheduler.server import FrontendBootstrap
+    from patchkit.server.process import FrontendBootstrap
 
     try:
         payload = cloudpickle.dumps(pipeline)
@@ -212,7 +212,7 @@ def _deploy_local(pipeline: Pipeline, config: DeploymentConfig) -> Endpoint:
             "constructor arguments must pickle (load unpicklable state in setup()), or deploy with backend='inprocess'"
         ) from exc
     boot = FrontendBootstrap(payload, config, list(sys.path))
-    child = spawn("patchkit.scheduler.server", pickle.dumps(boot), what="the front-end", timeout_s=envs.worker_start_timeout_s())
+    child = spawn("patchkit.server.process", pickle.dumps(boot), what="the front-end", timeout_s=envs.worker_start_timeout_s())
 
     def close() -> None:
         if child.alive():

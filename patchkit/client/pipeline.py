@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import difflib
 import threading
 from collections.abc import Mapping
 from typing import Any
@@ -11,8 +10,8 @@ from typing import Any
 from patchkit.capture.assemble import Program
 from patchkit.capture.graph import Graph
 from patchkit.capture.recorder import CallRecord, Recorder
-from patchkit.client.component import Component, call_hook
-from patchkit.errors import InputError, PatchkitError
+from patchkit.component import Component, call_hook
+from patchkit.errors import InputError, PatchkitError, unknown_input
 
 __all__ = ["Pipeline", "last_pipeline", "set_last_pipeline"]
 
@@ -99,13 +98,6 @@ class Pipeline:
         inputs = ", ".join(self._defaults)
         names = ", ".join(self.components)
         return f"<Pipeline inputs=({inputs}) output={self.output!r} components=({names})>"
-
-
-def unknown_input(name: str, known: Mapping[str, Any]) -> InputError:
-    """The error for an input the pipeline does not have, with the closest known name."""
-    close = difflib.get_close_matches(name, list(known), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return InputError(f"unknown pipeline input {name!r}{hint} (inputs: {', '.join(sorted(known)) or 'none'})")
 
 
 _last: Pipeline | None = None

@@ -9,7 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from patchkit.client.component import Component, ensure_setup, make
+from patchkit.component import Component, ensure_setup, make
 from patchkit.components.documents import Document, Hit, load_corpus, pydoc_corpus
 from patchkit.components.generators import Generator, LlamaCppGenerator, render_context
 

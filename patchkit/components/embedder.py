@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from patchkit.client.component import Component, make
+from patchkit.component import Component, make
 from patchkit.components.bundled import bundled_file
 
 __all__ = ["Embedder", "default_model_path"]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from patchkit import envs
-from patchkit.client.component import Component, ensure_setup, make
+from patchkit.component import Component, ensure_setup, make
 from patchkit.components.documents import Hit, fingerprint, load_corpus
 from patchkit.components.embedder import Embedder
 

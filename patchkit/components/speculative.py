@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from patchkit.client.component import Component, ensure_setup, make
+from patchkit.component import Component, ensure_setup, make
 from patchkit.components.documents import Hit, fingerprint
 from patchkit.components.retrievers import VectorRetriever, Vectors
 from patchkit.components.stride import estimate_gamma, optimal_stride

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from patchkit.client.component import Call, Component
+from patchkit.component import Call, Component
 from patchkit.orchestrator.execute import Outcome
 from patchkit.orchestrator.resources import ReplicaResources
 

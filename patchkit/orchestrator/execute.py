@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.client.component import Call, Component, MakeMethod
+from patchkit.component import Call, Component, MakeMethod
 from patchkit.errors import ComponentError
 
 __all__ = ["Failure", "Outcome", "component_stats", "run_batch", "setup_error"]

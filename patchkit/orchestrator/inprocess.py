@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from patchkit.client.component import Call, Component, ensure_setup
+from patchkit.component import Call, Component, ensure_setup
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.execute import Outcome, component_stats, run_batch, setup_error

@@ -25,7 +25,7 @@ import cloudpickle
 import grpc
 import grpc.aio
 
-from patchkit.client.component import Call, Component
+from patchkit.component import Call, Component
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_batch
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from patchkit.client.component import Component, ensure_setup
+from patchkit.component import Component, ensure_setup
 from patchkit.errors import MakeError
 from patchkit.orchestrator.execute import setup_error
 from patchkit.orchestrator.process import ChildSide

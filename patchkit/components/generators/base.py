@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from patchkit.client.component import Component
+from patchkit.component import Component
 from patchkit.components.bundled import bundled_file
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Generator", "default_gguf_path", "render_context", "replica_threads"]

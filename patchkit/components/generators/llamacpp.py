@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from patchkit.client.component import make
+from patchkit.component import make
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, default_gguf_path, replica_threads
 
 __all__ = ["LlamaCppGenerator"]

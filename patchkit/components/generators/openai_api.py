@@ -14,7 +14,7 @@ from collections.abc import Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from patchkit.client.component import make
+from patchkit.component import make
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator
 
 if TYPE_CHECKING:

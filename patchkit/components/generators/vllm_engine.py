@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from patchkit.client.component import make
+from patchkit.component import make
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator
 
 __all__ = ["VLLMGenerator"]

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from patchkit.client.component import make
+from patchkit.component import make
 from patchkit.components.embedder import Embedder
 from patchkit.components.hybrid.budget import CpuLatencyModel, SloChoice, choose_share
 from patchkit.components.hybrid.device import pick_device

@@ -28,8 +28,8 @@ from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.resources import ReplicaResources, available_cpus, available_gpus, one_more
 
 if TYPE_CHECKING:
-    from patchkit.scheduler.frontend import Frontend
-    from patchkit.scheduler.queues import ReplicaSet
+    from patchkit.scheduler.online.frontend import Frontend
+    from patchkit.scheduler.online.queues import ReplicaSet
 
 __all__ = ["Autoscaler", "Decision"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from patchkit.scheduler.frontend import LATENCY_BUCKETS_S, Frontend
+from patchkit.scheduler.online.frontend import LATENCY_BUCKETS_S, Frontend
 
 __all__ = ["render_metrics"]
 

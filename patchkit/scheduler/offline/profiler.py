@@ -21,20 +21,19 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import cloudpickle
 
 from patchkit import envs
-from patchkit.client.component import Call, Component
-from patchkit.client.pipeline import Pipeline
+from patchkit.component import Call, Component
 from patchkit.errors import ComponentError, PlanError
 from patchkit.orchestrator.backend import Replica, ReplicaSpec
 from patchkit.orchestrator.execute import Failure
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, available_cpus, available_gpus
-from patchkit.scheduler.pool import ResourcePool
-from patchkit.scheduler.pwl import PiecewiseLinear
+from patchkit.scheduler.offline.pool import ResourcePool
+from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
 __all__ = ["ComponentProfile", "MethodProfile", "Profiler", "visits_by_component"]
 

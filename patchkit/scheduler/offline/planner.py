@@ -1,17 +1,22 @@
-"""`plan()`: calibration runs, then the profiler, then the MILP, then a `Plan`."""
+"""`plan()`: calibration runs, then the profiler, then the MILP, then a `Plan`.
+
+Users reach it through `patchkit.plan` (`patchkit.client.planning`), which finds the last capture.
+"""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from patchkit.client.component import make_methods
-from patchkit.client.pipeline import Pipeline, last_pipeline
+from patchkit.component import make_methods
 from patchkit.errors import InputError, PlanError
-from patchkit.scheduler.milp import Option, Problem, solve
-from patchkit.scheduler.plan import ComponentPlan, Plan
-from patchkit.scheduler.pool import ResourcePool
+from patchkit.scheduler.offline.milp import Option, Problem, solve
+from patchkit.scheduler.offline.plan import ComponentPlan, Plan
+from patchkit.scheduler.offline.pool import ResourcePool
+
+if TYPE_CHECKING:
+    from patchkit.client.pipeline import Pipeline
 
 __all__ = ["plan"]
 
@@ -19,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 def plan(
-    pipeline: Pipeline | None = None,
+    pipeline: Pipeline,
     *,
     resources: Mapping[str, int] | None = None,
     calibration: Sequence[Mapping[str, Any]] | None = None,
@@ -33,9 +38,8 @@ def plan(
     their calls become the profiler's inputs and give each component's visits per request. Without
     them, the capture's own eager run is used. `slo_ms`: plans only batch sizes whose latency fits it.
     """
-    from patchkit.scheduler.profiler import Profiler, visits_by_component  # starts workers: gRPC loads only here
+    from patchkit.scheduler.offline.profiler import Profiler, visits_by_component  # starts workers: gRPC loads only here
 
-    pipeline = pipeline if pipeline is not None else last_pipeline()
     pool = ResourcePool.resolve(resources)
     _calibrate(pipeline, calibration)
     visits = {name: sum(methods.values()) for name, methods in visits_by_component(pipeline).items()}

@@ -18,7 +18,7 @@ from typing import Any
 
 from patchkit.capture.graph import Graph
 from patchkit.capture.recorder import CallSite
-from patchkit.client.component import Component, MakeMethod
+from patchkit.component import Component, MakeMethod
 
 __all__ = ["PREFETCH_METHOD", "PrefetchRoute", "Prefetcher", "find_routes"]
 

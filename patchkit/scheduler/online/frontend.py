@@ -17,26 +17,24 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from patchkit.capture.recorder import site_of
-from patchkit.client.component import Component, MakeMethod, call_hook, make_methods
-from patchkit.client.pipeline import Pipeline
+from patchkit.component import Component, MakeMethod, call_hook, make_methods
 from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, assign, spread
 from patchkit.orchestrator.supervisor import Supervisor
-from patchkit.scheduler.autoscale import Autoscaler
-from patchkit.scheduler.bridge import await_, run_sync
-from patchkit.scheduler.config import DeploymentConfig
-from patchkit.scheduler.estimator import Visit
-from patchkit.scheduler.inputs import InputSchema
-from patchkit.scheduler.prefetch import PREFETCH_METHOD, Prefetcher, find_routes
-from patchkit.scheduler.queues import BatchQueue, ReplicaSet
-from patchkit.scheduler.slo import RequestState, SloPolicy, make_estimator
-from patchkit.scheduler.waves import Waves
+from patchkit.scheduler.online.autoscale import Autoscaler
+from patchkit.scheduler.online.bridge import await_, run_sync
+from patchkit.config import DeploymentConfig
+from patchkit.scheduler.online.estimator import Visit
+from patchkit.scheduler.online.prefetch import PREFETCH_METHOD, Prefetcher, find_routes
+from patchkit.scheduler.online.queues import BatchQueue, ReplicaSet
+from patchkit.scheduler.online.slo import RequestState, SloPolicy, make_estimator
+from patchkit.scheduler.online.waves import Waves
 
 __all__ = ["Frontend", "RequestResult", "make_backend"]
 
@@ -59,7 +57,6 @@ class Frontend:
         self.pipeline = pipeline
         self.config = config
         self.clock = clock  # deadlines, queue waits and the SLO policies read it; tests inject their own
-        self.schema = InputSchema(pipeline.inputs, config.optional_inputs)
         self.components: dict[str, Component] = pipeline.components
         self.sets: dict[str, ReplicaSet] = {}
         self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
@@ -144,7 +141,7 @@ class Frontend:
 
     # -- requests -------------------------------------------------------------------------------
     async def query(self, inputs: dict[str, Any], slo_ms: float | None = None) -> RequestResult:
-        """Run the pipeline on checked inputs (see `InputSchema`); raises what the request should answer."""
+        """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer."""
         if self.closing:
             raise Overloaded(self.inflight, 0, "the endpoint is shutting down")
         if self.inflight >= self.config.max_inflight_requests:

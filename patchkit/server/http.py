@@ -28,14 +28,15 @@ from patchkit.errors import (
     WorkerDiedError,
     error_to_json,
 )
-from patchkit.scheduler.frontend import Frontend
-from patchkit.scheduler.inputs import output_json
-from patchkit.scheduler.metrics import render_metrics
+from patchkit.scheduler.online.frontend import Frontend
+from patchkit.server.inputs import InputSchema, output_json
+from patchkit.server.metrics import render_metrics
 
 __all__ = ["build_app", "error_reply"]
 
 _STATUS: list[tuple[type[BaseException], int]] = [(InputError, 400), (Overloaded, 503), (DeadlineExceeded, 504)]
 _FRONTEND = web.AppKey("frontend", Frontend)
+_SCHEMA = web.AppKey("schema", InputSchema)
 
 
 def error_reply(error: BaseException) -> tuple[int, dict[str, Any]]:
@@ -65,7 +66,7 @@ async def query(request: web.Request) -> web.Response:
     frontend = request.app[_FRONTEND]
     try:
         body = await request.read()
-        inputs, slo_ms = frontend.schema.parse(body)
+        inputs, slo_ms = request.app[_SCHEMA].parse(body)
         result = await frontend.query(inputs, slo_ms)
         output = output_json(result.output)
     except web.HTTPRequestEntityTooLarge:
@@ -95,7 +96,7 @@ async def graph(request: web.Request) -> web.Response:
 
 async def plan(request: web.Request) -> web.Response:
     frontend = request.app[_FRONTEND]
-    return _json(200, {**frontend.config.describe(), "inputs": frontend.schema.describe()})
+    return _json(200, {**frontend.config.describe(), "inputs": request.app[_SCHEMA].describe()})
 
 
 async def stats(request: web.Request) -> web.Response:
@@ -114,6 +115,7 @@ async def traces(request: web.Request) -> web.Response:
 def build_app(frontend: Frontend) -> web.Application:
     app = web.Application(client_max_size=frontend.config.max_body_bytes)
     app[_FRONTEND] = frontend
+    app[_SCHEMA] = InputSchema(frontend.pipeline.inputs, frontend.config.optional_inputs)
     app.router.add_post("/v1/query", query)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

@@ -13,8 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from patchkit.client.pipeline import unknown_input
-from patchkit.errors import InputError
+from patchkit.errors import InputError, unknown_input
 
 __all__ = ["InputSchema", "output_json"]
 

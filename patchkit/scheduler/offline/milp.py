@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from patchkit.errors import PlanError
-from patchkit.scheduler.pwl import PiecewiseLinear
+from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
 __all__ = ["Choice", "Option", "Problem", "Solution", "candidate_batches", "solve"]
 

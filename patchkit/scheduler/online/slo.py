@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from patchkit.errors import Overloaded
-from patchkit.scheduler.estimator import Estimator, RunningAverage, Trace, Visit, WaitsAhead, XGBoostEstimator
+from patchkit.scheduler.online.estimator import Estimator, RunningAverage, Trace, Visit, WaitsAhead, XGBoostEstimator
 
 __all__ = ["RequestState", "SloPolicy", "make_estimator"]
 

@@ -10,13 +10,12 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
-from patchkit.client.component import make_methods
-from patchkit.client.pipeline import Pipeline
+from patchkit.component import make_methods
 from patchkit.errors import InputError
 from patchkit.orchestrator.ray_options import RayOptions
-from patchkit.scheduler.plan import Plan
+from patchkit.scheduler.offline.plan import Plan
 
 __all__ = ["BACKENDS", "ComponentConfig", "DeploymentConfig"]
 

@@ -1,6 +1,6 @@
 """Serving a pipeline: the front-end and its HTTP site on one event loop, in one of three homes.
 
-- `python -m patchkit.scheduler.server`: the front-end process `deploy(backend="local")` starts
+- `python -m patchkit.server.process`: the front-end process `deploy(backend="local")` starts
   (bootstrap and lifeline as in `orchestrator/process.py`); SIGTERM drains it and stops its workers.
 - `serve_blocking`: `patchkit serve FILE.py` in the foreground; Ctrl-C drains and stops.
 - `ServerThread`: `deploy(backend="inprocess")`, a thread of the user's process.
@@ -20,11 +20,10 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from patchkit.client.pipeline import Pipeline
 from patchkit.orchestrator.process import ChildSide
-from patchkit.scheduler.config import DeploymentConfig
-from patchkit.scheduler.frontend import Frontend, make_backend
-from patchkit.scheduler.http import build_app
+from patchkit.config import DeploymentConfig
+from patchkit.scheduler.online.frontend import Frontend, make_backend
+from patchkit.server.http import build_app
 
 __all__ = ["FrontendBootstrap", "FrontendServer", "ServerThread", "serve_blocking"]
 
