@@ -5,8 +5,9 @@
 Each number comes with its baseline from the same run (see benchmarks/README.md for results):
 - overhead: three no-op components on the inprocess backend under 1,024 requests/s Poisson
   arrivals; the front-end's own per-request latency minus the same pipeline run eagerly, once with
-  requests arriving over HTTP from a load-generator process, once submitted on the front-end's own
-  event loop (the scheduler alone, as Patchwork measures its scheduling latency);
+  requests arriving over HTTP from a load-generator process (`python -m patchkit.bench`), once
+  submitted on the front-end's own event loop (the scheduler alone, as Patchwork measures its
+  scheduling latency);
 - gRPC hop: one call with a 2 KB payload to a local worker and back, against a bare unary RPC
   on the same channel;
 - throughput: the same pipeline through three worker processes, closed loop, with batching
@@ -25,6 +26,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -33,13 +35,12 @@ from aiohttp import web
 
 import patchkit
 from patchkit import Component, make
+from patchkit.bench import BenchResult
+from patchkit.config import DeploymentConfig
 from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.rpc import HEALTH, SECRET_KEY
-from patchkit.config import DeploymentConfig
 from patchkit.scheduler.online.frontend import Frontend, make_backend
-
-LOAD = str(Path(__file__).with_name("_load.py"))
 
 
 class Stage(Component):
@@ -76,15 +77,35 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def load(mode: str, url: str, level: float, seconds: float, body: str | None = None) -> dict:
-    """Run `benchmarks/_load.py` against `url`; `body`: one request body or a JSON list of them."""
-    body = body or json.dumps({"inputs": {"query": "What is a generator?"}})
+    """Send load to `url` from `python -m patchkit.bench` in a process of its own, so that the load
+    generator never shares the front-end's interpreter: mode "poisson" at `level` requests/s, or
+    "closed", a closed loop of `level` clients. `body`: one request body or a JSON list of them.
+    Returns sent, ok, errors, elapsed_s, and the client's and the server's latencies (ms) of the
+    answered requests, from the run's `--json` records."""
+    bodies = json.loads(body) if body else {"inputs": {"query": "What is a generator?"}}
+    inputs = [one["inputs"] for one in (bodies if isinstance(bodies, list) else [bodies])]
+    level_flag = ["--rate", str(level)] if mode == "poisson" else ["--concurrency", str(int(level))]
     # The load generator gets a core of its own where there are two, as if it ran on another machine.
     cores = sorted(os.sched_getaffinity(0))
     pin = ["taskset", "-c", str(cores[-1])] if len(cores) > 1 and shutil.which("taskset") else []
-    done = subprocess.run(  # noqa: S603
-        [*pin, sys.executable, LOAD, mode, url, str(level), str(seconds), body], capture_output=True, text=True, check=True
-    )
-    return json.loads(done.stdout)
+    with tempfile.TemporaryDirectory() as folder:
+        inputs_file, out = Path(folder) / "inputs.jsonl", Path(folder) / "bench.json"
+        inputs_file.write_text("".join(json.dumps(one) + "\n" for one in inputs))
+        command = [*pin, sys.executable, "-m", "patchkit.bench", url, *level_flag, "--seconds", str(seconds),
+                   "--inputs-file", str(inputs_file), "--json", str(out)]
+        done = subprocess.run(command, capture_output=True, text=True)  # noqa: S603
+        if done.returncode != 0:
+            raise RuntimeError(f"the load generator failed ({done.returncode}): {done.stderr.strip()}")
+        result = BenchResult.from_dict(json.loads(out.read_text()))
+    answered = [r for r in result.requests if r.ok]
+    return {
+        "sent": len(result.requests),
+        "ok": len(answered),
+        "errors": len(result.requests) - len(answered),
+        "elapsed_s": result.elapsed_s,
+        "client_ms": [r.latency_ms for r in answered],
+        "server_ms": [r.server_ms for r in answered if r.server_ms is not None],
+    }
 
 
 def eager_p50_ms(pipeline: patchkit.Pipeline) -> float:
@@ -119,9 +140,13 @@ def bench_bare_http(seconds: float) -> dict:
         await request.read()
         return web.Response(body=reply, content_type="application/json")
 
+    async def healthy(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
     async def serve(ready: threading.Event, stop: threading.Event, found: dict) -> None:
         app = web.Application()
         app.router.add_post("/v1/query", answer)
+        app.router.add_get("/healthz", healthy)  # the load generator checks it before the run
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()

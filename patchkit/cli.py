@@ -1,6 +1,6 @@
 """The `patchkit` command: `patchkit serve FILE.py` serves the pipeline a script captures, `patchkit
 plan FILE.py` prints the plan the offline planner makes for it, `patchkit demo` deploys the
-CRAG example on real components and asks it questions, and `patchkit bench URL` sends open-loop load
+CRAG example on real components and asks it questions, and `patchkit bench URL` sends load
 to an endpoint and reports its latency, throughput and SLO attainment."""
 
 from __future__ import annotations
@@ -126,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--replicas", type=int, default=None, help="replicas of every component (default 1)")
     from patchkit.bench import add_arguments as add_bench_arguments
 
-    bench = commands.add_parser("bench", help="send open-loop load to an endpoint; report latency, throughput, SLO attainment")
+    bench = commands.add_parser(
+        "bench", help="send load to an endpoint (open loop, or a closed loop); report latency, throughput, SLO attainment"
+    )
     add_bench_arguments(bench)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,5 +1,5 @@
-"""`patchkit bench`: open-loop Poisson load against a real endpoint (an inprocess deployment), its
-report, JSON and plot, and its errors for arguments it cannot run."""
+"""`patchkit bench`: open-loop Poisson load and a closed loop of clients against a real endpoint (an
+inprocess deployment), its report, JSON and plot, and its errors for arguments it cannot run."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from components import Generator, Retriever, Slow
 
 import patchkit
 from patchkit import bench
-from patchkit.bench import BenchResult, Schedule, run_bench
+from patchkit.bench import BenchResult, Schedule, run_bench, run_closed
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = [{"query": "How do I catch an exception?"}, {"query": "What is a generator?"}]
@@ -106,6 +106,10 @@ def test_arguments_it_cannot_run_fail_before_any_load() -> None:
         run_bench("127.0.0.1:8000", rate=5, seconds=1, inputs=QUESTIONS[0])
     with pytest.raises(patchkit.PatchkitError, match=f"cannot reach the endpoint at {url} .*is it running"):
         run_bench(url, rate=5, seconds=1, inputs=QUESTIONS[0])
+    with pytest.raises(patchkit.PatchkitError, match="concurrency must be >= 1; got 0"):
+        run_closed(url, concurrency=0, seconds=1, inputs=QUESTIONS[0])
+    with pytest.raises(patchkit.PatchkitError, match=f"cannot reach the endpoint at {url} .*is it running"):
+        run_closed(url, concurrency=2, seconds=1, inputs=QUESTIONS[0])
 
 
 def test_from_async_code_it_says_to_run_it_in_a_thread() -> None:
@@ -128,6 +132,11 @@ def test_invalid_inputs_on_the_command_line_are_clear_errors(tmp_path: Path, cap
     assert f"{lines}:3 is not valid JSON" in capsys.readouterr().err
     assert bench.main([url, "--rate", "0", "--seconds", "1", "--inputs", "{}"]) == 2
     assert "rate must be > 0" in capsys.readouterr().err
+    assert bench.main([url, "--concurrency", "0", "--seconds", "1", "--inputs", "{}"]) == 2
+    assert "concurrency must be >= 1; got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # an open and a closed loop at once
+        bench.main([url, "--rate", "5", "--concurrency", "2", "--seconds", "1", "--inputs", "{}"])
+    assert "not allowed with argument --rate" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(find_spec("matplotlib") is not None, reason="matplotlib is installed")
@@ -154,6 +163,7 @@ def test_counts_add_up_and_throughput_follows_the_offered_rate(steady: tuple[Ben
     assert 0.6 * RATE <= summary["throughput"] <= 1.4 * RATE
     assert summary["offered_rate"] == len(arrivals) / SECONDS
     assert [r.sent_s for r in result.requests] == sorted(r.sent_s for r in result.requests)
+    assert all(r.server_ms is not None and 0 < r.server_ms <= r.latency_ms for r in result.requests)
     lat = summary["latency_ms"]
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["max"]
     assert summary["slo_attainment"] == 1.0
@@ -257,3 +267,32 @@ def test_the_cli_subcommand_benchmarks_an_endpoint(endpoint: patchkit.Endpoint, 
                                  timeout=60)
     assert unreachable.returncode == 2
     assert "patchkit bench: cannot reach the endpoint at http://127.0.0.1:" in unreachable.stderr
+
+
+@pytest.mark.slow
+def test_a_closed_loop_keeps_its_clients_busy_and_never_more(endpoint: patchkit.Endpoint) -> None:
+    result = run_closed(endpoint.url, concurrency=3, seconds=1, inputs=QUESTIONS)
+    summary = result.summary()
+    assert summary["requests"] > 3 and summary["errors"] == 0  # each client sent again once answered
+    assert summary["send_lag_ms"]["max"] < 10  # a request arrives when its client sends it
+    assert all(r.server_ms is not None and 0 < r.server_ms <= r.latency_ms for r in result.requests)
+    intervals = [(r.sent_s, r.sent_s + r.latency_ms / 1000) for r in result.requests]
+    busiest = max(sum(start <= t < end for start, end in intervals) for t, _ in intervals)
+    assert busiest <= 3  # never more outstanding than clients
+    assert result.schedule is None and result.concurrency == 3 and result.steps() == []
+    assert set(result.series()["offered_rate"]) == {None}
+    assert "a closed loop of 3 clients for 1 s" in result.table()
+    assert BenchResult.from_dict(result.to_dict()).to_dict() == result.to_dict()
+
+
+@pytest.mark.slow
+def test_python_m_patchkit_bench_runs_a_closed_loop(endpoint: patchkit.Endpoint, tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    command = [sys.executable, "-m", "patchkit.bench", endpoint.url, "--concurrency", "2", "--seconds", "1",
+               "--inputs", json.dumps(QUESTIONS[0]), "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "a closed loop of 2 clients" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["concurrency"] == 2 and data["schedule"] is None
+    assert data["summary"]["requests"] == len(data["requests"]) > 0 and data["summary"]["errors"] == 0
