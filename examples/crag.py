@@ -10,7 +10,7 @@ Run it: `python examples/crag.py`. Serve it: `patchkit serve examples/crag.py`.
 from __future__ import annotations
 
 import patchkit
-from patchkit.components import FaissRetriever, Grader, LlamaCppGenerator, Rewriter, WebSearch, sources
+from patchkit.components import BM25Search, FaissRetriever, Grader, LlamaCppGenerator, Rewriter, sources
 from patchkit.demo import ask
 
 QUESTIONS = (
@@ -23,7 +23,7 @@ QUESTIONS = (
 retriever = FaissRetriever("pydoc", topk=3)
 grader = Grader(LlamaCppGenerator(max_tokens=4))
 rewriter = Rewriter(LlamaCppGenerator(max_tokens=24))
-web = WebSearch(topk=3)
+web = BM25Search(topk=3)
 llm = LlamaCppGenerator(max_tokens=64)
 
 question = QUESTIONS[0]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("llama_cpp")
+pytest.importorskip("llama_cpp", reason="LlamaCppGenerator needs llama-cpp-python: pip install -e '.[llm]'")
 
 import patchkit  # noqa: E402
 from patchkit.components.documents import Hit  # noqa: E402

@@ -4,6 +4,7 @@ torch's CPU device here (the same code a GPU runs), and its answers equal plain 
 from __future__ import annotations
 
 import threading
+from importlib.util import find_spec
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,9 @@ from patchkit.components.hybrid.merge import merge_topk
 from patchkit.components.hybrid.search import HybridSearch
 
 Array = np.ndarray[Any, Any]
+# The index is FAISS's IVF and the device tier is torch code, here on torch's CPU device.
+needs_faiss = pytest.mark.skipif(find_spec("faiss") is None, reason="builds a FAISS IVF index: pip install -e '.[retrieval]'")
+needs_torch = pytest.mark.skipif(find_spec("torch") is None, reason="the device tier runs torch: pip install -e '.[retrieval]'")
 
 
 def engine(vectors: Array, *, nlist: int, nprobe: int, metric: str = "ip", share: float = 1.0, device: str = "cpu",
@@ -46,6 +50,8 @@ def assert_same_topk(d: Array, i: Array, d0: Array, i0: Array, tol: float = 1e-4
         np.testing.assert_array_equal(row_i[distinct], row_i0[:k][distinct])
 
 
+@needs_faiss
+@needs_torch
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     n=st.integers(40, 400), dim=st.integers(2, 12), nlist=st.integers(1, 12), k=st.integers(1, 25),
@@ -79,6 +85,8 @@ def clustered() -> Array:
     return (points / np.linalg.norm(points, axis=1, keepdims=True)).astype(np.float32)
 
 
+@needs_faiss
+@needs_torch
 def test_hot_clusters_become_resident_and_are_hit(clustered: Array) -> None:
     raw, hybrid = engine(clustered, nlist=40, nprobe=4, share=0.3, refresh_every=2)
     try:
@@ -95,6 +103,8 @@ def test_hot_clusters_become_resident_and_are_hit(clustered: Array) -> None:
         hybrid.close()
 
 
+@needs_faiss
+@needs_torch
 def test_a_search_never_waits_for_a_move(clustered: Array) -> None:
     raw, hybrid = engine(clustered, nlist=40, nprobe=4, share=0.5)
     try:
@@ -114,6 +124,8 @@ def test_a_search_never_waits_for_a_move(clustered: Array) -> None:
         hybrid.close()
 
 
+@needs_faiss
+@needs_torch
 def test_prefetch_makes_the_nearby_query_hit(clustered: Array) -> None:
     raw, hybrid = engine(clustered, nlist=40, nprobe=4, share=0.4, cache_share=0.0, generation_s=1.0)
     try:
@@ -198,12 +210,15 @@ def test_bad_options_are_named(options: dict[str, Any], message: str) -> None:
         HybridIVFRetriever(["some text"], **options)
 
 
+@needs_faiss
 def test_index_checks_nprobe_against_nlist(clustered: Array) -> None:
     with pytest.raises(ValueError, match=r"nprobe \(50\) must be between 1 and the index's nlist \(40\)"):
         IvfIndex(build_ivf(clustered, nlist=40), nprobe=50)
 
 
 @pytest.mark.gpu
+@needs_faiss
+@needs_torch
 def test_cuda_tier_answers_as_plain_ivf(clustered: Array) -> None:
     raw, hybrid = engine(clustered, nlist=40, nprobe=8, share=0.5, device="cuda", refresh_every=1)
     try:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("sentence_transformers")
-pytest.importorskip("faiss")
+pytest.importorskip("sentence_transformers", reason="the Embedder needs sentence-transformers: pip install -e '.[retrieval]'")
+pytest.importorskip("faiss", reason="the retrievers search FAISS indexes: pip install -e '.[retrieval]'")
 
 import patchkit  # noqa: E402
 from patchkit.components import ChromaRetriever, Embedder, FaissRetriever, Hit, QdrantRetriever  # noqa: E402

@@ -64,8 +64,8 @@ TOPICS = {
 
 @pytest.fixture(scope="module")
 def parts(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    pytest.importorskip("faiss")
-    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("faiss", reason="the base retriever is a FAISS index: pip install -e '.[retrieval]'")
+    pytest.importorskip("sentence_transformers", reason="the Embedder needs sentence-transformers: pip install -e '.[retrieval]'")
     from patchkit.components import Embedder, FaissRetriever
 
     monkey = pytest.MonkeyPatch()
@@ -171,8 +171,8 @@ QUESTIONS = ("Which statement do I use to leave a loop early?", "How do I catch 
 
 @pytest.fixture(scope="module")
 def example() -> dict[str, Any]:
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("faiss")
+    pytest.importorskip("llama_cpp", reason="the example answers with SmolLM2 through llama.cpp: pip install -e '.[llm]'")
+    pytest.importorskip("faiss", reason="the example searches a FAISS index: pip install -e '.[retrieval]'")
     return runpy.run_path(str(ROOT / "examples" / "speculative.py"), run_name="speculative_example")
 
 

@@ -6,7 +6,7 @@ They know only `Component` and `make`; their heavy libraries load in `setup()`, 
 runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
 """
 
-from patchkit.components.blocks import Augmenter, Grader, Rewriter, WebSearch
+from patchkit.components.blocks import Augmenter, BM25Search, Grader, Rewriter, WebSearch
 from patchkit.components.documents import Document, Hit, from_directory, from_texts, merge_hits, pydoc_corpus, sources
 from patchkit.components.embedder import Embedder
 from patchkit.components.generators import Generator, LlamaCppGenerator, OpenAIGenerator, TransformersGenerator, VLLMGenerator
@@ -16,9 +16,10 @@ from patchkit.components.speculative import SpeculativeRetriever, SpeculativeSta
 
 __all__ = [
     "Augmenter",
+    "BM25Search",
     "Grader",
     "Rewriter",
-    "WebSearch",
+    "WebSearch",  # the former name of BM25Search: warns when made
     "ChromaRetriever",
     "Document",
     "Embedder",

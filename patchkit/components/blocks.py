@@ -1,10 +1,11 @@
 """RAG building blocks over a generator: prompt augmentation, query rewriting, relevance grading,
-and a search component with pluggable backends."""
+and a BM25 search over a local document set with pluggable backends."""
 
 from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,7 +14,7 @@ from patchkit.component import Component, ensure_setup, make
 from patchkit.components.documents import Document, Hit, load_corpus, pydoc_corpus
 from patchkit.components.generators import Generator, LlamaCppGenerator, render_context
 
-__all__ = ["Augmenter", "Grader", "KeywordSearch", "Rewriter", "WebSearch", "parse_yes_no"]
+__all__ = ["Augmenter", "BM25Index", "BM25Search", "Grader", "Rewriter", "WebSearch", "parse_yes_no"]
 
 GRADE_PROMPT = (
     "Do the documents below help answer the question? Reply with one word, yes or no.\n\n"
@@ -88,8 +89,8 @@ class Rewriter(Component):
         return query or question
 
 
-class KeywordSearch:
-    """BM25 over a document set: the offline backend of `WebSearch`."""
+class BM25Index:
+    """BM25 over a document set: the default backend of `BM25Search`."""
 
     def __init__(self, docs: Sequence[Document], k1: float = 1.5, b: float = 0.75) -> None:
         self.docs = list(docs)
@@ -116,13 +117,13 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower())
 
 
-class WebSearch(Component):
+class BM25Search(Component):
     """Search for CRAG's fallback branch, with pluggable backends.
 
-    It searches no web: the default backend is BM25 over a second local document set (the standard
-    library's module docstrings, or `corpus=` a directory or a list of texts), returning `Hit`s like
-    the retrievers. Pass `backend=callable(query, topk) -> list` to search anything else; its results
-    come back as it returns them.
+    The default backend is BM25 over a second local document set (the standard library's module
+    docstrings, or `corpus=` a directory or a list of texts), returning `Hit`s like the retrievers.
+    Pass `backend=callable(query, topk) -> list` to search anything else, the web included; its
+    results come back as it returns them.
     """
 
     def __init__(
@@ -137,9 +138,22 @@ class WebSearch(Component):
     def setup(self) -> None:
         if self.backend is None:
             docs = pydoc_corpus(topics=False) if self.corpus == "pydoc-modules" else load_corpus(self.corpus)
-            self.backend = KeywordSearch(docs)
+            self.backend = BM25Index(docs)
 
     @make
     def search(self, query: str) -> list[Any]:
         assert self.backend is not None
         return list(self.backend(query, self.topk))
+
+
+class WebSearch(BM25Search):
+    """The former name of `BM25Search`, kept for existing code: the first one made in a process warns."""
+
+    _warned = False  # once per process: a pipeline may make one per request
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if not WebSearch._warned:
+            WebSearch._warned = True
+            message = "WebSearch is now BM25Search; it searches local documents, not the web"
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+        super().__init__(*args, **kwargs)

@@ -34,7 +34,7 @@ class Document:
 @dataclass(frozen=True)
 class Hit:
     """One search result: a chunk's id, title and text, and its score (cosine similarity for the vector
-    retrievers, BM25 for `WebSearch`)."""
+    retrievers, BM25 for `BM25Search`)."""
 
     id: str
     title: str

@@ -1,16 +1,26 @@
-"""What every generator shares: chat messages built from a prompt and documents, and the context check."""
+"""What every generator shares: its sampling arguments, the requests a batch of calls becomes (chat
+messages built from a prompt and documents, and a token limit), and the context check."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from patchkit.component import Component
 from patchkit.components.bundled import bundled_file
 
-__all__ = ["DEFAULT_SYSTEM_PROMPT", "Generator", "default_gguf_path", "render_context", "replica_threads"]
+__all__ = [
+    "DEFAULT_SYSTEM_PROMPT",
+    "Generator",
+    "Request",
+    "Sampling",
+    "default_gguf_path",
+    "render_context",
+    "replica_threads",
+]
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 RAG_TEMPLATE = "Answer the question using the documents.\n\nDocuments:\n{context}\n\nQuestion: {prompt}"
@@ -44,30 +54,70 @@ def render_context(docs: Sequence[Any]) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a generator samples an answer, checked where it is given: at most `max_tokens` new tokens,
+    at `temperature` (0: greedy), from a generator seeded with `seed`."""
+
+    max_tokens: int = 96
+    temperature: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature ({self.temperature}) must be >= 0")
+
+    def keywords(self, max_tokens: int) -> dict[str, Any]:
+        """These arguments for one call whose answer may take `max_tokens` tokens, under the names that
+        llama-cpp-python's `create_chat_completion`, vLLM's `SamplingParams` and OpenAI's chat
+        completions all give them."""
+        return {"max_tokens": max_tokens, "temperature": self.temperature, "seed": self.seed}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One call of `generate` as an engine runs it: the chat messages and the most tokens its answer may take."""
+
+    messages: list[dict[str, str]]
+    max_tokens: int
+
+
 class Generator(Component):
     """A chat model answering `generate(prompt, docs=None, max_tokens=None) -> str`.
 
-    Subclasses set `max_tokens`, `temperature`, `seed` and `system_prompt`, and mark their own
-    `generate` with `@make` (per item, or batched where their backend batches); `Grader`, `Rewriter`
-    and the examples take any of them.
+    Subclasses pass their sampling arguments and system prompt to `Generator.__init__`, and mark
+    their own `generate` with `@make` (per item, or batched where their backend batches), which
+    starts from `request` or `requests`; `Grader`, `Rewriter` and the examples take any of them.
     """
 
-    max_tokens: int
-    temperature: float
-    seed: int
+    sampling: Sampling
     system_prompt: str | None
 
-    def _init_sampling(self, max_tokens: int, temperature: float, seed: int, system_prompt: str | None) -> None:
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens ({max_tokens}) must be >= 1")
-        if temperature < 0:
-            raise ValueError(f"temperature ({temperature}) must be >= 0")
-        self.max_tokens, self.temperature, self.seed, self.system_prompt = max_tokens, temperature, seed, system_prompt
+    def __init__(self, *, max_tokens: int, temperature: float, seed: int, system_prompt: str | None) -> None:
+        """Called by every subclass's `__init__` with its own arguments of these names; a ValueError
+        when one is out of range."""
+        self.sampling = Sampling(max_tokens, temperature, seed)
+        self.system_prompt = system_prompt
 
     def messages(self, prompt: str, docs: Sequence[Any] | None = None) -> list[dict[str, str]]:
         content = RAG_TEMPLATE.format(context=render_context(docs), prompt=prompt) if docs else prompt
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return [*system, {"role": "user", "content": content}]
+
+    def request(self, prompt: str, docs: Sequence[Any] | None = None, max_tokens: int | None = None) -> Request:
+        """One call's request; a `max_tokens` of None (or 0) is this generator's own."""
+        return Request(self.messages(prompt, docs), max_tokens or self.sampling.max_tokens)
+
+    def requests(
+        self, prompt: Sequence[str], docs: Sequence[Sequence[Any] | None], max_tokens: Sequence[int | None]
+    ) -> list[Request]:
+        """A batch's requests, in order: called first by a batched `generate` with the lists `@make`
+        hands it, which hold one entry per call of `generate(prompt, docs=None, max_tokens=None)`, the
+        defaults included. A call the engine cannot run (a prompt past the context) raises for the
+        whole batch, and the runtime re-runs the batch call by call, so that only that call fails."""
+        return [self.request(p, d, limit) for p, d, limit in zip(prompt, docs, max_tokens)]
 
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> str:
         raise NotImplementedError

@@ -60,7 +60,7 @@ class TransformersGenerator(Generator):
             raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'auto'; got {device!r}")
         if threads is not None and threads < 1:
             raise ValueError(f"threads ({threads}) must be >= 1")
-        self._init_sampling(max_tokens, temperature, seed, system_prompt)
+        super().__init__(max_tokens=max_tokens, temperature=temperature, seed=seed, system_prompt=system_prompt)
         self.model_path, self.is_gguf, self.device, self.threads = str(path), is_gguf, device, threads
 
     def setup(self) -> None:
@@ -89,30 +89,30 @@ class TransformersGenerator(Generator):
         eos_ids = eos if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id]
         # Where an answer ends: a row that finished early is filled with the pad token up to the batch's longest.
         self.stop_ids = {*eos_ids, tokenizer.pad_token_id}
-        self.sampling: dict[str, Any] = (
-            {"do_sample": True, "temperature": self.temperature} if self.temperature > 0 else {"do_sample": False}
+        temperature = self.sampling.temperature
+        self.decoding: dict[str, Any] = (
+            {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         )
 
     @make(batch=True, max_batch_size=16)
     def generate(  # type: ignore[override]
         self, prompt: list[str], docs: list[list[Any] | None] = None, max_tokens: list[int | None] = None  # type: ignore[assignment]
     ) -> list[str]:
-        # Called per prompt as generate(prompt, docs=None, max_tokens=None); each list holds one entry per
-        # call, the defaults included. The batch decodes up to its largest max_tokens, each answer is cut
-        # to its own. A prompt past the context fails the batch, and the runtime re-runs it call by call.
+        # The batch decodes up to its largest max_tokens, each answer is cut to its own.
         import torch
 
-        limits = [limit or self.max_tokens for limit in max_tokens]
-        conversations = [self.messages(p, d) for p, d in zip(prompt, docs)]
+        requests = self.requests(prompt, docs, max_tokens)
+        limits = [request.max_tokens for request in requests]
         batch = self.tokenizer.apply_chat_template(
-            conversations, add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True
+            [request.messages for request in requests],
+            add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True,
         )
         for used, limit in zip(batch["attention_mask"].sum(dim=1).tolist(), limits):
             self.check_length(used, limit, self.context, "lower max_tokens")
         batch = batch.to(self.torch_device)
         with torch.inference_mode(), self._seeded():
             output = self.model.generate(
-                **batch, max_new_tokens=max(limits), pad_token_id=self.tokenizer.pad_token_id, **self.sampling
+                **batch, max_new_tokens=max(limits), pad_token_id=self.tokenizer.pad_token_id, **self.decoding
             )
         new_tokens = output[:, batch["input_ids"].shape[1] :].tolist()
         return [self._answer(tokens[:limit]) for tokens, limit in zip(new_tokens, limits)]
@@ -129,7 +129,7 @@ class TransformersGenerator(Generator):
 
         devices = [self.torch_device] if self.torch_device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.seed)
+            torch.manual_seed(self.sampling.seed)
             yield
 
 

@@ -35,7 +35,7 @@ class LlamaCppGenerator(Generator):
             raise FileNotFoundError(f"model file {path} does not exist; pass the path of a .gguf file")
         if n_ctx < 16:
             raise ValueError(f"n_ctx ({n_ctx}) must be >= 16")
-        self._init_sampling(max_tokens, temperature, seed, system_prompt)
+        super().__init__(max_tokens=max_tokens, temperature=temperature, seed=seed, system_prompt=system_prompt)
         self.model_path, self.n_ctx, self.threads = str(path), n_ctx, threads
 
     def setup(self) -> None:
@@ -46,7 +46,7 @@ class LlamaCppGenerator(Generator):
         self.llm = Llama(
             model_path=self.model_path,
             n_ctx=self.n_ctx,
-            seed=self.seed,
+            seed=self.sampling.seed,
             n_threads=threads,
             n_threads_batch=threads,
             verbose=False,
@@ -54,13 +54,10 @@ class LlamaCppGenerator(Generator):
 
     @make
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> str:
-        messages = self.messages(prompt, docs)
-        limit = max_tokens or self.max_tokens
-        text = "\n".join(m["content"] for m in messages)
-        self.check_length(len(self.llm.tokenize(text.encode(), add_bos=True)), limit, self.n_ctx, "raise n_ctx")
-        chat: Any = messages  # llama-cpp-python types each message as its own TypedDict
-        reply: Any = self.llm.create_chat_completion(
-            messages=chat, max_tokens=limit, temperature=self.temperature, seed=self.seed
-        )
+        request = self.request(prompt, docs, max_tokens)
+        text = "\n".join(m["content"] for m in request.messages)
+        self.check_length(len(self.llm.tokenize(text.encode(), add_bos=True)), request.max_tokens, self.n_ctx, "raise n_ctx")
+        chat: Any = request.messages  # llama-cpp-python types each message as its own TypedDict
+        reply: Any = self.llm.create_chat_completion(messages=chat, **self.sampling.keywords(request.max_tokens))
         answer: str = reply["choices"][0]["message"]["content"] or ""
         return answer.strip()

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from patchkit.component import make
-from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator
+from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, Request
 
 if TYPE_CHECKING:
     import aiohttp
@@ -70,7 +70,7 @@ class OpenAIGenerator(Generator):
             raise ValueError(f"timeout_s ({timeout_s}) must be > 0")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency ({max_concurrency}) must be >= 1")
-        self._init_sampling(max_tokens, temperature, seed, system_prompt)
+        super().__init__(max_tokens=max_tokens, temperature=temperature, seed=seed, system_prompt=system_prompt)
         self.base_url, self.model, self.api_key = base_url.rstrip("/"), model, api_key
         self.timeout_s, self.max_concurrency, self.extra_body = timeout_s, max_concurrency, dict(extra_body or {})
 
@@ -90,19 +90,16 @@ class OpenAIGenerator(Generator):
     def generate(  # type: ignore[override]
         self, prompt: list[str], docs: list[list[Any] | None] = None, max_tokens: list[int | None] = None  # type: ignore[assignment]
     ) -> list[str]:
-        # Called per prompt as generate(prompt, docs=None, max_tokens=None); each list holds one entry per
-        # call, the defaults included. A failed call fails the batch, and the runtime re-runs it call by call.
-        bodies = [self._body(p, d, limit) for p, d, limit in zip(prompt, docs, max_tokens)]
-        return self._run(self._complete_all(bodies))
+        # Any failed request fails the whole batch (see `Generator.requests`), not only a prompt past the context.
+        requests = self.requests(prompt, docs, max_tokens)
+        return self._run(self._complete_all([self._body(request) for request in requests]))
 
-    def _body(self, prompt: str, docs: list[Any] | None, max_tokens: int | None) -> dict[str, Any]:
+    def _body(self, request: Request) -> dict[str, Any]:
         return {
             **self.extra_body,
             "model": self.model,
-            "messages": self.messages(prompt, docs),
-            "max_tokens": max_tokens or self.max_tokens,
-            "temperature": self.temperature,
-            "seed": self.seed,
+            "messages": request.messages,
+            **self.sampling.keywords(request.max_tokens),
         }
 
     @staticmethod

@@ -55,7 +55,7 @@ class VLLMGenerator(Generator):
             raise ValueError(f"max_model_len ({max_model_len}) must be >= 16")
         if tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size ({tensor_parallel_size}) must be >= 1")
-        self._init_sampling(max_tokens, temperature, seed, system_prompt)
+        super().__init__(max_tokens=max_tokens, temperature=temperature, seed=seed, system_prompt=system_prompt)
         self.model = str(Path(model).expanduser()) if _looks_like_path(model) else model
         self.gpu_memory_utilization, self.max_model_len = gpu_memory_utilization, max_model_len
         self.dtype, self.tensor_parallel_size = dtype, tensor_parallel_size
@@ -78,7 +78,7 @@ class VLLMGenerator(Generator):
         self.llm = LLM(
             model=self.model,
             dtype=self.dtype,
-            seed=self.seed,
+            seed=self.sampling.seed,
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_model_len=self.max_model_len,
             tensor_parallel_size=self.tensor_parallel_size,
@@ -91,16 +91,13 @@ class VLLMGenerator(Generator):
     def generate(  # type: ignore[override]
         self, prompt: list[str], docs: list[list[Any] | None] = None, max_tokens: list[int | None] = None  # type: ignore[assignment]
     ) -> list[str]:
-        # Called per prompt as generate(prompt, docs=None, max_tokens=None); each list holds one entry per
-        # call, the defaults included. A prompt past the context fails the batch, and the runtime re-runs
-        # it call by call.
         from vllm import SamplingParams
 
-        limits = [limit or self.max_tokens for limit in max_tokens]
-        conversations = [self.messages(p, d) for p, d in zip(prompt, docs)]
-        for conversation, limit in zip(conversations, limits):
-            self.check_length(self._prompt_tokens(conversation), limit, self.context, self.context_fix)
-        params = [SamplingParams(max_tokens=limit, temperature=self.temperature, seed=self.seed) for limit in limits]
+        requests = self.requests(prompt, docs, max_tokens)
+        for request in requests:
+            self.check_length(self._prompt_tokens(request.messages), request.max_tokens, self.context, self.context_fix)
+        conversations = [request.messages for request in requests]
+        params = [SamplingParams(**self.sampling.keywords(request.max_tokens)) for request in requests]
         outputs = self.llm.chat(conversations, sampling_params=params, use_tqdm=False)
         return [str(output.outputs[0].text).strip() for output in outputs]
 
