@@ -1,4 +1,5 @@
-"""Pure passes over a `CapturedBlock`: which names it reads before writing, and its default output.
+"""Pure passes over a `CapturedBlock`: which names it reads before writing, and its default output;
+and the control-flow helpers the data-flow pass builds on (successors, reachability).
 
 Liveness runs on the body's instruction list: a name is live on entry when some path reads it
 before any write. Those names, when bound at capture time, become the pipeline's inputs.
@@ -7,7 +8,7 @@ before any write. Those names, when bound at capture time, become the pipeline's
 from __future__ import annotations
 
 import types
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from bytecode import Bytecode, Instr, Label, TryBegin
@@ -15,7 +16,7 @@ from bytecode import Bytecode, Instr, Label, TryBegin
 from patchkit.capture.compat import NAME_DELETES, NAME_STORES, name_of
 from patchkit.capture.ir import BlockExit, CapturedBlock
 
-__all__ = ["default_output", "global_reads", "live_in", "successors"]
+__all__ = ["default_output", "global_reads", "live_in", "reachable", "successors"]
 
 _READS = frozenset({"LOAD_NAME", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF", "LOAD_CLOSURE"})
 
@@ -75,6 +76,22 @@ def successors(body: tuple[Any, ...]) -> list[list[int]]:
             nxt = [i + 1]
         out.append([j for j in nxt if j < len(body)])
     return out
+
+
+def reachable(starts: Iterable[int], step: Callable[[int], Iterable[int]]) -> set[int]:
+    """Every element reachable from `starts` by repeated `step`, the starts included.
+
+    `step` gives an element's neighbours: successors for a forward walk, predecessors for a
+    backward one; an element it gives nothing for ends the walk there.
+    """
+    seen = set(starts)
+    todo = list(seen)
+    while todo:
+        for j in step(todo.pop()):
+            if j not in seen:
+                seen.add(j)
+                todo.append(j)
+    return seen
 
 
 def live_in(block: CapturedBlock, output: str | None) -> frozenset[str]:

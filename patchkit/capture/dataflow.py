@@ -23,7 +23,7 @@ from typing import Any
 
 from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, TryBegin
 
-from patchkit.capture.analysis import successors
+from patchkit.capture.analysis import reachable, successors
 from patchkit.capture.compat import name_of
 from patchkit.capture.graph import OUTPUT, Graph, Guard, Loop
 from patchkit.capture.ir import BlockExit, CapturedBlock
@@ -135,6 +135,11 @@ def _first_line(body: tuple[Any, ...], start: int) -> int:
     return 0
 
 
+def _natural_loop(preds: Mapping[int, list[int]], head: int, jump: int) -> set[int]:
+    """The elements a backward jump to `head` repeats: those that reach the jump without passing the head."""
+    return reachable((head, jump), lambda p: () if p == head else preds.get(p, ()))
+
+
 class _Body:
     """Control structure of one instruction list: control dependence, loops, `except` regions.
 
@@ -175,12 +180,7 @@ class _Body:
                     if node < n:
                         controls.setdefault(node, set()).add(b)
         for node in controls:  # a call guarded by an `if` inside a loop is guarded by the loop too
-            todo = list(controls[node])
-            while todo:
-                for b in controls.get(todo.pop(), ()):
-                    if b not in controls[node]:
-                        controls[node].add(b)
-                        todo.append(b)
+            controls[node] = reachable(controls[node], lambda b: controls.get(b, ()))
         return controls
 
     def _loops(self, filename: str, comprehension: bool, graph: Graph) -> dict[int, list[str]]:
@@ -199,13 +199,7 @@ class _Body:
             line = _first_line(self.body, head)
             loop_id = f"loop{line}_{zlib.crc32(filename.encode()) % 10_000}"
             graph.loops.setdefault(loop_id, Loop(loop_id, kind, filename, line))
-            inside, todo = {head, j}, [j]
-            while todo:
-                for p in preds.get(todo.pop(), []):
-                    if p not in inside:
-                        inside.add(p)
-                        todo.append(p)
-            for i in inside:
+            for i in _natural_loop(preds, head, j):
                 if loop_id not in members.setdefault(i, []):
                     members[i].append(loop_id)
         return members
@@ -218,13 +212,7 @@ class _Body:
                 continue
             start = self.label_at[id(e.target)]
             line = _first_line(self.body, start)
-            seen, todo = {start}, [start]
-            while todo:
-                for j in self.normal[todo.pop()]:
-                    if j not in seen:
-                        seen.add(j)
-                        todo.append(j)
-            for i in seen:
+            for i in reachable((start,), lambda k: self.normal[k]):
                 if line not in regions.setdefault(i, []):
                     regions[i].append(line)
         return regions

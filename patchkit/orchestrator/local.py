@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-import sys
 import threading
-
-import cloudpickle
 
 from patchkit import envs
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
@@ -27,14 +24,7 @@ class LocalBackend(Backend):
         self._exits: dict[Replica, asyncio.Event] = {}
 
     async def start(self, spec: ReplicaSpec, replica_id: str) -> Replica:
-        boot = WorkerBootstrap(
-            name=spec.component,
-            component=cloudpickle.dumps(spec.instance),
-            secret=self._secret,
-            resources=spec.resources,
-            host=self._host,
-            sys_path=list(sys.path),
-        )
+        boot = WorkerBootstrap.of(spec, self._secret, host=self._host)
         child = await asyncio.to_thread(
             spawn,
             "patchkit.orchestrator.worker",

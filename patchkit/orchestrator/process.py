@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import select
 import signal
 import subprocess
@@ -17,13 +18,22 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Protocol, TypeVar, cast
 
 from patchkit.errors import PatchkitError, WorkerDiedError, error_from_json, error_to_json
 
 __all__ = ["Child", "ChildSide", "spawn"]
 
 _LENGTH = 8
+
+
+class Bootstrap(Protocol):
+    """What every child's bootstrap carries: its parent's `sys.path`."""
+
+    sys_path: list[str]
+
+
+B = TypeVar("B", bound=Bootstrap)
 
 
 @dataclass
@@ -113,9 +123,19 @@ class ChildSide:
         os.dup2(2, 1)
         self._stdin = os.fdopen(0, "rb", buffering=0)
 
-    def bootstrap(self) -> bytes:
+    def start(self, kind: type[B]) -> B:
+        """Read the bootstrap, a pickled `kind`, then watch the lifeline and take the parent's `sys.path`
+        (this one's when that is empty), so that what the bootstrap's payloads name imports here too.
+
+        Called first thing by a child's `main`: the worker's and the front-end's.
+        """
         size = int.from_bytes(self._read_exactly(_LENGTH), "big")
-        return self._read_exactly(size)
+        boot = pickle.loads(self._read_exactly(size))  # noqa: S301 - from our parent, over a private pipe
+        self._watch_lifeline()
+        sys.path[:] = boot.sys_path or sys.path
+        # `kind` types the answer only: run as `python -m`, the child's own module is `__main__`, so
+        # the class it names is not the one the bootstrap unpickles to.
+        return cast(B, boot)
 
     def _read_exactly(self, size: int) -> bytes:
         data = b""
@@ -126,7 +146,7 @@ class ChildSide:
             data += chunk
         return data
 
-    def watch_lifeline(self) -> None:
+    def _watch_lifeline(self) -> None:
         """Exit at once when the parent closes stdin or dies."""
 
         def watch() -> None:

@@ -2,28 +2,22 @@
 
 The `ray` backend wraps `ReplicaActor` with `ray.remote` and asks Ray for the replica's resources;
 Ray places it on a node and sets its `CUDA_VISIBLE_DEVICES`. `start()` then rebuilds the component,
-runs `setup()`, and serves it with `WorkerService` on the node's cluster address (beyond loopback,
-so every call carries the deployment's secret; over TLS when configured). When Ray restarts the
-actor after a crash, its constructor runs again with the same bootstrap and `start()` serves anew.
+runs `setup()`, and serves it as a worker process does (`worker.serve_replica`), but on the node's
+cluster address (beyond loopback, so every call carries the deployment's secret; over TLS when
+configured). When Ray restarts the actor after a crash, its constructor runs again with the same
+bootstrap and `start()` serves anew.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
-from dataclasses import dataclass, field
 from typing import Any
 
-from patchkit.errors import error_to_json
-from patchkit.orchestrator.execute import setup_error
-from patchkit.orchestrator.resources import ReplicaResources
-from patchkit.orchestrator.rpc import WorkerService
-from patchkit.orchestrator.worker import describe, load_component, start_server
+from patchkit.errors import ComponentError, error_to_json
+from patchkit.orchestrator.worker import WorkerBootstrap, serve_replica
 
-__all__ = ["ActorBootstrap", "KEEPALIVE_CHANNEL_OPTIONS", "ReplicaActor"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["KEEPALIVE_CHANNEL_OPTIONS", "ReplicaActor"]
 
 # Across a network a node can vanish without closing its connections: the front-end pings each worker's
 # stream, so that a dead node's replicas are taken out of dispatch within seconds, not at the next timeout.
@@ -41,22 +35,10 @@ KEEPALIVE_SERVER_OPTIONS = (  # accept those pings on an idle stream rather than
 )
 
 
-@dataclass
-class ActorBootstrap:
-    """What an actor needs to serve its replica; built by the ray backend, kept by Ray for restarts."""
-
-    name: str
-    component: bytes  # cloudpickled Component: its spec only, unpickled in the actor
-    secret: str
-    resources: ReplicaResources = field(default_factory=ReplicaResources)
-    tls: tuple[bytes, bytes] | None = None  # the worker's certificate and key, PEM
-    sys_path: list[str] = field(default_factory=list)  # the front-end's, for what exists on this node too
-
-
 class ReplicaActor:
     """One replica in one Ray actor. Methods are called by the ray backend, one at a time."""
 
-    def __init__(self, boot: ActorBootstrap) -> None:
+    def __init__(self, boot: WorkerBootstrap) -> None:
         self._boot = boot
         self._server: Any = None
         self._report: dict[str, Any] | None = None
@@ -77,16 +59,13 @@ class ReplicaActor:
         import ray
 
         boot = self._boot
+        # The front-end's paths, for what exists on this node too.
         sys.path.extend(p for p in boot.sys_path if p not in sys.path and os.path.isdir(p))
-        boot.resources.pin()
-        try:
-            component = load_component(boot.name, boot.component)
-        except BaseException as exc:
-            logger.exception("replica of %s failed to start", boot.name)
-            return {"error": error_to_json(setup_error(boot.name, exc))}
-        service = WorkerService(component, boot.name, boot.secret, lambda: describe(boot.resources))
         host = ray.util.get_node_ip_address()  # the address Ray's own nodes reach this one at
-        self._server, port = start_server(service, host, boot.tls, KEEPALIVE_SERVER_OPTIONS)
+        try:
+            self._server, port = serve_replica(boot, host, KEEPALIVE_SERVER_OPTIONS)
+        except ComponentError as exc:
+            return {"error": error_to_json(exc)}
         self._report = {"address": f"[{host}]:{port}" if ":" in host else f"{host}:{port}", "pid": os.getpid(),
                         "node_ip": host}
         return self._report

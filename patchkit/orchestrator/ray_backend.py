@@ -19,22 +19,20 @@ import math
 import os
 import signal
 import socket
-import sys
 import threading
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import cloudpickle
-
 from patchkit import envs
 from patchkit.errors import PatchkitError, WorkerDiedError, error_from_json
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
-from patchkit.orchestrator.ray_actor import KEEPALIVE_CHANNEL_OPTIONS, ActorBootstrap, ReplicaActor
+from patchkit.orchestrator.ray_actor import KEEPALIVE_CHANNEL_OPTIONS, ReplicaActor
 from patchkit.orchestrator.ray_options import RayOptions
 from patchkit.orchestrator.resources import available_cpus, available_gpus
 from patchkit.orchestrator.rpc import GrpcChannel
+from patchkit.orchestrator.worker import WorkerBootstrap
 
 __all__ = ["RayBackend", "cluster_resources"]
 
@@ -139,14 +137,8 @@ class RayBackend(Backend):
         return None
 
     def _create(self, spec: ReplicaSpec) -> Any:
-        boot = ActorBootstrap(
-            name=spec.component,
-            component=cloudpickle.dumps(spec.instance),
-            secret=self._secret,
-            resources=spec.resources,
-            tls=(self._tls.certificate, self._tls.key) if self._tls is not None else None,
-            sys_path=list(sys.path),
-        )
+        tls = (self._tls.certificate, self._tls.key) if self._tls is not None else None
+        boot = WorkerBootstrap.of(spec, self._secret, tls=tls)
         options = self.actor_options(spec)
         # Its methods are idempotent: a call that meets the actor restarting waits for it, rather than failing.
         retries = -1 if self._options.max_restarts else 0

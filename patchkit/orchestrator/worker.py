@@ -4,6 +4,9 @@ Started by the local backend as `python -m patchkit.orchestrator.worker` (see `p
 bootstrap and lifeline). It pins its resources, rebuilds the component from its spec, runs
 `setup()` once, starts the gRPC server on the bootstrap's host with a free port, and reports
 `{"port", "pid"}`. It exits when its parent closes the lifeline or dies.
+
+`serve_replica` is that start, shared with the Ray actor (`ray_actor.py`), which hosts the same
+server; `WorkerBootstrap` is what both are given.
 """
 
 from __future__ import annotations
@@ -18,48 +21,71 @@ from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
+import cloudpickle
 import grpc
 
 from patchkit.component import Component, ensure_setup
-from patchkit.errors import MakeError
+from patchkit.errors import ComponentError, MakeError
+from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.execute import setup_error
 from patchkit.orchestrator.process import ChildSide
 from patchkit.orchestrator.resources import ReplicaResources
 from patchkit.orchestrator.rpc import SERVER_OPTIONS, WorkerService
 
-__all__ = ["WorkerBootstrap", "describe", "load_component", "main", "start_server"]
+__all__ = ["WorkerBootstrap", "describe", "load_component", "main", "serve_replica", "start_server"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class WorkerBootstrap:
-    """What a worker needs to start; written by the local backend, read by `main`."""
+    """What a replica needs to start: built by the local backend for a worker process (read by `main`),
+    by the ray backend for an actor (kept by Ray for restarts, read by `ReplicaActor.start`)."""
 
     name: str
     component: bytes  # cloudpickled Component: its spec only, unpickled after the resources are pinned
     secret: str
     resources: ReplicaResources = field(default_factory=ReplicaResources)
-    host: str = "127.0.0.1"
-    sys_path: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"  # where a worker process serves; an actor serves on its node's cluster address
+    tls: tuple[bytes, bytes] | None = None  # the server's certificate and key, PEM
+    sys_path: list[str] = field(default_factory=list)  # the front-end's
+
+    @classmethod
+    def of(
+        cls, spec: ReplicaSpec, secret: str, *, host: str = "127.0.0.1", tls: tuple[bytes, bytes] | None = None
+    ) -> WorkerBootstrap:
+        """The bootstrap of a replica of `spec`, with the calling backend's `sys.path`."""
+        return cls(spec.component, cloudpickle.dumps(spec.instance), secret, spec.resources, host, tls, list(sys.path))
 
 
 def main() -> None:
     side = ChildSide()
-    boot: WorkerBootstrap = pickle.loads(side.bootstrap())  # noqa: S301 - from our parent, over a private pipe
-    side.watch_lifeline()
-    sys.path[:] = boot.sys_path or sys.path
+    boot = side.start(WorkerBootstrap)
+    try:
+        _, port = serve_replica(boot, boot.host)
+    except ComponentError as exc:
+        side.failed(exc)
+        os._exit(1)
+    side.ready(port=port, pid=os.getpid())
+    threading.Event().wait()  # serve until the lifeline ends the process
+
+
+def serve_replica(boot: WorkerBootstrap, host: str, options: Sequence[tuple[str, Any]] = ()) -> tuple[grpc.Server, int]:
+    """Pin the replica's resources, rebuild its component, run `setup()`, and serve it on `host` with a free port.
+
+    Called once per replica by the worker process's `main` and by the Ray actor's `start()`, each
+    after taking its `sys.path` from the bootstrap. Returns the started server and its port. Raises
+    the ComponentError of `setup_error` (logged here) when the build or `setup()` raised; an error
+    starting the server is raised as it is.
+    """
     boot.resources.pin()
     try:
         component = load_component(boot.name, boot.component)
     except BaseException as exc:
-        logger.exception("worker %s failed to start", boot.name)
-        side.failed(setup_error(boot.name, exc))
-        os._exit(1)
+        logger.exception("replica of %s failed to start", boot.name)
+        raise setup_error(boot.name, exc) from exc
     service = WorkerService(component, boot.name, boot.secret, lambda: describe(boot.resources))
-    _, port = start_server(service, boot.host)
-    side.ready(port=port, pid=os.getpid())
-    threading.Event().wait()  # serve until the lifeline ends the process
+    return start_server(service, host, boot.tls, options)
 
 
 def load_component(name: str, payload: bytes) -> Component:

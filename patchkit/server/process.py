@@ -13,17 +13,20 @@ import logging
 import os
 import pickle
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from patchkit.orchestrator.process import ChildSide
 from patchkit.config import DeploymentConfig
+from patchkit.orchestrator.process import ChildSide
 from patchkit.scheduler.online.frontend import Frontend, make_backend
 from patchkit.server.http import build_app
+
+if TYPE_CHECKING:
+    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["FrontendBootstrap", "FrontendServer", "ServerThread", "serve_blocking"]
 
@@ -138,11 +141,9 @@ class FrontendBootstrap:
 
 def main() -> None:
     side = ChildSide()
-    boot: FrontendBootstrap = pickle.loads(side.bootstrap())  # noqa: S301 - from our parent, over a private pipe
-    side.watch_lifeline()
-    sys.path[:] = boot.sys_path or sys.path
+    boot = side.start(FrontendBootstrap)
     try:
-        pipeline = pickle.loads(boot.pipeline)  # noqa: S301 - ditto
+        pipeline = pickle.loads(boot.pipeline)  # noqa: S301 - from our parent, over a private pipe
         serve_blocking(pipeline, boot.config, lambda url: side.ready(url=url, pid=os.getpid()), signals=(signal.SIGTERM,))
     except BaseException as exc:
         logger.exception("the front-end failed")
