@@ -29,7 +29,10 @@ from runtime import arguments, report  # noqa: E402
 import patchkit  # noqa: E402
 from patchkit.bench import run_bench  # noqa: E402
 from patchkit.components.testing import Simulated  # noqa: E402
-from patchkit.scheduler.online.estimator import RunningAverage, Trace, XGBoostEstimator, accuracy  # noqa: E402
+from patchkit.scheduler.online.averages import RunningAverage  # noqa: E402
+from patchkit.scheduler.online.estimator import accuracy  # noqa: E402
+from patchkit.scheduler.online.traces import Trace  # noqa: E402
+from patchkit.scheduler.online.xgb import XGBoostEstimator  # noqa: E402
 from patchkit.tables import text_table  # noqa: E402
 
 POOL = {"cpu": 6, "gpu": 1}

@@ -2,13 +2,17 @@
 
 Mark component methods with `@patchkit.make`, write the pipeline inside
 `with patchkit.capture() as pipeline:`, and run it again with `pipeline(**inputs)`.
+
+The package map, the one-way imports between packages and one request's path from `deploy()` to a
+worker and back are drawn in `docs/architecture.md`.
 """
 
 from patchkit import capture as _capture_package  # noqa: F401 - load the package before the function shadows its name
 from patchkit.client.capture import capture
-from patchkit.component import Component, make
 from patchkit.client.endpoint import Endpoint, deploy
 from patchkit.client.pipeline import Pipeline, last_pipeline
+from patchkit.client.planning import plan
+from patchkit.component import Component, make
 from patchkit.errors import (
     CaptureError,
     ComponentError,
@@ -21,7 +25,6 @@ from patchkit.errors import (
     WorkerDiedError,
 )
 from patchkit.scheduler.offline.plan import Plan
-from patchkit.client.planning import plan
 
 __version__ = "0.1.0"
 

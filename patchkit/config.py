@@ -10,12 +10,15 @@ from __future__ import annotations
 import difflib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from patchkit.component import make_methods
 from patchkit.errors import InputError
 from patchkit.orchestrator.ray_options import RayOptions
 from patchkit.scheduler.offline.plan import Plan
+
+if TYPE_CHECKING:
+    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["BACKENDS", "ComponentConfig", "DeploymentConfig"]
 

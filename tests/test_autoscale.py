@@ -20,13 +20,13 @@ from test_slo import FakeClock, learned
 
 import patchkit
 from patchkit.components.testing import Simulated
+from patchkit.config import DeploymentConfig
 from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.resources import ReplicaResources, one_more
-from patchkit.config import DeploymentConfig
-from patchkit.scheduler.online.frontend import Frontend, RequestResult, make_backend
-from patchkit.server.metrics import render_metrics
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
+from patchkit.scheduler.online.frontend import Frontend, RequestResult, make_backend
 from patchkit.scheduler.online.slo import RequestState
+from patchkit.server.metrics import render_metrics
 
 fast, slow, sim = Simulated(0.0), Simulated(0.0), Simulated(50.0, max_batch=1)
 HOLD_MS = 60_000.0  # calls wait this long for a full batch: on the fake clock, until a test lets them go
@@ -107,7 +107,7 @@ def test_the_bottleneck_by_the_plan_gets_a_replica_once_requests_stay_at_risk() 
         assert replicas(frontend) == {"fast": 1, "slow": 3}
         assert await release(frontend, clock, held) == [f"f{i}" for i in range(20)] + [f"s{i}" for i in range(10)]
         frontend.policy.finish(state, ok=False)
-        stats, metrics = frontend.stats(), render_metrics(frontend)
+        stats, metrics = frontend.stats(), render_metrics(frontend.snapshot())
         assert [r["id"] for r in stats["components"]["slow"]["replicas"]] == ["slow#0", "slow#1", "slow#2"]
         assert stats["slo"]["scale_ups"] == 2 and stats["requests"]["ok"] == 30
         assert 'patchkit_slo_decisions_total{decision="scale_ups"} 2' in metrics
@@ -167,7 +167,7 @@ def test_idle_replicas_are_removed_after_the_cool_down_down_to_min_replicas() ->
         assert [r.id for r in frontend.sets["fast"].replicas] == ["fast#0"]  # the newest went first
         assert [r.id for r in frontend.supervisor.replicas("fast")] == ["fast#0"]  # stopped, not restarted
         assert frontend.supervisor.restarts == 0 and frontend.stats()["slo"]["scale_downs"] == 2
-        assert 'patchkit_slo_decisions_total{decision="scale_downs"} 2' in render_metrics(frontend)
+        assert 'patchkit_slo_decisions_total{decision="scale_downs"} 2' in render_metrics(frontend.snapshot())
         assert await release(frontend, clock, await hold(frontend, fast_calls=1, slow_calls=0)) == ["f0"]
 
     serve(clock, body, replicas={"fast": 3, "slow": 1}, min_replicas={"fast": 1}, batch_wait_ms=HOLD_MS)

@@ -11,15 +11,10 @@ import pytest
 
 from patchkit.capture.graph import OUTPUT, Graph, Node
 from patchkit.capture.recorder import CallSite
-from patchkit.scheduler.online.estimator import (
-    RunningAverage,
-    Trace,
-    Visit,
-    XGBoostEstimator,
-    accuracy,
-    nodes_remaining,
-    prefixes,
-)
+from patchkit.scheduler.online.averages import RunningAverage
+from patchkit.scheduler.online.estimator import accuracy
+from patchkit.scheduler.online.traces import Trace, Visit, nodes_remaining, prefixes
+from patchkit.scheduler.online.xgb import XGBoostEstimator
 
 # A corrective-RAG pipeline with a branch and a loop: retrieve (n0), grade (n1); three times in ten,
 # rewrite the query (n2) and search the web (n3); then generate (n4) and check the answer (n5),

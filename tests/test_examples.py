@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from serving import start_serve
 
-pytest.importorskip("llama_cpp")
-pytest.importorskip("faiss")
+pytest.importorskip("llama_cpp", reason="the examples answer with SmolLM2 through llama.cpp: pip install -e '.[llm]'")
+pytest.importorskip("faiss", reason="the examples search a FAISS index: pip install -e '.[retrieval]'")
 
 import patchkit  # noqa: E402
 
@@ -26,29 +26,37 @@ PYDOC_TITLES = {"try", "exceptions", "with", "break", "function", "typesseq", "c
 
 
 def check_output(output: dict[str, object]) -> None:
-    assert isinstance(output["answer"], str) and len(output["answer"].split()) >= 2
+    assert isinstance(output["answer"], str) and output["answer"].strip()
     assert isinstance(output["sources"], list) and output["sources"]
     assert all(isinstance(title, str) and title for title in output["sources"])
+
+
+def as_json(value: object) -> object:
+    """What a value reads as once it has crossed the HTTP API (tuples become lists)."""
+    return json.loads(json.dumps(value))
 
 
 @pytest.mark.parametrize(
     ("name", "extra"), [("oneshot", ()), ("hyde", ("passage",)), ("multistep", ("sub_questions",)), ("ircot", ("rounds",))]
 )
-def test_example_answers_when_deployed(name: str, extra: tuple[str, ...]) -> None:
+def test_example_answers_deployed_exactly_as_eagerly(name: str, extra: tuple[str, ...]) -> None:
     example = importlib.import_module(f"patchkit.examples.{name}")
     assert set(example.pipeline.inputs) == {"question"}  # requests need only the question
+    questions = example.QUESTIONS[:2]
+    eager = [as_json(example.pipeline(question=question)) for question in questions]
     with patchkit.deploy(example.pipeline, batch_size=4) as endpoint:
-        outputs = [endpoint.query(question=question) for question in example.QUESTIONS[:2]]
+        deployed = [endpoint.query(question=question) for question in questions]
         stats = endpoint.stats()["components"]
-    for output in outputs:
+    assert deployed == eager  # SmolLM2 decodes greedily: distribution changes speed, never answers
+    for output in deployed:
         check_output(output)
         assert all(key in output for key in extra)
     assert stats["retriever"]["methods"]["retrieve"]["calls"] >= 2
     if name == "ircot":
-        assert all(1 <= output["rounds"] <= 3 for output in outputs)
-        assert stats["llm"]["methods"]["generate"]["calls"] == sum(output["rounds"] for output in outputs)
+        assert all(1 <= output["rounds"] <= 3 for output in deployed)
+        assert stats["llm"]["methods"]["generate"]["calls"] == sum(output["rounds"] for output in deployed)
     if name == "multistep":
-        assert all(1 <= len(output["sub_questions"]) <= 3 for output in outputs)
+        assert all(1 <= len(output["sub_questions"]) <= 3 for output in deployed)
 
 
 def test_demo_deploys_crag_and_prints_answers_sources_and_the_table() -> None:

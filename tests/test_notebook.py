@@ -56,8 +56,8 @@ def test_capture_in_a_notebook_cell(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_the_quickstart_notebook_runs_on_real_components(tmp_path: Path) -> None:
-    pytest.importorskip("llama_cpp")
-    pytest.importorskip("faiss")
+    pytest.importorskip("llama_cpp", reason="the notebook answers with SmolLM2 through llama.cpp: pip install -e '.[llm]'")
+    pytest.importorskip("faiss", reason="the notebook searches a FAISS index: pip install -e '.[retrieval]'")
     nb = nbformat.read(TESTS.parent / "examples" / "quickstart.ipynb", as_version=4)
     nbclient.NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     code = [cell for cell in nb.cells if cell.cell_type == "code"]

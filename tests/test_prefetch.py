@@ -12,8 +12,8 @@ from serving import run_frontend
 import patchkit
 from patchkit import Component, make
 from patchkit.scheduler.online.frontend import Frontend
-from patchkit.server.metrics import render_metrics
 from patchkit.scheduler.online.prefetch import find_routes
+from patchkit.server.metrics import render_metrics
 
 
 class PrefetchingRetriever(Component):
@@ -59,7 +59,7 @@ def test_routes_lead_from_the_call_feeding_the_query_to_the_retriever() -> None:
 def _ask(frontend: Frontend) -> Any:
     async def body() -> Any:
         result = await frontend.query({"question": "how do loops work?"})
-        return result.output, frontend.stats()["prefetch"], render_metrics(frontend)
+        return result.output, frontend.stats()["prefetch"], render_metrics(frontend.snapshot())
 
     return body()
 

@@ -32,9 +32,9 @@ import pytest
 import patchkit
 from patchkit import WorkerDiedError
 from patchkit.components.testing import Simulated
+from patchkit.config import DeploymentConfig
 from patchkit.orchestrator.ray_backend import cluster_resources
 from patchkit.orchestrator.rpc import HEALTH
-from patchkit.config import DeploymentConfig
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 
 if importlib.util.find_spec("ray") is None:

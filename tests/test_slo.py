@@ -11,10 +11,12 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.scheduler.online.estimator import RunningAverage, Trace, Visit, accuracy
+from patchkit.scheduler.online.averages import RunningAverage
+from patchkit.scheduler.online.estimator import accuracy
 from patchkit.scheduler.online.frontend import Frontend
-from patchkit.server.metrics import render_metrics
 from patchkit.scheduler.online.slo import SloPolicy
+from patchkit.scheduler.online.traces import Trace, Visit
+from patchkit.server.metrics import render_metrics
 
 
 class FakeClock:
@@ -134,7 +136,7 @@ def serve_order(prioritize: bool) -> tuple[list[str], dict[str, Any], str]:
         relaxed = [frontend.query({"query": f"r{i}"}, slo_ms=1000) for i in range(4)]
         urgent = frontend.query({"query": "urgent"}, slo_ms=20)  # 5 ms short: jumping the queue saves it
         await asyncio.gather(*relaxed, urgent)
-        return list(step.order), frontend.stats()["slo"], render_metrics(frontend)
+        return list(step.order), frontend.stats()["slo"], render_metrics(frontend.snapshot())
 
     result: tuple[list[str], dict[str, Any], str] = run_frontend(
         pipeline, body, clock=clock, prioritize=prioritize, max_inflight_batches=1

@@ -22,8 +22,8 @@ from patchkit.capture.frame import frame_namespace, resolve_output, split_variab
 from patchkit.capture.ir import CapturedBlock
 from patchkit.capture.recorder import Recorder
 from patchkit.capture.skip import BodySkipped, Skipper
-from patchkit.component import call_hook
 from patchkit.client.pipeline import Pipeline, set_last_pipeline
+from patchkit.component import call_hook
 from patchkit.errors import CaptureError
 
 __all__ = ["Capture", "capture"]

@@ -21,8 +21,8 @@ from patchkit.errors import InputError, PatchkitError, error_from_json
 
 if TYPE_CHECKING:
     from patchkit.config import DeploymentConfig
-    from patchkit.scheduler.online.estimator import Trace
     from patchkit.scheduler.offline.plan import Plan
+    from patchkit.scheduler.online.traces import Trace
 
 __all__ = ["Endpoint", "deploy"]
 
@@ -69,7 +69,7 @@ class Endpoint:
     def traces(self) -> list[Trace]:
         """The last finished requests with an SLO (up to 5,000), each call with its times and queue
         wait: what the SLO estimators learn from, for `patchkit.scheduler.online.estimator.accuracy`."""
-        from patchkit.scheduler.online.estimator import Trace
+        from patchkit.scheduler.online.traces import Trace
 
         result: dict[str, Any] = self._reply(*self._request("GET", "/v1/traces", None))
         return [Trace.from_dict(trace) for trace in result["traces"]]

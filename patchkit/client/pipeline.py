@@ -11,7 +11,7 @@ from patchkit.capture.assemble import Program
 from patchkit.capture.graph import Graph
 from patchkit.capture.recorder import CallRecord, Recorder
 from patchkit.component import Component, call_hook
-from patchkit.errors import InputError, PatchkitError, unknown_input
+from patchkit.errors import PatchkitError, unknown_input
 
 __all__ = ["Pipeline", "last_pipeline", "set_last_pipeline"]
 

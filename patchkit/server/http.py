@@ -86,7 +86,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     frontend = request.app[_FRONTEND]
-    text = render_metrics(frontend, await frontend.replica_stats())
+    text = render_metrics(frontend.snapshot(), await frontend.replica_stats())
     return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"X-Prometheus-Format": "0.0.4"})
 
 

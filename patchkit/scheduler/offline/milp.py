@@ -35,8 +35,8 @@ branch and bound otherwise starts far from the optimum, solves several times fas
 Among plans within a relative 1e-6 of the best L, the one using the fewest resource units in total
 wins: a second solve fixes L and minimises units.
 
-Solvers: gurobipy when importable and its licence takes the model (the pip licence stops at 2,000
-variables and 2,000 constraints), else HiGHS through highspy; `pip install 'patchkit[sched]'`.
+Solvers (`solvers.py`): gurobipy when importable and its licence takes the model (the pip licence stops
+at 2,000 variables and 2,000 constraints), else HiGHS through highspy; `pip install 'patchkit[sched]'`.
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from patchkit.errors import PlanError
 from patchkit.scheduler.offline.pwl import PiecewiseLinear
+from patchkit.scheduler.offline.solvers import GurobiUnavailable, LinearModel, Solver, solve_gurobi, solve_highs
 
 __all__ = ["Choice", "Option", "Problem", "Solution", "candidate_batches", "solve"]
 
@@ -59,8 +59,6 @@ logger = logging.getLogger(__name__)
 
 SOLVERS = ("auto", "gurobi", "highs")
 UNITS_SLACK = 1e-6  # relative throughput given up, at most, to use fewer resource units
-GUROBI_SIZE_LIMIT = 10010  # GurobiError.errno: the model is too large for a size-limited licence
-GUROBI_NO_LICENCE = 10009
 
 
 @dataclass(frozen=True)
@@ -267,14 +265,10 @@ def _check_feasible(problem: Problem) -> None:
 
 # -- the model, solver-neutral ---------------------------------------------------------------------
 @dataclass
-class _Model:
+class _Model(LinearModel):
     """Columns [L, z0, n0, z1, n1, ...], one (z, n) pair per (option, batch size) in `pairs`."""
 
     pairs: list[tuple[Option, int]]
-    lower: list[float]
-    upper: list[float]
-    integer: list[bool]
-    rows: list[tuple[list[int], list[float], float, float]]  # column indices, coefficients, low, high
     units: list[float]  # objective of the second solve: resource units taken
     visits: Mapping[str, float]
     most_rows: list[int]  # per pair, the row n - most * z <= 0
@@ -283,10 +277,6 @@ class _Model:
         """Bound the replicas of one (option, batch size) pair to `most`."""
         self.upper[2 + 2 * pair] = float(most)
         self.rows[self.most_rows[pair]][1][1] = -float(most)
-
-    @property
-    def columns(self) -> int:
-        return len(self.lower)
 
     @classmethod
     def build(cls, problem: Problem, candidates: Mapping[tuple[str, str], tuple[int, ...]]) -> _Model:
@@ -326,24 +316,24 @@ class _Model:
             rows.append((columns, coefficients, -math.inf, float(problem.capacity[kind])))
         if problem.slo_ms is not None:
             rows.append((slo[0], slo[1], -math.inf, problem.slo_ms))
-        return cls(pairs, lower, upper, integer, rows, units, problem.visits, most_rows)
+        return cls(lower, upper, integer, rows, pairs, units, problem.visits, most_rows)
 
 
 def _run(model: _Model, solver: str) -> tuple[str, list[float] | None]:
     """Solve twice (most throughput, then fewest units at that throughput); returns (solver, values)."""
     if solver in ("auto", "gurobi"):
         try:
-            return "gurobi", _two_stages(model, _solve_gurobi)
-        except _GurobiUnavailable as exc:
+            return "gurobi", _two_stages(model, solve_gurobi)
+        except GurobiUnavailable as exc:
             if solver == "gurobi":
                 raise PlanError(f"solver='gurobi' cannot solve this plan: {exc}; use solver='highs' or 'auto'") from None
             logger.info("gurobi unavailable (%s); solving with HiGHS", exc)
     if importlib.util.find_spec("highspy") is None:
         raise PlanError("planning needs a MILP solver: pip install 'patchkit[sched]' (highspy, and gurobipy if licensed)")
-    return "highs", _two_stages(model, _solve_highs)
+    return "highs", _two_stages(model, solve_highs)
 
 
-def _two_stages(model: _Model, backend: Any) -> list[float] | None:
+def _two_stages(model: _Model, backend: Solver) -> list[float] | None:
     """Most throughput, then fewest units within UNITS_SLACK of it; None when nothing is feasible."""
     _tighten(model, backend)
     throughput = [1.0] + [0.0] * (model.columns - 1)
@@ -360,7 +350,7 @@ def _two_stages(model: _Model, backend: Any) -> list[float] | None:
     return first if second is None else second
 
 
-def _tighten(model: _Model, backend: Any, rounds: int = 5) -> None:
+def _tighten(model: _Model, backend: Solver, rounds: int = 5) -> None:
     """Bound L and every pair's replicas by the LP relaxation, so that branch and bound starts closer.
 
     No plan beats the relaxation's L, and no pair needs more replicas than reach it, so no optimal
@@ -433,95 +423,3 @@ def _solution(problem: Problem, choices: dict[str, Choice], solver: str) -> Solu
         used[choice.resource] = used.get(choice.resource, 0) + choice.replicas * choice.units
     latency = sum(problem.visits[name] * 2 * choice.batch_ms for name, choice in choices.items())
     return Solution(choices, rates[bottleneck], bottleneck, solver, used, latency)
-
-
-# -- solvers ---------------------------------------------------------------------------------------
-class _GurobiUnavailable(Exception):
-    """gurobipy is missing, unlicensed, or its licence cannot take the model."""
-
-
-def _solve_gurobi(model: _Model, objective: Sequence[float], maximise: bool, start: Sequence[float] | None) -> list[float] | None:
-    """Optimal column values, or None when the model is infeasible."""
-    try:
-        import gurobipy as gp
-    except ImportError:
-        raise _GurobiUnavailable("gurobipy is not installed") from None
-    grb = gp.GRB
-
-    def bound(value: float) -> float:
-        return max(min(value, grb.INFINITY), -grb.INFINITY)
-
-    try:
-        with gp.Env(params={"OutputFlag": 0}) as env, gp.Model(env=env) as m:
-            for name, value in (("MIPGap", 1e-9), ("IntFeasTol", 1e-9), ("FeasibilityTol", 1e-9)):
-                m.setParam(name, value)
-            columns = m.addVars(
-                range(model.columns),
-                lb=[bound(v) for v in model.lower],
-                ub=[bound(v) for v in model.upper],
-                obj=list(objective),
-                vtype=[grb.INTEGER if i else grb.CONTINUOUS for i in model.integer],
-            )
-            x = [columns[c] for c in range(model.columns)]
-            for indices, coefficients, low, high in model.rows:
-                expr = gp.LinExpr(coefficients, [x[c] for c in indices])
-                if low == high:
-                    m.addConstr(expr == low)
-                elif math.isinf(high):
-                    m.addConstr(expr >= low)
-                elif math.isinf(low):
-                    m.addConstr(expr <= high)
-                else:
-                    m.addRange(expr, low, high)
-            m.ModelSense = grb.MAXIMIZE if maximise else grb.MINIMIZE
-            if start is not None:
-                for var, value in zip(x, start):
-                    var.Start = value
-            m.optimize()
-            if m.Status == grb.OPTIMAL:
-                return [float(v) for v in m.getAttr("X", x)]
-            if m.Status in (grb.INFEASIBLE, grb.INF_OR_UNBD):
-                return None
-            raise PlanError(f"gurobi stopped without a plan (status {m.Status})")
-    except gp.GurobiError as exc:
-        if exc.errno in (GUROBI_SIZE_LIMIT, GUROBI_NO_LICENCE):
-            size = f"{model.columns} variables, {len(model.rows)} constraints"
-            raise _GurobiUnavailable(f"{exc} ({size})") from None
-        raise
-
-
-def _solve_highs(model: _Model, objective: Sequence[float], maximise: bool, start: Sequence[float] | None) -> list[float] | None:
-    """Optimal column values, or None when the model is infeasible."""
-    import highspy
-    import numpy as np
-
-    h = highspy.Highs()
-    for name, value in (("output_flag", False), ("mip_rel_gap", 1e-9), ("mip_feasibility_tolerance", 1e-9),
-                        ("primal_feasibility_tolerance", 1e-9)):
-        h.setOptionValue(name, value)
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = model.columns, len(model.rows)
-    lp.col_cost_ = np.array(objective, dtype=float)
-    lp.col_lower_ = np.clip(np.array(model.lower), -highspy.kHighsInf, highspy.kHighsInf)
-    lp.col_upper_ = np.clip(np.array(model.upper), -highspy.kHighsInf, highspy.kHighsInf)
-    lp.row_lower_ = np.clip(np.array([r[2] for r in model.rows]), -highspy.kHighsInf, highspy.kHighsInf)
-    lp.row_upper_ = np.clip(np.array([r[3] for r in model.rows]), -highspy.kHighsInf, highspy.kHighsInf)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.start_ = np.cumsum([0] + [len(r[0]) for r in model.rows]).astype(np.int32)
-    lp.a_matrix_.index_ = np.array([c for r in model.rows for c in r[0]], dtype=np.int32)
-    lp.a_matrix_.value_ = np.array([v for r in model.rows for v in r[1]], dtype=float)
-    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in model.integer]
-    lp.sense_ = highspy.ObjSense.kMaximize if maximise else highspy.ObjSense.kMinimize
-    h.passModel(lp)
-    if start is not None:
-        solution = highspy.HighsSolution()
-        solution.col_value = list(start)
-        solution.value_valid = True
-        h.setSolution(solution)
-    h.run()
-    status = h.getModelStatus()
-    if status == highspy.HighsModelStatus.kOptimal:
-        return [float(v) for v in h.getSolution().col_value]
-    if status in (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible):
-        return None
-    raise PlanError(f"HiGHS stopped without a plan ({h.modelStatusToString(status)})")

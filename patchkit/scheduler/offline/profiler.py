@@ -21,7 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
@@ -34,6 +34,9 @@ from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, available_cpus, available_gpus
 from patchkit.scheduler.offline.pool import ResourcePool
 from patchkit.scheduler.offline.pwl import PiecewiseLinear
+
+if TYPE_CHECKING:
+    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["ComponentProfile", "MethodProfile", "Profiler", "visits_by_component"]
 

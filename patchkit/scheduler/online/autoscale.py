@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -28,8 +28,11 @@ from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.resources import ReplicaResources, available_cpus, available_gpus, one_more
 
 if TYPE_CHECKING:
-    from patchkit.scheduler.online.frontend import Frontend
+    from patchkit.component import Component
+    from patchkit.config import DeploymentConfig
+    from patchkit.orchestrator.supervisor import Supervisor
     from patchkit.scheduler.online.queues import ReplicaSet
+    from patchkit.scheduler.online.slo import SloPolicy
 
 __all__ = ["Autoscaler", "Decision"]
 
@@ -47,16 +50,28 @@ class Decision:
 
 
 class Autoscaler:
-    """Owned by the front-end, on its event loop; reads its config, SLO policy, replica sets and
-    supervisor. `capacity`: units per resource type ("cpu", "gpu") replicas may take; None until
-    first needed, then the applied plan's, else this machine's cores and GPUs."""
+    """Owned by the front-end, on its event loop, and given what it reads and drives of it: the
+    config, the SLO policy (is anyone at risk?), the replica sets of the components (their queues and
+    replicas), and the supervisor that adds and retires replicas. `capacity`: units per resource type
+    ("cpu", "gpu") replicas may take; None until first needed, then the applied plan's, else the
+    backend's (a cluster's) or this machine's cores and GPUs."""
 
-    def __init__(self, frontend: Frontend, *, capacity: Mapping[str, int] | None = None) -> None:
-        self.frontend = frontend
-        self.config = frontend.config
+    def __init__(
+        self,
+        config: DeploymentConfig,
+        policy: SloPolicy,
+        supervisor: Supervisor,
+        components: Mapping[str, Component],
+        sets: Mapping[str, ReplicaSet],
+        *,
+        clock: Callable[[], float],
+        capacity: Mapping[str, int] | None = None,
+    ) -> None:
+        self.config, self.policy, self.supervisor = config, policy, supervisor
+        self.components, self.sets, self.clock = components, sets, clock
         self.capacity = dict(capacity) if capacity is not None else None
         self.replicas = {name: c.replicas for name, c in self.config.components.items()}  # as kept, restarts included
-        started = frontend.clock()
+        started = clock()
         self._quiet_since = dict.fromkeys(self.replicas, started)  # lower bound of each component's idle time
         self._risk_since: float | None = None  # since when steps have seen requests at risk (reset by a scale-up)
         self._stopping = asyncio.Event()
@@ -75,7 +90,7 @@ class Autoscaler:
             if self._stopping.is_set():
                 return
             try:
-                await self.step(self.frontend.clock())
+                await self.step(self.clock())
             except Exception:
                 logger.exception("an autoscaling step failed")
 
@@ -99,7 +114,7 @@ class Autoscaler:
         record of how long requests have been at risk. That is sampled here: requests count as at
         risk continuously while every step has seen some, so that admission pausing, which lets new
         requests in the moment none is at risk, does not restart the count at every turn."""
-        if not self.frontend.policy.under_pressure():
+        if not self.policy.under_pressure():
             self._risk_since = None
         elif self._risk_since is None:
             self._risk_since = now
@@ -118,8 +133,7 @@ class Autoscaler:
         if free < units:
             logger.debug("requests are at risk, but no %s unit is free for another replica of %s", kind, name)
             return None
-        pressed = len(self.frontend.policy.at_risk) + len(self.frontend.policy.lost)
-        reason = (f"{pressed} requests at risk or beyond saving for {now - self._risk_since:.1f} s; {name} is "
+        reason = (f"{self.policy.pressed()} requests at risk or beyond saving for {now - self._risk_since:.1f} s; {name} is "
                   f"the bottleneck (its queues drain in {drain_s:.2f} s); {free} {kind} units free")
         return Decision("scale_up", name, replicas + 1, reason)
 
@@ -143,7 +157,7 @@ class Autoscaler:
         if changed is None:
             return False
         self.replicas[name] = decision.replicas
-        self.frontend.policy.counts[decision.kind + "s"] += 1
+        self.policy.record_scaling(decision.kind)
         logger.info("scaled %s %s to %d replicas (%s): %s", decision.kind.removeprefix("scale_"), name, decision.replicas,
                     changed, decision.reason)
         if stopped is not None:
@@ -155,9 +169,9 @@ class Autoscaler:
         self._risk_since = now  # the new replica gets scale_up_after_s to help before the next; so does a retry
         settings = self.config.components[name]
         device = settings.resource if self.config.plan is not None else None
-        spec = ReplicaSpec(name, self.frontend.components[name], self._resources(name), device, settings.units)
+        spec = ReplicaSpec(name, self.components[name], self._resources(name), device, settings.units)
         try:
-            replica = await self.frontend.supervisor.add(spec)
+            replica = await self.supervisor.add(spec)
         except Exception as exc:
             logger.error("could not add a replica of %s: %s", name, exc)
             return None
@@ -171,7 +185,7 @@ class Autoscaler:
         if len(live) < 2:  # the others are being restarted: wait for them
             return None, None
         replica = min(reversed(live), key=lambda r: r.inflight)
-        stopped = self.frontend.supervisor.retire(replica)
+        stopped = self.supervisor.retire(replica)
         return (None, None) if stopped is None else (replica.id, stopped)
 
     def _resources(self, name: str) -> ReplicaResources:
@@ -183,7 +197,7 @@ class Autoscaler:
             return ReplicaResources(threads=component.units)
         if self.config.plan is None:  # placed by nobody: like the replicas `spread` started, it sees this process's GPUs
             return ReplicaResources(threads=component.units)
-        held = {g for r in self.frontend.supervisor.replicas() for g in (r.spec.resources.gpus or ())}
+        held = {g for r in self.supervisor.replicas() for g in (r.spec.resources.gpus or ())}
         return one_more(component.resource, component.units, held)
 
     # -- the model ------------------------------------------------------------------------------
@@ -224,7 +238,7 @@ class Autoscaler:
     def capacity_of(self, kind: str) -> int:
         if self.capacity is None:
             planned = (self.config.plan or {}).get("capacity")
-            found = planned or self.frontend.supervisor.backend.capacity()  # a cluster backend's, else this machine's
+            found = planned or self.supervisor.backend.capacity()  # a cluster backend's, else this machine's
             self.capacity = dict(found) if found else {"cpu": len(available_cpus()), "gpu": len(available_gpus())}
         return self.capacity.get(kind, 0)
 
@@ -233,7 +247,7 @@ class Autoscaler:
         return sum(self.replicas[n] * c.units for n, c in self.config.components.items() if c.resource == kind)
 
     def _set(self, name: str) -> ReplicaSet:
-        return self.frontend.sets[name]
+        return self.sets[name]
 
     def _live(self, name: str) -> int:
         return max(1, sum(r.alive for r in self._set(name).replicas))

@@ -17,10 +17,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from patchkit.capture.recorder import site_of
 from patchkit.component import Component, MakeMethod, call_hook, make_methods
+from patchkit.config import DeploymentConfig
 from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.inprocess import InProcessBackend
@@ -29,19 +30,19 @@ from patchkit.orchestrator.resources import ReplicaResources, assign, spread
 from patchkit.orchestrator.supervisor import Supervisor
 from patchkit.scheduler.online.autoscale import Autoscaler
 from patchkit.scheduler.online.bridge import await_, run_sync
-from patchkit.config import DeploymentConfig
-from patchkit.scheduler.online.estimator import Visit
 from patchkit.scheduler.online.prefetch import PREFETCH_METHOD, Prefetcher, find_routes
 from patchkit.scheduler.online.queues import BatchQueue, ReplicaSet
 from patchkit.scheduler.online.slo import RequestState, SloPolicy, make_estimator
+from patchkit.scheduler.online.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot, MethodSnapshot
+from patchkit.scheduler.online.traces import Visit
 from patchkit.scheduler.online.waves import Waves
+
+if TYPE_CHECKING:
+    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["Frontend", "RequestResult", "make_backend"]
 
 logger = logging.getLogger(__name__)
-
-LATENCY_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
 
 @dataclass
 class RequestResult:
@@ -69,7 +70,7 @@ class Frontend:
             admission_limit=config.admission_queue_limit,
             clock=clock,
         )
-        self.autoscaler = Autoscaler(self)
+        self.autoscaler = Autoscaler(self.config, self.policy, self.supervisor, self.components, self.sets, clock=clock)
         routes = find_routes(pipeline.graph) if config.prefetch else []
         self.prefetcher = Prefetcher(routes, self._submit_prefetch)
         self.waves = None if config.pipelining else Waves()
@@ -225,37 +226,40 @@ class Frontend:
     def healthy(self) -> bool:
         return all(any(r.alive for r in s.replicas) for s in self.sets.values())
 
+    def snapshot(self) -> FrontendSnapshot:
+        """The counters at this moment, for `/metrics` and `stats()`."""
+        now = time.monotonic()
+        methods = tuple(
+            MethodSnapshot(
+                name, queue.method, queue.batch_size, len(queue), queue.stats.calls, queue.stats.batches,
+                queue.stats.failures, queue.stats.retries, queue.stats.queue_wait_s, queue.stats.service_s,
+                queue.stats.throughput(now),
+            )
+            for name, replica_set in self.sets.items()
+            for queue in replica_set.queues
+        )
+        return FrontendSnapshot(
+            outcomes=dict(self.outcomes), inflight=self.inflight, slo_met=self.slo_met,
+            latency_buckets=tuple(self.latency_buckets), latency_sum_s=self.latency_sum_s, methods=methods,
+            live_replicas={name: sum(r.alive for r in s.replicas) for name, s in self.sets.items()},
+            replica_components={replica.id: replica.component for replica in self.supervisor.replicas()},
+            restarts=self.supervisor.restarts, slo=self.policy.stats(), prefetch=self.prefetcher.stats(),
+        )
+
     def stats(self) -> dict[str, Any]:
         """Per component: replicas, and per method batch size, throughput and queue; called by /v1/stats."""
-        now = time.monotonic()
-        components = {}
-        for name, component in self.components.items():
-            replica_set = self.sets[name]
-            methods = {}
-            for queue in replica_set.queues:
-                s = queue.stats
-                methods[queue.method] = {
-                    "batch_size": queue.batch_size,
-                    "queue_length": len(queue),
-                    "calls": s.calls,
-                    "batches": s.batches,
-                    "mean_batch": s.calls / s.batches if s.batches else 0.0,
-                    "throughput_per_s": s.throughput(now),
-                    "mean_queue_wait_ms": 1000 * s.queue_wait_s / s.calls if s.calls else 0.0,
-                    "mean_batch_ms": 1000 * s.service_s / s.batches if s.batches else 0.0,
-                    "failures": s.failures,
-                    "retries": s.retries,
-                }
-            components[name] = {
-                "class": type(component).__name__,
-                "replicas": [r.describe() for r in replica_set.replicas],
-                "methods": methods,
-            }
-        requests: dict[str, float] = {"inflight": self.inflight, **self.outcomes}
-        if self.outcomes["ok"]:
-            requests["mean_latency_ms"] = 1000 * self.latency_sum_s / self.outcomes["ok"]
+        snapshot = self.snapshot()
+        components: dict[str, dict[str, Any]] = {
+            name: {"class": type(component).__name__, "replicas": [r.describe() for r in self.sets[name].replicas], "methods": {}}
+            for name, component in self.components.items()
+        }
+        for method in snapshot.methods:
+            components[method.component]["methods"][method.method] = method.describe()
+        requests: dict[str, float] = {"inflight": snapshot.inflight, **snapshot.outcomes}
+        if snapshot.outcomes.get("ok"):
+            requests["mean_latency_ms"] = 1000 * snapshot.latency_sum_s / snapshot.outcomes["ok"]
         return {"backend": self.config.backend, "uptime_s": time.time() - self.started, "requests": requests,
-                "restarts": self.supervisor.restarts, "slo": self.policy.stats(), "prefetch": self.prefetcher.stats(),
+                "restarts": snapshot.restarts, "slo": dict(snapshot.slo), "prefetch": dict(snapshot.prefetch),
                 "components": components}
 
     async def replica_stats(self) -> dict[str, Any]:

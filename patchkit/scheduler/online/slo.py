@@ -26,7 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from patchkit.errors import Overloaded
-from patchkit.scheduler.online.estimator import Estimator, RunningAverage, Trace, Visit, WaitsAhead, XGBoostEstimator
+from patchkit.scheduler.online.averages import RunningAverage, WaitsAhead
+from patchkit.scheduler.online.estimator import Estimator
+from patchkit.scheduler.online.traces import Trace, Visit
+from patchkit.scheduler.online.xgb import XGBoostEstimator
 
 __all__ = ["RequestState", "SloPolicy", "make_estimator"]
 
@@ -115,6 +118,15 @@ class SloPolicy:
             turn = self.waiting.popleft()
             if not turn.done():
                 turn.set_result(None)
+
+    def pressed(self) -> int:
+        """Requests in flight at risk or beyond saving; the autoscaler logs it with a scale-up."""
+        return len(self.at_risk) + len(self.lost)
+
+    def record_scaling(self, kind: str) -> None:
+        """Called by the autoscaler for each decision it applied ("scale_up" or "scale_down"), so that
+        stats and /metrics count it beside the other SLO decisions."""
+        self.counts[kind + "s"] += 1
 
     def under_pressure(self) -> bool:
         """Read by the autoscaler: requests in flight are at risk of missing their SLO, or beyond saving."""
