@@ -5,6 +5,12 @@ fall-through, jumps and the handlers of nested `try` blocks until an exit sequen
 `__exit__(None, None, None)` call that the compiler emits wherever control leaves the block
 (its end, a `return`, a `break`). Exit sequences of nested `with` statements are told apart by
 exception-table coverage: the block's own exit call is not protected by its own handler.
+
+The block's own exception-table range bounds the walk: a handler is followed only when an
+exception inside it still reaches the block's own handler, so it lies inside the block. The
+handler of a statement around the block (an outer `with`, a `try/finally`, the other item of
+`with a(), patchkit.capture():`) also covers the exit sequence the compiler emits at the block's
+end; it belongs to the enclosing code and never becomes part of the body.
 """
 
 from __future__ import annotations
@@ -171,15 +177,14 @@ def _explore(walker: _Walker, start: int, handler: Label) -> tuple[set[int], dic
                 exits[i] = found
                 continue
         visited.add(i)
-        todo.extend(_successors(walker, i, handler))
+        todo.extend(_successors(walker, i, handler, memo))
     return visited, exits
 
 
-def _successors(walker: _Walker, i: int, handler: Label) -> list[int]:
+def _successors(walker: _Walker, i: int, handler: Label, memo: dict[int, bool]) -> list[int]:
     e = walker.elements[i]
     if isinstance(e, TryBegin):
-        nested = [] if e.target is handler else [walker.label_at[id(e.target)]]
-        return [i + 1, *nested]
+        return [i + 1, *_inner_handler(walker, e.target, handler, memo)]
     if not isinstance(e, Instr):
         return [i + 1]
     out = []
@@ -190,23 +195,40 @@ def _successors(walker: _Walker, i: int, handler: Label) -> list[int]:
     return out
 
 
+def _inner_handler(walker: _Walker, target: Label, handler: Label, memo: dict[int, bool]) -> list[int]:
+    """[index of `target`] when it is the handler of a `try` or `with` inside the block, else [].
+
+    The block's own handler and the handlers of statements around the block are outside it: an
+    exception raised in them no longer reaches the block's own handler.
+    """
+    if target is handler:
+        return []
+    at = walker.label_at[id(target)]
+    first = next((j for j, _ in walker.instrs_from(at)), None)
+    return [at] if first is not None and walker.protected_by(first, handler, memo) else []
+
+
 def _falls_through(e: Any) -> bool:
     return not isinstance(e, Instr) or not (e.is_uncond_jump() or e.is_final())
 
 
 def _rewrite(elements: list[Any], visited: set[int], exits: dict[int, _Exit], handler: Label, line: int) -> list[Any]:
-    """The visited elements in order, minus the block's own try range, with exits made returns.
+    """The visited elements in order, minus every try range whose handler is outside the block,
+    with exits made returns.
 
     A nested try range is closed even where its TryEnd follows a final instruction (a RERAISE)
     and so is never reached by control flow.
     """
+    label_at = {id(e): i for i, e in enumerate(elements) if isinstance(e, Label)}
     body: list[Any] = []
     opened: set[int] = set()
     for i, e in enumerate(elements):
         if isinstance(e, TryEnd):
             keep = id(e.entry) in opened
+        elif isinstance(e, TryBegin):
+            keep = i in visited and e.target is not handler and label_at[id(e.target)] in visited
         else:
-            keep = i in visited and not (isinstance(e, TryBegin) and e.target is handler)
+            keep = i in visited
         if keep:
             body.append(e)
             if isinstance(e, TryBegin):
