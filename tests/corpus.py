@@ -302,6 +302,15 @@ def run(query):
             answer = llm.generate(query, docs)
     return answer
 ''', calls=frozenset({"retriever.retrieve", "llm.generate"})),
+    Case("capture_as_second_with_item", "function", '''
+import contextlib
+def run(query):
+    with contextlib.suppress(KeyError), patchkit.capture():
+        docs = retriever.retrieve(query)
+        if not docs:
+            return "no documents"
+        return llm.generate(query, docs)
+''', calls=frozenset({"retriever.retrieve", "llm.generate"})),
     Case("capture_inside_try_finally", "function", '''
 def run(query):
     log = []
@@ -330,6 +339,16 @@ with contextlib.nullcontext():
         docs = retriever.retrieve(query)
         answer = llm.generate(query, docs)
 ''', output="answer"),
+    # 5. a block that returns on one path and ends on another, the function returning after it
+    Case("return_in_block_and_after_it", "function", '''
+def run(query):
+    with patchkit.capture():
+        docs = retriever.retrieve(query)
+        if not docs:
+            return "no documents"
+        answer = llm.generate(query, docs)
+    return answer
+'''),
 ]
 FIDELITY = [replace(case, exact_inputs=True) for case in FIDELITY]
 CASES += FIDELITY

@@ -9,13 +9,16 @@ that get workers whether or not the capture run called them, and the error texts
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import pytest
 from conftest import load_source
 from corpus import FIDELITY
 from test_capture_corpus import _capture
 
 import patchkit
+from patchkit import CaptureError
 
 CASE = {case.name: case for case in FIDELITY}
 QUERY = "What is a generator?"
@@ -44,8 +47,75 @@ def test_variables_of_an_outer_finally_are_not_inputs() -> None:
     assert pipeline.inputs == {"query": "How do I catch an exception?"}
 
 
+@pytest.mark.parametrize("around", ["with span():", "with contextlib.nullcontext(), span():", "try:"])
+def test_returns_inside_a_capture_inside_another_statement(around: str) -> None:
+    after = "    finally:\n        seen.append('finally')\n" if around == "try:" else ""
+    source = f"""
+import contextlib
+seen = []
+class span:
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        seen.append("exit")
+def run(query):
+    {around}
+        with patchkit.capture():
+            docs = retriever.retrieve(query)
+            if not docs:
+                return "no documents"
+            if len(docs) == 1:
+                return llm.generate(query, docs)
+            return 2
+{after}"""
+    pipeline = _answers_like_python(source, "around", [*OTHERS, "zzz"])
+    assert pipeline.inputs == {"query": QUERY} and pipeline.output == "return"
+
+
 def test_a_capture_inside_another_statement_deploys_with_its_own_inputs_only() -> None:
     pipeline, _ = _capture(CASE["capture_inside_try_finally"])
     expected = [pipeline(query=q) for q in OTHERS]
     with patchkit.deploy(pipeline, backend="inprocess") as endpoint:  # every input is required
         assert [endpoint.query(query=q) for q in OTHERS] == expected
+
+
+# -- 5. a block that returns on one path and ends on another ----------------------------------------
+MIXED = """
+def run(query):
+    log = []
+    with patchkit.capture({output}):
+        docs = retriever.retrieve(query)
+        if not docs:
+            return "no documents"
+        answer = llm.generate(query, docs)
+    log.append(answer)
+    return answer
+"""
+
+
+def test_a_return_on_one_path_and_code_after_the_block_on_another_is_refused_until_output_is_named() -> None:
+    message = (
+        "<mixed>:4: cannot capture a block that returns on one path (line 7) and ends without `return` on another "
+        "(line 8). Name the variable a path without `return` gives: `with patchkit.capture(output='answer'):`, or end "
+        "every path with `return`."
+    )
+    with pytest.raises(CaptureError, match=re.escape(message)):
+        load_source(MIXED.format(output=""), "<mixed>")["run"](QUERY)
+    # the fix the message names: the paths without `return` give `answer`, eagerly and deployed
+    pipeline = _answers_like_python(MIXED.format(output="output='answer'"), "mixed", [*OTHERS, "zzz"])
+    assert pipeline.output == "answer"
+    expected = [pipeline(query=q) for q in [*OTHERS, "zzz"]]
+    assert "no documents" in expected
+    with patchkit.deploy(pipeline, backend="inprocess") as endpoint:
+        assert [endpoint.query(query=q) for q in [*OTHERS, "zzz"]] == expected
+
+
+def test_a_return_right_after_the_block_or_the_functions_end_is_the_paths_answer() -> None:
+    pipeline, _ = _capture(CASE["return_in_block_and_after_it"])
+    assert pipeline.output == "return"
+    assert pipeline(query="zzz") == "no documents"
+    assert pipeline(query="loops") == "A: loops for and while loops repeat"
+    # A block that ends its function: a path without `return` gives None, as calling the function does.
+    source = "def run(query):\n    with patchkit.capture():\n        if grader.score(query) == 0:\n" \
+        "            return llm.generate(query)\n        note = 'nothing returned'\n"
+    _answers_like_python(source, "end", ["a", "b", "c", "d", "e", "f", "g"])

@@ -3,6 +3,9 @@
 A name the body reads before writing and that is bound when the block is entered is either an
 input (a plain value: its value at capture is the default) or a bound object (a Component,
 module, function or class, or a container of Components), passed by identity on every run.
+A block that returns on some paths, and on another ends where code follows the block (not a
+`return` at once), is a `CaptureError` until it names what that path gives (`capture(output=...)`):
+no path's answer is lost silently.
 """
 
 from __future__ import annotations
@@ -14,8 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from bytecode import Instr
+
 from patchkit.capture.analysis import default_output, instr_writes, live_in
-from patchkit.capture.ir import CapturedBlock
+from patchkit.capture.ir import BlockExit, CapturedBlock
 from patchkit.component import Component
 from patchkit.errors import CaptureError
 
@@ -69,9 +74,31 @@ def resolve_output(block: CapturedBlock, output: str | None, namespace: Mapping[
             )
         return output, output
     if block.has_return:
+        _refuse_mixed_ends(block)
         return None, RETURN
     name = default_output(block)
     return name, name
+
+
+def _refuse_mixed_ends(block: CapturedBlock) -> None:
+    """A block with `return` whose other paths end without one: what they give is not in the block."""
+    ends = [e for e in block.body if isinstance(e, BlockExit)]
+    if not ends:
+        return
+    returns = [e.lineno for e in block.body if isinstance(e, Instr) and e.name == "RETURN_VALUE" and e.lineno]
+    returned = f" (line {min(returns)})" if returns else ""
+    ended = sorted({e.left_at for e in ends if e.left_at})
+    where = f" (line {ended[0]})" if ended else ""
+    name = default_output(block) or "answer"
+    raise CaptureError(
+        f"a block that returns on one path{returned} and ends without `return` on another{where}",
+        filename=block.filename,
+        lineno=block.with_lineno,
+        hint=(
+            "Name the variable a path without `return` gives: "
+            f"`with patchkit.capture(output={name!r}):`, or end every path with `return`."
+        ),
+    )
 
 
 def split_variables(block: CapturedBlock, namespace: Mapping[str, Any], output: str | None) -> FrameVariables:
