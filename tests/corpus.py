@@ -339,6 +339,48 @@ with contextlib.nullcontext():
         docs = retriever.retrieve(query)
         answer = llm.generate(query, docs)
 ''', output="answer"),
+    # 2. components read through `self`; a captured pipeline called inside another capture
+    Case("method_reads_components_through_self", "function", '''
+class Assistant:
+    def __init__(self, retriever, llm):
+        self.retriever = retriever
+        self.llm = llm
+        self.style = "short"
+    def search(self, query):
+        return self.retriever.retrieve(query)
+    def answer(self, query):
+        with patchkit.capture():
+            docs = self.search(query)
+            return self.llm.generate(query, docs, max_words=4 if self.style == "short" else 9)
+def run(query):
+    return Assistant(retriever, llm).answer(query)
+''', calls=frozenset({"retriever.retrieve", "llm.generate"}), components=frozenset({"retriever", "llm"})),
+    Case("pipeline_called_inside_capture", "function", '''
+def has_documents(query):
+    with patchkit.capture() as check:
+        docs = retriever.retrieve(query)
+        enough = grader.grade(query, docs)
+    return check
+def run(query):
+    check = has_documents("What is a generator?")
+    with patchkit.capture():
+        if check(query=query):
+            return llm.generate(query)
+        return "no documents for " + query
+''', calls=frozenset({"retriever.retrieve", "grader.grade", "llm.generate"}),
+         components=frozenset({"retriever", "grader", "llm"})),
+    # 4. components in containers, on a path the capture run does not take
+    Case("components_in_containers", "function", '''
+def run(query):
+    tools = {"docs": retriever, "words": llm2}
+    judges = [grader]
+    with patchkit.capture():
+        if "?" in query:
+            found = tools["docs"].retrieve(query)
+        else:
+            found = [tools["words"].generate(query, max_words=2)]
+        return found, judges[0].score(query)
+''', components=frozenset({"docs", "words", "judges_0"})),
     # 5. a block that returns on one path and ends on another, the function returning after it
     Case("return_in_block_and_after_it", "function", '''
 def run(query):

@@ -9,13 +9,14 @@ that get workers whether or not the capture run called them, and the error texts
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
 import pytest
 from conftest import load_source
 from corpus import FIDELITY
-from test_capture_corpus import _capture
+from test_capture_corpus import _capture, _reference
 
 import patchkit
 from patchkit import CaptureError
@@ -77,6 +78,92 @@ def test_a_capture_inside_another_statement_deploys_with_its_own_inputs_only() -
     expected = [pipeline(query=q) for q in OTHERS]
     with patchkit.deploy(pipeline, backend="inprocess") as endpoint:  # every input is required
         assert [endpoint.query(query=q) for q in OTHERS] == expected
+
+
+# -- 2. components held by `self`, a pipeline called inside another --------------------------------
+SELF_SOURCE = """
+class Counting(patchkit.Component):
+    setups = 0
+    def setup(self):
+        Counting.setups += 1
+    @patchkit.make
+    def tag(self, text):
+        return "<" + text + ">"
+class Assistant:
+    def __init__(self):
+        self.tagger = Counting()
+        self.runs = 0
+    def answer(self, query):
+        with patchkit.capture():
+            self.runs += 1
+            return self.tagger.tag(query)
+assistant = Assistant()
+def run(query):
+    return assistant.answer(query)
+"""
+
+
+def test_self_is_bound_by_identity_and_never_copied() -> None:
+    namespace = load_source(SELF_SOURCE, "<self>")
+    namespace["run"](QUERY)
+    pipeline = patchkit.last_pipeline()
+    assert pipeline.inputs == {"query": QUERY}
+    assert [pipeline(query=q) for q in OTHERS] == [f"<{q}>" for q in OTHERS]
+    assert namespace["assistant"].runs == 1 + len(OTHERS)  # the same object ran every time
+    assert namespace["Counting"].setups == 1  # its component was not rebuilt per run
+
+
+def test_components_held_by_self_are_the_pipelines() -> None:
+    pipeline, _ = _capture(CASE["method_reads_components_through_self"])
+    assert pipeline.inputs == {"query": "How do I catch an exception?"}
+    assert set(pipeline.components) == {"retriever", "llm"}
+    assert {n.label for n in pipeline.graph.nodes.values()} == {"retriever.retrieve", "llm.generate"}
+
+
+def test_a_pipeline_called_inside_a_capture_is_bound_and_its_calls_are_the_outer_ones() -> None:
+    case = CASE["pipeline_called_inside_capture"]
+    pipeline, namespace = _capture(case)
+    assert pipeline.inputs == {"query": "How do I catch an exception?"}
+    assert set(pipeline.components) == {"retriever", "grader", "llm"}
+    assert namespace["retriever"].loads == 1
+    for inputs in case.inputs:
+        assert pipeline(**inputs) == _reference(case, inputs)
+    # the inner pipeline's calls were counted where they were made: in the outer pipeline
+    assert {n.label for n in pipeline.graph.nodes.values()} >= {"retriever.retrieve", "grader.grade", "llm.generate"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["method_reads_components_through_self", "pipeline_called_inside_capture"])
+def test_components_reached_through_objects_are_served_by_their_workers(name: str) -> None:
+    case = CASE[name]
+    pipeline, _ = _capture(case)
+    query = {"query": "What is a generator?"}
+    expected = json.loads(json.dumps(_reference(case, query)))
+    with patchkit.deploy(pipeline, backend="local") as endpoint:
+        assert endpoint.query(**query) == expected
+        calls = _calls(endpoint)
+    assert calls["retriever"] == {"retrieve": 1}
+    assert calls["llm"] == {"generate": 1}
+
+
+# -- 4. components in containers, on a path the capture run does not take ---------------------------
+def test_components_in_containers_are_registered_though_never_called() -> None:
+    pipeline, namespace = _capture(CASE["components_in_containers"])
+    assert pipeline.inputs == {"query": "How do I catch an exception?"}
+    assert pipeline.components == {"docs": namespace["retriever"], "words": namespace["llm2"], "judges_0": namespace["grader"]}
+
+
+@pytest.mark.slow
+def test_a_container_component_on_a_path_not_taken_runs_on_its_worker() -> None:
+    case = CASE["components_in_containers"]
+    pipeline, _ = _capture(case)  # the capture run takes the "docs" path
+    query = {"query": "Tell me about nothing in particular"}
+    expected = json.loads(json.dumps(_reference(case, query)))
+    with patchkit.deploy(pipeline, backend="local") as endpoint:
+        assert endpoint.query(**query) == expected
+        calls = _calls(endpoint)
+    assert calls["words"] == {"generate": 1}
+    assert calls["judges_0"] == {"score": 1}
 
 
 # -- 5. a block that returns on one path and ends on another ----------------------------------------

@@ -1,5 +1,33 @@
 """Capture: frame -> bytecode -> IR -> graph. Internal; the public face is `patchkit.capture()`."""
 
-from patchkit.capture import analysis, assemble, compat, dataflow, extract, frame, graph, ir, recorder, render, skip, stack
+from patchkit.capture import (
+    analysis,
+    assemble,
+    compat,
+    dataflow,
+    extract,
+    frame,
+    graph,
+    holders,
+    ir,
+    recorder,
+    render,
+    skip,
+    stack,
+)
 
-__all__ = ["analysis", "assemble", "compat", "dataflow", "extract", "frame", "graph", "ir", "recorder", "render", "skip", "stack"]
+__all__ = [
+    "analysis",
+    "assemble",
+    "compat",
+    "dataflow",
+    "extract",
+    "frame",
+    "graph",
+    "holders",
+    "ir",
+    "recorder",
+    "render",
+    "skip",
+    "stack",
+]

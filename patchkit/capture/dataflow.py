@@ -6,12 +6,16 @@ Component, a `@make` method, a function, a nested code object) and the variable 
 from. Variables are tracked flow-insensitively, iterated to a fixed point. A call whose callee is
 a `@make` method becomes a node with data edges from its arguments' sources; calls into nested
 code (comprehensions, lambdas) and into the user's own helper functions are analysed in place,
-so a component called inside a helper is still that component. Control dependence comes from
-post-dominators over the body's control-flow graph; loops from its backward jumps.
+so a component called inside a helper is still that component; so are the methods of an object
+the block holds (`self.search(q)`). Every component reachable from an object the
+body loads (`self.retriever`, a dict of tools) is registered with the graph, called on the capture
+run or not. Control dependence comes from post-dominators over the body's control-flow graph;
+loops from its backward jumps.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sysconfig
 import types
@@ -26,6 +30,7 @@ from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, TryBegin
 from patchkit.capture.analysis import reachable, successors
 from patchkit.capture.compat import name_of
 from patchkit.capture.graph import OUTPUT, Graph, Guard, Loop
+from patchkit.capture.holders import held_components
 from patchkit.capture.ir import BlockExit, CapturedBlock
 from patchkit.capture.recorder import CallSite
 from patchkit.capture.stack import pops_pushes
@@ -54,6 +59,11 @@ class _MakeRef:
 @dataclass(frozen=True)
 class _CodeRef:
     code: types.CodeType
+
+
+def _bind(attr: Any, obj: Any) -> Any:
+    """A plain function found on a class, bound to `obj` as a method; anything else, None."""
+    return types.MethodType(attr, obj) if isinstance(attr, types.FunctionType) else None
 
 
 @dataclass(frozen=True)
@@ -233,6 +243,15 @@ class _Analysis:
         self.graph = graph
         self.filename = filename
         self._memo: dict[tuple[Any, ...], frozenset[str]] = {}
+        self._registered: set[int] = set()
+
+    def register(self, obj: Any, name: str | None) -> None:
+        """Name, in the graph, every component reachable from an object the code loads."""
+        if obj is None or id(obj) in self._registered or isinstance(obj, (_MakeRef, _CodeRef)):
+            return
+        self._registered.add(id(obj))
+        for label, component in held_components(obj, name or type(obj).__name__.lower()):
+            self.graph.name_component(component, label)
 
     def run(
         self,
@@ -345,7 +364,9 @@ class _Step:
         return out
 
     def _load(self, op: str, name: str) -> Value:
-        return self.scope.load(self.env, op, name)
+        value = self.scope.load(self.env, op, name)
+        self.analysis.register(value.obj, name)
+        return value
 
     def _execute(self, i: int, e: Instr, stack: list[Value]) -> None:
         name = e.name
@@ -384,6 +405,9 @@ class _Step:
             obj = _MakeRef(owner.obj, attr, owner.origin or type(owner.obj).__name__.lower())
         elif owner.obj is not None and not isinstance(owner.obj, type) and hasattr(owner.obj, "__dict__"):
             obj = vars(owner.obj).get(attr)  # modules and plain instances; no descriptors run
+            if obj is None and not isinstance(owner.obj, (types.ModuleType, Component)):
+                obj = _bind(inspect.getattr_static(type(owner.obj), attr, None), owner.obj)  # a method
+            self.analysis.register(obj, attr)
         pushes = pops_pushes(e)[1]
         stack += [Value(owner.taint, obj, owner.origin)] * pushes
 
@@ -446,6 +470,8 @@ class _Step:
             scope = _Scope(False, fn.__globals__, cells=dict(zip(code.co_freevars, (c.cell_contents for c in closure))))
         nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x4) + bool(code.co_flags & 0x8)
         env = {param: Value(taint) for param in code.co_varnames[:nparams]}
+        if isinstance(ref, types.MethodType) and code.co_argcount:  # a method: its `self` is known
+            env[code.co_varnames[0]] = Value(taint, ref.__self__)
         return self.analysis.call(code, scope, env, self._context_at(i), self.depth)
 
     def _node(self, i: int, e: Instr, ref: _MakeRef, taint: frozenset[str]) -> str:
@@ -486,9 +512,12 @@ def build_graph(
     for name, obj in bindings.items():
         if isinstance(obj, Component):
             graph.name_component(obj, name)
+    analysis = _Analysis(graph, block.filename)
+    for name, obj in bindings.items():  # the components objects hold, by their own names
+        analysis.register(obj, name)
     scope = _Scope(module_level, module_globals)
     body = tuple(_as_cell(e) for e in block.body)
-    returned = _Analysis(graph, block.filename).run(body, scope, variables, block.filename, ([], []), output)
+    returned = analysis.run(body, scope, variables, block.filename, ([], []), output)
     for src in sorted(returned):
         graph.add_edge(src, OUTPUT, "data")
     return graph

@@ -2,7 +2,8 @@
 
 A name the body reads before writing and that is bound when the block is entered is either an
 input (a plain value: its value at capture is the default) or a bound object (a Component,
-module, function or class, or a container of Components), passed by identity on every run.
+module, function or class, an object that holds components, or the method's own `self`),
+passed by identity on every run.
 A block that returns on some paths, and on another ends where code follows the block (not a
 `return` at once), is a `CaptureError` until it names what that path gives (`capture(output=...)`):
 no path's answer is lost silently.
@@ -20,11 +21,18 @@ from typing import Any
 from bytecode import Instr
 
 from patchkit.capture.analysis import default_output, instr_writes, live_in
+from patchkit.capture.holders import holds_components
 from patchkit.capture.ir import BlockExit, CapturedBlock
 from patchkit.component import Component
 from patchkit.errors import CaptureError
 
-__all__ = ["FrameVariables", "is_bound_object", "resolve_output", "split_variables"]
+__all__ = [
+    "FrameVariables",
+    "is_bound_object",
+    "method_receiver",
+    "resolve_output",
+    "split_variables",
+]
 
 RETURN = "return"
 
@@ -39,11 +47,33 @@ def is_bound_object(value: Any) -> bool:
     """True for what a pipeline binds by identity rather than taking as an input."""
     if isinstance(value, (Component, types.ModuleType, type)) or inspect.isroutine(value):
         return True
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return any(isinstance(v, Component) for v in value)
-    if isinstance(value, dict):
-        return any(isinstance(v, Component) for v in value.values())
-    return False
+    return holds_components(value)
+
+
+def method_receiver(code: types.CodeType, namespace: Mapping[str, Any]) -> str | None:
+    """The name of the method's own object (`self`) when `code` is a method of that object's class.
+
+    Found by identity, not by name: the first argument's class (or a base) holds a function
+    with this very code object, so a staticmethod's first argument is never taken for `self`.
+    """
+    if code.co_argcount < 1 or code.co_varnames[0] not in namespace:
+        return None
+    first = code.co_varnames[0]
+    for klass in type(namespace[first]).__mro__:
+        for attr in vars(klass).values():
+            if _code_of(attr) is code:
+                return first
+    return None
+
+
+def _code_of(attr: Any) -> types.CodeType | None:
+    fn = attr.__func__ if isinstance(attr, (classmethod, staticmethod)) else attr
+    for _ in range(8):  # decorators that keep `__wrapped__` (functools.wraps)
+        code = getattr(fn, "__code__", None)
+        if code is not None or not hasattr(fn, "__wrapped__"):
+            return code if isinstance(code, types.CodeType) else None
+        fn = fn.__wrapped__
+    return None
 
 
 def frame_namespace(frame: types.FrameType, scope: str) -> dict[str, Any]:
@@ -101,13 +131,18 @@ def _refuse_mixed_ends(block: CapturedBlock) -> None:
     )
 
 
-def split_variables(block: CapturedBlock, namespace: Mapping[str, Any], output: str | None) -> FrameVariables:
-    """Inputs and bound objects of the block, from the frame's names at the time of capture."""
+def split_variables(
+    block: CapturedBlock, namespace: Mapping[str, Any], output: str | None, receiver: str | None = None
+) -> FrameVariables:
+    """Inputs and bound objects of the block, from the frame's names at the time of capture.
+
+    `receiver` names the method's own object (see `method_receiver`): bound whatever it holds.
+    """
     inputs: dict[str, Any] = {}
     bindings: dict[str, Any] = {}
     for name in sorted(live_in(block, output)):
         if name not in namespace:
             continue
         value = namespace[name]
-        (bindings if is_bound_object(value) else inputs)[name] = value
+        (bindings if name == receiver or is_bound_object(value) else inputs)[name] = value
     return FrameVariables(inputs, bindings)
