@@ -369,6 +369,29 @@ def run(query):
         return "no documents for " + query
 ''', calls=frozenset({"retriever.retrieve", "grader.grade", "llm.generate"}),
          components=frozenset({"retriever", "grader", "llm"})),
+    # 3. zero-argument super() in a method's capture
+    Case("zero_argument_super", "function", '''
+class Base:
+    def __init__(self, retriever, llm):
+        self.retriever = retriever
+        self.llm = llm
+    def fetch(self, query):
+        return self.retriever.retrieve(query)
+    def tag(self):
+        return "base"
+class Reranked(Base):
+    def fetch(self, query):
+        return sorted(super().fetch(query))
+    def tag(self):
+        return "reranked"
+    def answer(self, query):
+        with patchkit.capture():
+            docs = super().fetch(query)
+            parent = super()
+            return self.llm.generate(query, docs) + " / " + parent.tag() + " / " + super().tag()
+def run(query):
+    return Reranked(retriever, llm).answer(query)
+''', calls=frozenset({"retriever.retrieve", "llm.generate"})),
     # 4. components in containers, on a path the capture run does not take
     Case("components_in_containers", "function", '''
 def run(query):

@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+import cloudpickle
 import pytest
 from conftest import load_source
 from corpus import FIDELITY
@@ -144,6 +145,18 @@ def test_components_reached_through_objects_are_served_by_their_workers(name: st
         calls = _calls(endpoint)
     assert calls["retriever"] == {"retrieve": 1}
     assert calls["llm"] == {"generate": 1}
+
+
+# -- 3. zero-argument super() -----------------------------------------------------------------------
+def test_super_works_in_every_run_of_every_rebuilt_function() -> None:
+    case = CASE["zero_argument_super"]
+    pipeline, _ = _capture(case)
+    copy = cloudpickle.loads(cloudpickle.dumps(pipeline))  # a new function, as in a new front-end
+    for inputs in case.inputs + case.inputs:
+        expected = _reference(case, inputs)
+        assert copy(**inputs) == expected
+        assert pipeline(**inputs) == expected
+    assert pipeline.inputs == {"query": "How do I catch an exception?"}
 
 
 # -- 4. components in containers, on a path the capture run does not take ---------------------------

@@ -12,6 +12,7 @@ from patchkit.capture import (
     ir,
     recorder,
     render,
+    rewrite,
     skip,
     stack,
 )
@@ -28,6 +29,7 @@ __all__ = [
     "ir",
     "recorder",
     "render",
+    "rewrite",
     "skip",
     "stack",
 ]

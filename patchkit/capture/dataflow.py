@@ -7,7 +7,7 @@ from. Variables are tracked flow-insensitively, iterated to a fixed point. A cal
 a `@make` method becomes a node with data edges from its arguments' sources; calls into nested
 code (comprehensions, lambdas) and into the user's own helper functions are analysed in place,
 so a component called inside a helper is still that component; so are the methods of an object
-the block holds (`self.search(q)`). Every component reachable from an object the
+the block holds (`self.search(q)`) and `super()`'s. Every component reachable from an object the
 body loads (`self.retriever`, a dict of tools) is registered with the graph, called on the capture
 run or not. Control dependence comes from post-dominators over the body's control-flow graph;
 loops from its backward jumps.
@@ -15,6 +15,7 @@ loops from its backward jumps.
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import os
 import sysconfig
@@ -61,6 +62,22 @@ class _CodeRef:
     code: types.CodeType
 
 
+@dataclass(frozen=True, eq=False)
+class _SuperRef:
+    """`super(cls, obj)`: its attributes are looked up on obj's class after cls."""
+
+    cls: type
+    obj: Any
+
+    def lookup(self, attr: str) -> Any:
+        mro = type(self.obj).__mro__
+        after = mro[mro.index(self.cls) + 1 :] if self.cls in mro else ()
+        for klass in after:
+            if attr in vars(klass):
+                return _bind(vars(klass)[attr], self.obj)
+        return None
+
+
 def _bind(attr: Any, obj: Any) -> Any:
     """A plain function found on a class, bound to `obj` as a method; anything else, None."""
     return types.MethodType(attr, obj) if isinstance(attr, types.FunctionType) else None
@@ -104,7 +121,7 @@ class _Scope:
         if op == "LOAD_GLOBAL" and not self.module_level:
             if self.outer is not None and self.outer.module_level:
                 return self.outer.load(self.outer_env, "LOAD_NAME", name)
-            return Value(obj=self.globals.get(name), origin=name)
+            return Value(obj=self.globals.get(name, _builtin(name)), origin=name)
         if name in env:
             return Value(env[name].taint, env[name].obj, name)
         if op in ("LOAD_DEREF", "LOAD_CLOSURE") and self.outer is not None:
@@ -112,8 +129,13 @@ class _Scope:
         if name in self.cells:
             return Value(obj=self.cells[name], origin=name)
         if self.module_level or op == "LOAD_NAME":
-            return Value(obj=self.globals.get(name), origin=name)
+            return Value(obj=self.globals.get(name, _builtin(name)), origin=name)
         return Value(origin=name)
+
+
+def _builtin(name: str) -> Any:
+    # Only `super` is of interest: `super(cls, self).method(...)` may call components.
+    return builtins.super if name == "super" else None
 
 
 def _absorb(env: Env, name: str | None, taint: frozenset[str]) -> None:
@@ -247,7 +269,7 @@ class _Analysis:
 
     def register(self, obj: Any, name: str | None) -> None:
         """Name, in the graph, every component reachable from an object the code loads."""
-        if obj is None or id(obj) in self._registered or isinstance(obj, (_MakeRef, _CodeRef)):
+        if obj is None or id(obj) in self._registered or isinstance(obj, (_MakeRef, _CodeRef, _SuperRef)):
             return
         self._registered.add(id(obj))
         for label, component in held_components(obj, name or type(obj).__name__.lower()):
@@ -375,6 +397,8 @@ class _Step:
             stack += [Value()] * (pushes - 1) + [self._load(name, name_of(e.arg))]
         elif name == "LOAD_FAST_LOAD_FAST":
             stack += [self._load("LOAD_FAST", n) for n in e.arg]
+        elif name == "LOAD_SUPER_ATTR":
+            self._super_attribute(e, stack)
         elif name in _STORES:
             value = stack.pop() if stack else Value()
             self.env[name_of(e.arg)] = Value(value.taint, value.obj)
@@ -403,6 +427,8 @@ class _Step:
         obj: Any = None
         if isinstance(owner.obj, Component) and attr in make_methods(type(owner.obj)):
             obj = _MakeRef(owner.obj, attr, owner.origin or type(owner.obj).__name__.lower())
+        elif isinstance(owner.obj, _SuperRef):
+            obj = owner.obj.lookup(attr)
         elif owner.obj is not None and not isinstance(owner.obj, type) and hasattr(owner.obj, "__dict__"):
             obj = vars(owner.obj).get(attr)  # modules and plain instances; no descriptors run
             if obj is None and not isinstance(owner.obj, (types.ModuleType, Component)):
@@ -410,6 +436,16 @@ class _Step:
             self.analysis.register(obj, attr)
         pushes = pops_pushes(e)[1]
         stack += [Value(owner.taint, obj, owner.origin)] * pushes
+
+    def _super_attribute(self, e: Instr, stack: list[Value]) -> None:
+        """3.12+: `super(cls, self).name`, popping super, cls and self in one instruction."""
+        pops, pushes = pops_pushes(e)
+        popped = stack[len(stack) - pops :] if pops else []
+        del stack[len(stack) - len(popped) :]
+        obj: Any = None
+        if len(popped) == 3 and popped[0].obj is builtins.super and isinstance(popped[1].obj, type):
+            obj = _SuperRef(popped[1].obj, popped[2].obj).lookup(name_of(e.arg))
+        stack += [Value(_union(popped), obj)] * pushes
 
     def _generic(self, e: Instr, stack: list[Value]) -> None:
         pops, pushes = pops_pushes(e)
@@ -448,6 +484,9 @@ class _Step:
         taint = _union(args)
         if isinstance(ref, _MakeRef):
             stack.append(Value(frozenset({self._node(i, e, ref, taint)})))
+            return
+        if len(popped) == 4 and any(v.obj is builtins.super for v in popped[:2]) and isinstance(popped[2].obj, type):
+            stack.append(Value(taint, _SuperRef(popped[2].obj, popped[3].obj)))  # super(cls, self)
             return
         result = taint
         if ref is not None:

@@ -24,6 +24,7 @@ from bytecode import Bytecode, Instr, Label, SetLineno, TryBegin, TryEnd
 
 from patchkit.capture.compat import EXIT_CALL, SUSPENDING, name_of
 from patchkit.capture.ir import BlockExit, CapturedBlock
+from patchkit.capture.rewrite import explicit_super
 from patchkit.errors import CaptureError
 
 __all__ = ["extract_block"]
@@ -210,7 +211,7 @@ def extract_block(code: types.CodeType, with_offset: int) -> CapturedBlock:
         as_name = name_of(as_store.arg)
         exits = {i: _Exit(x.kind, x.value, None) if _loads(x.then, as_name) else x for i, x in exits.items()}
     has_return = any(x.kind != "normal" for x in exits.values())
-    body = _rewrite(elements, visited, exits, has_return, handler, with_line)
+    body = explicit_super(_rewrite(elements, visited, exits, has_return, handler, with_line), code)
     _refuse_suspension(body, code)
     return CapturedBlock(
         scope="function" if code.co_flags & CO_OPTIMIZED else "module",
