@@ -219,3 +219,41 @@ def test_a_return_right_after_the_block_or_the_functions_end_is_the_paths_answer
     source = "def run(query):\n    with patchkit.capture():\n        if grader.score(query) == 0:\n" \
         "            return llm.generate(query)\n        note = 'nothing returned'\n"
     _answers_like_python(source, "end", ["a", "b", "c", "d", "e", "f", "g"])
+
+
+# -- 6. a helper defined before the block reading a variable of the block ---------------------------
+def test_a_module_helper_reading_an_input_as_a_global_is_refused() -> None:
+    source = "def helper(docs):\n    return llm.generate(query, docs)\n\nquery = 'q'\nwith patchkit.capture():\n" \
+        "    found = retriever.retrieve(query)\n    answer = helper(found)\n"
+    message = (
+        "<cell>:7: cannot capture the helper `helper` (<cell>:1), which reads `query` as a global. In a pipeline it "
+        "would see the value `query` had at capture, not the request's. Pass it as an argument: "
+        "`def helper(query, ...)`, called as `helper(query, ...)` in the block."
+    )
+    with pytest.raises(CaptureError, match=re.escape(message)):
+        load_source(source, "<cell>")
+    # the fix the message names: the helper takes the input as an argument
+    source = source.replace("def helper(docs)", "def helper(query, docs)").replace("helper(found)", "helper(query, found)")
+    source = source.replace("query = 'q'\n", "")
+    namespace = load_source(source, "<cell>", extra={"query": QUERY})
+    pipeline = patchkit.last_pipeline()
+    expected = [load_source(source, "<ref>", extra={"query": q})["answer"] for q in OTHERS]
+    assert [pipeline(query=q) for q in OTHERS] == expected
+    assert pipeline() == namespace["answer"]
+    with patchkit.deploy(pipeline, backend="inprocess") as endpoint:
+        assert [endpoint.query(query=q) for q in OTHERS] == expected
+
+
+def test_a_helper_reading_a_name_the_block_assigns_through_another_helper_is_refused() -> None:
+    source = "def inner():\n    return docs\ndef outer():\n    return inner()\n\nwith patchkit.capture():\n" \
+        "    docs = retriever.retrieve('loops')\n    answer = outer()\n"
+    with pytest.raises(CaptureError, match=r"<cell>:8: cannot capture the helper `inner` \(<cell>:1, called through `outer`\)"):
+        load_source(source, "<cell>")
+
+
+def test_a_closure_reading_an_input_of_a_function_block_is_refused() -> None:
+    source = "def run(query):\n    def helper(docs):\n        return llm.generate(query, docs)\n" \
+        "    with patchkit.capture():\n        return helper(retriever.retrieve(query))\n"
+    with pytest.raises(CaptureError, match=re.escape("<fn>:5: cannot capture the helper `helper` (<fn>:2), which reads "
+                                                     "`query` through its closure.")):
+        load_source(source, "<fn>")["run"](QUERY)
