@@ -27,6 +27,7 @@ __all__ = [
     "Component",
     "ComponentSpec",
     "MakeMethod",
+    "active_call_hook",
     "call_hook",
     "ensure_setup",
     "make",
@@ -141,6 +142,11 @@ class CallHook(Protocol):
 
 
 _CALL_HOOK: ContextVar[CallHook | None] = ContextVar("patchkit_call_hook", default=None)
+
+
+def active_call_hook() -> CallHook | None:
+    """The hook `@make` calls made here go through, or None when they run in place."""
+    return _CALL_HOOK.get()
 
 
 @contextlib.contextmanager

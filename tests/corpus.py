@@ -4,11 +4,17 @@ Each case is source code using the components of `tests/components.py` (bound as
 `grader`, `llm`, `llm2`, `flaky`). A "function" case defines `run(...)` whose body holds the capture
 block; a "module" case is module-level code whose block ends by assigning `output` (or the name the
 case gives). The tests compare the captured pipeline, re-run on each input, with plain Python.
+
+`FIDELITY` holds the cases of issue 18, as users write them: a capture inside another statement
+(an outer `with`, a second `with` item, `try/finally`), components reached through `self`, a
+captured pipeline called from another, `super()`, components in containers on a path the capture
+run does not take, and a block that returns on one path and ends on another. They are part of
+`CASES`; `tests/test_capture_fidelity.py` checks what each class adds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 QUERIES = [
@@ -26,6 +32,8 @@ class Case:
     inputs: list[dict[str, Any]] = field(default_factory=lambda: QUERIES)
     output: str | None = None  # module cases: the variable holding the result
     calls: frozenset[str] = frozenset()  # component.method names the static graph must find
+    components: frozenset[str] = frozenset()  # names `pipeline.components` must hold, called or not
+    exact_inputs: bool = False  # the pipeline's inputs are exactly the names the case passes
 
 
 CASES = [
@@ -271,3 +279,141 @@ with patchkit.capture():
     answer = notes
 ''', output="answer"),
 ]
+
+
+# Issue 18: each input list's first entry is the capture run; the later ones take other paths.
+FIDELITY = [
+    # 1. a capture inside another statement of the same function or script
+    Case("capture_inside_tracing_span", "function", '''
+class span:
+    """A tracing span, as OpenTelemetry's start_as_current_span, or torch.no_grad()."""
+    opened = []
+    def __init__(self, name):
+        self.name = name
+    def __enter__(self):
+        span.opened.append(self.name)
+        return self
+    def __exit__(self, *exc):
+        return False
+def run(query):
+    with span("rag"):
+        with patchkit.capture():
+            docs = retriever.retrieve(query)
+            answer = llm.generate(query, docs)
+    return answer
+''', calls=frozenset({"retriever.retrieve", "llm.generate"})),
+    Case("capture_as_second_with_item", "function", '''
+import contextlib
+def run(query):
+    with contextlib.suppress(KeyError), patchkit.capture():
+        docs = retriever.retrieve(query)
+        if not docs:
+            return "no documents"
+        return llm.generate(query, docs)
+''', calls=frozenset({"retriever.retrieve", "llm.generate"})),
+    Case("capture_inside_try_finally", "function", '''
+def run(query):
+    log = []
+    try:
+        with patchkit.capture():
+            docs = retriever.retrieve(query)
+            answer = llm.generate(query, docs)
+    finally:
+        log.append("done")
+    return answer
+''', calls=frozenset({"retriever.retrieve", "llm.generate"})),
+    Case("capture_inside_try_except_in_loop", "function", '''
+def run(query):
+    for attempt in range(2):
+        try:
+            with patchkit.capture():
+                checked = flaky.check(query)
+                return llm.generate(checked, max_words=3)
+        except KeyError:
+            continue
+''', calls=frozenset({"flaky.check", "llm.generate"})),
+    Case("module_capture_inside_outer_with", "module", '''
+import contextlib
+with contextlib.nullcontext():
+    with patchkit.capture():
+        docs = retriever.retrieve(query)
+        answer = llm.generate(query, docs)
+''', output="answer"),
+    # 2. components read through `self`; a captured pipeline called inside another capture
+    Case("method_reads_components_through_self", "function", '''
+class Assistant:
+    def __init__(self, retriever, llm):
+        self.retriever = retriever
+        self.llm = llm
+        self.style = "short"
+    def search(self, query):
+        return self.retriever.retrieve(query)
+    def answer(self, query):
+        with patchkit.capture():
+            docs = self.search(query)
+            return self.llm.generate(query, docs, max_words=4 if self.style == "short" else 9)
+def run(query):
+    return Assistant(retriever, llm).answer(query)
+''', calls=frozenset({"retriever.retrieve", "llm.generate"}), components=frozenset({"retriever", "llm"})),
+    Case("pipeline_called_inside_capture", "function", '''
+def has_documents(query):
+    with patchkit.capture() as check:
+        docs = retriever.retrieve(query)
+        enough = grader.grade(query, docs)
+    return check
+def run(query):
+    check = has_documents("What is a generator?")
+    with patchkit.capture():
+        if check(query=query):
+            return llm.generate(query)
+        return "no documents for " + query
+''', calls=frozenset({"retriever.retrieve", "grader.grade", "llm.generate"}),
+         components=frozenset({"retriever", "grader", "llm"})),
+    # 3. zero-argument super() in a method's capture
+    Case("zero_argument_super", "function", '''
+class Base:
+    def __init__(self, retriever, llm):
+        self.retriever = retriever
+        self.llm = llm
+    def fetch(self, query):
+        return self.retriever.retrieve(query)
+    def tag(self):
+        return "base"
+class Reranked(Base):
+    def fetch(self, query):
+        return sorted(super().fetch(query))
+    def tag(self):
+        return "reranked"
+    def answer(self, query):
+        with patchkit.capture():
+            docs = super().fetch(query)
+            parent = super()
+            return self.llm.generate(query, docs) + " / " + parent.tag() + " / " + super().tag()
+def run(query):
+    return Reranked(retriever, llm).answer(query)
+''', calls=frozenset({"retriever.retrieve", "llm.generate"})),
+    # 4. components in containers, on a path the capture run does not take
+    Case("components_in_containers", "function", '''
+def run(query):
+    tools = {"docs": retriever, "words": llm2}
+    judges = [grader]
+    with patchkit.capture():
+        if "?" in query:
+            found = tools["docs"].retrieve(query)
+        else:
+            found = [tools["words"].generate(query, max_words=2)]
+        return found, judges[0].score(query)
+''', components=frozenset({"docs", "words", "judges_0"})),
+    # 5. a block that returns on one path and ends on another, the function returning after it
+    Case("return_in_block_and_after_it", "function", '''
+def run(query):
+    with patchkit.capture():
+        docs = retriever.retrieve(query)
+        if not docs:
+            return "no documents"
+        answer = llm.generate(query, docs)
+    return answer
+'''),
+]
+FIDELITY = [replace(case, exact_inputs=True) for case in FIDELITY]
+CASES += FIDELITY

@@ -45,6 +45,15 @@ def test_graph_finds_the_calls_and_counts_visits(case: Case) -> None:
     assert pipeline.graph.runs == len(case.inputs)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c.exact_inputs or c.components], ids=lambda c: c.name)
+def test_inputs_and_components_are_the_cases(case: Case) -> None:
+    """No name of the code around the block becomes an input; every component held is registered."""
+    pipeline, _ = _capture(case)
+    if case.exact_inputs:
+        assert set(pipeline.inputs) == set(case.inputs[0])
+    assert case.components <= set(pipeline.components)
+
+
 def test_corpus_is_large_enough() -> None:
     assert len(CASES) >= 25
 

@@ -28,3 +28,8 @@ def name_of(arg: object) -> str:
     if isinstance(arg, tuple):
         return str(arg[1])
     return str(getattr(arg, "name", arg))
+
+# `super()` with no arguments: the call that follows LOAD_GLOBAL super (3.11 spells it PRECALL 0; CALL 0).
+# 3.12+ compiles `super().name` to LOAD_SUPER_ATTR, whose argument says whether two were given.
+ZERO_ARG_CALL = ("CALL",) if PY312 else ("PRECALL", "CALL")
+HAS_SUPER_ATTR = PY312

@@ -6,12 +6,17 @@ Component, a `@make` method, a function, a nested code object) and the variable 
 from. Variables are tracked flow-insensitively, iterated to a fixed point. A call whose callee is
 a `@make` method becomes a node with data edges from its arguments' sources; calls into nested
 code (comprehensions, lambdas) and into the user's own helper functions are analysed in place,
-so a component called inside a helper is still that component. Control dependence comes from
-post-dominators over the body's control-flow graph; loops from its backward jumps.
+so a component called inside a helper is still that component; so are the methods of an object
+the block holds (`self.search(q)`) and `super()`'s. Every component reachable from an object the
+body loads (`self.retriever`, a dict of tools) is registered with the graph, called on the capture
+run or not. Control dependence comes from post-dominators over the body's control-flow graph;
+loops from its backward jumps.
 """
 
 from __future__ import annotations
 
+import builtins
+import inspect
 import os
 import sysconfig
 import types
@@ -26,6 +31,7 @@ from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, TryBegin
 from patchkit.capture.analysis import reachable, successors
 from patchkit.capture.compat import name_of
 from patchkit.capture.graph import OUTPUT, Graph, Guard, Loop
+from patchkit.capture.holders import held_components
 from patchkit.capture.ir import BlockExit, CapturedBlock
 from patchkit.capture.recorder import CallSite
 from patchkit.capture.stack import pops_pushes
@@ -54,6 +60,27 @@ class _MakeRef:
 @dataclass(frozen=True)
 class _CodeRef:
     code: types.CodeType
+
+
+@dataclass(frozen=True, eq=False)
+class _SuperRef:
+    """`super(cls, obj)`: its attributes are looked up on obj's class after cls."""
+
+    cls: type
+    obj: Any
+
+    def lookup(self, attr: str) -> Any:
+        mro = type(self.obj).__mro__
+        after = mro[mro.index(self.cls) + 1 :] if self.cls in mro else ()
+        for klass in after:
+            if attr in vars(klass):
+                return _bind(vars(klass)[attr], self.obj)
+        return None
+
+
+def _bind(attr: Any, obj: Any) -> Any:
+    """A plain function found on a class, bound to `obj` as a method; anything else, None."""
+    return types.MethodType(attr, obj) if isinstance(attr, types.FunctionType) else None
 
 
 @dataclass(frozen=True)
@@ -94,7 +121,7 @@ class _Scope:
         if op == "LOAD_GLOBAL" and not self.module_level:
             if self.outer is not None and self.outer.module_level:
                 return self.outer.load(self.outer_env, "LOAD_NAME", name)
-            return Value(obj=self.globals.get(name), origin=name)
+            return Value(obj=self.globals.get(name, _builtin(name)), origin=name)
         if name in env:
             return Value(env[name].taint, env[name].obj, name)
         if op in ("LOAD_DEREF", "LOAD_CLOSURE") and self.outer is not None:
@@ -102,8 +129,13 @@ class _Scope:
         if name in self.cells:
             return Value(obj=self.cells[name], origin=name)
         if self.module_level or op == "LOAD_NAME":
-            return Value(obj=self.globals.get(name), origin=name)
+            return Value(obj=self.globals.get(name, _builtin(name)), origin=name)
         return Value(origin=name)
+
+
+def _builtin(name: str) -> Any:
+    # Only `super` is of interest: `super(cls, self).method(...)` may call components.
+    return builtins.super if name == "super" else None
 
 
 def _absorb(env: Env, name: str | None, taint: frozenset[str]) -> None:
@@ -233,6 +265,15 @@ class _Analysis:
         self.graph = graph
         self.filename = filename
         self._memo: dict[tuple[Any, ...], frozenset[str]] = {}
+        self._registered: set[int] = set()
+
+    def register(self, obj: Any, name: str | None) -> None:
+        """Name, in the graph, every component reachable from an object the code loads."""
+        if obj is None or id(obj) in self._registered or isinstance(obj, (_MakeRef, _CodeRef, _SuperRef)):
+            return
+        self._registered.add(id(obj))
+        for label, component in held_components(obj, name or type(obj).__name__.lower()):
+            self.graph.name_component(component, label)
 
     def run(
         self,
@@ -345,7 +386,9 @@ class _Step:
         return out
 
     def _load(self, op: str, name: str) -> Value:
-        return self.scope.load(self.env, op, name)
+        value = self.scope.load(self.env, op, name)
+        self.analysis.register(value.obj, name)
+        return value
 
     def _execute(self, i: int, e: Instr, stack: list[Value]) -> None:
         name = e.name
@@ -354,6 +397,8 @@ class _Step:
             stack += [Value()] * (pushes - 1) + [self._load(name, name_of(e.arg))]
         elif name == "LOAD_FAST_LOAD_FAST":
             stack += [self._load("LOAD_FAST", n) for n in e.arg]
+        elif name == "LOAD_SUPER_ATTR":
+            self._super_attribute(e, stack)
         elif name in _STORES:
             value = stack.pop() if stack else Value()
             self.env[name_of(e.arg)] = Value(value.taint, value.obj)
@@ -382,10 +427,25 @@ class _Step:
         obj: Any = None
         if isinstance(owner.obj, Component) and attr in make_methods(type(owner.obj)):
             obj = _MakeRef(owner.obj, attr, owner.origin or type(owner.obj).__name__.lower())
+        elif isinstance(owner.obj, _SuperRef):
+            obj = owner.obj.lookup(attr)
         elif owner.obj is not None and not isinstance(owner.obj, type) and hasattr(owner.obj, "__dict__"):
             obj = vars(owner.obj).get(attr)  # modules and plain instances; no descriptors run
+            if obj is None and not isinstance(owner.obj, (types.ModuleType, Component)):
+                obj = _bind(inspect.getattr_static(type(owner.obj), attr, None), owner.obj)  # a method
+            self.analysis.register(obj, attr)
         pushes = pops_pushes(e)[1]
         stack += [Value(owner.taint, obj, owner.origin)] * pushes
+
+    def _super_attribute(self, e: Instr, stack: list[Value]) -> None:
+        """3.12+: `super(cls, self).name`, popping super, cls and self in one instruction."""
+        pops, pushes = pops_pushes(e)
+        popped = stack[len(stack) - pops :] if pops else []
+        del stack[len(stack) - len(popped) :]
+        obj: Any = None
+        if len(popped) == 3 and popped[0].obj is builtins.super and isinstance(popped[1].obj, type):
+            obj = _SuperRef(popped[1].obj, popped[2].obj).lookup(name_of(e.arg))
+        stack += [Value(_union(popped), obj)] * pushes
 
     def _generic(self, e: Instr, stack: list[Value]) -> None:
         pops, pushes = pops_pushes(e)
@@ -425,6 +485,9 @@ class _Step:
         if isinstance(ref, _MakeRef):
             stack.append(Value(frozenset({self._node(i, e, ref, taint)})))
             return
+        if len(popped) == 4 and any(v.obj is builtins.super for v in popped[:2]) and isinstance(popped[2].obj, type):
+            stack.append(Value(taint, _SuperRef(popped[2].obj, popped[3].obj)))  # super(cls, self)
+            return
         result = taint
         if ref is not None:
             result |= self._enter(i, ref, taint)
@@ -446,6 +509,8 @@ class _Step:
             scope = _Scope(False, fn.__globals__, cells=dict(zip(code.co_freevars, (c.cell_contents for c in closure))))
         nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x4) + bool(code.co_flags & 0x8)
         env = {param: Value(taint) for param in code.co_varnames[:nparams]}
+        if isinstance(ref, types.MethodType) and code.co_argcount:  # a method: its `self` is known
+            env[code.co_varnames[0]] = Value(taint, ref.__self__)
         return self.analysis.call(code, scope, env, self._context_at(i), self.depth)
 
     def _node(self, i: int, e: Instr, ref: _MakeRef, taint: frozenset[str]) -> str:
@@ -486,9 +551,12 @@ def build_graph(
     for name, obj in bindings.items():
         if isinstance(obj, Component):
             graph.name_component(obj, name)
+    analysis = _Analysis(graph, block.filename)
+    for name, obj in bindings.items():  # the components objects hold, by their own names
+        analysis.register(obj, name)
     scope = _Scope(module_level, module_globals)
     body = tuple(_as_cell(e) for e in block.body)
-    returned = _Analysis(graph, block.filename).run(body, scope, variables, block.filename, ([], []), output)
+    returned = analysis.run(body, scope, variables, block.filename, ([], []), output)
     for src in sorted(returned):
         graph.add_edge(src, OUTPUT, "data")
     return graph

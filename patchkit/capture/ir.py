@@ -16,10 +16,12 @@ Scope = Literal["function", "module"]
 class BlockExit:
     """Where the body leaves the block without `return`: the pipeline returns its output variable.
 
-    It stands in the instruction list like a pseudo-instruction; `lineno` is the `with` line.
+    It stands in the instruction list like a pseudo-instruction; `lineno` is the `with` line and
+    `left_at` the line of the last statement run before control leaves the block.
     """
 
     lineno: int
+    left_at: int | None = None
 
 
 @dataclass(frozen=True)

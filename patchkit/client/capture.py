@@ -2,7 +2,9 @@
 
 On entry it reads the calling frame: the body is cut out of the frame's code object (cached per
 code object and offset, so a `with` inside a loop is extracted once), inputs and bound objects
-come from the frame's variables, and the pipeline's graph from a data-flow pass over the body.
+come from the frame's variables (a method's `self` and objects holding components are bound by
+identity), helpers that would read stale variables are refused, and the pipeline's graph comes
+from a data-flow pass over the body.
 With `run=True` the body then runs as ordinary Python while every component call is recorded;
 with `run=False` the body is skipped and nothing runs or loads.
 """
@@ -18,7 +20,7 @@ from typing import Any
 from patchkit.capture.assemble import Program, assemble
 from patchkit.capture.dataflow import build_graph
 from patchkit.capture.extract import extract_block
-from patchkit.capture.frame import frame_namespace, resolve_output, split_variables
+from patchkit.capture.frame import frame_namespace, method_receiver, refuse_stale_helpers, resolve_output, split_variables
 from patchkit.capture.ir import CapturedBlock
 from patchkit.capture.recorder import Recorder
 from patchkit.capture.skip import BodySkipped, Skipper
@@ -81,7 +83,9 @@ class Capture:
         block = _block(code, frame.f_lasti)
         namespace = frame_namespace(frame, block.scope)
         output_name, output_label = resolve_output(block, self._output, namespace)
-        variables = split_variables(block, namespace, output_name)
+        receiver = method_receiver(code, namespace) if block.scope == "function" else None
+        variables = split_variables(block, namespace, output_name, receiver)
+        refuse_stale_helpers(block, variables, frame.f_globals, code)
         params = tuple(sorted({**variables.inputs, **variables.bindings}))
         program = _program(code, frame.f_lasti, block, params, output_name, frame.f_globals)
         graph = build_graph(block, variables.inputs, variables.bindings, frame.f_globals, output_name)

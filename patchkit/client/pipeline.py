@@ -10,7 +10,7 @@ from typing import Any
 from patchkit.capture.assemble import Program
 from patchkit.capture.graph import Graph
 from patchkit.capture.recorder import CallRecord, Recorder
-from patchkit.component import Component, call_hook
+from patchkit.component import Component, active_call_hook, call_hook
 from patchkit.errors import PatchkitError, unknown_input
 
 __all__ = ["Pipeline", "last_pipeline", "set_last_pipeline"]
@@ -26,6 +26,10 @@ class Pipeline:
     - `pipeline(**overrides)`: run again, locally and eagerly, on new inputs;
     - `graph`: the component calls with their data and control dependencies, and visit counts;
     - `components`: the components the pipeline calls, by name.
+
+    Called inside another pipeline (a capture block, or a deployed front-end running one), a
+    Pipeline is bound by identity like a component, its components are the outer pipeline's too,
+    and its calls go where the outer pipeline's calls go.
 
     A Pipeline pickles with cloudpickle (components travel as specs) and answers the same in the
     process that loads it: this is how the front-end receives it.
@@ -55,6 +59,10 @@ class Pipeline:
     def components(self) -> dict[str, Component]:
         return self.graph.components()
 
+    def __patchkit_components__(self) -> dict[str, Component]:
+        """What capture registers when another pipeline's block holds this one (capture/holders.py)."""
+        return self.components
+
     def variables(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """Every parameter of the program for one run: overrides, fresh copies of defaults, bindings.
 
@@ -71,6 +79,11 @@ class Pipeline:
         return self._program.run(variables)
 
     def __call__(self, **overrides: Any) -> Any:
+        """Run again on new inputs. Inside another pipeline's run its calls go to that run's hook
+        (recorded by the outer capture, or sent to workers by the front-end); otherwise they run
+        here and are counted in this pipeline's graph."""
+        if active_call_hook() is not None:
+            return self.run(self.variables(overrides))
         recorder = Recorder()
         with call_hook(recorder):
             result = self.run(self.variables(overrides))
