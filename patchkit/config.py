@@ -25,8 +25,9 @@ __all__ = ["BACKENDS", "ComponentConfig", "DeploymentConfig"]
 BACKENDS = ("local", "inprocess", "ray")
 ESTIMATORS = ("average", "xgboost")
 POSITIVE_FIELDS = (
-    "max_inflight_batches", "max_inflight_requests", "max_body_bytes", "request_timeout_s", "admission_queue_limit",
-    "autoscale_interval_s",
+    "max_inflight_batches", "max_inflight_requests", "max_body_bytes", "max_inflight_bytes", "read_timeout_s",
+    "request_timeout_s", "call_timeout_s", "admission_queue_limit", "autoscale_interval_s", "health_check_period_s",
+    "health_check_timeout_s", "health_check_failures",
 )
 RAY_FIELDS = (
     "ray_address", "ray_max_restarts", "ray_placement_timeout_s", "ray_actor_options", "tls_cert", "tls_key", "tls_ca",
@@ -63,8 +64,19 @@ class DeploymentConfig:
     max_inflight_batches: int = 2  # per replica: one running, one on the wire
     max_inflight_requests: int = 4096  # admission bound: beyond it, 503 with Retry-After
     max_body_bytes: int = 1 << 20
+    max_inflight_bytes: int = 256 << 20  # admission bound on the request bodies in flight: beyond it, 503
+    read_timeout_s: float = 30.0  # a request's headers and body must arrive within this, else 408 and the connection closes
     request_timeout_s: float = 300.0  # a request still running after this gets 504
-    max_retries: int = 2  # times a call is re-sent after the replica running it died
+    call_timeout_s: float = 300.0  # a batch running longer (unless its method says otherwise) recycles its replica
+    max_retries: int = 2  # times a call is re-sent after the replica running it died (unless its method says otherwise)
+    # Health checks of every replica (as Ray Serve's): every period, each must answer within the timeout;
+    # after `health_check_failures` failures in a row it is recycled.
+    health_check_period_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    health_check_failures: int = 3
+    debug: bool = False  # error replies carry tracebacks
+    log_level: str | None = None  # the front-end process's; None: the level of the deploying process's root logger
+    auth_token: str | None = field(default=None, repr=False)  # a bearer token for every route but /healthz; PATCHKIT_AUTH_TOKEN
     optional_inputs: tuple[str, ...] = ()  # inputs a request may leave out (they keep their captured value)
     drain_timeout_s: float = 30.0
     # SLO policies, active for requests with an SLO (the request's slo_ms, else the endpoint's):
@@ -221,7 +233,7 @@ class DeploymentConfig:
     def describe(self) -> dict[str, Any]:
         """The plan the front-end runs, for `GET /v1/plan` and `Endpoint.stats()`."""
         data = asdict(self)
-        del data["secret"]
+        del data["secret"], data["auth_token"]
         return data
 
 

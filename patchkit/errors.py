@@ -6,6 +6,7 @@
     ├── CaptureError        fix the pipeline code: names your file, line and construct, with a hint
     ├── MakeError           @make or a Component is used wrongly (also a TypeError)
     ├── InputError          a pipeline input is unknown, missing or of the wrong type (also a TypeError)
+    ├── ConfigError         a deploy() or `patchkit serve` option is unknown, out of range or conflicts (also a ValueError)
     ├── ComponentError      your component raised: carries its traceback text
     ├── WorkerDiedError     the worker process serving a component died
     ├── DeadlineExceeded    a request ran past its deadline
@@ -26,6 +27,7 @@ from typing import Any
 __all__ = [
     "CaptureError",
     "ComponentError",
+    "ConfigError",
     "DeadlineExceeded",
     "InputError",
     "MakeError",
@@ -64,6 +66,11 @@ class MakeError(PatchkitError, TypeError):
 
 class InputError(PatchkitError, TypeError):
     """A pipeline was called with an unknown, missing or ill-typed input; the message names it."""
+
+
+class ConfigError(PatchkitError, ValueError):
+    """A deployment option is unknown, out of range, or conflicts with another: the message names it,
+    suggests the closest known name for a misspelt one, and gives both values of a conflict."""
 
 
 class ComponentError(PatchkitError):
@@ -119,6 +126,7 @@ def error_from_json(payload: dict[str, Any]) -> PatchkitError:
         return Overloaded(int(payload.get("queue_length", 0)), int(payload.get("limit", 0)), message)
     known: dict[str, type[PatchkitError]] = {
         "InputError": InputError,
+        "ConfigError": ConfigError,
         "WorkerDiedError": WorkerDiedError,
         "DeadlineExceeded": DeadlineExceeded,
         "MakeError": MakeError,
