@@ -105,18 +105,26 @@ class PlanError(PatchkitError):
     what is missing (which components, how many units of which resource) and what to declare."""
 
 
-def error_to_json(error: BaseException) -> dict[str, Any]:
-    """The JSON form of an error: its type name, message and, for component errors, where it came from."""
+def error_to_json(error: BaseException, *, traceback: bool = True) -> dict[str, Any]:
+    """The JSON form of an error: its type name, message and, for component errors, where it came from.
+
+    `traceback=False` leaves out a component error's traceback (the HTTP API's replies, unless the
+    deployment has `debug=True`): its paths and source lines stay on the server.
+    """
     payload: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
     if isinstance(error, ComponentError):
-        payload.update(component=error.component, method=error.method, traceback=error.traceback_text)
+        payload.update(component=error.component, method=error.method)
+        if traceback:
+            payload["traceback"] = error.traceback_text
     elif isinstance(error, Overloaded):
         payload.update(queue_length=error.queue_length, limit=error.limit)
     return payload
 
 
 def error_from_json(payload: dict[str, Any]) -> PatchkitError:
-    """Rebuild an error sent by `error_to_json` in another process, as the closest patchkit error."""
+    """Rebuild an error sent by `error_to_json` in another process, as the closest patchkit error.
+
+    A component error sent without its traceback has an empty `traceback_text`."""
     kind, message = payload.get("type", ""), str(payload.get("message", ""))
     if kind == "ComponentError":
         error = ComponentError(payload.get("component", "?"), payload.get("method", "?"), "", payload.get("traceback", ""))
