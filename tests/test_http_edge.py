@@ -197,14 +197,14 @@ def test_a_bad_request_is_one_warning_line_naming_route_status_and_message(
     with caplog.at_level(logging.DEBUG):
         call(endpoint.url, "POST", "/v1/query", query_body(b"NaN"))
         call(endpoint.url, "POST", "/v1/query", query_body(b"1"), {"Content-Encoding": "gzip"})
-        call(endpoint.url, "GET", "/nope")
+        call(endpoint.url, "GET", "/nope%0Aforged")
     serious = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert [r.levelname for r in serious] == ["WARNING"] * 3
     assert all(r.exc_info is None for r in serious)
     lines = [r.getMessage() for r in serious]
     assert lines[0].startswith("POST /v1/query: 400 the body holds NaN")
     assert lines[1].startswith("POST /v1/query: 400 the body is not gzip data")
-    assert lines[2].startswith("GET /nope: 404 no route")
+    assert lines[2].startswith("GET /nope%0Aforged: 404 no route") and "\n" not in lines[2]
 
 
 def test_an_input_that_cannot_be_pickled_is_refused_naming_it() -> None:

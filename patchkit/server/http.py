@@ -79,8 +79,9 @@ def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> w
 
 def _refuse(request: web.Request, status: int, error: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
     """An error reply; a 4xx (the client's doing) is one WARNING line, with no traceback."""
-    if status < 500:
-        logger.warning("%s %s: %d %s", request.method, request.path, status, error.get("message", ""))
+    if status < 500:  # the path as sent (a decoded one may hold a newline), the message on one line
+        message = " ".join(str(error.get("message", "")).split())
+        logger.warning("%s %s: %d %s", request.method, request.rel_url.raw_path, status, message)
     return _json(status, {"error": error}, headers)
 
 
@@ -104,9 +105,9 @@ async def _edge(request: web.Request, handler: Callable[[web.Request], Awaitable
         if exc.status < 400:
             raise
         if exc.status == 404:
-            message = f"no route {request.method} {request.path}; the API serves {_ROUTES}"
+            message = f"no route {request.method} {request.rel_url.raw_path}; the API serves {_ROUTES}"
         elif exc.status == 405:
-            message = f"{request.path} takes {exc.headers.get('Allow', '')}, not {request.method}"
+            message = f"{request.rel_url.raw_path} takes {exc.headers.get('Allow', '')}, not {request.method}"
         else:
             message = exc.text or exc.reason
         kind = _HTTP_ERRORS.get(exc.status, exc.reason.replace(" ", ""))

@@ -84,6 +84,7 @@ class FrontendServer:
         if self._runner is not None:
             server = self._runner.server
             if server is not None:
+                server.pre_shutdown()  # idle keep-alive connections close now; busy ones after their reply
                 await server.shutdown(_CONNECTION_GRACE_S)
             await self._runner.cleanup()
 
