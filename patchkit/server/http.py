@@ -125,11 +125,11 @@ def _authorized(request: web.Request, token: str) -> bool:
 
 async def query(request: web.Request) -> web.Response:
     frontend = request.app[_FRONTEND]
-    held = 0  # the body's bytes counted in flight, given back when the request ends
+    limit = frontend.config.max_body_bytes
+    held = 0  # the body's bytes counted in flight, from its headers until the request ends
     try:
-        held = frontend.hold_body(_announced_size(request, frontend.config.max_body_bytes))
-        body = _decode(request, await _read(request, frontend.config.read_timeout_s, frontend.config.max_body_bytes),
-                       frontend.config.max_body_bytes)
+        held = frontend.hold_body(_announced_size(request, limit))
+        body = _decode(request, await _read(request, frontend.config.read_timeout_s, limit), limit)
         held = frontend.hold_body(len(body), held)
         inputs, slo_ms = request.app[_SCHEMA].parse(body)
         result = await frontend.query(inputs, slo_ms)
