@@ -8,12 +8,14 @@ from a `Plan` when one is given, else from the arguments or the components' own 
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from patchkit import envs
 from patchkit.component import make_methods
-from patchkit.errors import InputError
+from patchkit.errors import ConfigError, InputError
 from patchkit.orchestrator.ray_options import RayOptions
 from patchkit.scheduler.offline.plan import Plan
 
@@ -25,9 +27,21 @@ __all__ = ["BACKENDS", "ComponentConfig", "DeploymentConfig"]
 BACKENDS = ("local", "inprocess", "ray")
 ESTIMATORS = ("average", "xgboost")
 POSITIVE_FIELDS = (
-    "max_inflight_batches", "max_inflight_requests", "max_body_bytes", "request_timeout_s", "admission_queue_limit",
-    "autoscale_interval_s",
+    "max_inflight_batches", "max_inflight_requests", "max_body_bytes", "max_inflight_bytes", "read_timeout_s",
+    "request_timeout_s", "call_timeout_s", "admission_queue_limit", "autoscale_interval_s", "health_check_period_s",
+    "health_check_timeout_s", "health_check_failures",
 )
+# What `describe()` shows (`GET /v1/plan`): the serving options that are numbers, booleans or names
+# of patchkit's own choices. Never the host, paths, addresses, tokens, secrets or environments.
+DESCRIBED_FIELDS = (
+    "backend", "slo_ms", "batch_wait_ms", "pipelining", "max_inflight_batches", "max_inflight_requests",
+    "max_body_bytes", "max_inflight_bytes", "read_timeout_s", "request_timeout_s", "call_timeout_s", "max_retries",
+    "health_check_period_s", "health_check_timeout_s", "health_check_failures", "debug", "optional_inputs",
+    "drain_timeout_s", "prioritize", "pause_admission", "admission_queue_limit", "estimator", "prefetch", "autoscale",
+    "autoscale_interval_s", "scale_up_after_s", "scale_down_after_s", "min_replicas", "max_replicas", "plan",
+    "ray_max_restarts", "ray_placement_timeout_s",
+)
+DESCRIBED_ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")  # not runtime_env
 RAY_FIELDS = (
     "ray_address", "ray_max_restarts", "ray_placement_timeout_s", "ray_actor_options", "tls_cert", "tls_key", "tls_ca",
     "tls_server_name",
@@ -63,8 +77,19 @@ class DeploymentConfig:
     max_inflight_batches: int = 2  # per replica: one running, one on the wire
     max_inflight_requests: int = 4096  # admission bound: beyond it, 503 with Retry-After
     max_body_bytes: int = 1 << 20
+    max_inflight_bytes: int = 256 << 20  # admission bound on the request bodies in flight: beyond it, 503
+    read_timeout_s: float = 30.0  # a request's headers and body must arrive within this, else 408 and the connection closes
     request_timeout_s: float = 300.0  # a request still running after this gets 504
-    max_retries: int = 2  # times a call is re-sent after the replica running it died
+    call_timeout_s: float = 300.0  # a batch running longer (unless its method says otherwise) recycles its replica
+    max_retries: int = 2  # times a call is re-sent after the replica running it died (unless its method says otherwise)
+    # Health checks of every replica (as Ray Serve's): every period, each must answer within the timeout;
+    # after `health_check_failures` failures in a row it is recycled.
+    health_check_period_s: float = 10.0
+    health_check_timeout_s: float = 30.0
+    health_check_failures: int = 3
+    debug: bool = False  # error replies carry tracebacks
+    log_level: str | None = None  # the front-end process's; None: the level of the deploying process's root logger
+    auth_token: str | None = field(default=None, repr=False)  # a bearer token for every route but /healthz; PATCHKIT_AUTH_TOKEN
     optional_inputs: tuple[str, ...] = ()  # inputs a request may leave out (they keep their captured value)
     drain_timeout_s: float = 30.0
     # SLO policies, active for requests with an SLO (the request's slo_ms, else the endpoint's):
@@ -109,6 +134,22 @@ class DeploymentConfig:
                 raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
         self._check_replica_bounds()
         self._check_ray()
+        self._check_edge()
+
+    def _check_edge(self) -> None:
+        """The HTTP edge's options: the bytes bound holds any one body, timeouts finite, the token a
+        non-empty string (PATCHKIT_AUTH_TOKEN when none is given)."""
+        if self.max_inflight_bytes < self.max_body_bytes:
+            raise ConfigError(f"max_inflight_bytes ({self.max_inflight_bytes}) must be >= max_body_bytes "
+                              f"({self.max_body_bytes}): a body of the largest size could never be admitted")
+        if not math.isfinite(self.read_timeout_s):
+            raise ConfigError(f"read_timeout_s must be a finite number of seconds; got {self.read_timeout_s}")
+        if not isinstance(self.debug, bool):
+            raise ConfigError(f"debug must be True or False; got {self.debug!r}")
+        token = self.auth_token if self.auth_token is not None else envs.auth_token()
+        if token is not None and (not isinstance(token, str) or not token.strip()):
+            raise ConfigError("auth_token must be a non-empty string (the bearer token clients send)")
+        object.__setattr__(self, "auth_token", token)
 
     def _check_ray(self) -> None:
         """Ray and TLS options only with backend='ray', valid, and naming known components."""
@@ -219,9 +260,16 @@ class DeploymentConfig:
         return cls(components=configs, optional_inputs=tuple(optional_inputs), plan=plan.to_dict(), **options)
 
     def describe(self) -> dict[str, Any]:
-        """The plan the front-end runs, for `GET /v1/plan` and `Endpoint.stats()`."""
-        data = asdict(self)
-        del data["secret"]
+        """The plan the front-end runs, for `GET /v1/plan`: an allow-list of fields (`DESCRIBED_FIELDS`),
+        so that nothing added to the config later (a path, a key, an environment) is served by default.
+        Of `ray_actor_options` only the resources each component asks for."""
+        data: dict[str, Any] = {name: getattr(self, name) for name in DESCRIBED_FIELDS}
+        data["components"] = {name: asdict(component) for name, component in self.components.items()}
+        if self.ray_actor_options is not None:
+            data["ray_actor_options"] = {
+                name: {key: value for key, value in options.items() if key in DESCRIBED_ACTOR_OPTIONS}
+                for name, options in self.ray_actor_options.items()
+            }
         return data
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["cache_dir", "worker_start_timeout_s", "worker_stop_timeout_s"]
+__all__ = ["auth_token", "cache_dir", "worker_start_timeout_s", "worker_stop_timeout_s"]
 
 
 def _float(name: str, default: float) -> float:
@@ -32,3 +32,9 @@ def cache_dir() -> Path:
     """PATCHKIT_CACHE_DIR: where built indexes are kept between runs (~/.cache/patchkit)."""
     raw = os.environ.get("PATCHKIT_CACHE_DIR")
     return Path(raw).expanduser() if raw else Path.home() / ".cache" / "patchkit"
+
+
+def auth_token() -> str | None:
+    """PATCHKIT_AUTH_TOKEN: the bearer token every HTTP route but /healthz asks for, when
+    `deploy(auth_token=...)` gives none (unset: no authentication)."""
+    return os.environ.get("PATCHKIT_AUTH_TOKEN") or None

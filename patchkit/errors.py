@@ -6,6 +6,7 @@
     ├── CaptureError        fix the pipeline code: names your file, line and construct, with a hint
     ├── MakeError           @make or a Component is used wrongly (also a TypeError)
     ├── InputError          a pipeline input is unknown, missing or of the wrong type (also a TypeError)
+    ├── ConfigError         a deploy() or `patchkit serve` option is unknown, out of range or conflicts (also a ValueError)
     ├── ComponentError      your component raised: carries its traceback text
     ├── WorkerDiedError     the worker process serving a component died
     ├── DeadlineExceeded    a request ran past its deadline
@@ -26,6 +27,7 @@ from typing import Any
 __all__ = [
     "CaptureError",
     "ComponentError",
+    "ConfigError",
     "DeadlineExceeded",
     "InputError",
     "MakeError",
@@ -66,6 +68,11 @@ class InputError(PatchkitError, TypeError):
     """A pipeline was called with an unknown, missing or ill-typed input; the message names it."""
 
 
+class ConfigError(PatchkitError, ValueError):
+    """A deployment option is unknown, out of range, or conflicts with another: the message names it,
+    suggests the closest known name for a misspelt one, and gives both values of a conflict."""
+
+
 class ComponentError(PatchkitError):
     """A component method raised; `traceback_text` holds the component's own traceback."""
 
@@ -98,18 +105,26 @@ class PlanError(PatchkitError):
     what is missing (which components, how many units of which resource) and what to declare."""
 
 
-def error_to_json(error: BaseException) -> dict[str, Any]:
-    """The JSON form of an error: its type name, message and, for component errors, where it came from."""
+def error_to_json(error: BaseException, *, traceback: bool = True) -> dict[str, Any]:
+    """The JSON form of an error: its type name, message and, for component errors, where it came from.
+
+    `traceback=False` leaves out a component error's traceback (the HTTP API's replies, unless the
+    deployment has `debug=True`): its paths and source lines stay on the server.
+    """
     payload: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
     if isinstance(error, ComponentError):
-        payload.update(component=error.component, method=error.method, traceback=error.traceback_text)
+        payload.update(component=error.component, method=error.method)
+        if traceback:
+            payload["traceback"] = error.traceback_text
     elif isinstance(error, Overloaded):
         payload.update(queue_length=error.queue_length, limit=error.limit)
     return payload
 
 
 def error_from_json(payload: dict[str, Any]) -> PatchkitError:
-    """Rebuild an error sent by `error_to_json` in another process, as the closest patchkit error."""
+    """Rebuild an error sent by `error_to_json` in another process, as the closest patchkit error.
+
+    A component error sent without its traceback has an empty `traceback_text`."""
     kind, message = payload.get("type", ""), str(payload.get("message", ""))
     if kind == "ComponentError":
         error = ComponentError(payload.get("component", "?"), payload.get("method", "?"), "", payload.get("traceback", ""))
@@ -119,6 +134,7 @@ def error_from_json(payload: dict[str, Any]) -> PatchkitError:
         return Overloaded(int(payload.get("queue_length", 0)), int(payload.get("limit", 0)), message)
     known: dict[str, type[PatchkitError]] = {
         "InputError": InputError,
+        "ConfigError": ConfigError,
         "WorkerDiedError": WorkerDiedError,
         "DeadlineExceeded": DeadlineExceeded,
         "MakeError": MakeError,

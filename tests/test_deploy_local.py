@@ -286,7 +286,7 @@ def test_component_error_reaches_the_caller_and_the_endpoint_keeps_serving(flaky
     error = raised.value
     assert "cannot check 'please fail'" in str(error) and "ValueError" in str(error)
     assert (error.component, error.method) == ("flaky", "check")
-    assert "ValueError" in error.traceback_text
+    assert error.traceback_text == ""  # replies carry tracebacks only with deploy(debug=True)
     assert flaky_endpoint.query(text="fine") == "FINE"
 
 

@@ -9,6 +9,7 @@ import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -271,10 +272,27 @@ def test_a_component_error_is_a_500_and_the_server_keeps_serving() -> None:
         assert status == 500
         assert reply["error"]["component"] == "flaky" and reply["error"]["method"] == "check"
         assert "ValueError: cannot check 'please fail'" in reply["error"]["message"]
-        assert "raise ValueError" in reply["error"]["traceback"]
         with pytest.raises(patchkit.ComponentError, match="flaky.check raised: ValueError"):
             served.query(query="fail again")
         assert served.query(query="fine") == "FINE"
+
+
+def test_error_replies_carry_no_traceback_or_path_unless_debug() -> None:
+    pipeline = captured(checked, "fine")
+    with patchkit.deploy(pipeline, backend="inprocess") as served:
+        status, reply, _ = post(served.url, "/v1/query", b'{"inputs": {"query": "please fail"}}')
+        with pytest.raises(patchkit.ComponentError, match="ValueError: cannot check 'fail again'") as raised:
+            served.query(query="fail again")
+    assert status == 500 and set(reply["error"]) == {"type", "message", "component", "method"}
+    here = str(Path(__file__).parent)  # where the failing component's source is
+    assert "Traceback" not in json.dumps(reply) and here not in json.dumps(reply)
+    assert raised.value.traceback_text == ""
+    with patchkit.deploy(pipeline, backend="inprocess", debug=True) as served:
+        status, reply, _ = post(served.url, "/v1/query", b'{"inputs": {"query": "please fail"}}')
+        with pytest.raises(patchkit.ComponentError) as raised:
+            served.query(query="fail again")
+    assert status == 500 and "raise ValueError" in reply["error"]["traceback"]
+    assert "raise ValueError" in raised.value.traceback_text
 
 
 def test_more_requests_than_the_admission_bound_get_503_with_retry_after() -> None:

@@ -33,8 +33,10 @@ class Endpoint:
     Also a context manager; whatever is still open closes when the interpreter exits.
     """
 
-    def __init__(self, url: str, closer: Callable[[], None]) -> None:
+    def __init__(self, url: str, closer: Callable[[], None], *, headers: Mapping[str, str] | None = None) -> None:
         self.url = url
+        # Sent with every request: the deployment's `Authorization: Bearer <auth_token>` when it has one.
+        self._headers = {"Content-Type": "application/json", **(headers or {})}
         parts = urllib.parse.urlsplit(url)
         self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
         self._local = threading.local()
@@ -53,7 +55,7 @@ class Endpoint:
         import aiohttp
 
         async with aiohttp.ClientSession() as session:
-            async with session.post(self.url + "/v1/query", json={"inputs": inputs}) as response:
+            async with session.post(self.url + "/v1/query", json={"inputs": inputs}, headers=self._headers) as response:
                 return self._reply(response.status, await response.read())["output"]
 
     def stats(self) -> dict[str, Any]:
@@ -82,7 +84,7 @@ class Endpoint:
             connection = self._connection()
             reused = connection.sock is not None
             try:
-                connection.request(method, path, body=body, headers={"Content-Type": "application/json"})
+                connection.request(method, path, body=body, headers=self._headers)
                 response = connection.getresponse()
                 return response.status, response.read()
             except (ConnectionError, http.client.HTTPException) as exc:
@@ -184,8 +186,12 @@ def deploy(
         from patchkit.server.process import ServerThread
 
         thread = ServerThread(pipeline, config)
-        return Endpoint(thread.start(), thread.close)
+        return Endpoint(thread.start(), thread.close, headers=_auth_header(config))
     return _deploy_local(pipeline, config)
+
+
+def _auth_header(config: DeploymentConfig) -> dict[str, str]:
+    return {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token is not None else {}
 
 
 def _ray_address(given: str | None) -> str | None:
@@ -223,4 +229,4 @@ def _deploy_local(pipeline: Pipeline, config: DeploymentConfig) -> Endpoint:
                 pass
         child.stop(envs.worker_stop_timeout_s())
 
-    return Endpoint(child.report["url"], close)
+    return Endpoint(child.report["url"], close, headers=_auth_header(config))

@@ -1,23 +1,35 @@
 """The front-end's HTTP API (JSON only; nothing a client sends is ever unpickled).
 
     POST /v1/query   {"inputs": {...}, "slo_ms"?: n} -> {"output", "request_id", "latency_ms"}
-    GET  /healthz    200 when every component has a live replica, else 503
+    GET  /healthz    200 when every component has a live replica, else 503; requests and body bytes in flight
+                     (the one route that never asks for the token)
     GET  /metrics    Prometheus text
     GET  /v1/graph   the captured graph
-    GET  /v1/plan    the deployment's configuration: replicas and batch sizes per component, and the Plan applied
+    GET  /v1/plan    the deployment's configuration (`DeploymentConfig.describe`, an allow-list) and its inputs
     GET  /v1/stats   per component: replicas, batches, throughput, queues (`Endpoint.stats()`)
+    GET  /v1/traces  the last finished requests with an SLO
 
-Errors are `{"error": {"type", "message", ...}}`: 400 bad input, 413 body too large, 503 with
-Retry-After when admission is closed, 504 past the request timeout, 500 with the component's error.
+Errors are `{"error": {"type", "message", ...}}`: 400 bad input, 401 without the deployment's bearer
+token, 404 and 405 (with Allow), 408 a body that took longer than `read_timeout_s`, 413 body too
+large, 415 a Content-Encoding other than gzip or deflate, 503 with Retry-After when admission is
+closed (requests or body bytes in flight), 504 past the request timeout, 500 with the component's
+error. Replies carry no traceback unless the deployment has `debug=True`. Each 4xx is logged as one
+WARNING line naming the route, the status and the message.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import json
+import logging
 import traceback
+import zlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from patchkit.errors import (
     ComponentError,
@@ -34,13 +46,21 @@ from patchkit.server.metrics import render_metrics
 
 __all__ = ["build_app", "error_reply"]
 
+logger = logging.getLogger(__name__)
+
 _STATUS: list[tuple[type[BaseException], int]] = [(InputError, 400), (Overloaded, 503), (DeadlineExceeded, 504)]
+# The error type of a reply aiohttp's routing or the edge's own checks refuse: the body's faults
+# are the client's input (Endpoint.query raises InputError), the rest name the HTTP status.
+_HTTP_ERRORS = {400: "InputError", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed",
+                408: "RequestTimeout", 413: "InputError", 415: "InputError"}
+_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _FRONTEND = web.AppKey("frontend", Frontend)
 _SCHEMA = web.AppKey("schema", InputSchema)
+_ROUTES = "POST /v1/query, GET /healthz, /metrics, /v1/graph, /v1/plan, /v1/stats, /v1/traces"
 
 
-def error_reply(error: BaseException) -> tuple[int, dict[str, Any]]:
-    """The status and JSON error for what ended a request."""
+def error_reply(error: BaseException, *, debug: bool = False) -> tuple[int, dict[str, Any]]:
+    """The status and JSON error for what ended a request; a traceback only with `debug`."""
     origin = getattr(error, "__patchkit_origin__", None)
     if origin is not None and not isinstance(error, WorkerDiedError):
         # A component's own exception, raised again inside the pipeline code and not caught there.
@@ -50,38 +70,131 @@ def error_reply(error: BaseException) -> tuple[int, dict[str, Any]]:
         text = "".join(traceback.format_exception(error))
         error = ComponentError("pipeline", "run", f"{type(error).__name__}: {error}", text)
     status = next((code for kind, code in _STATUS if isinstance(error, kind)), 500)
-    return status, {"error": error_to_json(error)}
+    return status, {"error": error_to_json(error, traceback=debug)}
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> web.Response:
     return web.Response(status=status, body=json.dumps(payload).encode(), content_type="application/json", headers=headers)
 
 
-def _error(error: BaseException) -> web.Response:
-    status, payload = error_reply(error)
-    return _json(status, payload, {"Retry-After": "1"} if status == 503 else None)
+def _refuse(request: web.Request, status: int, error: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
+    """An error reply; a 4xx (the client's doing) is one WARNING line, with no traceback."""
+    if status < 500:  # the path as sent (a decoded one may hold a newline), the message on one line
+        message = " ".join(str(error.get("message", "")).split())
+        logger.warning("%s %s: %d %s", request.method, request.rel_url.raw_path, status, message)
+    return _json(status, {"error": error}, headers)
+
+
+def _error(request: web.Request, error: BaseException) -> web.Response:
+    status, payload = error_reply(error, debug=request.app[_FRONTEND].config.debug)
+    return _refuse(request, status, payload["error"], {"Retry-After": "1"} if status == 503 else None)
+
+
+@web.middleware
+async def _edge(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Every route: the bearer token first (but /healthz), then aiohttp's own refusals (404, 405,
+    and the 408, 413 and 415 the query route raises) as JSON errors."""
+    token = request.app[_FRONTEND].config.auth_token
+    if token is not None and request.path != "/healthz" and not _authorized(request, token):
+        message = "this endpoint needs the deployment's token: send the header 'Authorization: Bearer <auth_token>'"
+        challenge = {"WWW-Authenticate": 'Bearer realm="patchkit"'}
+        return _refuse(request, 401, {"type": "Unauthorized", "message": message}, challenge)
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        if exc.status == 404:
+            message = f"no route {request.method} {request.rel_url.raw_path}; the API serves {_ROUTES}"
+        elif exc.status == 405:
+            message = f"{request.rel_url.raw_path} takes {exc.headers.get('Allow', '')}, not {request.method}"
+        else:
+            message = exc.text or exc.reason
+        kind = _HTTP_ERRORS.get(exc.status, exc.reason.replace(" ", ""))
+        headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+        response = _refuse(request, exc.status, {"type": kind, "message": message}, headers)
+        if exc.status in (408, 413):  # the body was not read to its end
+            response.force_close()
+        return response
+
+
+def _authorized(request: web.Request, token: str) -> bool:
+    scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
 async def query(request: web.Request) -> web.Response:
     frontend = request.app[_FRONTEND]
+    limit = frontend.config.max_body_bytes
+    held = 0  # the body's bytes counted in flight, from its headers until the request ends
     try:
-        body = await request.read()
+        held = frontend.hold_body(_announced_size(request, limit))
+        body = _decode(request, await _read(request, frontend.config.read_timeout_s, limit), limit)
+        held = frontend.hold_body(len(body), held)
         inputs, slo_ms = request.app[_SCHEMA].parse(body)
         result = await frontend.query(inputs, slo_ms)
         output = output_json(result.output)
-    except web.HTTPRequestEntityTooLarge:
-        limit = frontend.config.max_body_bytes
-        return _json(413, {"error": {"type": "InputError", "message": f"the body is over the limit of {limit} bytes"}})
+    except web.HTTPException:
+        raise  # a 408, 413 or 415: `_edge` replies
     except Exception as exc:
-        return _error(exc)
+        return _error(request, exc)
+    finally:
+        frontend.release_body(held)
     body = b'{"output": %s, "request_id": %d, "latency_ms": %.3f}' % (output, result.request_id, result.latency_s * 1000)
     return web.Response(body=body, content_type="application/json")
+
+
+def _too_large(limit: int, size: int, decoded: str = "") -> web.HTTPRequestEntityTooLarge:
+    return web.HTTPRequestEntityTooLarge(limit, size, text=f"the body is over the limit of {limit} bytes{decoded}")
+
+
+def _announced_size(request: web.Request, limit: int) -> int:
+    """The body's Content-Length (0 when it has none): over the limit, refused before it is read."""
+    size = request.content_length or 0
+    if size > limit:
+        raise _too_large(limit, size)
+    return size
+
+
+async def _read(request: web.Request, timeout_s: float, limit: int) -> bytes:
+    """The body as sent, within `timeout_s` of its headers."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise web.HTTPRequestTimeout(text=f"the body did not arrive within read_timeout_s ({timeout_s:g} s)") from None
+    except web.HTTPRequestEntityTooLarge:
+        raise _too_large(limit, limit + 1) from None
+    except RequestPayloadError as exc:
+        raise InputError(f"the body could not be read: {' '.join(str(exc).split())}") from None
+
+
+def _decode(request: web.Request, body: bytes, limit: int) -> bytes:
+    """Undo the body's Content-Encoding (gzip, deflate, identity), bounded by the body limit once decoded."""
+    codings = [c.strip().lower() for c in request.headers.get("Content-Encoding", "").split(",") if c.strip()]
+    for coding in reversed(codings):  # the last one listed was applied last
+        if coding == "identity":
+            continue
+        if coding not in _DECODERS:
+            raise web.HTTPUnsupportedMediaType(text=f"Content-Encoding {coding!r} is not supported: send the body "
+                                               "as it is, or gzip or deflate it")
+        decompressor = zlib.decompressobj(_DECODERS[coding])
+        try:
+            body = decompressor.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise InputError(f"the body is not {coding} data, as its Content-Encoding says ({exc})") from None
+        if len(body) > limit:
+            raise _too_large(limit, len(body), " once decoded")
+        if not decompressor.eof:
+            raise InputError(f"the body's {coding} data is cut short")
+    return body
 
 
 async def healthz(request: web.Request) -> web.Response:
     frontend = request.app[_FRONTEND]
     healthy = frontend.healthy()
-    return _json(200 if healthy else 503, {"status": "ok" if healthy else "degraded", "inflight": frontend.inflight})
+    reply = {"status": "ok" if healthy else "degraded", "inflight": frontend.inflight, "inflight_bytes": frontend.inflight_bytes}
+    return _json(200 if healthy else 503, reply)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -113,7 +226,7 @@ async def traces(request: web.Request) -> web.Response:
 
 
 def build_app(frontend: Frontend) -> web.Application:
-    app = web.Application(client_max_size=frontend.config.max_body_bytes)
+    app = web.Application(client_max_size=frontend.config.max_body_bytes, middlewares=[_edge])
     app[_FRONTEND] = frontend
     app[_SCHEMA] = InputSchema(frontend.pipeline.inputs, frontend.config.optional_inputs)
     app.router.add_post("/v1/query", query)

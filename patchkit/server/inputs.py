@@ -3,6 +3,10 @@
 An input's captured default fixes its JSON type: a str input takes a string, an int an integer,
 a float any number, a tuple a list (turned back into a tuple), and so on. A value whose type JSON
 cannot carry keeps its captured value and cannot be given by a request.
+
+Whatever passes here can travel to a worker: the body is strict JSON (no NaN or Infinity, numbers
+finite), nested at most `MAX_JSON_DEPTH` deep (checked before parsing, without recursion), and every
+input pickles. So a bad body is the client's 400, never a failure blamed on a worker.
 """
 
 from __future__ import annotations
@@ -10,14 +14,22 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import pickle
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from patchkit.errors import InputError, unknown_input
 
-__all__ = ["InputSchema", "output_json"]
+__all__ = ["MAX_JSON_DEPTH", "MAX_SLO_MS", "InputSchema", "output_json"]
+
+MAX_JSON_DEPTH = 64  # arrays and objects in a body nest at most this deep (the body's own object included)
+MAX_SLO_MS = 3_600_000  # a request's slo_ms: at most an hour
 
 _JSON_TYPES: dict[type, str] = {str: "a string", bool: "true or false", int: "an integer", float: "a number"}
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string literal (brackets inside it do not nest)
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+_OPENERS = frozenset(b"[{")
 
 
 class InputSchema:
@@ -29,35 +41,93 @@ class InputSchema:
 
     def parse(self, body: bytes) -> tuple[dict[str, Any], float | None]:
         """The request's input overrides and its slo_ms; InputError names what is wrong."""
-        try:
-            request = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise InputError(f"the body is not valid JSON: {exc}") from None
+        request = parse_json(body)
         if not isinstance(request, dict):
             raise InputError('the body must be a JSON object: {"inputs": {...}}')
         extra = set(request) - {"inputs", "slo_ms"}
         if extra:
             raise InputError(f"unknown field {sorted(extra)[0]!r} in the body; it takes 'inputs' and 'slo_ms'")
-        slo_ms = request.get("slo_ms")
-        if slo_ms is not None and (isinstance(slo_ms, bool) or not isinstance(slo_ms, (int, float)) or slo_ms <= 0):
-            raise InputError(f"slo_ms must be a positive number of milliseconds; got {slo_ms!r}")
+        slo_ms = _slo_ms(request.get("slo_ms"))
         inputs = request.get("inputs")
         if not isinstance(inputs, dict):
             raise InputError('the body needs "inputs": an object with one entry per pipeline input')
         return self.check(inputs), slo_ms
 
     def check(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
-        """Type-check given inputs against the captured defaults and report the first missing one."""
+        """Type-check given inputs against the captured defaults, report the first missing one, and
+        check that each can travel to a worker."""
         for name in inputs:
             if name not in self.defaults:
                 raise unknown_input(name, self.defaults)
         missing = [n for n in self.defaults if n not in inputs and n not in self.optional]
         if missing:
             raise InputError(f"missing input {missing[0]!r}: every request gives {', '.join(sorted(self.defaults))}")
-        return {name: _coerce(name, value, self.defaults[name]) for name, value in inputs.items()}
+        checked = {name: _coerce(name, value, self.defaults[name]) for name, value in inputs.items()}
+        _check_pickles(checked)
+        return checked
 
     def describe(self) -> dict[str, str]:
         return {name: _kind(default) for name, default in self.defaults.items()}
+
+
+def parse_json(body: bytes) -> Any:
+    """Strict JSON: no NaN or Infinity, finite numbers, nested at most MAX_JSON_DEPTH deep."""
+    if _depth_past(body, MAX_JSON_DEPTH):
+        raise InputError(f"the body nests arrays and objects more than {MAX_JSON_DEPTH} deep; flatten the input")
+    try:
+        return json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+    except InputError:
+        raise
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise InputError(f"the body is not valid JSON: {exc}") from None
+
+
+def _depth_past(body: bytes, limit: int) -> bool:
+    """Whether the body's arrays and objects nest deeper than `limit`; a scan, not a parse, so that
+    no depth can make it recurse. Malformed JSON passes: the parser reports it."""
+    if body.count(b"[") + body.count(b"{") <= limit:  # nearly every body: too few brackets to nest that deep
+        return False
+    depth = 0
+    for byte in _NOT_BRACKET.sub(b"", _STRING.sub(b"", body)):
+        depth += 1 if byte in _OPENERS else -1
+        if depth > limit:
+            return True
+        if depth < 0:  # a closer with nothing open: the parser stops there
+            return False
+    return False
+
+
+def _no_constant(name: str) -> Any:
+    raise InputError(f"the body holds {name}, which JSON does not have: send a finite number or null")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise InputError(f"the body holds {text[:40]}, which is too large for a number: send a finite number")
+    return value
+
+
+def _slo_ms(value: Any) -> float | None:
+    """A request's slo_ms: None, or a finite number of milliseconds in (0, MAX_SLO_MS]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_SLO_MS:
+        huge = isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**20
+        shown = f"an integer of {len(str(abs(value)))} digits" if huge else repr(value)
+        raise InputError(f"slo_ms must be a positive number of milliseconds, at most {MAX_SLO_MS}; got {shown}")
+    return float(value)
+
+
+def _check_pickles(inputs: Mapping[str, Any]) -> None:
+    """Every input can travel to a worker: a value that cannot be pickled is the request's error, not a worker's."""
+    for name, value in inputs.items():
+        if isinstance(value, (list, tuple, dict)):
+            try:
+                pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            except (RecursionError, pickle.PicklingError, TypeError, ValueError) as exc:
+                raise InputError(f"input {name!r} cannot be sent to a worker ({type(exc).__name__}: {exc}); "
+                                 "send a flatter value") from None
 
 
 def _kind(default: Any) -> str:

@@ -23,6 +23,7 @@ from aiohttp import web
 from patchkit.config import DeploymentConfig
 from patchkit.orchestrator.process import ChildSide
 from patchkit.scheduler.online.frontend import Frontend, make_backend
+from patchkit.server.connections import EdgeRunner
 from patchkit.server.http import build_app
 
 if TYPE_CHECKING:
@@ -31,6 +32,11 @@ if TYPE_CHECKING:
 __all__ = ["FrontendBootstrap", "FrontendServer", "ServerThread", "serve_blocking"]
 
 logger = logging.getLogger(__name__)
+
+# At close, once requests in flight have drained: how long the connections still busy get to finish
+# (a reply being written) before they are cut. Whatever is still busy then is no request being
+# served: a body still arriving (a new request is refused anyway) or one that outlived the drain.
+_CONNECTION_GRACE_S = 1.0
 
 
 class FrontendServer:
@@ -44,7 +50,16 @@ class FrontendServer:
         """Start every replica, then listen; returns the URL. Raises (with nothing left running) on failure."""
         await self.frontend.start()
         try:
-            self._runner = web.AppRunner(build_app(self.frontend), access_log=None, handle_signals=False)
+            read_timeout_s = self.config.read_timeout_s
+            self._runner = EdgeRunner(
+                build_app(self.frontend),
+                access_log=None,
+                handle_signals=False,
+                keepalive_timeout=read_timeout_s,  # no complete request headers for this long: the connection closes
+                lingering_time=min(10.0, read_timeout_s),  # reading what is left of a refused body, so its client sees the reply
+                auto_decompress=False,  # http.py decodes bodies, bounded, and answers a bad encoding with 400
+                shutdown_timeout=_CONNECTION_GRACE_S,
+            )
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.config.host, self.config.port)
             await site.start()
@@ -56,12 +71,21 @@ class FrontendServer:
         return self.url
 
     async def close(self) -> None:
-        """Stop taking connections, drain in-flight requests, stop every worker, close the site."""
+        """Stop taking connections, drain in-flight requests, stop every worker, close every connection.
+
+        Takes the drain timeout and a few seconds whatever clients do: requests arriving on open
+        connections meanwhile get 503, and a connection still busy after the drain (a stalled body,
+        a client not reading its reply) gets `_CONNECTION_GRACE_S`, then is cut.
+        """
         if self._runner is not None:
             for site in list(self._runner.sites):
                 await site.stop()
         await self.frontend.close()
         if self._runner is not None:
+            server = self._runner.server
+            if server is not None:
+                server.pre_shutdown()  # idle keep-alive connections close now; busy ones after their reply
+                await server.shutdown(_CONNECTION_GRACE_S)
             await self._runner.cleanup()
 
 

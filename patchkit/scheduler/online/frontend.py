@@ -76,6 +76,7 @@ class Frontend:
         self.waves = None if config.pipelining else Waves()
         self._ids = itertools.count(1)
         self.inflight = 0
+        self.inflight_bytes = 0  # of request bodies, from when each is read until its request ends (`hold_body`)
         self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded
         self.slo_met = 0
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
@@ -141,6 +142,27 @@ class Frontend:
         self.sets[replica.component].remove(replica)
 
     # -- requests -------------------------------------------------------------------------------
+    def hold_body(self, size: int, held: int = 0) -> int:
+        """Count a request body of `size` bytes in flight, in place of the `held` bytes counted for it
+        so far; returns `size`, to be given back to `release_body` when the request ends.
+
+        Called by the HTTP layer when a body's size is known: its Content-Length before it is read
+        (a full endpoint refuses it unread), then its decoded size. Raises Overloaded when it would
+        take the bytes in flight past `max_inflight_bytes`, so that the front-end never holds
+        `max_inflight_requests x max_body_bytes`.
+        """
+        grow, limit = size - held, self.config.max_inflight_bytes
+        if grow > 0 and self.inflight_bytes + grow > limit:
+            self.outcomes["overloaded"] += 1
+            raise Overloaded(self.inflight_bytes, limit, f"request bodies in flight hold {self.inflight_bytes} bytes; "
+                             f"this one's {size} would pass max_inflight_bytes ({limit}); retry later")
+        self.inflight_bytes += grow
+        return size
+
+    def release_body(self, held: int) -> None:
+        """The request that `hold_body` counted `held` bytes for has ended."""
+        self.inflight_bytes -= held
+
     async def query(self, inputs: dict[str, Any], slo_ms: float | None = None) -> RequestResult:
         """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer."""
         if self.closing:
