@@ -32,6 +32,7 @@ class LocalBackend(Backend):
             what=f"worker {replica_id}",
             env=spec.resources.environment(),
             timeout_s=envs.worker_start_timeout_s(),
+            own_group=True,  # what its component starts stops with it
         )
         address = f"{self._host}:{child.report['port']}"
         channel = GrpcChannel(address, self._secret)
