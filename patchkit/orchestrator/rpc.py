@@ -210,7 +210,7 @@ class WorkerService:
             start = time.perf_counter()
             now = time.monotonic()
             outcomes: list[Outcome | None] = [None] * len(calls)
-            runnable: list[int] = []
+            runnable: dict[int, Call] = {}
             for i, call in enumerate(calls):
                 deadline = deadlines[i] if deadlines is not None else None
                 if isinstance(call, Failure):
@@ -220,10 +220,9 @@ class WorkerService:
                     outcomes[i] = (False, Failure.verdict(late))
                     self.skipped += 1
                 else:
-                    runnable.append(i)
+                    runnable[i] = call
             if runnable:
-                ran = run_batch(self.component, method, [calls[i] for i in runnable])  # type: ignore[misc]
-                for i, outcome in zip(runnable, ran):
+                for i, outcome in zip(runnable, run_batch(self.component, method, list(runnable.values()))):
                     outcomes[i] = outcome
                 self.batches += 1
                 self.calls += len(runnable)
