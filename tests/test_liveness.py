@@ -36,6 +36,7 @@ from patchkit import Component, DeadlineExceeded, MakeError, WorkerDiedError, ma
 from patchkit.errors import CallError
 from patchkit.orchestrator.backend import STUCK, Replica, ReplicaSpec
 from patchkit.orchestrator.execute import Outcome
+from patchkit.orchestrator.rpc import GrpcChannel
 from patchkit.scheduler.online.frontend import Frontend
 from patchkit.scheduler.online.queues import BatchQueue, ReplicaSet
 
@@ -189,6 +190,44 @@ def test_a_batch_s_call_timeout_starts_when_its_replica_starts_it() -> None:
 
     outcomes, recycled = asyncio.run(scenario())
     assert outcomes == [(True, 0), (True, 1)] and recycled == []
+
+
+# -- the stream's reader: whatever ends it, the replica is lost with the reason, never silently ------
+class _GarbledStream:
+    """A worker's stream that answers with a message that is not a reply at all."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    async def write(self, message: bytes) -> None:
+        self.written.append(message)
+
+    async def read(self) -> bytes:
+        await asyncio.sleep(0.01)
+        return b"\x00\x01"  # shorter than a reply's header
+
+    def cancel(self) -> None:
+        return None
+
+
+def test_a_stream_reader_that_fails_loses_its_channel_with_the_reason() -> None:
+    async def scenario() -> tuple[BaseException | None, bool, str]:
+        channel = GrpcChannel("127.0.0.1:9", "secret")  # nothing listens there: the stream is the fake's
+        channel._call = _GarbledStream()
+        channel._reader = asyncio.get_running_loop().create_task(channel._read())
+        try:
+            await asyncio.wait_for(channel.run_batch("echo", [(("x",), {})]), 10)
+        except (WorkerDiedError, TimeoutError) as exc:  # a silent death: the batch would wait forever
+            error: BaseException | None = exc
+        else:
+            error = None
+        lost = channel.lost.is_set()
+        await channel.close()
+        return error, lost, channel.lost_reason
+
+    error, lost, reason = asyncio.run(scenario())
+    assert isinstance(error, WorkerDiedError) and "its stream failed: error: unpack_from requires" in str(error)
+    assert lost and reason.startswith("its stream failed")
 
 
 # -- health on the inprocess backend: /healthz and stats report a replica failing its checks ----------
