@@ -180,11 +180,11 @@ def test_a_batch_s_call_timeout_starts_when_its_replica_starts_it() -> None:
     """Two batches sent to one replica: the second waits for the first, and its clock only starts then."""
 
     async def scenario() -> tuple[list[Outcome], list[Any]]:
-        lines = _Lines(timeout_s=1.5)
+        lines = _Lines(timeout_s=2.5)
         calls = [lines.queue.submit((i,), {}).future for i in range(2)]
         await settle()
         for _ in range(2):
-            await asyncio.sleep(1.0)  # each batch runs 1 s: the second is back 2 s after it was sent
+            await asyncio.sleep(1.5)  # each batch runs 1.5 s: the second is back 3 s after it was sent
             lines.channel.release()
         return list(await asyncio.gather(*calls)), lines.recycled
 
