@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -103,6 +104,13 @@ class Component:
         values only in `Endpoint.stats()`. None by default."""
         return {}
 
+    def check_health(self) -> None:
+        """Raise if this replica should no longer serve (a lost connection, a wedged engine): called by
+        its worker for every periodic health check (`health_check_period_s`), on a thread other than
+        the one running batches. A check that raises, or does not return within
+        `health_check_timeout_s`, fails; after `health_check_failures` failures in a row the replica is
+        recycled (stopped, another started in its place). Passes by default."""
+
     def batch_limit(self, method: str) -> int:
         """The largest batch of `method` this instance takes (its memory bound): the method's
         `@make(max_batch_size=...)` unless the instance knows better. Read by deploy() for default
@@ -162,15 +170,34 @@ def call_hook(hook: CallHook | None) -> Iterator[None]:
 class MakeMethod:
     """A `@make` method: a descriptor that knows how to run one call or a batch of calls."""
 
-    def __init__(self, fn: Callable[..., Any], *, batch: bool, max_batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        batch: bool,
+        max_batch_size: int | None = None,
+        timeout_s: float | None = None,
+        retries: int | None = None,
+    ) -> None:
         _check_target(fn, batch=batch)
-        if max_batch_size is not None and (not isinstance(max_batch_size, int) or max_batch_size < 1):
+        if max_batch_size is not None and (not _is_int(max_batch_size) or max_batch_size < 1):
             raise MakeError(f"@make on {fn.__qualname__}: max_batch_size must be a positive int; got {max_batch_size!r}")
+        if timeout_s is not None and (
+            isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < math.inf
+        ):
+            raise MakeError(f"@make on {fn.__qualname__}: timeout_s must be a positive number of seconds; got {timeout_s!r}")
+        if retries is not None and (not _is_int(retries) or retries < 0):
+            raise MakeError(f"@make on {fn.__qualname__}: retries must be an int >= 0 (0: never re-sent); got {retries!r}")
         self.fn = fn
         self.batch = batch
         # What a deployment batches this method's calls up to unless deploy() or a Plan says otherwise:
         # a batch method batches for real; a per-item method runs its calls one by one.
         self.max_batch_size: int = max_batch_size or (DEFAULT_BATCH_SIZE if batch else 1)
+        # How long one batch of it may run before its replica counts as stuck; None: the deployment's call_timeout_s.
+        self.timeout_s: float | None = None if timeout_s is None else float(timeout_s)
+        # Times a call is re-sent to another replica after its replica died or got stuck running it;
+        # None: the deployment's max_retries. 0 for a call that must not run twice.
+        self.retries: int | None = retries
         self.name: str = fn.__name__
         self.qualname: str = fn.__qualname__
         self.signature = inspect.signature(fn)
@@ -259,6 +286,10 @@ class BoundMake:
         return f"<make method {self.method.qualname} of {self.component!r}>"
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _check_target(fn: Any, *, batch: bool) -> None:
     """Reject what @make cannot serve when it is applied, naming the target."""
     if isinstance(fn, (staticmethod, classmethod, property)):
@@ -286,20 +317,36 @@ def _check_target(fn: Any, *, batch: bool) -> None:
 @overload
 def make(fn: F, /) -> F: ...
 @overload
-def make(*, batch: bool = False, max_batch_size: int | None = None) -> Callable[[F], F]: ...
-def make(fn: Any = None, /, *, batch: bool = False, max_batch_size: int | None = None) -> Any:
+def make(
+    *, batch: bool = False, max_batch_size: int | None = None, timeout_s: float | None = None, retries: int | None = None
+) -> Callable[[F], F]: ...
+def make(
+    fn: Any = None,
+    /,
+    *,
+    batch: bool = False,
+    max_batch_size: int | None = None,
+    timeout_s: float | None = None,
+    retries: int | None = None,
+) -> Any:
     """Mark a Component method as a pipeline step: `@make`, `@make()` or `@make(batch=True)`.
 
     With `batch=True` the method is written over lists (one list per parameter, a list of results
     back) while pipeline code still calls it with one item, as Ray Serve's `@serve.batch`.
     `max_batch_size` is the deployed batch size unless deploy() or a Plan sets one (default: 32 for
     a batch method, 1 for a per-item method).
+
+    When deployed: `timeout_s` bounds how long one batch of the method may run (default: the
+    deployment's `call_timeout_s`); past it the replica is recycled and the batch's calls are retried
+    elsewhere or fail with DeadlineExceeded. `retries` is how many times a call is re-sent to another
+    replica after its replica died or got stuck (default: the deployment's `max_retries`); 0 for a
+    method whose calls must not run twice. Both are checked here, when the decorator is applied.
     """
     if fn is None:
-        return lambda f: MakeMethod(f, batch=batch, max_batch_size=max_batch_size)
+        return lambda f: MakeMethod(f, batch=batch, max_batch_size=max_batch_size, timeout_s=timeout_s, retries=retries)
     if not callable(fn):
         raise MakeError(f"@make takes keyword options only, as @make(batch=True); got {fn!r}")
-    return MakeMethod(fn, batch=batch, max_batch_size=max_batch_size)
+    return MakeMethod(fn, batch=batch, max_batch_size=max_batch_size, timeout_s=timeout_s, retries=retries)
 
 
 def make_methods(cls: type) -> dict[str, MakeMethod]:

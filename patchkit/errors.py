@@ -8,6 +8,7 @@
     ├── InputError          a pipeline input is unknown, missing or of the wrong type (also a TypeError)
     ├── ConfigError         a deploy() or `patchkit serve` option is unknown, out of range or conflicts (also a ValueError)
     ├── ComponentError      your component raised: carries its traceback text
+    ├── CallError           a call's arguments or result could not cross to or from its worker: names the call and why
     ├── WorkerDiedError     the worker process serving a component died
     ├── DeadlineExceeded    a request ran past its deadline
     ├── Overloaded          admission is closed: carries the queue length and its limit
@@ -25,6 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
+    "CallError",
     "CaptureError",
     "ComponentError",
     "ConfigError",
@@ -83,6 +85,17 @@ class ComponentError(PatchkitError):
         super().__init__(f"{component}.{method} raised: {message}")
 
 
+class CallError(PatchkitError):
+    """A component call failed between the front-end and its worker, not in the component: its arguments
+    could not be pickled or unpickled, or its result could not be. Only that call (or, for a reply that
+    cannot be read, that batch) fails; the worker keeps serving."""
+
+    def __init__(self, component: str, method: str, message: str) -> None:
+        self.component = component
+        self.method = method
+        super().__init__(f"{component}.{method}: {message}")
+
+
 class WorkerDiedError(PatchkitError):
     """The worker process serving a component died while it held a call, or could not start."""
 
@@ -116,6 +129,8 @@ def error_to_json(error: BaseException, *, traceback: bool = True) -> dict[str, 
         payload.update(component=error.component, method=error.method)
         if traceback:
             payload["traceback"] = error.traceback_text
+    elif isinstance(error, CallError):
+        payload.update(component=error.component, method=error.method)
     elif isinstance(error, Overloaded):
         payload.update(queue_length=error.queue_length, limit=error.limit)
     return payload
@@ -130,6 +145,10 @@ def error_from_json(payload: dict[str, Any]) -> PatchkitError:
         error = ComponentError(payload.get("component", "?"), payload.get("method", "?"), "", payload.get("traceback", ""))
         error.args = (message,)
         return error
+    if kind == "CallError":
+        call_error = CallError(payload.get("component", "?"), payload.get("method", "?"), "")
+        call_error.args = (message,)
+        return call_error
     if kind == "Overloaded":
         return Overloaded(int(payload.get("queue_length", 0)), int(payload.get("limit", 0)), message)
     known: dict[str, type[PatchkitError]] = {

@@ -12,7 +12,7 @@ from patchkit.component import Call, Component
 from patchkit.orchestrator.execute import Outcome
 from patchkit.orchestrator.resources import ReplicaResources
 
-__all__ = ["Backend", "Channel", "Replica", "ReplicaSpec"]
+__all__ = ["DEAD", "SERVING", "STUCK", "UNHEALTHY", "Backend", "Channel", "Replica", "ReplicaSpec"]
 
 
 @dataclass(frozen=True)
@@ -36,16 +36,33 @@ class Channel(Protocol):
     lost: asyncio.Event
     lost_reason: str
 
-    async def run_batch(self, method: str, calls: Sequence[Call]) -> list[Outcome]: ...
+    async def run_batch(
+        self, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
+    ) -> list[Outcome]: ...
+
+    async def health(self, timeout_s: float) -> None:
+        """Return if the replica answers within `timeout_s` and its component's `check_health()` passes; else raise."""
 
     async def stats(self) -> dict[str, Any]: ...
 
     async def close(self) -> None: ...
 
 
+# A replica's state (`Replica.state`): serving, or being recycled (stopped, another started in its place).
+SERVING = "serving"
+STUCK = "stuck"  # a batch ran past its call timeout
+UNHEALTHY = "unhealthy"  # it failed `health_check_failures` health checks in a row
+DEAD = "dead"  # its process or its stream ended
+
+
 @dataclass(eq=False)
 class Replica:
-    """A running replica. `inflight` counts the batches the front-end has sent it and not had back."""
+    """A running replica. `inflight` counts the batches the front-end has sent it and not had back.
+
+    `state` is SERVING until the supervisor recycles it (STUCK, UNHEALTHY) or it dies (DEAD); `why`
+    then says what happened. `failed_checks` counts its health checks failed in a row, `check_error`
+    the last one's error.
+    """
 
     id: str
     spec: ReplicaSpec
@@ -54,6 +71,10 @@ class Replica:
     address: str | None = None
     handle: Any = None  # the backend's own: a child process, an executor, an actor
     inflight: int = 0
+    state: str = SERVING
+    why: str = ""
+    failed_checks: int = 0
+    check_error: str = ""
 
     @property
     def component(self) -> str:
@@ -63,15 +84,26 @@ class Replica:
     def alive(self) -> bool:
         return not self.channel.lost.is_set()
 
+    @property
+    def healthy(self) -> bool:
+        """Alive, serving, and its last health check passed: what `/healthz` asks of one replica per component."""
+        return self.alive and self.state == SERVING and self.failed_checks == 0
+
     def describe(self) -> dict[str, Any]:
-        return {
+        health = "ok" if not self.failed_checks else f"failing: {self.failed_checks} checks in a row ({self.check_error})"
+        described = {
             "id": self.id,
             "pid": self.pid,
             "address": self.address,
             "alive": self.alive,
+            "state": self.state,
+            "health": health,
             "inflight_batches": self.inflight,
             "resources": self.spec.resources.describe(),
         }
+        if self.why:
+            described["why"] = self.why
+        return described
 
 
 class Backend(ABC):

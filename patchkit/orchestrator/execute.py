@@ -12,30 +12,54 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit.component import Call, Component, MakeMethod
-from patchkit.errors import ComponentError
+from patchkit.errors import CallError, ComponentError, PatchkitError
 
-__all__ = ["Failure", "Outcome", "component_stats", "run_batch", "setup_error"]
+__all__ = ["COMPONENT", "FRONTEND", "WIRE", "Failure", "Outcome", "component_stats", "run_batch", "setup_error"]
+
+# Where a call failed (`Failure.source`).
+COMPONENT = "component"  # its component's code raised
+WIRE = "wire"  # on the way to or from the worker: its arguments or its result did not pickle or unpickle
+FRONTEND = "frontend"  # the front-end gave up on it: its worker died or its batch ran past the call timeout
 
 
 @dataclass
 class Failure:
-    """A call that raised: the exception itself when it can travel, and its text in any case."""
+    """A call that failed: the exception itself when it can travel, and its text in any case."""
 
     error: BaseException | None
     type_name: str
     message: str
     traceback: str
+    source: str = COMPONENT
 
     @classmethod
     def of(cls, exc: BaseException) -> Failure:
+        """The component's code raised `exc`."""
         return cls(exc, type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)))
 
-    def raise_for(self, component: str, method: str) -> None:
-        """Re-raise the component's own exception, so pipeline code's `except` clauses see what they see eagerly.
+    @classmethod
+    def on_wire(cls, why: str, exc: BaseException | None = None) -> Failure:
+        """The call could not cross to or from its worker: `why` says which way, `exc` what pickle said."""
+        message = f"{why}: {type(exc).__name__}: {exc}" if exc is not None else why
+        return cls(None, type(exc).__name__ if exc is not None else "CallError", message, "", WIRE)
 
-        The exception carries `component.method` for the front-end's error reply; an exception that
-        could not travel becomes a ComponentError with its text.
+    @classmethod
+    def verdict(cls, error: PatchkitError) -> Failure:
+        """The front-end failed the call with `error` (a WorkerDiedError, a DeadlineExceeded)."""
+        return cls(error, type(error).__name__, str(error), "", FRONTEND)
+
+    def raise_for(self, component: str, method: str) -> None:
+        """Raise what the call's caller sees, inside the pipeline code: called by the front-end's call hook.
+
+        A component's own exception is raised again, so pipeline code's `except` clauses see what they
+        see eagerly; it carries `component.method` for the front-end's error reply, and one that could
+        not travel becomes a ComponentError with its text. A call that failed on the wire raises a
+        CallError naming `component.method` and why; the front-end's verdict is raised as it is.
         """
+        if self.source == WIRE:
+            raise CallError(component, method, self.message)
+        if self.source == FRONTEND and self.error is not None:
+            raise self.error
         if self.error is not None:
             try:
                 self.error.__patchkit_origin__ = (component, method, self.traceback)  # type: ignore[attr-defined]

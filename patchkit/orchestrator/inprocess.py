@@ -30,13 +30,20 @@ class DirectChannel:
         self.batches = 0
         self.calls = 0
 
-    async def run_batch(self, method: str, calls: Sequence[Call]) -> list[Outcome]:
+    async def run_batch(
+        self, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
+    ) -> list[Outcome]:
+        """Run the batch now (`expires_in` does not apply: no call waits here behind another)."""
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
         outcomes = run_batch(self.component, method, calls)
         self.batches += 1
         self.calls += len(calls)
         return outcomes
+
+    async def health(self, timeout_s: float) -> None:
+        """The component's `check_health()`, run here on the loop."""
+        self.component.check_health()
 
     async def stats(self) -> dict[str, Any]:
         return {"batches": self.batches, "calls": self.calls, "component_stats": component_stats(self.component)}

@@ -7,7 +7,7 @@ import pickle
 import threading
 
 from patchkit import envs
-from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
+from patchkit.orchestrator.backend import STUCK, UNHEALTHY, Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.process import Child, spawn
 from patchkit.orchestrator.rpc import GrpcChannel
 from patchkit.orchestrator.worker import WorkerBootstrap
@@ -32,6 +32,7 @@ class LocalBackend(Backend):
             what=f"worker {replica_id}",
             env=spec.resources.environment(),
             timeout_s=envs.worker_start_timeout_s(),
+            own_group=True,  # what its component starts stops with it
         )
         address = f"{self._host}:{child.report['port']}"
         channel = GrpcChannel(address, self._secret)
@@ -59,9 +60,12 @@ class LocalBackend(Backend):
         return exited
 
     async def stop(self, replica: Replica) -> None:
+        """Stop the worker and its process group: given PATCHKIT_WORKER_STOP_TIMEOUT_S to exit, or
+        killed at once when it is being recycled (stuck or unhealthy: it may never exit by itself)."""
         await replica.channel.close()
         child: Child = replica.handle
-        await asyncio.to_thread(child.stop, envs.worker_stop_timeout_s())
+        grace = 0.0 if replica.state in (STUCK, UNHEALTHY) else envs.worker_stop_timeout_s()
+        await asyncio.to_thread(child.stop, grace)
         self._exits.pop(replica, None)
 
     def replicas(self) -> list[Replica]:

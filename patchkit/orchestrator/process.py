@@ -4,6 +4,11 @@ The parent writes a length-prefixed bootstrap to the child's stdin and keeps std
 answers with one JSON line on its original stdout (its own prints then go to stderr), and exits as
 soon as stdin reaches end-of-file: when the parent closes it, or when the parent dies for any
 reason, SIGKILL included. No child outlives its parent.
+
+A worker starts in a session (so a process group) of its own, which whatever its component starts
+joins: when its lifeline ends it stops the group's other processes before it exits, and the parent
+stopping it stops the group again (which a worker killed with SIGKILL could not). So no process a
+component's `setup()` started outlives its worker.
 """
 
 from __future__ import annotations
@@ -18,13 +23,15 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar, cast
 
 from patchkit.errors import PatchkitError, WorkerDiedError, error_from_json, error_to_json
 
-__all__ = ["Child", "ChildSide", "spawn"]
+__all__ = ["Child", "ChildSide", "spawn", "stop_group"]
 
 _LENGTH = 8
+GROUP_GRACE_S = 2.0  # between SIGTERM and SIGKILL for the processes of a stopping worker's group
 
 
 class Bootstrap(Protocol):
@@ -42,6 +49,7 @@ class Child:
 
     process: subprocess.Popen[bytes]
     report: dict[str, Any]
+    own_group: bool = False  # it leads a process group of its own: stopping it stops the group
 
     @property
     def pid(self) -> int:
@@ -51,7 +59,8 @@ class Child:
         return self.process.poll() is None
 
     def stop(self, timeout_s: float) -> None:
-        """Cut the lifeline, give the child `timeout_s` to exit, then SIGKILL it; always reaps it."""
+        """Cut the lifeline, give the child `timeout_s` to exit, then SIGKILL it; always reaps it.
+        A child with a process group of its own has every process of the group stopped too."""
         stdin = self.process.stdin
         if stdin is not None and not stdin.closed:
             try:
@@ -63,21 +72,34 @@ class Child:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
+        if self.own_group:
+            stop_group(self.process.pid, GROUP_GRACE_S)
 
 
-def spawn(module: str, bootstrap: bytes, *, what: str, env: dict[str, str] | None = None, timeout_s: float) -> Child:
+def spawn(
+    module: str,
+    bootstrap: bytes,
+    *,
+    what: str,
+    env: dict[str, str] | None = None,
+    timeout_s: float,
+    own_group: bool = False,
+) -> Child:
     """Start `python -m module`, send it `bootstrap`, and wait for its ready report.
 
     Raises the error the child reported (as a PatchkitError) or WorkerDiedError when it exits or
     stays silent past `timeout_s`; the child is gone in both cases. `what` names it in messages.
+    `own_group`: start it in a session and process group of its own, which the processes it starts
+    share, and which `Child.stop` stops with it.
     """
     process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
         [sys.executable, "-m", module],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env={**os.environ, **(env or {})},
+        start_new_session=own_group,
     )
-    child = Child(process, {})
+    child = Child(process, {}, own_group)
     assert process.stdin is not None and process.stdout is not None
     try:
         process.stdin.write(len(bootstrap).to_bytes(_LENGTH, "big") + bootstrap)
@@ -90,6 +112,8 @@ def spawn(module: str, bootstrap: bytes, *, what: str, env: dict[str, str] | Non
         process.stdout.close()
     if not line:
         code = process.wait()
+        if own_group:
+            stop_group(process.pid, GROUP_GRACE_S)
         raise WorkerDiedError(f"{what} exited with code {code} before it was ready; its stderr above says why")
     report = json.loads(line)
     if "error" in report:
@@ -112,6 +136,53 @@ def _read_line(stream: IO[bytes], timeout_s: float) -> bytes:
                 return data
             data += chunk
     return data
+
+
+def stop_group(pgid: int, grace_s: float, *, spare: int | None = None) -> None:
+    """Stop every process of group `pgid` but `spare`: SIGTERM, then SIGKILL those left after `grace_s`.
+
+    Called by a parent once its child that led the group has exited, and by that child itself
+    (sparing itself) as its lifeline ends. Reads the members from /proc; where there is none, the
+    group is sent SIGKILL whole, `spare` included.
+    """
+    members = _members(pgid, spare)
+    if members is None:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return
+    deadline = time.monotonic() + grace_s
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in members:
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        while members and time.monotonic() < deadline and sig == signal.SIGTERM:
+            time.sleep(0.02)
+            members = _members(pgid, spare) or []
+        if not members:
+            return
+
+
+def _members(pgid: int, spare: int | None) -> list[int] | None:
+    """The running (not zombie) processes of group `pgid` but `spare`, from /proc; None without /proc."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == spare:
+            continue
+        try:
+            text = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2 :].split()  # the command name, in parentheses, may hold spaces
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            found.append(int(entry.name))
+    return found
 
 
 class ChildSide:
@@ -147,11 +218,15 @@ class ChildSide:
         return data
 
     def _watch_lifeline(self) -> None:
-        """Exit at once when the parent closes stdin or dies."""
+        """Exit at once when the parent closes stdin or dies; a child in a session of its own (a worker)
+        first stops the processes of its group (what its component started)."""
+        leads_session = os.getsid(0) == os.getpid()
 
         def watch() -> None:
             while self._stdin.read(65536):
                 pass
+            if leads_session:
+                stop_group(os.getpid(), GROUP_GRACE_S, spare=os.getpid())
             os._exit(0)
 
         threading.Thread(target=watch, name="patchkit-lifeline", daemon=True).start()

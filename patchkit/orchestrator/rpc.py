@@ -1,12 +1,18 @@
 """The wire between the front-end and a worker: gRPC generic handlers carrying raw bytes.
 
-One bidirectional stream per (front-end, replica) carries batches: the front-end writes
-`(batch_id, method, calls)` messages, the worker answers `(batch_id, outcomes)` in order. A stream
-moves about twice the messages per second of unary calls, and keeps one batch in flight on the
-wire while the worker runs the previous one. `Health` and `Stats` are unary JSON calls.
+One bidirectional stream per (front-end, replica) carries batches: the front-end writes a batch
+message, the worker answers with one reply per batch, in order. A stream moves about twice the
+messages per second of unary calls, and keeps one batch in flight on the wire while the worker runs
+the previous one. `Health` and `Stats` are unary calls.
 
 Every RPC carries the deployment's secret in its metadata; the worker checks it before it reads,
 let alone unpickles, a single payload byte.
+
+Each message starts with a fixed header (the batch id, its size, its method), so that a payload
+that cannot be unpickled on the other side fails its own calls and nothing else: a call whose
+arguments do not pickle fails alone with a CallError before anything is sent, a batch the worker
+cannot unpickle or a reply the front-end cannot fails that batch's calls, and the stream goes on.
+Only the stream itself breaking is a lost replica.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ import asyncio
 import hmac
 import itertools
 import json
+import logging
 import pickle
+import queue
+import struct
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,16 +35,19 @@ import grpc
 import grpc.aio
 
 from patchkit.component import Call, Component
-from patchkit.errors import WorkerDiedError
+from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
 from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_batch
 
-__all__ = ["GrpcChannel", "WorkerService", "decode", "encode"]
+__all__ = ["GrpcChannel", "WorkerService", "decode", "decode_batch", "encode", "encode_batch"]
+
+logger = logging.getLogger(__name__)
 
 SERVICE = "patchkit.Worker"
 BATCHES = f"/{SERVICE}/Batches"
 HEALTH = f"/{SERVICE}/Health"
 STATS = f"/{SERVICE}/Stats"
 SECRET_KEY = "x-patchkit-secret"  # noqa: S105 - the metadata key, not a secret
+CHECK = b"check"  # a Health request with this body also runs the component's check_health()
 MAX_MESSAGE_BYTES = 1 << 30
 OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -43,23 +55,86 @@ OPTIONS = [
 ]
 SERVER_OPTIONS = [*OPTIONS, ("grpc.so_reuseport", 0)]
 
+# A batch: its id, how its calls are pickled, how many there are, the length of its method's name;
+# then the name, then the payload. WHOLE: one pickle of (expires_in, calls). PER_CALL (when the whole
+# did not pickle): a pickle of (expires_in, [one pickle per call]), so the worker unpickles each alone.
+_BATCH = struct.Struct(">QBIH")
+WHOLE, PER_CALL = 0, 1
+# A reply: its batch's id, then one pickle of its outcomes.
+_REPLY = struct.Struct(">Q")
+
 
 def encode(value: Any) -> bytes:
     return cloudpickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def decode(data: bytes) -> Any:
+def decode(data: bytes | memoryview) -> Any:
     # Only ever called on bytes from the other end of an authenticated stream of this deployment.
     return pickle.loads(data)  # noqa: S301
 
 
-def encode_outcomes(batch_id: int, outcomes: list[Outcome]) -> bytes:
-    """One message for a batch's outcomes; a result or exception that cannot be pickled fails its own call only."""
+def encode_batch(
+    batch_id: int, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
+) -> tuple[bytes | None, dict[int, Failure]]:
+    """The message for a batch, and the calls left out of it because their arguments do not pickle (by index).
+
+    Called by the front-end for every batch it sends. `expires_in`: per call, the seconds its request
+    has left (None: no limit); the worker skips a call whose time ran out while it waited there. The
+    message is None when no call pickles.
+    """
+    expiries = list(expires_in) if expires_in is not None else [None] * len(calls)
+    failed: dict[int, Failure] = {}
     try:
-        return encode((batch_id, outcomes))
-    except Exception:  # noqa: S110 - find the values that do not pickle, below
-        pass
-    return encode((batch_id, [_picklable(outcome) for outcome in outcomes]))
+        mode, payload = WHOLE, encode((expiries, list(calls)))
+    except Exception:  # find the calls that do not pickle: they fail alone, the others are sent
+        parts: list[bytes] = []
+        kept: list[float | None] = []
+        for i, call in enumerate(calls):
+            try:
+                parts.append(encode(call))
+            except Exception as exc:
+                failed[i] = Failure.on_wire("its arguments cannot be sent to the worker: they do not pickle", exc)
+            else:
+                kept.append(expiries[i])
+        if not parts:
+            return None, failed
+        mode, payload = PER_CALL, pickle.dumps((kept, parts), protocol=pickle.HIGHEST_PROTOCOL)
+    name = method.encode()
+    return _BATCH.pack(batch_id, mode, len(calls) - len(failed), len(name)) + name + payload, failed
+
+
+def decode_batch(message: bytes) -> tuple[int, str, list[Call | Failure], list[float | None]]:
+    """A batch message's id, method, calls and their seconds left (None: no limit), as the worker reads it.
+
+    A call whose arguments cannot be unpickled here comes back as the Failure that is its outcome; if
+    the payload as a whole cannot be, every call does. Raises only on a message that is not a batch.
+    """
+    batch_id, mode, count, length = _BATCH.unpack_from(message)
+    method = message[_BATCH.size : _BATCH.size + length].decode()
+    payload = memoryview(message)[_BATCH.size + length :]
+    try:
+        expires_in, items = decode(payload)
+    except Exception as exc:
+        failure = Failure.on_wire("the worker cannot unpickle the arguments of its batch", exc)
+        return batch_id, method, [failure] * count, [None] * count
+    if mode == PER_CALL:
+        calls: list[Call | Failure] = []
+        for item in items:
+            try:
+                calls.append(decode(item))
+            except Exception as exc:
+                calls.append(Failure.on_wire("the worker cannot unpickle its arguments", exc))
+        return batch_id, method, calls, expires_in
+    return batch_id, method, items, expires_in
+
+
+def encode_outcomes(batch_id: int, outcomes: list[Outcome]) -> bytes:
+    """One reply for a batch's outcomes; a result or exception that cannot be pickled fails its own call only."""
+    try:
+        payload = encode(outcomes)
+    except Exception:  # find the values that do not pickle, below
+        payload = encode([_picklable(outcome) for outcome in outcomes])
+    return _REPLY.pack(batch_id) + payload
 
 
 def _picklable(outcome: Outcome) -> Outcome:
@@ -69,8 +144,8 @@ def _picklable(outcome: Outcome) -> Outcome:
         return outcome
     except Exception as exc:
         if ok:
-            return (False, Failure(None, "PicklingError", f"its result ({type(value).__name__}) cannot be pickled: {exc}", ""))
-        return (False, Failure(None, value.type_name, value.message, value.traceback))
+            return (False, Failure.on_wire(f"its result ({type(value).__name__}) cannot be sent back: it does not pickle", exc))
+        return (False, Failure(None, value.type_name, value.message, value.traceback, value.source))
 
 
 class WorkerService:
@@ -82,8 +157,10 @@ class WorkerService:
         self._secret = secret
         self._describe = describe
         self._lock = threading.Lock()  # a replica runs one batch at a time, whatever the number of streams
+        self._checking = threading.Lock()  # one check_health() at a time: a hung one fails the next checks
         self.batches = 0
         self.calls = 0
+        self.skipped = 0  # calls not run: their request had run out of time before the worker reached them
         self.busy_s = 0.0
         self.started = time.time()
 
@@ -104,26 +181,74 @@ class WorkerService:
 
     def _batches(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
         self._authorize(context)
-        for message in requests:
-            batch_id, method, calls = decode(message)
-            yield encode_outcomes(batch_id, self.run(method, calls))
+        # A thread takes messages off the stream as they arrive, so that a call's time left counts from
+        # its arrival, not from when the batch before it is done.
+        inbox: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
 
-    def run(self, method: str, calls: Sequence[Call]) -> list[Outcome]:
+        def receive() -> None:
+            try:
+                for message in requests:
+                    inbox.put((time.monotonic(), message))
+            except Exception:  # noqa: S110 - the stream ended: the front-end closed it or went away
+                pass
+            finally:
+                inbox.put(None)
+
+        threading.Thread(target=receive, name="patchkit-stream", daemon=True).start()
+        while (item := inbox.get()) is not None:
+            arrived, message = item
+            batch_id, method, calls, expires_in = decode_batch(message)
+            deadlines = [None if left is None else arrived + left for left in expires_in]
+            yield encode_outcomes(batch_id, self.run(method, calls, deadlines))
+
+    def run(
+        self, method: str, calls: Sequence[Call | Failure], deadlines: Sequence[float | None] | None = None
+    ) -> list[Outcome]:
+        """Run a batch's calls once the replica is free; those already failed (their arguments did not
+        unpickle) or past their deadline (`time.monotonic()`; their request has been answered) are not run."""
         with self._lock:
             start = time.perf_counter()
-            outcomes = run_batch(self.component, method, calls)
+            now = time.monotonic()
+            outcomes: list[Outcome | None] = [None] * len(calls)
+            runnable: dict[int, Call] = {}
+            for i, call in enumerate(calls):
+                deadline = deadlines[i] if deadlines is not None else None
+                if isinstance(call, Failure):
+                    outcomes[i] = (False, call)
+                elif deadline is not None and now >= deadline:
+                    late = DeadlineExceeded("its request ran out of time before the worker reached it: the call was not run")
+                    outcomes[i] = (False, Failure.verdict(late))
+                    self.skipped += 1
+                else:
+                    runnable[i] = call
+            if runnable:
+                for i, outcome in zip(runnable, run_batch(self.component, method, list(runnable.values()))):
+                    outcomes[i] = outcome
+                self.batches += 1
+                self.calls += len(runnable)
             self.busy_s += time.perf_counter() - start
-            self.batches += 1
-            self.calls += len(calls)
-        return outcomes
+        return [outcome for outcome in outcomes if outcome is not None]
 
     def _health(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """Answers the front-end's handshake and its periodic checks; a check (`CHECK`) also runs the
+        component's `check_health()` here, on a gRPC thread, off the thread that runs batches."""
         self._authorize(context)
+        if request != CHECK:
+            return b'{"status": "ok"}'
+        if not self._checking.acquire(blocking=False):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the check_health() of an earlier check has not returned")
+        try:
+            self.component.check_health()
+        except Exception as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"check_health() raised {type(exc).__name__}: {exc}")
+        finally:
+            self._checking.release()
         return b'{"status": "ok"}'
 
     def _stats(self, request: bytes, context: grpc.ServicerContext) -> bytes:
         self._authorize(context)
-        stats = {"component": self.name, "batches": self.batches, "calls": self.calls, "busy_s": self.busy_s}
+        stats = {"component": self.name, "batches": self.batches, "calls": self.calls, "skipped": self.skipped,
+                 "busy_s": self.busy_s}
         stats["uptime_s"] = time.time() - self.started
         return json.dumps({**stats, **self._describe(), "component_stats": component_stats(self.component)}).encode()
 
@@ -133,7 +258,9 @@ class GrpcChannel:
 
     `run_batch` is called by a batching queue for every batch it sends to this replica. When the
     stream breaks (the worker died), every batch in flight fails with WorkerDiedError and `lost`
-    is set, so the caller can retry the calls elsewhere.
+    is set, so the caller can retry the calls elsewhere. Nothing else loses the channel: a call
+    that does not pickle, or a reply that does not unpickle, fails its own calls (see the module's
+    docstring), and should the stream's reader ever fail, the channel is lost with the reason.
     """
 
     def __init__(
@@ -150,7 +277,7 @@ class GrpcChannel:
             self._channel = grpc.aio.insecure_channel(address, options=[*OPTIONS, *options])
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=[*OPTIONS, *options])
-        self._pending: dict[int, asyncio.Future[list[Outcome]]] = {}
+        self._pending: dict[int, asyncio.Future[list[Outcome] | Failure]] = {}
         self._ids = itertools.count()
         self._write_lock = asyncio.Lock()
         self._call: Any = None
@@ -166,35 +293,67 @@ class GrpcChannel:
         self._call = self._channel.stream_stream(BATCHES)(metadata=self._metadata)
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
-    async def run_batch(self, method: str, calls: Sequence[Call]) -> list[Outcome]:
+    async def run_batch(
+        self, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
+    ) -> list[Outcome]:
+        """Send a batch and return an outcome per call, in order; raises WorkerDiedError when the replica is lost.
+
+        `expires_in`: per call, the seconds its request has left (None: no limit): the worker does not
+        run a call it reaches later than that. A call whose arguments do not pickle is not sent: its
+        outcome says so, and the others go.
+        """
         if self.lost.is_set():
             raise WorkerDiedError(f"replica at {self.address} is gone: {self.lost_reason}")
         batch_id = next(self._ids)
-        future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
+        message, failed = encode_batch(batch_id, method, calls, expires_in)
+        if message is None:
+            return [(False, failed[i]) for i in range(len(calls))]
+        future: asyncio.Future[list[Outcome] | Failure] = asyncio.get_running_loop().create_future()
         self._pending[batch_id] = future
         try:
-            async with self._write_lock:
-                await self._call.write(encode((batch_id, method, list(calls))))
-        except Exception as exc:
-            self._lose(f"sending a batch failed: {exc}")
-        return await future
+            try:
+                async with self._write_lock:
+                    await self._call.write(message)
+            except Exception as exc:  # the stream is broken (the message itself is made above)
+                self._lose(f"sending a batch failed: {type(exc).__name__}: {exc}")
+            answer = await future
+        finally:
+            self._pending.pop(batch_id, None)  # answered, or given up on by the caller (a call timeout)
+        sent = len(calls) - len(failed)
+        outcomes = iter([(False, answer)] * sent if isinstance(answer, Failure) else answer)
+        return [(False, failed[i]) if i in failed else next(outcomes) for i in range(len(calls))]
 
     async def _read(self) -> None:
+        """Hand each reply to its batch, until the stream ends; whatever ends it, the channel is lost with the reason."""
         reason = "the worker closed its stream"
         try:
             while True:
                 message = await self._call.read()
                 if message is grpc.aio.EOF:
                     break
-                batch_id, outcomes = decode(message)
-                future = self._pending.pop(batch_id, None)
-                if future is not None and not future.done():
-                    future.set_result(outcomes)
+                self._answer(message)
         except grpc.aio.AioRpcError as exc:
             reason = f"{exc.code().name}: {exc.details()}"
         except asyncio.CancelledError:
             reason = "the channel was closed"
-        self._lose(reason)
+        except Exception as exc:  # a bug: say so, and let the replica be recycled rather than hang its batches
+            logger.exception("the stream of the replica at %s failed", self.address)
+            reason = f"its stream failed: {type(exc).__name__}: {exc}"
+        finally:
+            self._lose(reason)
+
+    def _answer(self, message: bytes) -> None:
+        (batch_id,) = _REPLY.unpack_from(message)
+        future = self._pending.pop(batch_id, None)
+        if future is None or future.done():
+            return  # its caller gave up on it
+        try:
+            outcomes = decode(memoryview(message)[_REPLY.size :])
+        except Exception as exc:
+            logger.warning("a reply of the replica at %s cannot be unpickled: %s: %s", self.address, type(exc).__name__, exc)
+            future.set_result(Failure.on_wire("its reply from the worker cannot be unpickled by the front-end", exc))
+        else:
+            future.set_result(outcomes)
 
     def _lose(self, reason: str) -> None:
         if not self.lost.is_set():
@@ -204,6 +363,16 @@ class GrpcChannel:
         for future in pending.values():
             if not future.done():
                 future.set_exception(WorkerDiedError(f"replica at {self.address} died with a batch in flight ({reason})"))
+
+    async def health(self, timeout_s: float) -> None:
+        """Ask the worker whether it is healthy: it answers within `timeout_s` and its component's
+        `check_health()` returns. Raises a PatchkitError saying what failed; called by the supervisor's checks."""
+        try:
+            await self._channel.unary_unary(HEALTH)(CHECK, metadata=self._metadata, timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise DeadlineExceeded(f"no answer within {timeout_s:g} s") from None
+            raise PatchkitError(exc.details() or exc.code().name) from None
 
     async def stats(self) -> dict[str, Any]:
         data = await self._channel.unary_unary(STATS)(b"", metadata=self._metadata, timeout=10)

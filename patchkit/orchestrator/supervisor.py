@@ -1,10 +1,13 @@
-"""Keeps every component at its replica count: starts replicas, watches them, restarts the dead,
-and adds or retires replicas when the autoscaler asks.
+"""Keeps every component at its replica count: starts replicas, watches them, checks their health,
+restarts the dead, recycles the stuck and the unhealthy, and adds or retires replicas when the
+autoscaler asks.
 
 Owned by the front-end, on its event loop. The front-end hears of replicas through two callbacks:
 `on_up(replica)` once one takes calls, `on_down(replica, reason)` once one takes no more: it is
 gone (its in-flight batches have failed with WorkerDiedError by then, and the front-end retries
-them elsewhere), or it is being retired (reason "retired": its in-flight batches still finish).
+them elsewhere), it is being recycled (stuck or unhealthy: it is stopped, and its batches in
+flight fail the same way), or it is being retired (reason "retired": its in-flight batches still
+finish).
 """
 
 from __future__ import annotations
@@ -15,11 +18,12 @@ import itertools
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
+from patchkit.orchestrator.backend import DEAD, UNHEALTHY, Backend, Replica, ReplicaSpec
 
-__all__ = ["Supervisor"]
+__all__ = ["HealthChecks", "Supervisor"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +31,16 @@ T = TypeVar("T")
 
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 DRAIN_POLL_S = 0.01  # how often a retiring replica is checked for batches still in flight
+
+
+@dataclass(frozen=True)
+class HealthChecks:
+    """Every `period_s`, each replica must answer within `timeout_s` with its component's
+    `check_health()` passing; after `failures` failed checks in a row it is recycled (as Ray Serve's)."""
+
+    period_s: float = 10.0
+    timeout_s: float = 30.0
+    failures: int = 3
 
 
 class Supervisor:
@@ -37,13 +51,17 @@ class Supervisor:
         on_down: Callable[[Replica, str], None],
         *,
         drain_timeout_s: float = 30.0,
+        health: HealthChecks | None = None,
     ) -> None:
+        """`health`: the checks every replica gets (None: the defaults of HealthChecks)."""
         self.backend = backend
         self._on_up = on_up
         self._on_down = on_down
         self.drain_timeout_s = drain_timeout_s  # how long a retiring replica gets to send its batches back
+        self.health = health or HealthChecks()
         self._numbers: dict[str, itertools.count[int]] = defaultdict(itertools.count)
         self._keepers: dict[Replica, asyncio.Task[None]] = {}  # watching a live replica: safe to cancel
+        self._replacing: list[Replica] = []  # dead, stuck or unhealthy, until another serves in its place
         # Restarting, adding or retiring: may be spawning or stopping a process, so awaited, never cancelled.
         self._busy: set[asyncio.Task[Any]] = set()
         self._closing = asyncio.Event()
@@ -51,6 +69,10 @@ class Supervisor:
 
     def replicas(self, component: str | None = None) -> list[Replica]:
         return [r for r in self._keepers if component is None or r.component == component]
+
+    def replacing(self, component: str | None = None) -> list[Replica]:
+        """The replicas out of service (dead, stuck, unhealthy) until the one started in place of each serves."""
+        return [r for r in self._replacing if component is None or r.component == component]
 
     async def start(self, specs: list[ReplicaSpec]) -> None:
         """Start every replica concurrently; if one cannot start, stop the others and raise its error."""
@@ -60,41 +82,93 @@ class Supervisor:
             await self.close()
             raise errors[0]
 
-    async def _start(self, spec: ReplicaSpec) -> Replica:
+    async def _start(self, spec: ReplicaSpec, replacing: Replica | None = None) -> Replica:
+        """Start a replica and put it in service; `replacing`: the one it takes the place of, out of
+        `replacing()` from the moment it serves."""
         replica_id = f"{spec.component}#{next(self._numbers[spec.component])}"
         replica = await self.backend.start(spec, replica_id)
         if self._closing.is_set():
             await self.backend.stop(replica)
             raise asyncio.CancelledError
         self._keepers[replica] = asyncio.get_running_loop().create_task(self._keep(replica))
+        if replacing in self._replacing:
+            self._replacing.remove(replacing)
         self._on_up(replica)
         return replica
 
     async def _keep(self, replica: Replica) -> None:
-        reason = await self.backend.watch(replica)
+        checks = asyncio.get_running_loop().create_task(self._check(replica))
+        try:
+            reason = await self.backend.watch(replica)
+        finally:
+            checks.cancel()
         if self._closing.is_set() or self._keepers.pop(replica, None) is None:
             return
         logger.warning("replica %s died (%s); restarting it", replica.id, reason)
-        self._on_down(replica, reason)
+        self._replace(replica, DEAD, reason)
+
+    async def _check(self, replica: Replica) -> None:
+        """Check the replica's health every period, until it is recycled or its keeper ends."""
+        checks = self.health
+        while replica.alive:
+            await asyncio.sleep(checks.period_s)
+            try:
+                async with asyncio.timeout(checks.timeout_s):
+                    await replica.channel.health(checks.timeout_s)
+            except Exception as exc:
+                replica.failed_checks += 1
+                replica.check_error = _check_error(exc, checks.timeout_s)
+                logger.warning("replica %s failed a health check (%d in a row): %s", replica.id, replica.failed_checks,
+                               replica.check_error)
+                if replica.failed_checks >= checks.failures:
+                    self.recycle(replica, UNHEALTHY, f"it failed {replica.failed_checks} health checks in a row; the last: "
+                                 f"{replica.check_error}")
+                    return
+            else:
+                replica.failed_checks, replica.check_error = 0, ""
+
+    def recycle(self, replica: Replica, state: str, why: str) -> None:
+        """Take a stuck or unhealthy replica out of dispatch, stop it (its process is killed, its batches
+        in flight fail with WorkerDiedError and are retried elsewhere) and start another in its place.
+
+        Called by a batching queue when a batch runs past its call timeout (`state` STUCK) and by the
+        health checks (UNHEALTHY); `why` is logged and shown in stats. Does nothing for a replica that
+        is not kept here (already dying, retired, or the supervisor is closing).
+        """
+        keeper = None if self._closing.is_set() else self._keepers.pop(replica, None)
+        if keeper is None:
+            return
+        keeper.cancel()
+        logger.warning("replica %s is %s (%s); recycling it", replica.id, state, why)
+        self._replace(replica, state, why)
+
+    def _replace(self, replica: Replica, state: str, why: str) -> None:
+        replica.state, replica.why = state, why
+        self._replacing.append(replica)
+        self._on_down(replica, why)
         self._track(self._restart(replica))
 
     async def _restart(self, dead: Replica) -> None:
-        await self.backend.stop(dead)
-        for attempt in itertools.count():
-            backoff = RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)]
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._closing.wait(), backoff)
-            if self._closing.is_set():
-                return
-            try:
-                await self._start(dead.spec)
-            except asyncio.CancelledError:
-                return
-            except Exception as exc:
-                logger.error("restarting a replica of %s failed (attempt %d): %s", dead.component, attempt + 1, exc)
-            else:
-                self.restarts += 1
-                return
+        try:
+            await self.backend.stop(dead)
+            for attempt in itertools.count():
+                backoff = RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)]
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), backoff)
+                if self._closing.is_set():
+                    return
+                try:
+                    await self._start(dead.spec, replacing=dead)
+                except asyncio.CancelledError:
+                    return
+                except Exception as exc:
+                    logger.error("restarting a replica of %s failed (attempt %d): %s", dead.component, attempt + 1, exc)
+                else:
+                    self.restarts += 1
+                    return
+        finally:
+            if dead in self._replacing:
+                self._replacing.remove(dead)
 
     async def add(self, spec: ReplicaSpec) -> Replica:
         """Start one more replica of `spec.component`; called by the autoscaler while the deployment serves.
@@ -156,3 +230,9 @@ class Supervisor:
                 await keeper
         await asyncio.gather(*(self.backend.stop(r) for r in keepers), return_exceptions=True)
         await self.backend.close()
+
+
+def _check_error(exc: Exception, timeout_s: float) -> str:
+    if isinstance(exc, TimeoutError):
+        return f"no answer within {timeout_s:g} s"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -27,7 +27,7 @@ from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, assign, spread
-from patchkit.orchestrator.supervisor import Supervisor
+from patchkit.orchestrator.supervisor import HealthChecks, Supervisor
 from patchkit.scheduler.online.autoscale import Autoscaler
 from patchkit.scheduler.online.bridge import await_, run_sync
 from patchkit.scheduler.online.prefetch import PREFETCH_METHOD, Prefetcher, find_routes
@@ -62,7 +62,10 @@ class Frontend:
         self.sets: dict[str, ReplicaSet] = {}
         self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
         self._names = {c._patchkit_spec.uid: name for name, c in self.components.items()}
-        self.supervisor = Supervisor(backend, self._replica_up, self._replica_down, drain_timeout_s=config.drain_timeout_s)
+        checks = HealthChecks(config.health_check_period_s, config.health_check_timeout_s, config.health_check_failures)
+        self.supervisor = Supervisor(
+            backend, self._replica_up, self._replica_down, drain_timeout_s=config.drain_timeout_s, health=checks
+        )
         self.policy = SloPolicy(
             make_estimator(config.estimator),
             prioritize=config.prioritize,
@@ -93,15 +96,16 @@ class Frontend:
         resources = self._resources()
         for name, component in self.components.items():
             settings = self.config.components[name]
-            replica_set = self.sets[name] = ReplicaSet(name, self.config.max_inflight_batches)
+            replica_set = self.sets[name] = ReplicaSet(name, self.config.max_inflight_batches, self.supervisor.recycle)
             uid = component._patchkit_spec.uid
-            for method in make_methods(type(component)):
+            for method, made in make_methods(type(component)).items():
                 self.queues[uid, method] = BatchQueue(
                     replica_set,
                     method,
                     batch_size=settings.batch_sizes[method],
                     batch_wait_s=self.config.batch_wait_ms / 1000,
-                    max_retries=self.config.max_retries,
+                    max_retries=self.config.max_retries if made.retries is None else made.retries,
+                    timeout_s=made.timeout_s or self.config.call_timeout_s,
                     clock=self.clock,
                 )
             device = settings.resource if self.config.plan is not None else None
@@ -171,6 +175,7 @@ class Frontend:
             self.outcomes["overloaded"] += 1
             raise Overloaded(self.inflight, self.config.max_inflight_requests)
         request_id, start = next(self._ids), time.perf_counter()
+        expires = asyncio.get_running_loop().time() + self.config.request_timeout_s
         variables = self.pipeline.variables(inputs)
         state = self.policy.start(request_id, inputs, slo_ms or self.config.slo_ms)
         self.inflight += 1
@@ -182,7 +187,7 @@ class Frontend:
                 if self.waves is not None:
                     await self.waves.enter()
                     entered = True
-                output = await run_sync(self._run, variables, state)
+                output = await run_sync(self._run, variables, state, expires)
             ok = True
         except TimeoutError:
             self.outcomes["timeout"] += 1
@@ -205,14 +210,23 @@ class Frontend:
         self._observe(latency, slo_ms or self.config.slo_ms)
         return RequestResult(request_id, output, latency)
 
-    def _run(self, variables: dict[str, Any], state: RequestState) -> Any:
-        with call_hook(functools.partial(self._call, state)):
+    def _run(self, variables: dict[str, Any], state: RequestState, expires: float) -> Any:
+        with call_hook(functools.partial(self._call, state, expires)):
             return self.pipeline.run(variables)
 
     def _call(
-        self, state: RequestState, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        state: RequestState,
+        expires: float,
+        component: Component,
+        method: MakeMethod,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
-        """The call hook, inside a request's greenlet: queue the call and wait for its outcome."""
+        """The call hook, inside a request's greenlet: queue the call and wait for its outcome.
+
+        `expires`: the event loop's time when the request times out; its calls are withdrawn then
+        (their futures are cancelled with the request), and a worker does not run one later."""
         queue = self.queues.get((component._patchkit_spec.uid, method.name))
         if queue is None:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
@@ -222,10 +236,10 @@ class Frontend:
             # frame 1 is BoundMake.__call__, 2 the pipeline code making the call
             self.prefetcher.on_call(component, method.name, site_of(sys._getframe(2)), args, kwargs)
         if state.deadline is None:  # no SLO applies: nothing to estimate, nothing to record
-            ok, value = await_(queue.submit(args, kwargs).future)
+            ok, value = await_(queue.submit(args, kwargs, expires=expires).future)
         else:
             started = self.clock()
-            call = queue.submit(args, kwargs, slack=self.policy.check(state))
+            call = queue.submit(args, kwargs, slack=self.policy.check(state), expires=expires)
             ok, value = await_(call.future)
             visit = Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value), call.waited)
             self.policy.record(state, visit)
@@ -246,7 +260,8 @@ class Frontend:
 
     # -- views ----------------------------------------------------------------------------------
     def healthy(self) -> bool:
-        return all(any(r.alive for r in s.replicas) for s in self.sets.values())
+        """Whether every component has a healthy replica (alive, serving, its last health check passed): `/healthz`."""
+        return all(any(r.healthy for r in s.replicas) for s in self.sets.values())
 
     def snapshot(self) -> FrontendSnapshot:
         """The counters at this moment, for `/metrics` and `stats()`."""
@@ -272,7 +287,7 @@ class Frontend:
         """Per component: replicas, and per method batch size, throughput and queue; called by /v1/stats."""
         snapshot = self.snapshot()
         components: dict[str, dict[str, Any]] = {
-            name: {"class": type(component).__name__, "replicas": [r.describe() for r in self.sets[name].replicas], "methods": {}}
+            name: {"class": type(component).__name__, "replicas": self._replicas(name), "methods": {}}
             for name, component in self.components.items()
         }
         for method in snapshot.methods:
@@ -283,6 +298,11 @@ class Frontend:
         return {"backend": self.config.backend, "uptime_s": time.time() - self.started, "requests": requests,
                 "restarts": snapshot.restarts, "slo": dict(snapshot.slo), "prefetch": dict(snapshot.prefetch),
                 "components": components}
+
+    def _replicas(self, name: str) -> list[dict[str, Any]]:
+        """The component's replicas in service, then those out of it until another replaces each (dead, stuck,
+        unhealthy), with their `state` and `why`."""
+        return [r.describe() for r in [*self.sets[name].replicas, *self.supervisor.replacing(name)]]
 
     async def replica_stats(self) -> dict[str, Any]:
         """What each replica reports about itself (pid, pinning, batches run, its component's own

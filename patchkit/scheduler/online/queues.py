@@ -9,23 +9,33 @@ wait for both, where they would otherwise have joined it. Below saturation a rep
 batch at a time; at saturation the extra slots hide the hop between batches.
 Calls of requests at risk of missing their SLO (those given a `slack`) leave first, least slack
 first; the others keep their arrival order. Calls whose replica died are re-queued at the front,
-up to `max_retries` times.
+up to `max_retries` times. A call whose request ends first (it timed out, its client went away)
+leaves its queue at once.
+
+Liveness: a batch may run `timeout_s` (the method's `@make(timeout_s=...)`, else the deployment's
+`call_timeout_s`), counted from when its replica starts it, that is once the batches sent there
+before it are back. Past that the replica is stuck: it is recycled (the `recycle` callback of its
+ReplicaSet: stopped, another started in its place) and the batch's calls are re-queued like those
+of a dead replica, or fail with DeadlineExceeded once out of retries.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from patchkit.errors import WorkerDiedError
-from patchkit.orchestrator.backend import Replica
+from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
+from patchkit.orchestrator.backend import SERVING, STUCK, Replica
 from patchkit.orchestrator.execute import Failure, Outcome
 
 __all__ = ["BatchQueue", "PendingCall", "QueueStats", "ReplicaSet"]
+
+logger = logging.getLogger(__name__)
 
 THROUGHPUT_WINDOW_S = 10.0
 
@@ -39,6 +49,7 @@ class PendingCall:
     attempts: int = 0
     slack: float | None = None  # seconds to spare when its request is at risk; None when it is not
     dispatched: float | None = None  # when it last left the queue in a batch
+    expires: float | None = None  # the event loop's time when its request times out; None: never
 
     @property
     def waited(self) -> float:
@@ -70,13 +81,21 @@ class QueueStats:
 
 
 class ReplicaSet:
-    """The live replicas of one component, shared by its methods' queues."""
+    """The live replicas of one component, shared by its methods' queues.
 
-    def __init__(self, component: str, max_inflight: int) -> None:
+    `recycle(replica, state, why)`: called when a replica is stuck (a batch past its call timeout);
+    the front-end hands it to the supervisor. By default the replica is only taken out of dispatch.
+    """
+
+    def __init__(self, component: str, max_inflight: int, recycle: Callable[[Replica, str, str], None] | None = None) -> None:
         self.component = component
         self.max_inflight = max_inflight
         self.replicas: list[Replica] = []
         self.queues: list[BatchQueue] = []
+        self._recycle = recycle
+        # Per replica, its batches sent and not back, in the order it runs them: the first one runs,
+        # and its call timeout runs with it; the others' start as the ones before them come back.
+        self._lines: dict[Replica, list[_Turn]] = {}
 
     def add(self, replica: Replica) -> None:
         """Called by the supervisor's on_up: the replica takes calls from now on."""
@@ -102,6 +121,48 @@ class ReplicaSet:
         for queue in sorted(self.queues, key=BatchQueue.oldest):
             queue.dispatch()
 
+    def line_up(self, replica: Replica, turn: _Turn) -> None:
+        """A batch was sent to `replica`: its clock starts now if nothing runs there, else when its turn comes."""
+        line = self._lines.setdefault(replica, [])
+        line.append(turn)
+        if len(line) == 1:
+            turn.start()
+
+    def leave(self, replica: Replica, turn: _Turn) -> None:
+        """A batch came back (or was given up on): the next one in its replica's line starts running,
+        unless the replica is stuck (nothing runs there any more)."""
+        line = self._lines.get(replica, [])
+        if turn in line:
+            line.remove(turn)
+        if line and replica.state == SERVING:
+            line[0].start()
+        else:
+            self._lines.pop(replica, None)
+
+    def stuck(self, replica: Replica, why: str) -> None:
+        """A batch ran past its call timeout on `replica`: take it out of dispatch and have it recycled."""
+        if replica.state == STUCK:
+            return  # another batch of it said so already
+        replica.state, replica.why = STUCK, why
+        self.remove(replica)
+        if self._recycle is not None:
+            self._recycle(replica, STUCK, why)
+
+
+class _Turn:
+    """One batch's call timeout on its replica, which starts when the replica starts the batch."""
+
+    def __init__(self, scope: asyncio.Timeout, timeout_s: float | None) -> None:
+        self.scope = scope
+        self.timeout_s = timeout_s
+        self.started: float | None = None
+
+    def start(self) -> None:
+        if self.started is None:
+            self.started = asyncio.get_running_loop().time()
+            if self.timeout_s is not None:
+                self.scope.reschedule(self.started + self.timeout_s)
+
 
 class BatchQueue:
     def __init__(
@@ -112,13 +173,17 @@ class BatchQueue:
         batch_size: int,
         batch_wait_s: float,
         max_retries: int,
+        timeout_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`max_retries`: times a call is re-sent after its replica died or got stuck; `timeout_s`: how
+        long one batch may run on a replica (None: no limit)."""
         self.replicas = replicas
         self.method = method
         self.batch_size = batch_size
         self.batch_wait_s = batch_wait_s
         self.max_retries = max_retries
+        self.timeout_s = timeout_s
         self.clock = clock
         self.stats = QueueStats()
         self._pending: deque[PendingCall] = deque()
@@ -133,14 +198,19 @@ class BatchQueue:
     def oldest(self) -> float:
         return self._pending[0].enqueued if self._pending else float("inf")
 
-    def submit(self, args: tuple[Any, ...], kwargs: dict[str, Any], slack: float | None = None) -> PendingCall:
-        """Queue one call; called from a request's greenlet. Its `future` resolves to its Outcome.
+    def submit(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], slack: float | None = None, expires: float | None = None
+    ) -> PendingCall:
+        """Queue one call; called from a request's greenlet. Its `future` resolves to its Outcome;
+        cancelling it (its request ended) takes the call out of the queue at once.
 
         `slack`: the call's request is at risk with this many seconds to spare (negative: late); it
-        jumps the queue ahead of calls with more slack and of every call without one.
+        jumps the queue ahead of calls with more slack and of every call without one. `expires`: the
+        event loop's time when its request times out: a worker does not run it later than that.
         """
         loop = asyncio.get_running_loop()
-        call = PendingCall(args, kwargs, loop.create_future(), self.clock(), slack=slack)
+        call = PendingCall(args, kwargs, loop.create_future(), self.clock(), slack=slack, expires=expires)
+        call.future.add_done_callback(lambda _: self._withdraw(call))
         self._pending.append(call)
         self._urgent += slack is not None
         if not self._scheduled:
@@ -148,6 +218,15 @@ class BatchQueue:
             self._scheduled = True
             loop.call_soon(self.dispatch)
         return call
+
+    def _withdraw(self, call: PendingCall) -> None:
+        """Its future is done: if it was cancelled while queued, it leaves the queue now."""
+        if call.future.cancelled() and call.dispatched is None:
+            try:
+                self._pending.remove(call)
+            except ValueError:
+                return  # taken in a batch in the meantime (the batch skips it), or re-queued and taken
+            self._urgent -= call.slack is not None
 
     def dispatch(self) -> None:
         """Send every batch that may leave now; called on submit, on timers and when a slot opens."""
@@ -198,18 +277,53 @@ class BatchQueue:
 
     async def _send(self, replica: Replica, batch: list[PendingCall]) -> None:
         start = self.clock()
+        now = asyncio.get_running_loop().time()
+        calls = [(c.args, c.kwargs) for c in batch]
+        limits = {}
+        if any(c.expires is not None for c in batch):
+            limits["expires_in"] = [None if c.expires is None else c.expires - now for c in batch]
+        turn: _Turn | None = None
         try:
-            outcomes = await replica.channel.run_batch(self.method, [(c.args, c.kwargs) for c in batch])
+            async with asyncio.timeout(None) as scope:
+                turn = _Turn(scope, self.timeout_s)
+                self.replicas.line_up(replica, turn)
+                outcomes = await replica.channel.run_batch(self.method, calls, **limits)
         except WorkerDiedError as exc:
-            self._retry(batch, exc)
-        except Exception as exc:  # the calls could not be sent at all (an argument does not pickle)
-            self._deliver(batch, [(False, Failure.of(exc))] * len(batch))
+            # Behind a stuck batch on its replica, a batch never ran (a replica runs one at a time): sent
+            # again, it is not retried, so a method that must not run twice (retries=0) loses no call.
+            never_ran = replica.state == STUCK and turn is not None and turn.started is None
+            self._retry(batch, exc, count=not never_ran)
+        except TimeoutError as exc:
+            if turn is not None and turn.scope.expired():
+                self._timed_out(replica, batch)
+            else:
+                self._fail(batch, exc)
+        except Exception as exc:  # not the calls' doing, nor the component's: fail them rather than leave them waiting
+            self._fail(batch, exc)
         else:
             self._deliver(batch, outcomes)
             self.stats.service_s += self.clock() - start
         finally:
+            if turn is not None:
+                self.replicas.leave(replica, turn)
             replica.inflight -= 1
             self.replicas.kick()
+
+    def _fail(self, batch: list[PendingCall], exc: Exception) -> None:
+        logger.error("a batch of %s.%s failed to run", self.replicas.component, self.method, exc_info=exc)
+        error = PatchkitError(f"{self.replicas.component}.{self.method}: sending its batch failed: {type(exc).__name__}: {exc}")
+        self._deliver(batch, [(False, Failure.verdict(error))] * len(batch))
+
+    def _timed_out(self, replica: Replica, batch: list[PendingCall]) -> None:
+        """The batch ran past the call timeout: its replica is stuck and recycled; its calls are retried or fail."""
+        where = f"{self.replicas.component}.{self.method}"
+        why = f"a batch of {where} ran past its call timeout of {self.timeout_s:g} s"
+        self.replicas.stuck(replica, why)
+        error = DeadlineExceeded(
+            f"{where} ran past its call timeout of {self.timeout_s:g} s (@make(timeout_s=...), else the deployment's "
+            f"call_timeout_s); its replica {replica.id} was recycled"
+        )
+        self._retry(batch, error)
 
     def _deliver(self, batch: list[PendingCall], outcomes: list[Outcome]) -> None:
         self.stats.batches += 1
@@ -220,17 +334,20 @@ class BatchQueue:
             if not call.future.done():
                 call.future.set_result(outcome)
 
-    def _retry(self, batch: list[PendingCall], error: WorkerDiedError) -> None:
-        """Re-queue the calls of a dead replica at the front, in order; fail those out of retries."""
+    def _retry(self, batch: list[PendingCall], error: PatchkitError, *, count: bool = True) -> None:
+        """Re-queue the calls of a dead or stuck replica at the front, in order; fail those out of retries
+        with `error` (a WorkerDiedError, a DeadlineExceeded), saying how many times each was tried.
+        `count`: the calls may have run; False for calls known not to have, which are re-queued whatever their retries."""
         for call in reversed(batch):
-            call.attempts += 1
+            call.attempts += count
             if call.future.done():
                 continue
             if call.attempts > self.max_retries:
-                died = WorkerDiedError(f"{error}; the call was tried {call.attempts} times")
-                failure = Failure(died, "WorkerDiedError", str(died), "")
-                call.future.set_result((False, failure))
+                times = f"{call.attempts} time{'s' if call.attempts > 1 else ''}"
+                final = type(error)(f"{error}; the call was tried {times} (retries: {self.max_retries})")
+                call.future.set_result((False, Failure.verdict(final)))
             else:
                 self.stats.retries += 1
+                call.dispatched = None
                 self._pending.appendleft(call)
                 self._urgent += call.slack is not None
