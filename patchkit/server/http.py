@@ -1,7 +1,8 @@
 """The front-end's HTTP API (JSON only; nothing a client sends is ever unpickled).
 
     POST /v1/query   {"inputs": {...}, "slo_ms"?: n} -> {"output", "request_id", "latency_ms"}
-    GET  /healthz    200 when every component has a replica serving and passing its health checks, else 503; requests and body bytes in flight
+    GET  /healthz    200 when every component has a replica serving and passing its health checks, else
+                     503; requests and body bytes in flight
                      (the one route that never asks for the token)
     GET  /metrics    Prometheus text
     GET  /v1/graph   the captured graph
