@@ -117,7 +117,7 @@ def test_ray_options_are_checked_where_given() -> None:
         DeploymentConfig.resolve(pipeline, backend="ray", tls_cert="c.pem")
     with pytest.raises(ValueError, match="may set num_cpus, num_gpus"):
         DeploymentConfig.resolve(pipeline, backend="ray", ray_actor_options={"a": {"gpus": 1}})
-    with pytest.raises(patchkit.InputError, match="ray_actor_options names 'b'"):
+    with pytest.raises(patchkit.ConfigError, match="ray_actor_options names 'b'"):
         DeploymentConfig.resolve(pipeline, backend="ray", ray_actor_options={"b": {"num_cpus": 1}})
     with pytest.raises(ValueError, match="ray_placement_timeout_s must be"):
         DeploymentConfig.resolve(pipeline, backend="ray", ray_placement_timeout_s=0)

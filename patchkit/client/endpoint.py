@@ -17,7 +17,7 @@ import cloudpickle
 
 from patchkit import envs
 from patchkit.client.pipeline import Pipeline, last_pipeline
-from patchkit.errors import InputError, PatchkitError, error_from_json
+from patchkit.errors import ConfigError, PatchkitError, error_from_json
 
 if TYPE_CHECKING:
     from patchkit.config import DeploymentConfig
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from patchkit.scheduler.online.traces import Trace
 
 __all__ = ["Endpoint", "deploy"]
+
+# deploy()'s own parameters, besides the options of DeploymentConfig: what a misspelt name may be close to.
+DEPLOY_ARGUMENTS = ("pipeline", "resources", "calibration")
 
 
 class Endpoint:
@@ -152,18 +155,35 @@ def deploy(
     Ray actor per replica, placed across a Ray cluster: `ray_address` names it; default: the cluster
     this process is connected to, else the one `RAY_ADDRESS` names, else a local Ray instance started
     for the deployment; further options ray_max_restarts, ray_placement_timeout_s, ray_actor_options,
-    tls_cert, tls_key, tls_ca, tls_server_name). `replicas`: a count for every component, or
+    tls (on: a certificate made for the deployment unless tls_cert, tls_key, tls_ca, tls_server_name
+    name one; tls=False sends in plaintext)). `replicas`: a count for every component, or
     counts by component name; `batch_size`: a size for every method, or sizes by component or
     "component.method" (default: each method's `@make(max_batch_size=...)`). `plan`: a `Plan` to
     apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=, calibration=,
     slo_ms=)`: it sets every component's replicas, batch size and placement. Further options are
     the fields of `patchkit.config.DeploymentConfig` (batch_wait_ms, optional_inputs,
-    max_inflight_requests, max_body_bytes, request_timeout_s, max_retries, drain_timeout_s, the SLO
-    policies' prioritize, pause_admission, autoscale, min_replicas, max_replicas).
+    max_inflight_requests, max_body_bytes, request_timeout_s, max_retries, drain_timeout_s, log_level,
+    the SLO policies' prioritize, pause_admission, autoscale, min_replicas, max_replicas).
+
+    Every argument is checked before anything is planned or started: a ConfigError names an unknown
+    option (with the closest known name), a value out of range, or two options that conflict.
     """
     from patchkit.config import DeploymentConfig
 
     pipeline = pipeline if pipeline is not None else last_pipeline()
+    if not isinstance(pipeline, Pipeline):
+        raise ConfigError(f"deploy() serves a Pipeline, as `with patchkit.capture() as pipeline:` makes; got {pipeline!r:.100}")
+    DeploymentConfig.check_arguments(
+        pipeline, DEPLOY_ARGUMENTS, replicas=replicas, batch_size=batch_size, plan=plan, backend=backend, slo_ms=slo_ms,
+        host=host, port=port, ray_address=ray_address, **options,
+    )
+    if plan != "auto" and (resources is not None or calibration is not None):
+        given = "resources=" if resources is not None else "calibration="
+        raise ConfigError(f"{given} is for planning: pass it with plan='auto' (got plan={plan!r:.60})")
+    if calibration is not None and (
+        isinstance(calibration, (str, Mapping)) or not all(isinstance(inputs, Mapping) for inputs in calibration)
+    ):
+        raise ConfigError(f"calibration must be a list of inputs, such as [{{'query': '...'}}]; got {calibration!r:.100}")
     if backend == "ray":
         ray_address = _ray_address(ray_address)
         if plan == "auto" and resources is None:  # plan for the cluster, not for this machine
@@ -174,8 +194,6 @@ def deploy(
         from patchkit.scheduler.offline.planner import plan as make_plan
 
         plan = make_plan(pipeline, resources=resources, calibration=calibration, slo_ms=slo_ms)
-    elif resources is not None or calibration is not None:
-        raise InputError("resources= and calibration= are for planning: pass them with plan='auto'")
     config = DeploymentConfig.resolve(
         pipeline, replicas=replicas, batch_size=batch_size, plan=plan, backend=backend, slo_ms=slo_ms, host=host,
         port=port, secret=secrets.token_urlsafe(32), ray_address=ray_address, **options,

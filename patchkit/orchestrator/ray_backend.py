@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit import envs
-from patchkit.errors import PatchkitError, WorkerDiedError, error_from_json
+from patchkit.errors import ConfigError, PatchkitError, WorkerDiedError, error_from_json
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.ray_actor import KEEPALIVE_CHANNEL_OPTIONS, ReplicaActor
 from patchkit.orchestrator.ray_options import RayOptions
@@ -59,7 +59,7 @@ class RayBackend(Backend):
             raise ValueError("the ray backend needs the deployment's secret: its workers listen beyond loopback")
         self._secret = secret
         self._options = options
-        self._tls = options.tls()
+        self._tls = options.tls_files()  # TLS by default: the workers listen beyond loopback
         self._gpu_units = gpu_units
         self._actors: dict[Replica, Actor] = {}
         self._parked: dict[str, list[Actor]] = defaultdict(list)  # by component: dead actors Ray is restarting
@@ -263,7 +263,7 @@ def _check_reachable(address: str | None) -> None:
         return
     host, _, port = address.rpartition(":")
     if not port.isdigit():
-        raise PatchkitError(f"ray_address must be 'auto', 'HOST:PORT' or 'ray://HOST:PORT'; got {address!r}")
+        raise ConfigError(f"ray_address must be 'auto', 'HOST:PORT' or 'ray://HOST:PORT'; got {address!r}")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
