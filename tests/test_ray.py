@@ -121,6 +121,8 @@ def test_ray_options_are_checked_where_given() -> None:
         DeploymentConfig.resolve(pipeline, backend="ray", ray_actor_options={"b": {"num_cpus": 1}})
     with pytest.raises(ValueError, match="ray_placement_timeout_s must be"):
         DeploymentConfig.resolve(pipeline, backend="ray", ray_placement_timeout_s=0)
+    with pytest.raises(patchkit.ConfigError, match=r"tls=False turns TLS off, but tls_cert='c.pem', tls_key='k.pem' ask"):
+        DeploymentConfig.resolve(pipeline, backend="ray", tls=False, tls_cert="c.pem", tls_key="k.pem")
     config = DeploymentConfig.resolve(pipeline, backend="ray", ray_actor_options={"a": {"num_gpus": 0.5}}, secret="s")
     assert config.ray_options().actor_options == {"a": {"num_gpus": 0.5}}
 
@@ -277,3 +279,21 @@ def test_tls_between_the_front_end_and_the_workers(cluster: str, tmp_path: Path)
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
             channel.unary_unary(HEALTH)(b"", timeout=10)  # plaintext does not reach a TLS worker
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_workers_serve_tls_by_default_and_plaintext_only_when_asked(cluster: str) -> None:
+    pipeline = _one(Simulated(0, output=lambda item: item * 2))
+    with patchkit.deploy(pipeline, backend="ray", ray_address=cluster) as endpoint:  # no certificate given
+        assert endpoint.query(x=21) == 42  # the front-end reaches its workers over TLS, with its own certificate
+        address = _replicas(endpoint, "a")[0]["address"]
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            channel.unary_unary(HEALTH)(b"", timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # plaintext (and so the secret in it) is refused
+    with patchkit.deploy(pipeline, backend="ray", ray_address=cluster, tls=False) as endpoint:
+        assert endpoint.query(x=4) == 8
+        address = _replicas(endpoint, "a")[0]["address"]
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            channel.unary_unary(HEALTH)(b"", timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # plaintext reaches it: only the secret guards

@@ -2,8 +2,10 @@
 
 Each actor asks Ray for the replica's resources (CPUs, whole or fractional GPUs, memory, custom
 resources), hosts the local backend's gRPC worker (`ray_actor.py`) and reports its address; the
-front-end then talks to it over gRPC with the deployment's secret, as to a local worker. Ray is
-only the placement and restart layer: no batch travels through Ray's object store.
+front-end then talks to it over gRPC with the deployment's secret, as to a local worker, but over
+TLS (the user's certificate, else one made for the deployment; `tls=False` opts out), since the
+actor listens beyond loopback. Ray is only the placement and restart layer: no batch travels through
+Ray's object store.
 
 Failures: an actor that dies is restarted by Ray in place (`max_restarts` times), after the
 supervisor has taken it out of dispatch; past that a new actor replaces it. A replica Ray cannot

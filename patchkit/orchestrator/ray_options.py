@@ -6,6 +6,7 @@ starts. Imports nothing of Ray.
 
 from __future__ import annotations
 
+import datetime
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,7 +17,12 @@ import grpc
 
 from patchkit.errors import ConfigError
 
-__all__ = ["ACTOR_OPTIONS", "RayOptions", "TlsFiles"]
+__all__ = ["ACTOR_OPTIONS", "WORKER_SERVER_NAME", "RayOptions", "TlsFiles"]
+
+# The name a per-deployment certificate is issued to: the front-end checks it instead of the worker's address,
+# which is not known when the certificate is made (Ray places the actors afterwards).
+WORKER_SERVER_NAME = "patchkit-worker"
+CERTIFICATE_DAYS = 3650  # a deployment's own certificate, trusted by that deployment only, outlives the deployment
 
 # What `ray_actor_options` may set per component, as Ray Serve's option of the same name: they override
 # what the plan asks for (num_cpus, num_gpus) and add what it does not know (memory, custom resources).
@@ -38,6 +44,43 @@ class TlsFiles:
         if self.server_name:
             options.append(("grpc.ssl_target_name_override", self.server_name))
         return grpc.ssl_channel_credentials(root_certificates=self.root), options
+
+    @classmethod
+    def self_signed(cls) -> TlsFiles:
+        """A new certificate and key for one deployment's workers, issued to `WORKER_SERVER_NAME` and trusted
+        by that deployment's front-end only (it is its own root). Made by the front-end, which keeps the key
+        in memory; the certificate and key travel to the actors in their bootstrap, through Ray."""
+        try:
+            from cryptography import x509
+            from cryptography.hazmat.primitives import hashes, serialization
+            from cryptography.hazmat.primitives.asymmetric import ec
+            from cryptography.x509.oid import NameOID
+        except ImportError:
+            raise ConfigError(
+                "TLS to the Ray workers needs a certificate: install the cryptography package (pip install "
+                "'patchkit[ray]') to have one made, or pass tls_cert= and tls_key=, or tls=False to send in plaintext"
+            ) from None
+
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, WORKER_SERVER_NAME)])
+        now = datetime.datetime.now(datetime.UTC)
+        certificate = (
+            x509.CertificateBuilder()
+            .subject_name(name)
+            .issuer_name(name)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))  # nodes' clocks differ
+            .not_valid_after(now + datetime.timedelta(days=CERTIFICATE_DAYS))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(WORKER_SERVER_NAME)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256())
+        )
+        key_pem = key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        certificate_pem = certificate.public_bytes(serialization.Encoding.PEM)
+        return cls(certificate_pem, key_pem, certificate_pem, WORKER_SERVER_NAME)
 
 
 @dataclass(frozen=True)
@@ -119,8 +162,10 @@ class RayOptions:
     def tls_files(self) -> TlsFiles | None:
         """The TLS files' contents, read on the front-end's machine; a new self-signed certificate when none
         is given; None with `tls=False`. Called once per deployment by the ray backend."""
-        if not self.tls or self.tls_cert is None or self.tls_key is None:
+        if not self.tls:
             return None
+        if self.tls_cert is None or self.tls_key is None:
+            return TlsFiles.self_signed()
         certificate = Path(self.tls_cert).read_bytes()
         root = Path(self.tls_ca).read_bytes() if self.tls_ca else certificate
         return TlsFiles(certificate, Path(self.tls_key).read_bytes(), root, self.tls_server_name)
