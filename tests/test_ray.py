@@ -5,7 +5,7 @@ authentication token inside the test's own temporary directory, with 4 CPUs, 2 (
 custom resources `node_a`/`node_b` standing for the nodes of a cluster. Deployed answers equal the
 local backend's; fractional GPUs and custom resources are what Ray reserves; an actor killed under
 load costs no request and Ray restarts it; a replica that cannot be placed fails deploy() with an
-error naming what is missing; the secret (and TLS, when configured) guard the workers.
+error naming what is missing; TLS (on by default) and the secret guard the workers.
 """
 
 from __future__ import annotations
@@ -165,11 +165,12 @@ def test_plan_shares_gpus_in_fractions_and_custom_resources_place_replicas(clust
         stats = endpoint.stats()
         seen = {r["cuda_visible_devices"] for r in stats["replica_reports"].values() if r["component"] == "encode"}
         assert seen <= {"0", "1"} and seen, f"Ray set no GPU for the GPU replicas: {seen}"
-        # Workers listen beyond loopback on a cluster: a call without the deployment's secret is refused.
+        # Workers listen beyond loopback on a cluster: a plaintext call is refused (TLS by default; without it,
+        # the secret refuses it: test_workers_serve_tls_by_default_and_plaintext_only_when_asked).
         address = _replicas(endpoint, "rank")[0]["address"]
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
             channel.unary_unary(HEALTH)(b"", timeout=10)
-        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 @pytest.mark.ray
