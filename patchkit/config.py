@@ -387,11 +387,12 @@ def _ray_options(values: Mapping[str, Any]) -> RayOptions:
     def get(name: str) -> Any:
         return values.get(name, _DEFAULTS[name])
 
+    actor_options = get("ray_actor_options") or {}
     return RayOptions(
         address=get("ray_address"),
         max_restarts=get("ray_max_restarts"),
         placement_timeout_s=get("ray_placement_timeout_s"),
-        actor_options=dict(get("ray_actor_options") or {}),
+        actor_options=dict(actor_options) if isinstance(actor_options, Mapping) else actor_options,  # else: says so
         tls=get("tls"),
         tls_cert=get("tls_cert"),
         tls_key=get("tls_key"),

@@ -63,6 +63,7 @@ def _one() -> patchkit.Pipeline:
         ({"ray_address": "auto"}, "ray_address is an option of backend='ray'; got backend='local' and ray_address='auto'"),
         ({"backend": "ray", "tls": False, "tls_cert": "c.pem"}, "tls=False turns TLS off, but tls_cert='c.pem' asks for it"),
         ({"backend": "ray", "ray_max_restarts": -2}, "ray_max_restarts must be an int >= 0"),
+        ({"backend": "ray", "ray_actor_options": [1]}, "ray_actor_options must map component names to Ray actor options"),
     ],
 )
 def test_a_bad_option_is_a_config_error_naming_it(options: dict[str, Any], message: str) -> None:
