@@ -16,6 +16,7 @@ from patchkit.component import Component, make
 from patchkit.errors import (
     CaptureError,
     ComponentError,
+    ConfigError,
     DeadlineExceeded,
     InputError,
     MakeError,
@@ -32,6 +33,7 @@ __all__ = [
     "CaptureError",
     "Component",
     "ComponentError",
+    "ConfigError",
     "DeadlineExceeded",
     "Endpoint",
     "InputError",

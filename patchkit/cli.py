@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
 
 def _load(command: str, file: str) -> Pipeline | None:
     """Run the script as an imported module would, as `uvicorn module:app` runs one (its `if __name__ ==
@@ -44,16 +46,23 @@ def _load(command: str, file: str) -> Pipeline | None:
         return None
 
 
-def _plan_of(args: argparse.Namespace, pipeline: Pipeline) -> Plan | None:
-    """`--plan auto` plans now; `--plan FILE.json` loads what `patchkit plan --json` printed."""
+def _plan_file(args: argparse.Namespace) -> Plan | str | None:
+    """`--plan auto` as it is (planned once the arguments are checked); `--plan FILE.json`, what `patchkit plan
+    --json` printed, loaded."""
+    from patchkit.errors import ConfigError
     from patchkit.scheduler.offline.plan import Plan
-    from patchkit.scheduler.offline.planner import plan
 
-    if args.plan is None:
-        return None
-    if args.plan == "auto":
-        return plan(pipeline, resources=_resources(args), slo_ms=args.slo_ms)
-    return Plan.from_dict(json.loads(Path(args.plan).read_text()))
+    if args.plan is None or args.plan == "auto":
+        return args.plan
+    try:
+        data = json.loads(Path(args.plan).read_text())
+    except OSError as exc:
+        raise ConfigError(f"--plan names {args.plan!r}, which cannot be read ({exc.strerror}); pass 'auto' or a "
+                          "file `patchkit plan --json` wrote") from None
+    except ValueError as exc:
+        raise ConfigError(f"--plan names {args.plan!r}, which is not JSON ({exc}); pass a file `patchkit plan --json` "
+                          "wrote") from None
+    return Plan.from_dict(data)
 
 
 def _resources(args: argparse.Namespace) -> dict[str, int] | None:
@@ -64,22 +73,23 @@ def _resources(args: argparse.Namespace) -> dict[str, int] | None:
 
 def _serve(args: argparse.Namespace) -> int:
     from patchkit.config import DeploymentConfig
+    from patchkit.scheduler.offline.planner import plan
     from patchkit.server.process import serve_blocking
 
+    options = {
+        "backend": args.backend, "host": args.host, "port": args.port, "slo_ms": args.slo_ms,
+        "batch_wait_ms": args.batch_wait_ms, "log_level": args.log_level,
+    }
+    DeploymentConfig.check_options(options)  # before the script runs: it may take a while
     pipeline = _load("serve", args.file)
     if pipeline is None:
         return 2
+    chosen = _plan_file(args)
+    DeploymentConfig.check_arguments(pipeline, replicas=args.replicas, batch_size=args.batch_size, plan=chosen, **options)
+    if chosen == "auto":
+        chosen = plan(pipeline, resources=_resources(args), slo_ms=args.slo_ms)
     config = DeploymentConfig.resolve(
-        pipeline,
-        replicas=args.replicas,
-        batch_size=args.batch_size,
-        plan=_plan_of(args, pipeline),
-        backend=args.backend,
-        host=args.host,
-        port=args.port,
-        slo_ms=args.slo_ms,
-        batch_wait_ms=args.batch_wait_ms,
-        secret=secrets.token_urlsafe(32),
+        pipeline, replicas=args.replicas, batch_size=args.batch_size, plan=chosen, secret=secrets.token_urlsafe(32), **options
     )
     script = Path(args.file)
 
@@ -116,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--slo-ms", type=float, default=None, help="the latency target of every request")
     serve.add_argument("--plan", default=None, help="'auto' to plan first, or a plan saved by `patchkit plan --json`")
     serve.add_argument("--resources", default=None, help="with --plan auto: the pool, as cpu=5,gpu=2 (default: this machine)")
+    serve.add_argument("--log-level", type=str.lower, default="info", choices=LOG_LEVELS,
+                       help="what the server, its front-end and its workers log (default: info)")
     planner = commands.add_parser("plan", help="profile a script's pipeline and print the plan that maximises its throughput")
     planner.add_argument("file", help="a Python script with a `with patchkit.capture():` block that runs eagerly")
     planner.add_argument("--resources", default=None, help="the pool, as cpu=5,gpu=2 (default: this machine)")
@@ -131,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_bench_arguments(bench)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = getattr(args, "log_level", "info").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from patchkit.errors import PatchkitError
 
-    try:
+    try:  # every error patchkit raises on purpose is one line and exit status 2; a traceback is a bug
         if args.command == "serve":
             return _serve(args)
         if args.command == "plan":

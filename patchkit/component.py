@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import math
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -59,10 +60,52 @@ class ComponentSpec:
         return component
 
     def describe(self) -> str:
-        """`Cls(arg, key=value)` with short reprs, for graphs, plans and logs."""
-        parts = [_short_repr(a) for a in self.args]
-        parts += [f"{k}={_short_repr(v)}" for k, v in self.kwargs.items()]
+        """`Cls(arg, key=value)` with short reprs, for graphs, plans and logs; secrets masked (`secret_like`)."""
+        names = _parameter_names(self.cls, len(self.args))
+        parts = [_short_repr(_masked(name, a)) for name, a in zip(names, self.args, strict=True)]
+        parts += [f"{k}={_short_repr(_masked(k, v))}" for k, v in self.kwargs.items()]
         return f"{self.cls.__name__}({', '.join(parts)})"
+
+    def __repr__(self) -> str:
+        # Not the dataclass's: that would print every argument, secrets included, in full.
+        return f"ComponentSpec({self.describe()}, uid={self.uid!r})"
+
+
+# An argument whose name has one of these words (in any case: api_key, hf_token, clientSecret, DB_PASSWORD) is
+# shown as MASK in every repr and log. Words, not substrings: max_tokens and tokenizer are no secrets.
+SECRET_WORDS = frozenset({"apikey", "token", "password", "passwd", "secret", "secrets", "authorization", "credential",
+                          "credentials"})
+MASK = "***"
+
+
+def secret_like(name: object) -> bool:
+    """Whether an argument (or a dict key) of this name holds a secret: an API key, a token, a password."""
+    text = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name)).lower()  # camelCase -> camel_case
+    words = [word for word in re.split(r"[^a-z0-9]+", text) if word]
+    pairs = {a + b for a, b in zip(words, words[1:])}  # api_key -> apikey
+    return bool(SECRET_WORDS.intersection(words) or "apikey" in pairs)
+
+
+def _masked(name: object, value: Any) -> Any:
+    """`value` for display: MASK if `name` looks secret; a dict with its secret-looking keys masked, at any depth."""
+    if value is None:
+        return None
+    if secret_like(name):
+        return MASK
+    if isinstance(value, dict):
+        return {k: _masked(k, v) for k, v in value.items()}
+    return value
+
+
+def _parameter_names(cls: type, count: int) -> list[str]:
+    """The names of the first `count` positional parameters of `cls.__init__`, so that a secret passed
+    positionally is masked too; '' for one it cannot name (*args)."""
+    try:
+        parameters = list(inspect.signature(cls).parameters.values())
+    except (TypeError, ValueError):
+        parameters = []
+    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return (names + [""] * count)[:count]
 
 
 def _short_repr(value: Any, limit: int = 40) -> str:

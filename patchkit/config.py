@@ -8,10 +8,12 @@ from a `Plan` when one is given, else from the arguments or the components' own 
 from __future__ import annotations
 
 import difflib
+import logging
 import math
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+import numbers
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from typing import TYPE_CHECKING, Any, cast
 
 from patchkit import envs
 from patchkit.component import make_methods
@@ -22,10 +24,11 @@ from patchkit.scheduler.offline.plan import Plan
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
 
-__all__ = ["BACKENDS", "ComponentConfig", "DeploymentConfig"]
+__all__ = ["BACKENDS", "LOG_LEVELS", "ComponentConfig", "DeploymentConfig"]
 
 BACKENDS = ("local", "inprocess", "ray")
 ESTIMATORS = ("average", "xgboost")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 POSITIVE_FIELDS = (
     "max_inflight_batches", "max_inflight_requests", "max_body_bytes", "max_inflight_bytes", "read_timeout_s",
     "request_timeout_s", "call_timeout_s", "admission_queue_limit", "autoscale_interval_s", "health_check_period_s",
@@ -39,13 +42,16 @@ DESCRIBED_FIELDS = (
     "health_check_period_s", "health_check_timeout_s", "health_check_failures", "debug", "optional_inputs",
     "drain_timeout_s", "prioritize", "pause_admission", "admission_queue_limit", "estimator", "prefetch", "autoscale",
     "autoscale_interval_s", "scale_up_after_s", "scale_down_after_s", "min_replicas", "max_replicas", "plan",
-    "ray_max_restarts", "ray_placement_timeout_s",
+    "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level",
 )
 DESCRIBED_ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")  # not runtime_env
+NON_NEGATIVE_FIELDS = ("batch_wait_ms", "max_retries", "scale_up_after_s", "scale_down_after_s", "drain_timeout_s")
 RAY_FIELDS = (
-    "ray_address", "ray_max_restarts", "ray_placement_timeout_s", "ray_actor_options", "tls_cert", "tls_key", "tls_ca",
-    "tls_server_name",
+    "ray_address", "ray_max_restarts", "ray_placement_timeout_s", "ray_actor_options", "tls", "tls_cert", "tls_key",
+    "tls_ca", "tls_server_name",
 )
+# Fields deploy() fills itself: not options a user passes.
+INTERNAL_FIELDS = ("components", "plan", "secret")
 
 
 @dataclass(frozen=True)
@@ -56,11 +62,11 @@ class ComponentConfig:
     units: int = 1
 
     def __post_init__(self) -> None:
-        if self.replicas < 1:
-            raise ValueError(f"replicas must be >= 1; got {self.replicas}")
+        if not _is_int(self.replicas) or self.replicas < 1:
+            raise ConfigError(f"replicas must be an integer >= 1; got {self.replicas!r}")
         for method, size in self.batch_sizes.items():
-            if size < 1:
-                raise ValueError(f"batch size of {method} must be >= 1; got {size}")
+            if not _is_int(size) or size < 1:
+                raise ConfigError(f"batch size of {method} must be an integer >= 1; got {size!r}")
 
 
 @dataclass(frozen=True)
@@ -88,7 +94,9 @@ class DeploymentConfig:
     health_check_timeout_s: float = 30.0
     health_check_failures: int = 3
     debug: bool = False  # error replies carry tracebacks
-    log_level: str | None = None  # the front-end process's; None: the level of the deploying process's root logger
+    # The front-end's and the workers' (DEBUG, INFO, WARNING, ERROR); None: as the deploying process's `patchkit`
+    # logger (its effective level), which `resolve` reads.
+    log_level: str | None = None
     auth_token: str | None = field(default=None, repr=False)  # a bearer token for every route but /healthz; PATCHKIT_AUTH_TOKEN
     optional_inputs: tuple[str, ...] = ()  # inputs a request may leave out (they keep their captured value)
     drain_timeout_s: float = 30.0
@@ -111,6 +119,7 @@ class DeploymentConfig:
     ray_max_restarts: int = 3
     ray_placement_timeout_s: float = 60.0
     ray_actor_options: dict[str, dict[str, Any]] | None = None
+    tls: bool = True  # False: plaintext gRPC to the workers; else tls_cert/tls_key, or a per-deployment certificate
     tls_cert: str | None = None
     tls_key: str | None = None
     tls_ca: str | None = None
@@ -118,20 +127,11 @@ class DeploymentConfig:
     secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}; got {self.backend!r}")
-        if self.slo_ms is not None and self.slo_ms <= 0:
-            raise ValueError(f"slo_ms must be > 0; got {self.slo_ms}")
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535; got {self.port}")
-        if self.estimator not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {', '.join(map(repr, ESTIMATORS))}; got {self.estimator!r}")
-        for name in POSITIVE_FIELDS:
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be > 0; got {getattr(self, name)}")
-        for name in ("batch_wait_ms", "max_retries", "scale_up_after_s", "scale_down_after_s"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0; got {getattr(self, name)}")
+        """Every option checked where it is given: a ConfigError naming it, its value, and what it may be."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in INTERNAL_FIELDS}
+        _check_values(values)
+        if self.log_level is not None:
+            object.__setattr__(self, "log_level", self.log_level.upper())
         self._check_replica_bounds()
         self._check_ray()
         self._check_edge()
@@ -155,26 +155,14 @@ class DeploymentConfig:
         """Ray and TLS options only with backend='ray', valid, and naming known components."""
         options = self.ray_options()
         if self.backend != "ray":
-            given = [name for name in RAY_FIELDS if getattr(self, name) != getattr(DeploymentConfig, name, None)]
-            if given:
-                raise ValueError(f"{given[0]} is an option of backend='ray'; got backend={self.backend!r}")
             return
         _check_names("ray_actor_options", options.actor_options, set(self.components))
         if self.ray_actor_options is not None:
             object.__setattr__(self, "ray_actor_options", {k: dict(v) for k, v in self.ray_actor_options.items()})
 
     def ray_options(self) -> RayOptions:
-        """The ray backend's options, checked (raises ValueError naming the option to fix)."""
-        return RayOptions(
-            address=self.ray_address,
-            max_restarts=self.ray_max_restarts,
-            placement_timeout_s=self.ray_placement_timeout_s,
-            actor_options=dict(self.ray_actor_options or {}),
-            tls_cert=self.tls_cert,
-            tls_key=self.tls_key,
-            tls_ca=self.tls_ca,
-            tls_server_name=self.tls_server_name,
-        )
+        """The ray backend's options, checked (raises ConfigError naming the option to fix)."""
+        return _ray_options({name: getattr(self, name) for name in RAY_FIELDS})
 
     def _check_replica_bounds(self) -> None:
         """min_replicas <= replicas <= max_replicas for every component; mappings name known components."""
@@ -185,14 +173,12 @@ class DeploymentConfig:
                 object.__setattr__(self, field_name, dict(value))
         for name, component in self.components.items():
             low, high = self.min_replicas_of(name), self.max_replicas_of(name)
-            if low < 1:
-                raise ValueError(f"min_replicas must be >= 1; got {low} for {name!r}")
             if high is not None and high < low and _names(self.min_replicas, name):  # a default min: the next check says it
-                raise ValueError(f"max_replicas ({high}) must be >= min_replicas ({low}) for {name!r}")
+                raise ConfigError(f"max_replicas ({high}) must be >= min_replicas ({low}) for {name!r}")
             if component.replicas < low:
-                raise ValueError(f"replicas ({component.replicas}) must be >= min_replicas ({low}) for {name!r}")
+                raise ConfigError(f"replicas ({component.replicas}) must be >= min_replicas ({low}) for {name!r}")
             if high is not None and component.replicas > high:
-                raise ValueError(f"replicas ({component.replicas}) must be <= max_replicas ({high}) for {name!r}")
+                raise ConfigError(f"replicas ({component.replicas}) must be <= max_replicas ({high}) for {name!r}")
 
     def min_replicas_of(self, name: str) -> int:
         """The fewest replicas the autoscaler leaves component `name`: its own setting, else as deployed."""
@@ -201,6 +187,61 @@ class DeploymentConfig:
     def max_replicas_of(self, name: str) -> int | None:
         """The most replicas the autoscaler gives component `name`; None: as many as resources allow."""
         return _pick(self.max_replicas, (name,), 0) if _names(self.max_replicas, name) else None
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], known: Iterable[str] = (), /) -> None:
+        """Check options on their own, before there is a pipeline (`patchkit serve` checks its flags before it
+        runs the script): each name, type and range, and conflicts between them. Raises ConfigError."""
+        _check_option_names(options, known)
+        _check_values(options)
+        _ray_options(options)
+
+    @classmethod
+    def check_arguments(
+        cls,
+        pipeline: Pipeline,
+        known: Iterable[str] = (),
+        /,
+        *,
+        replicas: object = None,
+        batch_size: object = None,
+        optional_inputs: object = (),
+        plan: object = None,
+        **options: Any,
+    ) -> None:
+        """Check deploy()'s (or `patchkit serve`'s) arguments before anything is planned or started.
+
+        Called by `deploy()` first thing and by `resolve`. Raises a ConfigError naming the option:
+        an unknown name (with the closest known one, `known` adding the caller's own parameters), a
+        value of the wrong type or out of range, a component, method or input the pipeline does not
+        have, or two options that conflict (with both values). Conflicts that need the replicas a
+        plan gives are checked when the config is built.
+        """
+        cls.check_options(options, known)
+        components = set(pipeline.components)
+        methods = {f"{name}.{m}" for name, c in pipeline.components.items() for m in make_methods(type(c))}
+        _check_counts("replicas", replicas)
+        _check_counts("batch_size", batch_size)
+        _check_names("replicas", replicas, components)
+        _check_names("batch_size", batch_size, components | methods)
+        for name in ("min_replicas", "max_replicas"):
+            _check_names(name, options.get(name), components)
+        if options.get("backend") == "ray":
+            _check_names("ray_actor_options", options.get("ray_actor_options"), components)
+        if isinstance(optional_inputs, str) or not isinstance(optional_inputs, Iterable):
+            raise ConfigError(f"optional_inputs must be a list of input names, such as ['topk']; got {optional_inputs!r}")
+        _check_names("optional_inputs", dict.fromkeys(optional_inputs, 0), set(pipeline.inputs))
+        if plan is None:
+            return
+        if isinstance(plan, str):
+            if plan != "auto":
+                raise ConfigError(f"plan must be 'auto', a Plan, or None; got {plan!r}{_hint(plan, ['auto'])}")
+        elif not isinstance(plan, Plan):
+            raise ConfigError(f"plan must be 'auto', a Plan, or None; got {type(plan).__name__} {plan!r:.100}")
+        if replicas is not None or batch_size is not None:
+            given = f"replicas={replicas!r}" if replicas is not None else f"batch_size={batch_size!r}"
+            shown = "'auto'" if plan == "auto" else "a Plan"
+            raise ConfigError(f"pass either plan= or replicas=/batch_size=: a plan sets both (got plan={shown} and {given})")
 
     @classmethod
     def resolve(
@@ -218,16 +259,21 @@ class DeploymentConfig:
         `replicas`: one count for every component, or counts by component name. `batch_size`: one
         size for every method, or sizes by component ("retriever") or method ("retriever.retrieve").
         `plan`: replicas, batch sizes and placement of every component, instead of those two.
+        `log_level` left out is the deploying process's: the effective level of its `patchkit` logger.
+        Raises ConfigError for an option to fix (see `check_arguments`).
         """
         components = pipeline.components
         if not components:
             raise InputError("the pipeline calls no component: there is nothing to deploy")
-        methods = {f"{name}.{m}": (name, m) for name, c in components.items() for m in make_methods(type(c))}
-        _check_names("replicas", replicas, set(components))
-        _check_names("batch_size", batch_size, set(components) | set(methods))
-        _check_names("optional_inputs", dict.fromkeys(optional_inputs, 0), set(pipeline.inputs))
+        secret = options.pop("secret", "")
+        cls.check_arguments(
+            pipeline, replicas=replicas, batch_size=batch_size, optional_inputs=optional_inputs, plan=plan, **options
+        )
+        if options.get("log_level") is None:
+            options["log_level"] = _level_name(logging.getLogger("patchkit").getEffectiveLevel())
+        options["secret"] = secret
         if plan is not None:
-            return cls._from_plan(pipeline, plan, replicas, batch_size, optional_inputs, options)
+            return cls._from_plan(pipeline, plan, optional_inputs, options)
         configs = {}
         for name, component in components.items():
             sizes = {}
@@ -237,17 +283,13 @@ class DeploymentConfig:
         return cls(components=configs, optional_inputs=tuple(optional_inputs), **options)
 
     @classmethod
-    def _from_plan(
-        cls, pipeline: Pipeline, plan: object, replicas: object, batch_size: object, optional_inputs: Any, options: dict[str, Any]
-    ) -> DeploymentConfig:
-        if replicas is not None or batch_size is not None:
-            raise InputError("pass either plan= or replicas=/batch_size=: a plan sets both")
-        if not isinstance(plan, Plan):
-            raise InputError(f"plan must be 'auto', a Plan, or None; got {plan!r}")
+    def _from_plan(cls, pipeline: Pipeline, plan: object, optional_inputs: Any, options: dict[str, Any]) -> DeploymentConfig:
+        if not isinstance(plan, Plan):  # 'auto' is deploy()'s to turn into a Plan
+            raise ConfigError(f"plan must be a Plan here (deploy() and `patchkit serve` plan for 'auto'); got {plan!r}")
         missing = set(pipeline.components) - set(plan.components)
         _check_names("the plan", dict(plan.components), set(pipeline.components))
         if missing:
-            raise InputError(f"the plan has no entry for {', '.join(sorted(missing))}; plan the same pipeline")
+            raise ConfigError(f"the plan has no entry for {', '.join(sorted(missing))}; plan the same pipeline")
         configs = {
             name: ComponentConfig(
                 replicas=c.replicas,
@@ -273,15 +315,142 @@ class DeploymentConfig:
         return data
 
 
+# -- checks: each raises a ConfigError naming the option, its value, and what it may be ------------------------------
+# The arguments of `resolve` beside the fields: names a misspelt option may be close to.
+ARGUMENTS = ("replicas", "batch_size", "optional_inputs", "plan")
+_DESCRIBED = {"int": "an integer", "float": "a finite number", "bool": "True or False", "str": "a string"}
+
+
+def _hint(given: object, known: Iterable[str]) -> str:
+    close = difflib.get_close_matches(str(given), sorted(known), n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _check_option_names(options: Mapping[str, Any], known: Iterable[str]) -> None:
+    allowed = {f.name for f in fields(DeploymentConfig)} - set(INTERNAL_FIELDS)
+    for name in options:
+        if name not in allowed:
+            hint = _hint(name, allowed | set(ARGUMENTS) | set(known)) or " (the options are DeploymentConfig's fields)"
+            raise ConfigError(f"unknown option {name!r}{hint}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_type(value: object, kind: str) -> bool:
+    if kind == "int":
+        return _is_int(value)
+    if kind == "float":
+        return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    if kind == "bool":
+        return isinstance(value, bool)
+    return isinstance(value, str)
+
+
+def _check_type(name: str, value: object) -> None:
+    """The simple annotations (int, float, bool, str, each maybe `| None`); compound ones have rules of their own."""
+    kinds = [part.strip() for part in str(_ANNOTATIONS[name]).split("|")]
+    if value is None and "None" in kinds:
+        return
+    simple = [kind for kind in kinds if kind != "None"]
+    if not all(kind in _DESCRIBED for kind in simple) or any(_is_type(value, kind) for kind in simple):
+        return
+    wanted = " or ".join(_DESCRIBED[kind] for kind in simple) + (" or None" if "None" in kinds else "")
+    raise ConfigError(f"{name} must be {wanted}; got {value!r}")
+
+
+def _check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}{_hint(value, choices)}")
+
+
+def _check_values(values: Mapping[str, Any]) -> None:
+    """Each option given on its own: its type and range. `values` maps option names to what was given."""
+    for name, value in values.items():
+        _check_type(name, value)
+    for name in POSITIVE_FIELDS:
+        if name in values and values[name] <= 0:
+            raise ConfigError(f"{name} must be > 0; got {values[name]!r}")
+    for name in NON_NEGATIVE_FIELDS:
+        if name in values and values[name] < 0:
+            raise ConfigError(f"{name} must be >= 0; got {values[name]!r}")
+    if "backend" in values:
+        _check_choice("backend", values["backend"], BACKENDS)
+    if "estimator" in values:
+        _check_choice("estimator", values["estimator"], ESTIMATORS)
+    if values.get("log_level") is not None:
+        level, shown = values["log_level"], tuple(name.lower() for name in LOG_LEVELS)
+        if level.upper() not in LOG_LEVELS:
+            hint = _hint(level.lower(), shown)
+            raise ConfigError(f"log_level must be one of {', '.join(map(repr, shown))}; got {level!r}{hint}")
+    if values.get("slo_ms") is not None and values["slo_ms"] <= 0:
+        raise ConfigError(f"slo_ms must be > 0; got {values['slo_ms']!r}")
+    if "port" in values and not 0 <= values["port"] <= 65535:
+        raise ConfigError(f"port must be in 0..65535; got {values['port']!r}")
+    if "host" in values and not values["host"].strip():
+        raise ConfigError(f"host must be an address to listen on, such as '127.0.0.1' or '0.0.0.0'; got {values['host']!r}")
+    if "optional_inputs" in values:
+        given = values["optional_inputs"]
+        if isinstance(given, str) or not isinstance(given, Iterable) or not all(isinstance(n, str) for n in given):
+            raise ConfigError(f"optional_inputs must be a list of input names, such as ['topk']; got {given!r}")
+    for name in ("min_replicas", "max_replicas"):
+        _check_counts(name, values.get(name))
+    backend = values.get("backend", "local")
+    if backend != "ray":  # a ray option given for another backend is a mistake, not something to ignore
+        for name in RAY_FIELDS:
+            if name in values and values[name] != _DEFAULTS[name]:
+                raise ConfigError(f"{name} is an option of backend='ray'; got backend={backend!r} and {name}={values[name]!r}")
+
+
+def _check_counts(argument: str, value: object) -> None:
+    """`replicas`, `batch_size`, `min_replicas`, `max_replicas`: None, an integer >= 1, or such integers by name."""
+    if value is None:
+        return
+    items = value.items() if isinstance(value, Mapping) else [(None, value)]
+    for key, count in items:
+        where = argument if key is None else f"{argument}[{key!r}]"
+        if not _is_int(count):
+            by_name = "" if key is not None else " or a dict of them by name"
+            raise ConfigError(f"{where} must be an integer >= 1{by_name}; got {count!r}")
+        if cast(int, count) < 1:
+            raise ConfigError(f"{where} must be >= 1; got {count!r}")
+
+
+def _ray_options(values: Mapping[str, Any]) -> RayOptions:
+    """The ray backend's options among `values` (defaults for the others), checked."""
+    def get(name: str) -> Any:
+        return values.get(name, _DEFAULTS[name])
+
+    actor_options = get("ray_actor_options") or {}
+    return RayOptions(
+        address=get("ray_address"),
+        max_restarts=get("ray_max_restarts"),
+        placement_timeout_s=get("ray_placement_timeout_s"),
+        actor_options=dict(actor_options) if isinstance(actor_options, Mapping) else actor_options,  # else: says so
+        tls=get("tls"),
+        tls_cert=get("tls_cert"),
+        tls_key=get("tls_key"),
+        tls_ca=get("tls_ca"),
+        tls_server_name=get("tls_server_name"),
+    )
+
+
+def _level_name(level: int) -> str:
+    """The standard level at or below `level` (a custom 15 logs what DEBUG would): what a process logs at."""
+    below = [name for name in LOG_LEVELS if logging.getLevelName(name) <= level]
+    return below[-1] if below else "DEBUG"
+
+
 def _check_names(argument: str, value: object, known: set[str]) -> None:
     if not isinstance(value, Mapping):
         return
     for name in value:
         if name not in known:
-            close = difflib.get_close_matches(str(name), sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
             known_names = ", ".join(sorted(known))
-            raise InputError(f"{argument} names {name!r}, which the pipeline does not have{hint} (known: {known_names})")
+            raise ConfigError(
+                f"{argument} names {name!r}, which the pipeline does not have{_hint(name, known)} (known: {known_names})"
+            )
 
 
 def _names(value: int | Mapping[str, int] | None, name: str) -> bool:
@@ -298,3 +467,7 @@ def _pick(value: int | Mapping[str, int] | None, keys: tuple[str, ...], default:
         if key in value:
             return int(value[key])
     return default
+
+
+_ANNOTATIONS = {f.name: f.type for f in fields(DeploymentConfig)}
+_DEFAULTS = {f.name: f.default for f in fields(DeploymentConfig)}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from patchkit.errors import ConfigError
+
 __all__ = ["auth_token", "cache_dir", "worker_start_timeout_s", "worker_stop_timeout_s"]
 
 
@@ -13,9 +15,12 @@ def _float(name: str, default: float) -> float:
     if raw is None or raw == "":
         return default
     try:
-        return float(raw)
+        value = float(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds > 0")
+    return value
 
 
 def worker_start_timeout_s() -> float:

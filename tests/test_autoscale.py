@@ -286,7 +286,7 @@ def test_the_loop_started_by_the_front_end_scales_and_stops_with_it() -> None:
         ({"replicas": 3, "max_replicas": {"slow": 2}}, ValueError, r"replicas \(3\) must be <= max_replicas \(2\) for 'slow'"),
         ({"min_replicas": {"fast": 2}}, ValueError, r"replicas \(1\) must be >= min_replicas \(2\) for 'fast'"),
         ({"min_replicas": 0}, ValueError, "min_replicas must be >= 1; got 0"),
-        ({"max_replicas": {"slwo": 2}}, patchkit.InputError, "max_replicas names 'slwo'.*did you mean 'slow'"),
+        ({"max_replicas": {"slwo": 2}}, patchkit.ConfigError, "max_replicas names 'slwo'.*did you mean 'slow'"),
         ({"autoscale_interval_s": 0}, ValueError, "autoscale_interval_s must be > 0"),
         ({"scale_down_after_s": -1}, ValueError, "scale_down_after_s must be >= 0"),
     ],

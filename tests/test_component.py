@@ -117,6 +117,7 @@ def test_public_names() -> None:
         "CaptureError",
         "Component",
         "ComponentError",
+        "ConfigError",
         "DeadlineExceeded",
         "Endpoint",
         "InputError",

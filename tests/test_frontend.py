@@ -145,7 +145,7 @@ def test_calls_spread_over_replicas() -> None:
 # -- configuration ------------------------------------------------------------------------------
 def test_config_names_unknown_components_with_a_suggestion() -> None:
     pipeline = captured(crag)
-    with pytest.raises(patchkit.InputError, match="'retreiver'.*did you mean 'retriever'"):
+    with pytest.raises(patchkit.ConfigError, match="'retreiver'.*did you mean 'retriever'"):
         DeploymentConfig.resolve(pipeline, replicas={"retreiver": 2})
     config = DeploymentConfig.resolve(pipeline, batch_size={"llm.rewrite": 4, "retriever": 2})
     assert config.components["llm"].batch_sizes == {"generate": 1, "rewrite": 4}

@@ -178,3 +178,17 @@ def test_deployed_answers_equal_local_ones_and_a_failing_call_fails_alone(llm: O
         with pytest.raises(patchkit.ComponentError, match="maximum context length"):
             replies[-1].result()
         assert same_opening(endpoint.query(question=QUESTIONS[0]), local_answer(QUESTIONS[0]))
+
+
+def test_a_deployed_generator_given_no_key_reads_it_in_its_worker(base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", API_KEY)  # the worker's environment: it inherits this process's
+    keyless = OpenAIGenerator(base_url, max_tokens=16, extra_body=SAME_SAMPLING)
+
+    def answer(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return keyless.generate(question)
+        return pipeline
+
+    answer("x")
+    with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
+        assert same_opening(endpoint.query(question=QUESTIONS[1]), local_answer(QUESTIONS[1]))

@@ -137,9 +137,9 @@ def test_a_hand_made_plan_deploys_inprocess_and_round_trips_through_json() -> No
     with patchkit.deploy(pipeline, plan=hand, backend="inprocess") as endpoint:
         assert endpoint.query(query="x") == "x"
         assert {n: len(c["replicas"]) for n, c in endpoint.stats()["components"].items()}["retriever"] == 2
-    with pytest.raises(patchkit.InputError, match="either plan= or replicas="):
+    with pytest.raises(patchkit.ConfigError, match="either plan= or replicas="):
         patchkit.deploy(pipeline, plan=hand, replicas=2)
-    with pytest.raises(patchkit.InputError, match="no entry for generator"):
+    with pytest.raises(patchkit.ConfigError, match="no entry for generator"):
         patchkit.deploy(pipeline, plan=Plan({n: c for n, c in hand.components.items() if n != "generator"}, 0.0, "augmenter"))
 
 

@@ -5,7 +5,7 @@ authentication token inside the test's own temporary directory, with 4 CPUs, 2 (
 custom resources `node_a`/`node_b` standing for the nodes of a cluster. Deployed answers equal the
 local backend's; fractional GPUs and custom resources are what Ray reserves; an actor killed under
 load costs no request and Ray restarts it; a replica that cannot be placed fails deploy() with an
-error naming what is missing; the secret (and TLS, when configured) guard the workers.
+error naming what is missing; TLS (on by default) and the secret guard the workers.
 """
 
 from __future__ import annotations
@@ -117,10 +117,12 @@ def test_ray_options_are_checked_where_given() -> None:
         DeploymentConfig.resolve(pipeline, backend="ray", tls_cert="c.pem")
     with pytest.raises(ValueError, match="may set num_cpus, num_gpus"):
         DeploymentConfig.resolve(pipeline, backend="ray", ray_actor_options={"a": {"gpus": 1}})
-    with pytest.raises(patchkit.InputError, match="ray_actor_options names 'b'"):
+    with pytest.raises(patchkit.ConfigError, match="ray_actor_options names 'b'"):
         DeploymentConfig.resolve(pipeline, backend="ray", ray_actor_options={"b": {"num_cpus": 1}})
     with pytest.raises(ValueError, match="ray_placement_timeout_s must be"):
         DeploymentConfig.resolve(pipeline, backend="ray", ray_placement_timeout_s=0)
+    with pytest.raises(patchkit.ConfigError, match=r"tls=False turns TLS off, but tls_cert='c.pem', tls_key='k.pem' ask"):
+        DeploymentConfig.resolve(pipeline, backend="ray", tls=False, tls_cert="c.pem", tls_key="k.pem")
     config = DeploymentConfig.resolve(pipeline, backend="ray", ray_actor_options={"a": {"num_gpus": 0.5}}, secret="s")
     assert config.ray_options().actor_options == {"a": {"num_gpus": 0.5}}
 
@@ -163,11 +165,12 @@ def test_plan_shares_gpus_in_fractions_and_custom_resources_place_replicas(clust
         stats = endpoint.stats()
         seen = {r["cuda_visible_devices"] for r in stats["replica_reports"].values() if r["component"] == "encode"}
         assert seen <= {"0", "1"} and seen, f"Ray set no GPU for the GPU replicas: {seen}"
-        # Workers listen beyond loopback on a cluster: a call without the deployment's secret is refused.
+        # Workers listen beyond loopback on a cluster: a plaintext call is refused (TLS by default; without it,
+        # the secret refuses it: test_workers_serve_tls_by_default_and_plaintext_only_when_asked).
         address = _replicas(endpoint, "rank")[0]["address"]
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
             channel.unary_unary(HEALTH)(b"", timeout=10)
-        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
 @pytest.mark.ray
@@ -277,3 +280,21 @@ def test_tls_between_the_front_end_and_the_workers(cluster: str, tmp_path: Path)
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
             channel.unary_unary(HEALTH)(b"", timeout=10)  # plaintext does not reach a TLS worker
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_workers_serve_tls_by_default_and_plaintext_only_when_asked(cluster: str) -> None:
+    pipeline = _one(Simulated(0, output=lambda item: item * 2))
+    with patchkit.deploy(pipeline, backend="ray", ray_address=cluster) as endpoint:  # no certificate given
+        assert endpoint.query(x=21) == 42  # the front-end reaches its workers over TLS, with its own certificate
+        address = _replicas(endpoint, "a")[0]["address"]
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            channel.unary_unary(HEALTH)(b"", timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # plaintext (and so the secret in it) is refused
+    with patchkit.deploy(pipeline, backend="ray", ray_address=cluster, tls=False) as endpoint:
+        assert endpoint.query(x=4) == 8
+        address = _replicas(endpoint, "a")[0]["address"]
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            channel.unary_unary(HEALTH)(b"", timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # plaintext reaches it: only the secret guards

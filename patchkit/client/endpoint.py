@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import http.client
-import json
+import asyncio
 import secrets
 import subprocess
 import sys
 import threading
-import urllib.parse
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
+import httpx
 
 from patchkit import envs
 from patchkit.client.pipeline import Pipeline, last_pipeline
-from patchkit.errors import InputError, PatchkitError, error_from_json
+from patchkit.errors import ConfigError, DeadlineExceeded, PatchkitError, error_from_json
 
 if TYPE_CHECKING:
     from patchkit.config import DeploymentConfig
@@ -26,21 +25,39 @@ if TYPE_CHECKING:
 
 __all__ = ["Endpoint", "deploy"]
 
+# A query waits this much longer than the endpoint's own request timeout, after which the endpoint answers 504
+# itself: a reply later than that is lost on the way, not slow. Other routes answer at once, or within 60 s.
+TIMEOUT_MARGIN_S = 5.0
+OTHER_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 10.0
+# One connection per call in flight (as many as the caller makes: the endpoint's admission bounds them, not the
+# client, whose waits would count against each call's timeout); this many idle ones are kept for the next calls.
+LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+# deploy()'s own parameters, besides the options of DeploymentConfig: what a misspelt name may be close to.
+DEPLOY_ARGUMENTS = ("pipeline", "resources", "calibration")
+
 
 class Endpoint:
     """A deployed pipeline: `url`, `query(**inputs)`, `await aquery(**inputs)`, `stats()`, `close()`.
 
-    Also a context manager; whatever is still open closes when the interpreter exits.
+    Calls share pooled keep-alive connections: one client for every thread's `query`, one per event loop
+    for `aquery`. A call that gets no answer within the endpoint's `request_timeout_s` (plus a margin)
+    raises DeadlineExceeded. Also a context manager; whatever is still open closes when the interpreter exits.
     """
 
-    def __init__(self, url: str, closer: Callable[[], None], *, headers: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, url: str, closer: Callable[[], None], *, timeout_s: float = 300.0, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """`timeout_s`: the endpoint's request timeout; `headers`: sent with every request (sync and async)."""
         self.url = url
-        # Sent with every request: the deployment's `Authorization: Bearer <auth_token>` when it has one.
-        self._headers = {"Content-Type": "application/json", **(headers or {})}
-        parts = urllib.parse.urlsplit(url)
-        self._host, self._port = parts.hostname or "127.0.0.1", parts.port or 80
-        self._local = threading.local()
-        self._connections: list[http.client.HTTPConnection] = []  # every thread's, closed by close()
+        self._headers = {"Accept": "application/json", **(headers or {})}
+        self._query_timeout = httpx.Timeout(timeout_s + TIMEOUT_MARGIN_S, connect=CONNECT_TIMEOUT_S)
+        self._timeout = httpx.Timeout(OTHER_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
+        self._client = httpx.Client(base_url=url, headers=self._headers, timeout=self._timeout, limits=LIMITS)
+        # By event loop: its client, and the async generator that holds it open (see `_async_client`).
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[httpx.AsyncClient, AsyncGenerator[None, None]]]
+        self._async = weakref.WeakKeyDictionary()
+        self._closing: set[asyncio.Future[None]] = set()
         self._lock = threading.Lock()
         self._closer: Callable[[], None] | None = closer
         self._finalizer = weakref.finalize(self, closer)  # also runs at interpreter exit
@@ -48,24 +65,26 @@ class Endpoint:
     # -- requests -------------------------------------------------------------------------------
     def query(self, **inputs: Any) -> Any:
         """Run the pipeline on `inputs` and return its output; raises the error the endpoint answered."""
-        return self._reply(*self._request("POST", "/v1/query", {"inputs": inputs}))["output"]
+        return self._request("POST", "/v1/query", {"inputs": inputs}, self._query_timeout)["output"]
 
     async def aquery(self, **inputs: Any) -> Any:
         """`query` for asyncio code: thousands may wait at once on one event loop."""
-        import aiohttp
-
-        async with aiohttp.ClientSession() as session:
-            async with session.post(self.url + "/v1/query", json={"inputs": inputs}, headers=self._headers) as response:
-                return self._reply(response.status, await response.read())["output"]
+        self._check_open()
+        client = await self._async_client()
+        try:
+            response = await client.post("/v1/query", json={"inputs": inputs}, timeout=self._query_timeout)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, self._query_timeout) from exc
+        return self._reply(response)["output"]
 
     def stats(self) -> dict[str, Any]:
         """Per component: replicas, batch sizes, throughput, queue lengths; and request counts."""
-        result: dict[str, Any] = self._reply(*self._request("GET", "/v1/stats?replicas=1", None))
+        result: dict[str, Any] = self._request("GET", "/v1/stats?replicas=1")
         return result
 
     def plan(self) -> dict[str, Any]:
         """What `GET /v1/plan` serves: per component its replicas and batch sizes, and the Plan applied, if any."""
-        result: dict[str, Any] = self._reply(*self._request("GET", "/v1/plan", None))
+        result: dict[str, Any] = self._request("GET", "/v1/plan")
         return result
 
     def traces(self) -> list[Trace]:
@@ -73,54 +92,92 @@ class Endpoint:
         wait: what the SLO estimators learn from, for `patchkit.scheduler.online.estimator.accuracy`."""
         from patchkit.scheduler.online.traces import Trace
 
-        result: dict[str, Any] = self._reply(*self._request("GET", "/v1/traces", None))
+        result: dict[str, Any] = self._request("GET", "/v1/traces")
         return [Trace.from_dict(trace) for trace in result["traces"]]
 
-    def _request(self, method: str, path: str, payload: Any) -> tuple[int, bytes]:
+    def _request(self, method: str, path: str, payload: Any = None, timeout: httpx.Timeout | None = None) -> Any:
+        self._check_open()
+        timeout = timeout or self._timeout
+        try:
+            response = self._client.request(method, path, json=payload, timeout=timeout)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, timeout) from exc
+        return self._reply(response)
+
+    def _check_open(self) -> None:
         if self._closer is None:
             raise PatchkitError(f"the endpoint at {self.url} is closed")
-        body = None if payload is None else json.dumps(payload).encode()
-        while True:
-            connection = self._connection()
-            reused = connection.sock is not None
-            try:
-                connection.request(method, path, body=body, headers=self._headers)
-                response = connection.getresponse()
-                return response.status, response.read()
-            except (ConnectionError, http.client.HTTPException) as exc:
-                connection.close()
-                self._local.connection = None
-                # Only a kept-alive connection that the server had already closed is tried again: the
-                # request never reached it. Anything else may have run, and is reported, not repeated.
-                stale = isinstance(exc, (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError))
-                if not (reused and stale):
-                    raise
 
-    def _connection(self) -> http.client.HTTPConnection:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = self._local.connection = http.client.HTTPConnection(self._host, self._port, timeout=None)
-            with self._lock:
-                self._connections.append(connection)
-        return connection
+    async def _async_client(self) -> httpx.AsyncClient:
+        """This event loop's client, made by its first `aquery`.
+
+        An async generator holds it open: asyncio registers the generator with the loop at its first
+        step, so that `asyncio.run` (`loop.shutdown_asyncgens()`) closes the client on its own loop
+        before the loop closes, when that comes before `close()`.
+        """
+        loop = asyncio.get_running_loop()
+        held = self._async.get(loop)  # only this loop's own tasks add its entry, with no await in between
+        if held is not None:
+            return held[0]
+        client = httpx.AsyncClient(base_url=self.url, headers=self._headers, timeout=self._timeout, limits=LIMITS)
+        holder = _hold(client)
+        with self._lock:  # against close() on another thread
+            self._async[loop] = (client, holder)
+        await anext(holder)  # its first step registers it with this loop, and returns at once
+        return client
+
+    def _transport_error(self, exc: httpx.TransportError, timeout: httpx.Timeout) -> Exception:
+        """What a caller sees when no answer came: DeadlineExceeded past the timeout, else ConnectionError."""
+        if isinstance(exc, httpx.TimeoutException):
+            waited = timeout.connect if isinstance(exc, httpx.ConnectTimeout) else timeout.read
+            return DeadlineExceeded(f"no answer from the endpoint at {self.url} within {waited:g} s ({type(exc).__name__})")
+        return ConnectionError(f"cannot reach the endpoint at {self.url}: {type(exc).__name__}: {exc}")
 
     @staticmethod
-    def _reply(status: int, body: bytes) -> Any:
-        data = json.loads(body)
-        if status >= 400:
-            raise error_from_json(data.get("error", {"message": body.decode(errors="replace")}))
+    def _reply(response: httpx.Response) -> Any:
+        try:
+            data = response.json()
+        except ValueError:
+            data = None
+        if response.status_code >= 400:
+            error = data.get("error") if isinstance(data, dict) else None
+            if not isinstance(error, dict):
+                error = {"message": f"HTTP {response.status_code}: {response.text[:500]}"}
+            raise error_from_json(error)
+        if data is None:
+            raise PatchkitError(f"the endpoint answered HTTP {response.status_code} with a body that is not JSON: "
+                                f"{response.text[:200]!r}")
         return data
 
     # -- lifecycle ------------------------------------------------------------------------------
     def close(self) -> None:
         """Drain in-flight requests, stop every worker and the front-end; nothing is left running."""
-        if self._closer is not None:
-            self._closer = None
-            self._finalizer()
-            with self._lock:
-                connections, self._connections = self._connections, []
-            for connection in connections:
-                connection.close()
+        if self._closer is None:
+            return
+        self._closer = None
+        self._finalizer()
+        self._client.close()
+        with self._lock:
+            held, self._async = list(self._async.items()), weakref.WeakKeyDictionary()
+        for loop, (_, holder) in held:
+            self._close_on(loop, holder)
+
+    def _close_on(self, loop: asyncio.AbstractEventLoop, holder: AsyncGenerator[None, None]) -> None:
+        """Close an event loop's client on that loop; a loop that is closed closed it already (`_async_client`)."""
+        if loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is running:  # close() called from this loop's own code: the client closes at its next await
+            task = loop.create_task(_release(holder))
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+        elif loop.is_running():  # another thread's loop
+            asyncio.run_coroutine_threadsafe(_release(holder), loop)
+        else:
+            loop.run_until_complete(_release(holder))
 
     def __enter__(self) -> Endpoint:
         return self
@@ -130,6 +187,19 @@ class Endpoint:
 
     def __repr__(self) -> str:
         return f"<Endpoint {self.url}{' closed' if self._closer is None else ''}>"
+
+
+async def _hold(client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
+    """Holds an event loop's client open until the generator is closed: by `Endpoint.close()`, or by the loop's
+    `shutdown_asyncgens()` when it closes first."""
+    try:
+        yield
+    finally:
+        await client.aclose()
+
+
+async def _release(holder: AsyncGenerator[None, None]) -> None:
+    await holder.aclose()
 
 
 def deploy(
@@ -154,18 +224,35 @@ def deploy(
     Ray actor per replica, placed across a Ray cluster: `ray_address` names it; default: the cluster
     this process is connected to, else the one `RAY_ADDRESS` names, else a local Ray instance started
     for the deployment; further options ray_max_restarts, ray_placement_timeout_s, ray_actor_options,
-    tls_cert, tls_key, tls_ca, tls_server_name). `replicas`: a count for every component, or
+    tls (on: a certificate made for the deployment unless tls_cert, tls_key, tls_ca, tls_server_name
+    name one; tls=False sends in plaintext)). `replicas`: a count for every component, or
     counts by component name; `batch_size`: a size for every method, or sizes by component or
     "component.method" (default: each method's `@make(max_batch_size=...)`). `plan`: a `Plan` to
     apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=, calibration=,
     slo_ms=)`: it sets every component's replicas, batch size and placement. Further options are
     the fields of `patchkit.config.DeploymentConfig` (batch_wait_ms, optional_inputs,
-    max_inflight_requests, max_body_bytes, request_timeout_s, max_retries, drain_timeout_s, the SLO
-    policies' prioritize, pause_admission, autoscale, min_replicas, max_replicas).
+    max_inflight_requests, max_body_bytes, request_timeout_s, max_retries, drain_timeout_s, log_level,
+    the SLO policies' prioritize, pause_admission, autoscale, min_replicas, max_replicas).
+
+    Every argument is checked before anything is planned or started: a ConfigError names an unknown
+    option (with the closest known name), a value out of range, or two options that conflict.
     """
     from patchkit.config import DeploymentConfig
 
     pipeline = pipeline if pipeline is not None else last_pipeline()
+    if not isinstance(pipeline, Pipeline):
+        raise ConfigError(f"deploy() serves a Pipeline, as `with patchkit.capture() as pipeline:` makes; got {pipeline!r:.100}")
+    DeploymentConfig.check_arguments(
+        pipeline, DEPLOY_ARGUMENTS, replicas=replicas, batch_size=batch_size, plan=plan, backend=backend, slo_ms=slo_ms,
+        host=host, port=port, ray_address=ray_address, **options,
+    )
+    if plan != "auto" and (resources is not None or calibration is not None):
+        given = "resources=" if resources is not None else "calibration="
+        raise ConfigError(f"{given} is for planning: pass it with plan='auto' (got plan={plan!r:.60})")
+    if calibration is not None and (
+        isinstance(calibration, (str, Mapping)) or not all(isinstance(inputs, Mapping) for inputs in calibration)
+    ):
+        raise ConfigError(f"calibration must be a list of inputs, such as [{{'query': '...'}}]; got {calibration!r:.100}")
     if backend == "ray":
         ray_address = _ray_address(ray_address)
         if plan == "auto" and resources is None:  # plan for the cluster, not for this machine
@@ -176,8 +263,6 @@ def deploy(
         from patchkit.scheduler.offline.planner import plan as make_plan
 
         plan = make_plan(pipeline, resources=resources, calibration=calibration, slo_ms=slo_ms)
-    elif resources is not None or calibration is not None:
-        raise InputError("resources= and calibration= are for planning: pass them with plan='auto'")
     config = DeploymentConfig.resolve(
         pipeline, replicas=replicas, batch_size=batch_size, plan=plan, backend=backend, slo_ms=slo_ms, host=host,
         port=port, secret=secrets.token_urlsafe(32), ray_address=ray_address, **options,
@@ -186,7 +271,7 @@ def deploy(
         from patchkit.server.process import ServerThread
 
         thread = ServerThread(pipeline, config)
-        return Endpoint(thread.start(), thread.close, headers=_auth_header(config))
+        return Endpoint(thread.start(), thread.close, timeout_s=config.request_timeout_s, headers=_auth_header(config))
     return _deploy_local(pipeline, config)
 
 
@@ -229,4 +314,4 @@ def _deploy_local(pipeline: Pipeline, config: DeploymentConfig) -> Endpoint:
                 pass
         child.stop(envs.worker_stop_timeout_s())
 
-    return Endpoint(child.report["url"], close, headers=_auth_header(config))
+    return Endpoint(child.report["url"], close, timeout_s=config.request_timeout_s, headers=_auth_header(config))

@@ -2,8 +2,10 @@
 
 Each actor asks Ray for the replica's resources (CPUs, whole or fractional GPUs, memory, custom
 resources), hosts the local backend's gRPC worker (`ray_actor.py`) and reports its address; the
-front-end then talks to it over gRPC with the deployment's secret, as to a local worker. Ray is
-only the placement and restart layer: no batch travels through Ray's object store.
+front-end then talks to it over gRPC with the deployment's secret, as to a local worker, but over
+TLS (the user's certificate, else one made for the deployment; `tls=False` opts out), since the
+actor listens beyond loopback. Ray is only the placement and restart layer: no batch travels through
+Ray's object store.
 
 Failures: an actor that dies is restarted by Ray in place (`max_restarts` times), after the
 supervisor has taken it out of dispatch; past that a new actor replaces it. A replica Ray cannot
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit import envs
-from patchkit.errors import PatchkitError, WorkerDiedError, error_from_json
+from patchkit.errors import ConfigError, PatchkitError, WorkerDiedError, error_from_json
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.ray_actor import KEEPALIVE_CHANNEL_OPTIONS, ReplicaActor
 from patchkit.orchestrator.ray_options import RayOptions
@@ -59,7 +61,7 @@ class RayBackend(Backend):
             raise ValueError("the ray backend needs the deployment's secret: its workers listen beyond loopback")
         self._secret = secret
         self._options = options
-        self._tls = options.tls()
+        self._tls = options.tls_files()  # TLS by default: the workers listen beyond loopback
         self._gpu_units = gpu_units
         self._actors: dict[Replica, Actor] = {}
         self._parked: dict[str, list[Actor]] = defaultdict(list)  # by component: dead actors Ray is restarting
@@ -263,7 +265,7 @@ def _check_reachable(address: str | None) -> None:
         return
     host, _, port = address.rpartition(":")
     if not port.isdigit():
-        raise PatchkitError(f"ray_address must be 'auto', 'HOST:PORT' or 'ray://HOST:PORT'; got {address!r}")
+        raise ConfigError(f"ray_address must be 'auto', 'HOST:PORT' or 'ray://HOST:PORT'; got {address!r}")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:

@@ -36,6 +36,8 @@ __all__ = ["WorkerBootstrap", "describe", "load_component", "main", "serve_repli
 
 logger = logging.getLogger(__name__)
 
+LOG_FORMAT = "%(asctime)s %(levelname)s worker %(process)d %(name)s: %(message)s"
+
 
 @dataclass
 class WorkerBootstrap:
@@ -49,18 +51,21 @@ class WorkerBootstrap:
     host: str = "127.0.0.1"  # where a worker process serves; an actor serves on its node's cluster address
     tls: tuple[bytes, bytes] | None = None  # the server's certificate and key, PEM
     sys_path: list[str] = field(default_factory=list)  # the front-end's
+    log_level: int = logging.WARNING  # the front-end's, as its user configured it
 
     @classmethod
     def of(
         cls, spec: ReplicaSpec, secret: str, *, host: str = "127.0.0.1", tls: tuple[bytes, bytes] | None = None
     ) -> WorkerBootstrap:
-        """The bootstrap of a replica of `spec`, with the calling backend's `sys.path`."""
-        return cls(spec.component, cloudpickle.dumps(spec.instance), secret, spec.resources, host, tls, list(sys.path))
+        """The bootstrap of a replica of `spec`, with the calling backend's `sys.path` and log level."""
+        level = logging.getLogger("patchkit").getEffectiveLevel()
+        return cls(spec.component, cloudpickle.dumps(spec.instance), secret, spec.resources, host, tls, list(sys.path), level)
 
 
 def main() -> None:
     side = ChildSide()
     boot = side.start(WorkerBootstrap)
+    logging.basicConfig(level=boot.log_level, format=LOG_FORMAT, force=True)
     try:
         _, port = serve_replica(boot, boot.host)
     except ComponentError as exc:
@@ -79,6 +84,7 @@ def serve_replica(boot: WorkerBootstrap, host: str, options: Sequence[tuple[str,
     starting the server is raised as it is.
     """
     boot.resources.pin()
+    logging.getLogger("patchkit").setLevel(boot.log_level)  # in a Ray actor too, whose logging Ray set up
     try:
         component = load_component(boot.name, boot.component)
     except BaseException as exc:
@@ -133,5 +139,5 @@ def describe(resources: ReplicaResources) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s worker %(process)d: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)  # until the bootstrap gives the level
     main()

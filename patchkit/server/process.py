@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 # served: a body still arriving (a new request is refused anyway) or one that outlived the drain.
 _CONNECTION_GRACE_S = 1.0
 
+LOG_FORMAT = "%(asctime)s %(levelname)s front-end %(name)s: %(message)s"
+
 
 class FrontendServer:
     def __init__(self, pipeline: Pipeline, config: DeploymentConfig) -> None:
@@ -166,6 +168,9 @@ class FrontendBootstrap:
 def main() -> None:
     side = ChildSide()
     boot = side.start(FrontendBootstrap)
+    # At the deploying process's level (the config carries it), so that what its user asked to see, such as the
+    # autoscaler's INFO decisions, reaches its stderr, which this process shares.
+    logging.basicConfig(level=boot.config.log_level or logging.WARNING, format=LOG_FORMAT, force=True)
     try:
         pipeline = pickle.loads(boot.pipeline)  # noqa: S301 - from our parent, over a private pipe
         serve_blocking(pipeline, boot.config, lambda url: side.ready(url=url, pid=os.getpid()), signals=(signal.SIGTERM,))
@@ -176,5 +181,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s front-end: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)  # until the bootstrap gives the level
     main()

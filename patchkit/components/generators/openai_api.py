@@ -37,8 +37,9 @@ class OpenAIGenerator(Generator):
 
     `base_url`: the API root, such as "http://127.0.0.1:8080/v1". `model`: the name sent with every
     request (default: the first model the server lists, asked at `setup()`). `api_key`: sent as a
-    bearer token (default: $OPENAI_API_KEY, else none); a constructor argument is recorded in the
-    component's spec and travels to its workers, so prefer the variable, which stays out of your code.
+    bearer token (default: $OPENAI_API_KEY where the generator runs, read by `setup()` in each worker,
+    else none); a constructor argument is recorded in the component's spec and travels to its workers
+    (every repr shows it as '***'), so prefer the variable, which stays out of your code and the spec.
     `extra_body`: server-specific fields added to every request, as `{"repeat_penalty": 1.0}` for
     llama-cpp-python's server, whose default of 1.1 otherwise makes its answers differ from
     `LlamaCppGenerator`'s for the same model.
@@ -77,7 +78,7 @@ class OpenAIGenerator(Generator):
     def setup(self) -> None:
         """Called once in the process that runs the generator, before its first call: checks that the
         server answers (a ConnectionError naming the URL if not) and asks it for its model when none was given."""
-        key = self.api_key or os.environ.get("OPENAI_API_KEY")
+        key = self.api_key or os.environ.get("OPENAI_API_KEY")  # here, in the worker: never in the spec
         self._headers = {"Authorization": f"Bearer {key}"} if key else {}
         listed = self._run(self._list_models())
         if self.model is None:
