@@ -14,6 +14,7 @@ from patchkit.client.pipeline import Pipeline, last_pipeline
 from patchkit.client.planning import plan
 from patchkit.component import Component, make
 from patchkit.errors import (
+    CallError,
     CaptureError,
     ComponentError,
     ConfigError,
@@ -30,6 +31,7 @@ from patchkit.scheduler.offline.plan import Plan
 __version__ = "0.1.0"
 
 __all__ = [
+    "CallError",
     "CaptureError",
     "Component",
     "ComponentError",

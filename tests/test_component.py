@@ -114,6 +114,7 @@ def test_batch_call_with_wrong_arguments_is_a_type_error_naming_the_method() -> 
 
 def test_public_names() -> None:
     assert sorted(patchkit.__all__) == [
+        "CallError",
         "CaptureError",
         "Component",
         "ComponentError",
