@@ -23,6 +23,7 @@ QUESTIONS = Path(__file__).with_name("recall_questions.json")
 # name -> FaissRetriever keyword arguments; "vector" is the default retriever, the baseline.
 VARIANTS: dict[str, dict[str, Any]] = {
     "vector": {},
+    "fused": {"lexical": True},  # reciprocal-rank fusion with BM25
 }
 
 
