@@ -10,6 +10,7 @@ pytest.importorskip("sentence_transformers", reason="the Embedder needs sentence
 pytest.importorskip("faiss", reason="the retrievers search FAISS indexes: pip install -e '.[retrieval]'")
 
 import patchkit  # noqa: E402
+from patchkit.component import ensure_setup  # noqa: E402
 from patchkit.components import ChromaRetriever, Embedder, FaissRetriever, Hit, QdrantRetriever  # noqa: E402
 from patchkit.components.documents import chunk, from_directory  # noqa: E402
 
@@ -115,3 +116,32 @@ def test_a_retriever_deploys_on_a_worker(embedder: Embedder) -> None:
     with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
         titles = endpoint.query(question="How do I catch an exception and handle the error?")
     assert titles[0] in KNOWN["How do I catch an exception and handle the error?"]
+
+
+def test_lexical_fuses_the_vector_and_bm25_rankings_by_reciprocal_rank(embedder: Embedder) -> None:
+    from patchkit.components.blocks import BM25Index
+
+    corpus = [
+        "Cats purr when they are content.",
+        "The zebra quasar catalogue lists striped stars.",
+        "Dogs bark at strangers.",
+        "Photosynthesis makes sugar from light.",
+        "A quasar is a bright galactic nucleus.",
+    ]
+    question = "Which catalogue lists the zebra quasar?"
+    dense = [h.id for h in FaissRetriever(corpus, topk=len(corpus), embedder=embedder).retrieve(question)]
+    fused = FaissRetriever(corpus, topk=3, embedder=embedder, lexical=True)
+    ensure_setup(fused)
+    lexical = [h.id for h in BM25Index(fused.docs)(question, len(corpus))]
+    scores = {doc.id: 0.0 for doc in fused.docs}
+    for ranking in (dense, lexical):
+        for rank, doc_id in enumerate(ranking, start=1):
+            scores[doc_id] += 1 / (60 + rank)
+    order = {doc.id: i for i, doc in enumerate(fused.docs)}
+    expected = sorted(scores, key=lambda d: (-scores[d], order[d]))[:3]
+    hits = fused.retrieve(question)
+    assert [h.id for h in hits] == expected
+    assert [h.score for h in hits] == [round(scores[d], 6) for d in expected]
+    assert hits[0].text == corpus[1]  # first in both rankings
+    batched = type(fused).retrieve.run_batch(fused, [((question,), {}), (("Why do cats purr?",), {})])
+    assert batched[0] == hits  # the same in a batch, and on every call

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import importlib
 import importlib.util
+import inspect
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -22,6 +24,8 @@ __all__ = [
 CHUNK_WORDS = 160  # about 220 tokens: inside MiniLM's 256-token window
 OVERLAP_WORDS = 32
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
+MIN_MODULE_WORDS = 8  # fewer says nothing a question could match
+SHORT_DOCSTRING_WORDS = 40  # a module docstring shorter than this gets its definitions' summaries
 
 
 @dataclass(frozen=True)
@@ -105,19 +109,80 @@ def _module_docstrings(names: Iterable[str]) -> Iterable[tuple[str, str]]:
     for name in names:
         if name.startswith("_"):
             continue
-        try:
-            spec = importlib.util.find_spec(name)
-        except (ImportError, ValueError):
-            continue
-        origin = spec.origin if spec is not None else None
-        if origin is None or not origin.endswith(".py"):
-            continue
-        try:
-            text = ast.get_docstring(ast.parse(Path(origin).read_text(encoding="utf-8")))
-        except (OSError, SyntaxError, ValueError):
-            continue
-        if text and len(text.split()) >= 8:
+        text = _module_text(name)
+        if text and len(text.split()) >= MIN_MODULE_WORDS:
             yield name, text
+
+
+def _module_text(name: str) -> str | None:
+    """What `pydoc NAME` would open with: the module's docstring, and where that is short (csv's is
+    five words, dataclasses has none) the first line of each public class's and function's docstring.
+
+    Python modules are read from source, never imported (importing some has effects: antigravity
+    opens a browser); frozen ones (os, posixpath) from the source file they were frozen from; a
+    wrapper with neither docstring nor definitions of its own (decimal) from its pure-Python twin
+    `_pyNAME`. Only built-in and extension modules (itertools, time, zlib), which have no source,
+    are imported to read their `__doc__`.
+    """
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    state = spec.loader_state
+    origin = getattr(state, "filename", None) if spec.origin == "frozen" else spec.origin
+    if origin is not None and origin.endswith(".py"):
+        text = _source_text(Path(origin))
+        twin = Path(origin).with_name(f"_py{name}.py")
+        return text or (_source_text(twin) if twin.is_file() else None)
+    if spec.origin == "built-in" or (origin is not None and origin.endswith(".so")):
+        try:
+            module = importlib.import_module(name)
+        except Exception:  # an extension for another platform, or one missing its system library
+            return None
+        members = [(n, getattr(module, n, None)) for n in sorted(vars(module)) if not n.startswith("_")]
+        summaries = [(n, _first_line(getattr(m, "__doc__", None))) for n, m in members if callable(m)]
+        return _with_summaries(module.__doc__ if isinstance(module.__doc__, str) else "", summaries)
+    return None
+
+
+def _source_text(path: Path) -> str | None:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None
+    doc = ast.get_docstring(tree) or _assigned_doc(tree)
+    summaries = [
+        (node.name, _first_line(ast.get_docstring(node)))
+        for node in tree.body
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+    ]
+    return _with_summaries(doc, summaries) or None
+
+
+def _assigned_doc(tree: ast.Module) -> str:
+    """`__doc__ = \"\"\"...\"\"\"` at module level (hashlib sets its docstring so)."""
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "__doc__" for t in node.targets)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            return inspect.cleandoc(node.value.value)
+    return ""
+
+
+def _first_line(doc: str | None) -> str:
+    return doc.strip().split("\n\n")[0].replace("\n", " ").strip() if doc else ""
+
+
+def _with_summaries(doc: str, summaries: Sequence[tuple[str, str]]) -> str:
+    if len(doc.split()) >= SHORT_DOCSTRING_WORDS:
+        return doc
+    lines = [f"{name}: {line}" for name, line in summaries if line]
+    return "\n".join([doc, *lines]).strip()
 
 
 def load_corpus(corpus: str | Sequence[str]) -> list[Document]:

@@ -28,10 +28,23 @@ logger = logging.getLogger(__name__)
 Vectors = np.ndarray[Any, np.dtype[np.float32]]
 
 
-class VectorRetriever(Component):
-    """The shared part: corpus, embedder, cached vectors, batched `retrieve`. Subclasses index and search."""
+RRF_K = 60  # reciprocal-rank fusion's damping constant (Cormack et al., 2009)
+FUSION_DEPTH = 50  # how far down each ranking fusion looks
 
-    def __init__(self, corpus: str | Sequence[str] = "pydoc", *, topk: int = 3, embedder: Embedder | None = None) -> None:
+
+class VectorRetriever(Component):
+    """The shared part: corpus, embedder, cached vectors, batched `retrieve`. Subclasses index and search.
+
+    `lexical=True` fuses the vector ranking with BM25 over the same chunks by reciprocal-rank fusion:
+    each chunk scores the sum of 1 / (60 + rank) over the two rankings (their first 50 each), ties
+    broken by corpus order, so the result is exactly deterministic; a hit's `score` is then that sum,
+    not a cosine similarity. It finds the chunk that names a question's words ("CSV", "SHA-256")
+    where the embedding alone ranks a merely similar topic first.
+    """
+
+    def __init__(
+        self, corpus: str | Sequence[str] = "pydoc", *, topk: int = 3, embedder: Embedder | None = None, lexical: bool = False
+    ) -> None:
         if topk < 1:
             raise ValueError(f"topk must be >= 1; got {topk}")
         if not isinstance(corpus, str) and not corpus:
@@ -41,12 +54,18 @@ class VectorRetriever(Component):
         self.corpus = corpus if isinstance(corpus, str) else list(corpus)
         self.topk = topk
         self.embedder = embedder if embedder is not None else Embedder()
+        self.lexical = lexical
 
     def setup(self) -> None:
         ensure_setup(self.embedder)
         self.docs = load_corpus(self.corpus)
         vectors = self._vectors()
         self.build(vectors)
+        if self.lexical:
+            from patchkit.components.blocks import BM25Index
+
+            self.bm25 = BM25Index(self.docs)
+            self.positions = {doc.id: i for i, doc in enumerate(self.docs)}
 
     def _vectors(self) -> Vectors:
         key = f"{fingerprint(self.docs)}-{self.embedder.name}"
@@ -75,11 +94,23 @@ class VectorRetriever(Component):
     def retrieve(self, query: list[str], topk: list[int | None] = None) -> list[list[Hit]]:  # type: ignore[assignment]
         # Called per question as retrieve(query, topk=None); `topk` left out is None per item: self.topk.
         k = max(t or self.topk for t in topk)
-        found = self.search(self.embedder.encode(list(query)), k)
+        if self.lexical:
+            dense = self.search(self.embedder.encode(list(query)), max(k, FUSION_DEPTH))
+            found = [self._fuse(ranked, q, k) for ranked, q in zip(dense, query)]
+        else:
+            found = self.search(self.embedder.encode(list(query)), k)
         return [
             [Hit(self.docs[i].id, self.docs[i].title, self.docs[i].text, round(score, 6)) for i, score in hits[: t or self.topk]]
             for hits, t in zip(found, topk)
         ]
+
+    def _fuse(self, dense: list[tuple[int, float]], query: str, k: int) -> list[tuple[int, float]]:
+        lexical = [self.positions[hit.id] for hit in self.bm25(query, max(k, FUSION_DEPTH))]
+        scores: dict[int, float] = {}
+        for ranking in ([i for i, _ in dense], lexical):
+            for rank, i in enumerate(ranking, start=1):
+                scores[i] = scores.get(i, 0.0) + 1.0 / (RRF_K + rank)
+        return sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:k]
 
 
 class FaissRetriever(VectorRetriever):
@@ -94,10 +125,11 @@ class FaissRetriever(VectorRetriever):
         nlist: int | None = None,
         nprobe: int = 8,
         embedder: Embedder | None = None,
+        lexical: bool = False,
     ) -> None:
         if index not in ("flat", "ivf"):
             raise ValueError(f"index must be 'flat' or 'ivf'; got {index!r}")
-        super().__init__(corpus, topk=topk, embedder=embedder)
+        super().__init__(corpus, topk=topk, embedder=embedder, lexical=lexical)
         self.index_kind, self.nlist, self.nprobe = index, nlist, nprobe
 
     def build(self, vectors: Vectors) -> None:
