@@ -147,6 +147,13 @@ class Component:
         values only in `Endpoint.stats()`. None by default."""
         return {}
 
+    def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """A key naming the state a call of `method` reuses on the replica that ran it (the prompt prefix
+        whose KV state an LLM keeps), or None. A deployment sends a call with a key to the replica that
+        last ran a call with that key, unless that one is much busier than the least loaded (cache-aware
+        routing). Called by the front-end for every call, so it must be cheap. None by default."""
+        return None
+
     def check_health(self) -> None:
         """Raise if this replica should no longer serve (a lost connection, a wedged engine): called by
         its worker for every periodic health check (`health_check_period_s`), on a thread other than
@@ -221,6 +228,7 @@ class MakeMethod:
         max_batch_size: int | None = None,
         timeout_s: float | None = None,
         retries: int | None = None,
+        max_concurrency: int | None = None,
     ) -> None:
         _check_target(fn, batch=batch)
         if max_batch_size is not None and (not _is_int(max_batch_size) or max_batch_size < 1):
@@ -231,6 +239,11 @@ class MakeMethod:
             raise MakeError(f"@make on {fn.__qualname__}: timeout_s must be a positive number of seconds; got {timeout_s!r}")
         if retries is not None and (not _is_int(retries) or retries < 0):
             raise MakeError(f"@make on {fn.__qualname__}: retries must be an int >= 0 (0: never re-sent); got {retries!r}")
+        if max_concurrency is not None and (not _is_int(max_concurrency) or max_concurrency < 1):
+            raise MakeError(
+                f"@make on {fn.__qualname__}: max_concurrency must be a positive int (calls in flight per replica); "
+                f"got {max_concurrency!r}"
+            )
         self.fn = fn
         self.batch = batch
         # What a deployment batches this method's calls up to unless deploy() or a Plan says otherwise:
@@ -241,6 +254,10 @@ class MakeMethod:
         # Times a call is re-sent to another replica after its replica died or got stuck running it;
         # None: the deployment's max_retries. 0 for a call that must not run twice.
         self.retries: int | None = retries
+        # Calls one replica runs at once, from batches sent as calls arrive without waiting for those
+        # ahead (continuous batching: an engine that batches internally admits them between its steps);
+        # None: one batch at a time. Such a method must be safe to run from several threads at once.
+        self.max_concurrency: int | None = max_concurrency
         self.name: str = fn.__name__
         self.qualname: str = fn.__qualname__
         self.signature = inspect.signature(fn)
@@ -361,7 +378,12 @@ def _check_target(fn: Any, *, batch: bool) -> None:
 def make(fn: F, /) -> F: ...
 @overload
 def make(
-    *, batch: bool = False, max_batch_size: int | None = None, timeout_s: float | None = None, retries: int | None = None
+    *,
+    batch: bool = False,
+    max_batch_size: int | None = None,
+    timeout_s: float | None = None,
+    retries: int | None = None,
+    max_concurrency: int | None = None,
 ) -> Callable[[F], F]: ...
 def make(
     fn: Any = None,
@@ -371,6 +393,7 @@ def make(
     max_batch_size: int | None = None,
     timeout_s: float | None = None,
     retries: int | None = None,
+    max_concurrency: int | None = None,
 ) -> Any:
     """Mark a Component method as a pipeline step: `@make`, `@make()` or `@make(batch=True)`.
 
@@ -383,13 +406,18 @@ def make(
     deployment's `call_timeout_s`); past it the replica is recycled and the batch's calls are retried
     elsewhere or fail with DeadlineExceeded. `retries` is how many times a call is re-sent to another
     replica after its replica died or got stuck (default: the deployment's `max_retries`); 0 for a
-    method whose calls must not run twice. Both are checked here, when the decorator is applied.
+    method whose calls must not run twice. `max_concurrency`: the method is safe to run from several
+    threads at once, and a replica takes its calls as they arrive, up to this many in flight, without
+    waiting for the batch ahead to finish (an engine that batches internally, as vLLM's, or a method
+    that mostly waits on others). All are checked here, when the decorator is applied.
     """
+    options: dict[str, Any] = {"batch": batch, "max_batch_size": max_batch_size, "timeout_s": timeout_s, "retries": retries,
+               "max_concurrency": max_concurrency}
     if fn is None:
-        return lambda f: MakeMethod(f, batch=batch, max_batch_size=max_batch_size, timeout_s=timeout_s, retries=retries)
+        return lambda f: MakeMethod(f, **options)
     if not callable(fn):
         raise MakeError(f"@make takes keyword options only, as @make(batch=True); got {fn!r}")
-    return MakeMethod(fn, batch=batch, max_batch_size=max_batch_size, timeout_s=timeout_s, retries=retries)
+    return MakeMethod(fn, **options)
 
 
 def make_methods(cls: type) -> dict[str, MakeMethod]:
