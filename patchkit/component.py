@@ -229,8 +229,9 @@ class MakeMethod:
         timeout_s: float | None = None,
         retries: int | None = None,
         max_concurrency: int | None = None,
+        stream: bool = False,
     ) -> None:
-        _check_target(fn, batch=batch)
+        _check_target(fn, batch=batch, stream=stream)
         if max_batch_size is not None and (not _is_int(max_batch_size) or max_batch_size < 1):
             raise MakeError(f"@make on {fn.__qualname__}: max_batch_size must be a positive int; got {max_batch_size!r}")
         if timeout_s is not None and (
@@ -258,6 +259,9 @@ class MakeMethod:
         # ahead (continuous batching: an engine that batches internally admits them between its steps);
         # None: one batch at a time. Such a method must be safe to run from several threads at once.
         self.max_concurrency: int | None = max_concurrency
+        # A generator function yielding text chunks: a pipeline's call gets their concatenation, and a
+        # deployment can send the chunks to a streaming client as they are made.
+        self.stream: bool = stream
         self.name: str = fn.__name__
         self.qualname: str = fn.__qualname__
         self.signature = inspect.signature(fn)
@@ -297,6 +301,8 @@ class MakeMethod:
 
     def _run_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
         ensure_setup(component)
+        if self.stream:
+            return ["".join(self.chunks(component, args, kwargs)) for args, kwargs in calls]
         if not self.batch:
             return [self.fn(component, *args, **kwargs) for args, kwargs in calls]
         columns = self._columns(component, calls)
@@ -308,6 +314,14 @@ class MakeMethod:
                 f"input, {len(calls)} here; it returned {got}"
             )
         return list(results)
+
+    def chunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[str]:
+        """The text chunks of one call of a `stream=True` method, as it yields them; each checked to be a str."""
+        for chunk in self.fn(component, *args, **kwargs):
+            if not isinstance(chunk, str):
+                got = type(chunk).__name__
+                raise MakeError(f"{self.qualname} is @make(stream=True): it must yield str chunks; it yielded a {got}")
+            yield chunk
 
     def _columns(self, component: Component, calls: Sequence[Call]) -> list[list[Any]]:
         params = list(self.signature.parameters)[1:]
@@ -350,7 +364,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _check_target(fn: Any, *, batch: bool) -> None:
+def _check_target(fn: Any, *, batch: bool, stream: bool) -> None:
     """Reject what @make cannot serve when it is applied, naming the target."""
     if isinstance(fn, (staticmethod, classmethod, property)):
         raise MakeError(f"@make decorates instance methods of a Component; got a {type(fn).__name__}")
@@ -362,8 +376,13 @@ def _check_target(fn: Any, *, batch: bool) -> None:
             f"@make on {fn.__qualname__}: it is a plain function; define it as a method of a class "
             "that derives from patchkit.Component"
         )
-    if inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
-        raise MakeError(f"@make on {fn.__qualname__}: write it as a plain def returning its result")
+    if stream and (batch or not inspect.isgeneratorfunction(fn)):
+        shape = "a per-item method, not batch=True" if batch else "a generator function (a def that yields)"
+        raise MakeError(f"@make(stream=True) on {fn.__qualname__}: it must be {shape} yielding str chunks; "
+                        "an engine batching concurrent calls itself takes max_concurrency=N")
+    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn) or (inspect.isgeneratorfunction(fn) and not stream):
+        hint = "; a method yielding text chunks takes @make(stream=True)" if inspect.isgeneratorfunction(fn) else ""
+        raise MakeError(f"@make on {fn.__qualname__}: write it as a plain def returning its result{hint}")
     params = list(inspect.signature(fn).parameters.values())
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
         raise MakeError(f"@make on {fn.__qualname__}: a method needs `self` as its first parameter")
@@ -384,6 +403,7 @@ def make(
     timeout_s: float | None = None,
     retries: int | None = None,
     max_concurrency: int | None = None,
+    stream: bool = False,
 ) -> Callable[[F], F]: ...
 def make(
     fn: Any = None,
@@ -394,6 +414,7 @@ def make(
     timeout_s: float | None = None,
     retries: int | None = None,
     max_concurrency: int | None = None,
+    stream: bool = False,
 ) -> Any:
     """Mark a Component method as a pipeline step: `@make`, `@make()` or `@make(batch=True)`.
 
@@ -409,10 +430,13 @@ def make(
     method whose calls must not run twice. `max_concurrency`: the method is safe to run from several
     threads at once, and a replica takes its calls as they arrive, up to this many in flight, without
     waiting for the batch ahead to finish (an engine that batches internally, as vLLM's, or a method
-    that mostly waits on others). All are checked here, when the decorator is applied.
+    that mostly waits on others). `stream=True` marks a per-item generator function yielding str
+    chunks (tokens): pipeline code still gets the whole string, while a streaming request to a
+    deployment whose output it makes receives the chunks as they come. All are checked here, when
+    the decorator is applied.
     """
     options: dict[str, Any] = {"batch": batch, "max_batch_size": max_batch_size, "timeout_s": timeout_s, "retries": retries,
-               "max_concurrency": max_concurrency}
+               "max_concurrency": max_concurrency, "stream": stream}
     if fn is None:
         return lambda f: MakeMethod(f, **options)
     if not callable(fn):
