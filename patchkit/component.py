@@ -16,7 +16,7 @@ import math
 import re
 import threading
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, overload
@@ -34,6 +34,7 @@ __all__ = [
     "ensure_setup",
     "make",
     "make_methods",
+    "mark_served_elsewhere",
 ]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
@@ -59,9 +60,13 @@ class ComponentSpec:
         component.__dict__["_patchkit_spec"] = self
         return component
 
+    def parameter_names(self) -> list[str]:
+        """The names of the constructor's parameters the positional `args` fill ('' where it cannot name one)."""
+        return _parameter_names(self.cls, len(self.args))
+
     def describe(self) -> str:
         """`Cls(arg, key=value)` with short reprs, for graphs, plans and logs; secrets masked (`secret_like`)."""
-        names = _parameter_names(self.cls, len(self.args))
+        names = self.parameter_names()
         parts = [_short_repr(_masked(name, a)) for name, a in zip(names, self.args, strict=True)]
         parts += [f"{k}={_short_repr(_masked(k, v))}" for k, v in self.kwargs.items()]
         return f"{self.cls.__name__}({', '.join(parts)})"
@@ -189,6 +194,12 @@ def ensure_setup(component: Component) -> None:
             state["_patchkit_ready"] = True
 
 
+def mark_served_elsewhere(component: Component) -> None:
+    """Mark `component` as served by its own deployment, not by this process: it is held by a worker's
+    component, whose calls of it go through the worker's hook, so its `setup()` never runs here."""
+    component.__dict__["_patchkit_ready"] = True
+
+
 class CallHook(Protocol):
     """Receives every `@make` call made while it is installed (see `call_hook`).
 
@@ -289,15 +300,33 @@ class MakeMethod:
         """Run one call in this process (Jupyter prototyping, capture's eager run)."""
         return self.run_batch(component, [(args, kwargs)])[0]
 
-    def run_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
+    def run_batch(self, component: Component, calls: Sequence[Call], hook: CallHook | None = None) -> list[Any]:
         """Run a batch of calls: one call of a `batch=True` method over lists, else one call each.
 
         Called by a worker for every batch it receives, and by `run_local` with a batch of one. A
-        component's own code runs with no hook: the `@make` calls it makes to components it holds
-        run right here, wherever it runs, and are not pipeline calls.
+        component's own code runs under `hook`: the `@make` calls it makes to components it holds
+        go through it. None (eagerly, and for components it holds privately) runs them right here;
+        a worker passes one that sends calls of components deployed on their own to their replicas.
         """
-        with call_hook(None):
+        with call_hook(hook):
             return self._run_batch(component, calls)
+
+    def run_chunks(
+        self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any], hook: CallHook | None = None
+    ) -> Generator[str, None, None]:
+        """One call of a `stream=True` method, chunk by chunk, set up and under `hook` as `run_batch`
+        runs it. Closing the iterator closes the method's own generator, which ends its work there."""
+        ensure_setup(component)
+        chunks = self.chunks(component, args, kwargs)
+        try:
+            while True:
+                with call_hook(hook):
+                    chunk = next(chunks, None)
+                if chunk is None:
+                    return
+                yield chunk
+        finally:
+            chunks.close()
 
     def _run_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
         ensure_setup(component)
@@ -315,13 +344,17 @@ class MakeMethod:
             )
         return list(results)
 
-    def chunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[str]:
+    def chunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Generator[str, None, None]:
         """The text chunks of one call of a `stream=True` method, as it yields them; each checked to be a str."""
-        for chunk in self.fn(component, *args, **kwargs):
-            if not isinstance(chunk, str):
-                got = type(chunk).__name__
-                raise MakeError(f"{self.qualname} is @make(stream=True): it must yield str chunks; it yielded a {got}")
-            yield chunk
+        made = self.fn(component, *args, **kwargs)
+        try:
+            for chunk in made:
+                if not isinstance(chunk, str):
+                    got = type(chunk).__name__
+                    raise MakeError(f"{self.qualname} is @make(stream=True): it must yield str chunks; it yielded a {got}")
+                yield chunk
+        finally:
+            made.close()
 
     def _columns(self, component: Component, calls: Sequence[Call]) -> list[list[Any]]:
         params = list(self.signature.parameters)[1:]

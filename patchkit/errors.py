@@ -104,6 +104,11 @@ class DeadlineExceeded(PatchkitError):
     """A request ran past its deadline (its SLO, or the endpoint's)."""
 
 
+class Cancelled(PatchkitError):
+    """A request ended before its call did (its client went away, or its caller cancelled it): the call
+    was withdrawn from its queue or aborted where it ran."""
+
+
 class Overloaded(PatchkitError):
     """Admission is closed because the admission queue is full."""
 

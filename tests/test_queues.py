@@ -22,7 +22,7 @@ class HeldChannel:
         self.sent: list[int] = []  # the size of each batch, in the order sent
         self.held: list[asyncio.Future[None]] = []
 
-    async def run_batch(self, method: str, calls: Sequence[Call]) -> list[Outcome]:
+    async def run_batch(self, method: str, calls: Sequence[Call], **extras: Any) -> list[Outcome]:
         self.sent.append(len(calls))
         done = asyncio.get_running_loop().create_future()
         self.held.append(done)

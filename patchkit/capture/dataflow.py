@@ -30,7 +30,7 @@ from bytecode import Bytecode, CellVar, FreeVar, Instr, Label, TryBegin
 
 from patchkit.capture.analysis import reachable, successors
 from patchkit.capture.compat import name_of
-from patchkit.capture.graph import OUTPUT, Graph, Guard, Loop
+from patchkit.capture.graph import OUTPUT, PART, Graph, Guard, Loop
 from patchkit.capture.holders import held_components
 from patchkit.capture.ir import BlockExit, CapturedBlock
 from patchkit.capture.recorder import CallSite
@@ -47,6 +47,7 @@ _LOADS = frozenset(
     {"LOAD_NAME", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_DEREF", "LOAD_CLOSURE", "LOAD_GLOBAL"}
 )
 _STORES = frozenset({"STORE_NAME", "STORE_FAST", "STORE_DEREF", "STORE_GLOBAL"})
+_BUILDS = frozenset({"BUILD_LIST", "BUILD_TUPLE", "BUILD_MAP", "BUILD_CONST_KEY_MAP"})  # containers of their operands
 _ADDS = frozenset({"LIST_APPEND", "SET_ADD", "MAP_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE", "DICT_MERGE"})
 
 
@@ -88,12 +89,15 @@ class Value:
     taint: frozenset[str] = _EMPTY
     obj: Any = None
     origin: str | None = None
+    # The call nodes whose very result this value is, or holds as an item of a list, tuple or dict built
+    # from it: a streaming call among them makes (part of) the output as it is, so its chunks may stream.
+    parts: frozenset[str] = _EMPTY
 
     def join(self, other: Value) -> Value:
         same = self.obj is other.obj or (isinstance(self.obj, (_MakeRef, _CodeRef)) and self.obj == other.obj)
         obj = self.obj if same else None
         origin = self.origin if self.origin == other.origin else None
-        return Value(self.taint | other.taint, obj, origin)
+        return Value(self.taint | other.taint, obj, origin, self.parts | other.parts)
 
 
 def _union(values: list[Value]) -> frozenset[str]:
@@ -123,7 +127,7 @@ class _Scope:
                 return self.outer.load(self.outer_env, "LOAD_NAME", name)
             return Value(obj=self.globals.get(name, _builtin(name)), origin=name)
         if name in env:
-            return Value(env[name].taint, env[name].obj, name)
+            return Value(env[name].taint, env[name].obj, name, env[name].parts)
         if op in ("LOAD_DEREF", "LOAD_CLOSURE") and self.outer is not None:
             return self.outer.load(self.outer_env, op, name)
         if name in self.cells:
@@ -266,6 +270,7 @@ class _Analysis:
         self.filename = filename
         self._memo: dict[tuple[Any, ...], frozenset[str]] = {}
         self._registered: set[int] = set()
+        self.output_parts: frozenset[str] = _EMPTY  # the `parts` of what the block returns or outputs
 
     def register(self, obj: Any, name: str | None) -> None:
         """Name, in the graph, every component reachable from an object the code loads."""
@@ -307,6 +312,8 @@ class _Analysis:
                 entry[j] = (out_stack, out_env)
                 todo.append(j)
             returned |= step.returned
+            if depth == 0:
+                self.output_parts |= step.parts
         return returned
 
     def call(
@@ -351,6 +358,7 @@ class _Step:
         self.depth = depth
         self.conditions = conditions
         self.returned: frozenset[str] = _EMPTY
+        self.parts: frozenset[str] = _EMPTY  # the `parts` of what it returns
         self.env: Env = {}
 
     def run(self, i: int, stack: list[Value], env: Env, output: str | None) -> list[tuple[int, tuple[Value, ...], Env]]:
@@ -359,7 +367,9 @@ class _Step:
         succ = self.shape.succ[i]
         if isinstance(e, BlockExit):
             if output is not None:
-                self.returned |= self.scope.load(env, "LOAD_NAME", output).taint
+                value = self.scope.load(env, "LOAD_NAME", output)
+                self.returned |= value.taint
+                self.parts |= value.parts
             return []
         if isinstance(e, TryBegin):
             depth = e.stack_depth if isinstance(e.stack_depth, int) else len(stack)
@@ -401,7 +411,7 @@ class _Step:
             self._super_attribute(e, stack)
         elif name in _STORES:
             value = stack.pop() if stack else Value()
-            self.env[name_of(e.arg)] = Value(value.taint, value.obj)
+            self.env[name_of(e.arg)] = Value(value.taint, value.obj, parts=value.parts)
         elif name in ("DELETE_NAME", "DELETE_FAST", "DELETE_DEREF"):
             self.env.pop(name_of(e.arg), None)
         elif name == "LOAD_CONST":
@@ -417,7 +427,9 @@ class _Step:
         elif name in ("CALL", "CALL_KW", "CALL_FUNCTION_EX"):
             self._call(i, e, stack)
         elif name in ("RETURN_VALUE", "YIELD_VALUE"):
-            self.returned |= stack.pop().taint if stack else _EMPTY
+            value = stack.pop() if stack else Value()
+            self.returned |= value.taint
+            self.parts |= value.parts
         else:
             self._generic(e, stack)
 
@@ -461,7 +473,8 @@ class _Step:
             _absorb(self.env, container.origin, popped[0].taint)
         code = next((v.obj for v in popped if isinstance(v.obj, _CodeRef)), None)
         keep_code = e.name in ("MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE")
-        stack += [Value(_union(popped), code if keep_code else None)] * pushes
+        parts = frozenset().union(*(v.parts for v in popped)) if e.name in _BUILDS else _EMPTY
+        stack += [Value(_union(popped), code if keep_code else None, parts=parts)] * pushes
 
     def _context_at(self, i: int) -> tuple[list[Guard], list[str]]:
         guards = list(self.context[0])
@@ -483,7 +496,8 @@ class _Step:
         args = [v for v in popped if v.obj is not ref or ref is None]
         taint = _union(args)
         if isinstance(ref, _MakeRef):
-            stack.append(Value(frozenset({self._node(i, e, ref, taint)})))
+            node = frozenset({self._node(i, e, ref, taint)})
+            stack.append(Value(node, parts=node))
             return
         if len(popped) == 4 and any(v.obj is builtins.super for v in popped[:2]) and isinstance(popped[2].obj, type):
             stack.append(Value(taint, _SuperRef(popped[2].obj, popped[3].obj)))  # super(cls, self)
@@ -558,7 +572,7 @@ def build_graph(
     body = tuple(_as_cell(e) for e in block.body)
     returned = analysis.run(body, scope, variables, block.filename, ([], []), output)
     for src in sorted(returned):
-        graph.add_edge(src, OUTPUT, "data")
+        graph.add_edge(src, OUTPUT, "data", PART if src in analysis.output_parts else "")
     return graph
 
 

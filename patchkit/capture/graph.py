@@ -17,9 +17,10 @@ from patchkit.capture import render
 from patchkit.capture.recorder import CallRecord, CallSite
 from patchkit.component import Component
 
-__all__ = ["Edge", "Graph", "Guard", "Loop", "Node", "OUTPUT"]
+__all__ = ["OUTPUT", "PART", "Edge", "Graph", "Guard", "Loop", "Node"]
 
 OUTPUT = "output"
+PART = "part"  # the label of a data edge into OUTPUT from a call whose result the output is, or holds as an item
 
 
 @dataclass(frozen=True)
@@ -122,6 +123,12 @@ class Graph:
     def visits_per_run(self) -> dict[str, float]:
         """Expected calls per request of each node, from the eager runs so far."""
         return {n.id: (n.visits / self.runs if self.runs else 0.0) for n in self.nodes.values()}
+
+    def output_sites(self) -> frozenset[CallSite]:
+        """The call sites whose result is the output as it is, or an item of it (a field of a dict output):
+        a streaming call there streams the output."""
+        sources = {e.src for e in self.edges if e.dst == OUTPUT and e.label == PART}
+        return frozenset(self.nodes[n].site for n in sources if n in self.nodes)
 
     def components(self) -> dict[str, Component]:
         return dict(self._named.values())

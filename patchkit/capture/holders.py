@@ -24,7 +24,7 @@ from typing import Any
 
 from patchkit.component import Component
 
-__all__ = ["MAX_DEPTH", "MAX_OBJECTS", "held_components", "holds_components"]
+__all__ = ["MAX_DEPTH", "MAX_OBJECTS", "constructor_components", "held_components", "holds_components"]
 
 MAX_DEPTH = 4
 MAX_OBJECTS = 10_000
@@ -58,6 +58,18 @@ def held_components(value: Any, name: str) -> list[tuple[str, Component]]:
         room = max(MAX_OBJECTS - len(seen) - len(todo), 0)
         children = itertools.islice(_children(obj, label), room)
         todo.extend((child, child_label, depth + 1) for child, child_label in children)
+    return found
+
+
+def constructor_components(component: Component) -> list[tuple[str, Component]]:
+    """The components passed to `component`'s constructor, found in its recorded arguments as
+    `held_components` finds them, each named after its parameter (`Grader(llm)` -> "generator").
+    A deployment serves each on its own and the holder calls it there (a shared component)."""
+    spec = component._patchkit_spec
+    names = spec.parameter_names()
+    found: list[tuple[str, Component]] = []
+    for name, value in [*zip(names, spec.args), *spec.kwargs.items()]:
+        found += [(label, inner) for label, inner in held_components(value, name or "arg") if inner is not component]
     return found
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -37,8 +37,16 @@ class Channel(Protocol):
     lost_reason: str
 
     async def run_batch(
-        self, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
-    ) -> list[Outcome]: ...
+        self,
+        method: str,
+        calls: Sequence[Call],
+        expires_in: Sequence[float | None] | None = None,
+        on_chunk: Sequence[Callable[[str], None] | None] | None = None,
+        ended: Sequence[asyncio.Future[Any]] | None = None,
+    ) -> list[Outcome]:
+        """Run a batch there: an outcome per call. `expires_in`: per call, the seconds its request has left;
+        `on_chunk`: per call, where a streaming call's chunks go; `ended`: per call, a future cancelled
+        when its request ends, which stops the call there (see `GrpcChannel.run_batch`)."""
 
     async def health(self, timeout_s: float) -> None:
         """Return if the replica answers within `timeout_s` and its component's `check_health()` passes; else raise."""

@@ -6,15 +6,27 @@ Shared by the worker process and the inprocess backend, so both isolate failures
 from __future__ import annotations
 
 import json
+import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.component import Call, Component, MakeMethod
-from patchkit.errors import CallError, ComponentError, PatchkitError
+from patchkit.component import Call, CallHook, Component, MakeMethod
+from patchkit.errors import CallError, Cancelled, ComponentError, PatchkitError
 
-__all__ = ["COMPONENT", "FRONTEND", "WIRE", "Failure", "Outcome", "component_stats", "run_batch", "setup_error"]
+__all__ = [
+    "COMPONENT",
+    "FRONTEND",
+    "WIRE",
+    "Failure",
+    "Outcome",
+    "component_stats",
+    "run_batch",
+    "run_calls",
+    "run_streamed",
+    "setup_error",
+]
 
 # Where a call failed (`Failure.source`).
 COMPONENT = "component"  # its component's code raised
@@ -74,27 +86,87 @@ class Failure:
 Outcome = tuple[bool, Any]
 
 
-def run_batch(component: Component, method_name: str, calls: Sequence[Call]) -> list[Outcome]:
+def run_batch(component: Component, method_name: str, calls: Sequence[Call], hook: CallHook | None = None) -> list[Outcome]:
     """Run `calls` as one batch; a failing batch method is re-run call by call to find the failing call.
 
     Called by a worker for every batch message, by the inprocess backend on its replica thread.
+    `hook`: what the component's own calls to the components it holds go through (`MakeMethod.run_batch`).
     """
-    method = getattr(type(component), method_name, None)
-    if not isinstance(method, MakeMethod):
-        cls = type(component).__name__
-        error = ComponentError(cls, method_name, f"{cls} has no @make method {method_name!r}")
-        return [(False, Failure.of(error))] * len(calls)
+    method = _method(component, method_name)
+    if isinstance(method, Failure):
+        return [(False, method)] * len(calls)
     if method.batch and len(calls) > 1:
         try:
-            return [(True, result) for result in method.run_batch(component, calls)]
+            return [(True, result) for result in method.run_batch(component, calls, hook)]
         except Exception:  # noqa: S110 - re-run one by one below, so only the failing call fails
             pass
-    return [_run_one(method, component, call) for call in calls]
+    return [_run_one(method, component, call, hook) for call in calls]
 
 
-def _run_one(method: MakeMethod, component: Component, call: Call) -> Outcome:
+def run_calls(
+    component: Component,
+    method_name: str,
+    calls: Sequence[Call],
+    on_chunk: Callable[[int, str], None] | None = None,
+    cancelled: Sequence[threading.Event] | None = None,
+    hook: CallHook | None = None,
+) -> list[Outcome]:
+    """Run a batch's calls: as `run_batch`, but a `stream=True` method's calls one by one through
+    `run_streamed`, their chunks handed to `on_chunk(index, text)` and each stopped once its
+    `cancelled` event is set. Called by the worker and the inprocess backend for every batch."""
+    method = getattr(type(component), method_name, None)
+    if not (isinstance(method, MakeMethod) and method.stream):
+        return run_batch(component, method_name, calls, hook)
+    outcomes = []
+    for i, call in enumerate(calls):
+        sink = (lambda text, i=i: on_chunk(i, text)) if on_chunk is not None else None
+        stop = cancelled[i] if cancelled is not None else threading.Event()
+        outcomes.append(run_streamed(component, method_name, call, sink, stop, hook))
+    return outcomes
+
+
+def run_streamed(
+    component: Component,
+    method_name: str,
+    call: Call,
+    on_chunk: Callable[[str], None] | None,
+    cancelled: threading.Event,
+    hook: CallHook | None = None,
+) -> Outcome:
+    """One call of a `stream=True` method: each chunk handed to `on_chunk` as it is made (None: kept
+    only), its outcome their concatenation. Once `cancelled` is set the method's generator is closed
+    at its next chunk (an engine then drops the sequence) and the outcome says Cancelled."""
+    method = _method(component, method_name)
+    if isinstance(method, Failure):
+        return (False, method)
+    parts: list[str] = []
     try:
-        return (True, method.run_batch(component, [call])[0])
+        chunks = method.run_chunks(component, *call, hook)
+        try:
+            for chunk in chunks:
+                if cancelled.is_set():
+                    return (False, Failure.verdict(Cancelled("its request ended while it ran: it was stopped")))
+                parts.append(chunk)
+                if on_chunk is not None:
+                    on_chunk(chunk)
+        finally:
+            chunks.close()
+    except Exception as exc:
+        return (False, Failure.of(exc))
+    return (True, "".join(parts))
+
+
+def _method(component: Component, method_name: str) -> MakeMethod | Failure:
+    method = getattr(type(component), method_name, None)
+    if isinstance(method, MakeMethod):
+        return method
+    cls = type(component).__name__
+    return Failure.of(ComponentError(cls, method_name, f"{cls} has no @make method {method_name!r}"))
+
+
+def _run_one(method: MakeMethod, component: Component, call: Call, hook: CallHook | None) -> Outcome:
+    try:
+        return (True, method.run_batch(component, [call], hook)[0])
     except Exception as exc:
         return (False, Failure.of(exc))
 

@@ -9,13 +9,13 @@ as on the process backends; only components never overlap one another.)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from patchkit.component import Call, Component, ensure_setup
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
-from patchkit.orchestrator.execute import Outcome, component_stats, run_batch, setup_error
+from patchkit.orchestrator.execute import Outcome, component_stats, run_calls, setup_error
 
 __all__ = ["InProcessBackend"]
 
@@ -31,12 +31,24 @@ class DirectChannel:
         self.calls = 0
 
     async def run_batch(
-        self, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
+        self,
+        method: str,
+        calls: Sequence[Call],
+        expires_in: Sequence[float | None] | None = None,
+        on_chunk: Sequence[Callable[[str], None] | None] | None = None,
+        ended: Sequence[asyncio.Future[Any]] | None = None,
     ) -> list[Outcome]:
-        """Run the batch now (`expires_in` does not apply: no call waits here behind another)."""
+        """Run the batch now, a streaming call's chunks handed to its `on_chunk` as they are made
+        (`expires_in` and `ended` do not apply: no call waits here, nor runs while its request ends)."""
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
-        outcomes = run_batch(self.component, method, calls)
+        sinks = on_chunk
+
+        def sink(index: int, text: str) -> None:
+            if sinks is not None and (target := sinks[index]) is not None:
+                target(text)
+
+        outcomes = run_calls(self.component, method, calls, sink if sinks is not None else None)
         self.batches += 1
         self.calls += len(calls)
         return outcomes

@@ -8,6 +8,11 @@ the previous one. `Health` and `Stats` are unary calls.
 Every RPC carries the deployment's secret in its metadata; the worker checks it before it reads,
 let alone unpickles, a single payload byte.
 
+A batch says, per call, whether its text chunks are wanted as they are made (a `stream=True` method
+whose request streams its output): the worker then sends a chunk message per chunk before the
+batch's reply. The front-end may send a cancel message naming one call of a batch in flight (its
+request ended): the worker stops a streaming call at its next chunk, and skips a call not started.
+
 Each message starts with a fixed header (the batch id, its size, its method), so that a payload
 that cannot be unpickled on the other side fails its own calls and nothing else: a call whose
 arguments do not pickle fails alone with a CallError before anything is sent, a batch the worker
@@ -18,27 +23,34 @@ Only the stream itself breaking is a lost replica.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import itertools
 import json
 import logging
 import pickle
-import queue
 import struct
-import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import cloudpickle
 import grpc
 import grpc.aio
 
-from patchkit.component import Call, Component
+from patchkit.component import Call
 from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
-from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_batch
+from patchkit.orchestrator.execute import Failure, Outcome
 
-__all__ = ["GrpcChannel", "WorkerService", "decode", "decode_batch", "encode", "encode_batch"]
+__all__ = [
+    "Batch",
+    "GrpcChannel",
+    "decode",
+    "decode_message",
+    "encode",
+    "encode_batch",
+    "encode_cancel",
+    "encode_chunk",
+    "encode_outcomes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -56,12 +68,16 @@ OPTIONS = [
 SERVER_OPTIONS = [*OPTIONS, ("grpc.so_reuseport", 0)]
 
 # A batch: its id, how its calls are pickled, how many there are, the length of its method's name;
-# then the name, then the payload. WHOLE: one pickle of (expires_in, calls). PER_CALL (when the whole
-# did not pickle): a pickle of (expires_in, [one pickle per call]), so the worker unpickles each alone.
+# then the name, then the payload. WHOLE: one pickle of (expires_in, streamed, calls). PER_CALL (when
+# the whole did not pickle): a pickle of (expires_in, streamed, [one pickle per call]), so the worker
+# unpickles each alone. CANCEL: the call at index `count` of the batch is to stop; nothing follows.
 _BATCH = struct.Struct(">QBIH")
-WHOLE, PER_CALL = 0, 1
-# A reply: its batch's id, then one pickle of its outcomes.
-_REPLY = struct.Struct(">Q")
+WHOLE, PER_CALL, CANCEL = 0, 1, 2
+# A reply: its batch's id and kind. OUTCOMES: one pickle of the batch's outcomes follows. CHUNK: the
+# call's index (_INDEX) and the chunk's text, UTF-8.
+_REPLY = struct.Struct(">QB")
+_INDEX = struct.Struct(">I")
+OUTCOMES, CHUNK = 0, 1
 
 
 def encode(value: Any) -> bytes:
@@ -73,50 +89,77 @@ def decode(data: bytes | memoryview) -> Any:
     return pickle.loads(data)  # noqa: S301
 
 
+@dataclass
+class Batch:
+    """A batch as the worker reads it: its calls (or the Failure a call's arguments are, when they did
+    not unpickle here), per call the seconds its request had left when sent (None: no limit) and
+    whether its chunks are wanted as they are made."""
+
+    batch_id: int
+    method: str
+    calls: list[Call | Failure]
+    expires_in: list[float | None]
+    streamed: list[bool]
+
+
 def encode_batch(
-    batch_id: int, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
+    batch_id: int,
+    method: str,
+    calls: Sequence[Call],
+    expires_in: Sequence[float | None] | None = None,
+    streamed: Sequence[bool] | None = None,
 ) -> tuple[bytes | None, dict[int, Failure]]:
     """The message for a batch, and the calls left out of it because their arguments do not pickle (by index).
 
     Called by the front-end for every batch it sends. `expires_in`: per call, the seconds its request
-    has left (None: no limit); the worker skips a call whose time ran out while it waited there. The
-    message is None when no call pickles.
+    has left (None: no limit); the worker skips a call whose time ran out while it waited there.
+    `streamed`: per call, whether the worker sends its chunks as they are made. The message is None
+    when no call pickles.
     """
     expiries = list(expires_in) if expires_in is not None else [None] * len(calls)
+    streams = list(streamed) if streamed is not None else [False] * len(calls)
     failed: dict[int, Failure] = {}
     try:
-        mode, payload = WHOLE, encode((expiries, list(calls)))
+        mode, payload = WHOLE, encode((expiries, streams, list(calls)))
     except Exception:  # find the calls that do not pickle: they fail alone, the others are sent
         parts: list[bytes] = []
-        kept: list[float | None] = []
+        kept: list[int] = []
         for i, call in enumerate(calls):
             try:
                 parts.append(encode(call))
             except Exception as exc:
                 failed[i] = Failure.on_wire("its arguments cannot be sent to the worker: they do not pickle", exc)
             else:
-                kept.append(expiries[i])
+                kept.append(i)
         if not parts:
             return None, failed
-        mode, payload = PER_CALL, pickle.dumps((kept, parts), protocol=pickle.HIGHEST_PROTOCOL)
+        extras = ([expiries[i] for i in kept], [streams[i] for i in kept])
+        mode, payload = PER_CALL, pickle.dumps((*extras, parts), protocol=pickle.HIGHEST_PROTOCOL)
     name = method.encode()
     return _BATCH.pack(batch_id, mode, len(calls) - len(failed), len(name)) + name + payload, failed
 
 
-def decode_batch(message: bytes) -> tuple[int, str, list[Call | Failure], list[float | None]]:
-    """A batch message's id, method, calls and their seconds left (None: no limit), as the worker reads it.
+def encode_cancel(batch_id: int, index: int) -> bytes:
+    """The message that stops call `index` (of those sent) of batch `batch_id` at the worker."""
+    return _BATCH.pack(batch_id, CANCEL, index, 0)
+
+
+def decode_message(message: bytes) -> Batch | tuple[int, int]:
+    """A batch, or a cancel message's (batch id, call index), as the worker reads them.
 
     A call whose arguments cannot be unpickled here comes back as the Failure that is its outcome; if
-    the payload as a whole cannot be, every call does. Raises only on a message that is not a batch.
+    the payload as a whole cannot be, every call does. Raises only on a message that is neither.
     """
     batch_id, mode, count, length = _BATCH.unpack_from(message)
+    if mode == CANCEL:
+        return batch_id, count
     method = message[_BATCH.size : _BATCH.size + length].decode()
     payload = memoryview(message)[_BATCH.size + length :]
     try:
-        expires_in, items = decode(payload)
+        expires_in, streamed, items = decode(payload)
     except Exception as exc:
         failure = Failure.on_wire("the worker cannot unpickle the arguments of its batch", exc)
-        return batch_id, method, [failure] * count, [None] * count
+        return Batch(batch_id, method, [failure] * count, [None] * count, [False] * count)
     if mode == PER_CALL:
         calls: list[Call | Failure] = []
         for item in items:
@@ -124,8 +167,8 @@ def decode_batch(message: bytes) -> tuple[int, str, list[Call | Failure], list[f
                 calls.append(decode(item))
             except Exception as exc:
                 calls.append(Failure.on_wire("the worker cannot unpickle its arguments", exc))
-        return batch_id, method, calls, expires_in
-    return batch_id, method, items, expires_in
+        return Batch(batch_id, method, calls, expires_in, streamed)
+    return Batch(batch_id, method, items, expires_in, streamed)
 
 
 def encode_outcomes(batch_id: int, outcomes: list[Outcome]) -> bytes:
@@ -134,7 +177,12 @@ def encode_outcomes(batch_id: int, outcomes: list[Outcome]) -> bytes:
         payload = encode(outcomes)
     except Exception:  # find the values that do not pickle, below
         payload = encode([_picklable(outcome) for outcome in outcomes])
-    return _REPLY.pack(batch_id) + payload
+    return _REPLY.pack(batch_id, OUTCOMES) + payload
+
+
+def encode_chunk(batch_id: int, index: int, text: str) -> bytes:
+    """A chunk of call `index` of batch `batch_id`, sent as its method makes it."""
+    return _REPLY.pack(batch_id, CHUNK) + _INDEX.pack(index) + text.encode("utf-8", "surrogatepass")
 
 
 def _picklable(outcome: Outcome) -> Outcome:
@@ -146,111 +194,6 @@ def _picklable(outcome: Outcome) -> Outcome:
         if ok:
             return (False, Failure.on_wire(f"its result ({type(value).__name__}) cannot be sent back: it does not pickle", exc))
         return (False, Failure(None, value.type_name, value.message, value.traceback, value.source))
-
-
-class WorkerService:
-    """The worker's side: runs batches on its component, one at a time, and answers health and stats."""
-
-    def __init__(self, component: Component, name: str, secret: str, describe: Callable[[], dict[str, Any]]) -> None:
-        self.component = component
-        self.name = name
-        self._secret = secret
-        self._describe = describe
-        self._lock = threading.Lock()  # a replica runs one batch at a time, whatever the number of streams
-        self._checking = threading.Lock()  # one check_health() at a time: a hung one fails the next checks
-        self.batches = 0
-        self.calls = 0
-        self.skipped = 0  # calls not run: their request had run out of time before the worker reached them
-        self.busy_s = 0.0
-        self.started = time.time()
-
-    def handler(self) -> grpc.GenericRpcHandler:
-        return grpc.method_handlers_generic_handler(
-            SERVICE,
-            {
-                "Batches": grpc.stream_stream_rpc_method_handler(self._batches),
-                "Health": grpc.unary_unary_rpc_method_handler(self._health),
-                "Stats": grpc.unary_unary_rpc_method_handler(self._stats),
-            },
-        )
-
-    def _authorize(self, context: grpc.ServicerContext) -> None:
-        given = dict(context.invocation_metadata()).get(SECRET_KEY, "")
-        if not (isinstance(given, str) and hmac.compare_digest(given.encode(), self._secret.encode())):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing deployment secret")
-
-    def _batches(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
-        self._authorize(context)
-        # A thread takes messages off the stream as they arrive, so that a call's time left counts from
-        # its arrival, not from when the batch before it is done.
-        inbox: queue.SimpleQueue[tuple[float, bytes] | None] = queue.SimpleQueue()
-
-        def receive() -> None:
-            try:
-                for message in requests:
-                    inbox.put((time.monotonic(), message))
-            except Exception:  # noqa: S110 - the stream ended: the front-end closed it or went away
-                pass
-            finally:
-                inbox.put(None)
-
-        threading.Thread(target=receive, name="patchkit-stream", daemon=True).start()
-        while (item := inbox.get()) is not None:
-            arrived, message = item
-            batch_id, method, calls, expires_in = decode_batch(message)
-            deadlines = [None if left is None else arrived + left for left in expires_in]
-            yield encode_outcomes(batch_id, self.run(method, calls, deadlines))
-
-    def run(
-        self, method: str, calls: Sequence[Call | Failure], deadlines: Sequence[float | None] | None = None
-    ) -> list[Outcome]:
-        """Run a batch's calls once the replica is free; those already failed (their arguments did not
-        unpickle) or past their deadline (`time.monotonic()`; their request has been answered) are not run."""
-        with self._lock:
-            start = time.perf_counter()
-            now = time.monotonic()
-            outcomes: list[Outcome | None] = [None] * len(calls)
-            runnable: dict[int, Call] = {}
-            for i, call in enumerate(calls):
-                deadline = deadlines[i] if deadlines is not None else None
-                if isinstance(call, Failure):
-                    outcomes[i] = (False, call)
-                elif deadline is not None and now >= deadline:
-                    late = DeadlineExceeded("its request ran out of time before the worker reached it: the call was not run")
-                    outcomes[i] = (False, Failure.verdict(late))
-                    self.skipped += 1
-                else:
-                    runnable[i] = call
-            if runnable:
-                for i, outcome in zip(runnable, run_batch(self.component, method, list(runnable.values()))):
-                    outcomes[i] = outcome
-                self.batches += 1
-                self.calls += len(runnable)
-            self.busy_s += time.perf_counter() - start
-        return [outcome for outcome in outcomes if outcome is not None]
-
-    def _health(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        """Answers the front-end's handshake and its periodic checks; a check (`CHECK`) also runs the
-        component's `check_health()` here, on a gRPC thread, off the thread that runs batches."""
-        self._authorize(context)
-        if request != CHECK:
-            return b'{"status": "ok"}'
-        if not self._checking.acquire(blocking=False):
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the check_health() of an earlier check has not returned")
-        try:
-            self.component.check_health()
-        except Exception as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"check_health() raised {type(exc).__name__}: {exc}")
-        finally:
-            self._checking.release()
-        return b'{"status": "ok"}'
-
-    def _stats(self, request: bytes, context: grpc.ServicerContext) -> bytes:
-        self._authorize(context)
-        stats = {"component": self.name, "batches": self.batches, "calls": self.calls, "skipped": self.skipped,
-                 "busy_s": self.busy_s}
-        stats["uptime_s"] = time.time() - self.started
-        return json.dumps({**stats, **self._describe(), "component_stats": component_stats(self.component)}).encode()
 
 
 class GrpcChannel:
@@ -278,6 +221,7 @@ class GrpcChannel:
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=[*OPTIONS, *options])
         self._pending: dict[int, asyncio.Future[list[Outcome] | Failure]] = {}
+        self._sinks: dict[int, Sequence[Callable[[str], None] | None]] = {}  # batch id -> per call, where chunks go
         self._ids = itertools.count()
         self._write_lock = asyncio.Lock()
         self._call: Any = None
@@ -294,22 +238,36 @@ class GrpcChannel:
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def run_batch(
-        self, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
+        self,
+        method: str,
+        calls: Sequence[Call],
+        expires_in: Sequence[float | None] | None = None,
+        on_chunk: Sequence[Callable[[str], None] | None] | None = None,
+        ended: Sequence[asyncio.Future[Any]] | None = None,
     ) -> list[Outcome]:
         """Send a batch and return an outcome per call, in order; raises WorkerDiedError when the replica is lost.
 
         `expires_in`: per call, the seconds its request has left (None: no limit): the worker does not
-        run a call it reaches later than that. A call whose arguments do not pickle is not sent: its
-        outcome says so, and the others go.
+        run a call it reaches later than that. `on_chunk`: per call, where the chunks of a `stream=True`
+        method go as the worker makes them (None: the call's outcome only). `ended`: per call, a future
+        whose cancellation (its request ended) stops the call at the worker. A call whose arguments do
+        not pickle is not sent: its outcome says so, and the others go.
         """
         if self.lost.is_set():
             raise WorkerDiedError(f"replica at {self.address} is gone: {self.lost_reason}")
         batch_id = next(self._ids)
-        message, failed = encode_batch(batch_id, method, calls, expires_in)
+        streamed = [sink is not None for sink in on_chunk] if on_chunk is not None else None
+        message, failed = encode_batch(batch_id, method, calls, expires_in, streamed)
         if message is None:
             return [(False, failed[i]) for i in range(len(calls))]
+        sent = [i for i in range(len(calls)) if i not in failed]  # the worker numbers the calls it got
         future: asyncio.Future[list[Outcome] | Failure] = asyncio.get_running_loop().create_future()
         self._pending[batch_id] = future
+        if on_chunk is not None:
+            self._sinks[batch_id] = [on_chunk[i] for i in sent]
+        watched = [(ended[i], lambda f, k=k: self._cancel(batch_id, k, f)) for k, i in enumerate(sent)] if ended else []
+        for end, stop in watched:
+            end.add_done_callback(stop)
         try:
             try:
                 async with self._write_lock:
@@ -319,8 +277,10 @@ class GrpcChannel:
             answer = await future
         finally:
             self._pending.pop(batch_id, None)  # answered, or given up on by the caller (a call timeout)
-        sent = len(calls) - len(failed)
-        outcomes = iter([(False, answer)] * sent if isinstance(answer, Failure) else answer)
+            self._sinks.pop(batch_id, None)
+            for end, stop in watched:
+                end.remove_done_callback(stop)
+        outcomes = iter([(False, answer)] * len(sent) if isinstance(answer, Failure) else answer)
         return [(False, failed[i]) if i in failed else next(outcomes) for i in range(len(calls))]
 
     async def _read(self) -> None:
@@ -342,8 +302,26 @@ class GrpcChannel:
         finally:
             self._lose(reason)
 
+    def _cancel(self, batch_id: int, index: int, ended: asyncio.Future[Any]) -> None:
+        """A call's request ended while its batch is in flight: tell the worker to stop it."""
+        if ended.cancelled() and batch_id in self._pending and not self.lost.is_set():
+            asyncio.get_running_loop().create_task(self._write(encode_cancel(batch_id, index)))
+
+    async def _write(self, message: bytes) -> None:
+        try:
+            async with self._write_lock:
+                await self._call.write(message)
+        except Exception as exc:  # the stream is broken; its reader says why
+            logger.debug("a cancel message to %s was not sent: %s", self.address, exc)
+
     def _answer(self, message: bytes) -> None:
-        (batch_id,) = _REPLY.unpack_from(message)
+        batch_id, kind = _REPLY.unpack_from(message)
+        if kind == CHUNK:
+            sinks = self._sinks.get(batch_id)
+            (index,) = _INDEX.unpack_from(message, _REPLY.size)
+            if sinks is not None and index < len(sinks) and (sink := sinks[index]) is not None:
+                sink(bytes(memoryview(message)[_REPLY.size + _INDEX.size :]).decode("utf-8", "surrogatepass"))
+            return
         future = self._pending.pop(batch_id, None)
         if future is None or future.done():
             return  # its caller gave up on it

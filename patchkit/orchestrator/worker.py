@@ -30,7 +30,8 @@ from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.execute import setup_error
 from patchkit.orchestrator.process import ChildSide
 from patchkit.orchestrator.resources import ReplicaResources
-from patchkit.orchestrator.rpc import SERVER_OPTIONS, WorkerService
+from patchkit.orchestrator.rpc import SERVER_OPTIONS
+from patchkit.orchestrator.service import WorkerService
 
 __all__ = ["WorkerBootstrap", "describe", "load_component", "main", "serve_replica", "start_server"]
 

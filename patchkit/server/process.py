@@ -61,6 +61,7 @@ class FrontendServer:
                 lingering_time=min(10.0, read_timeout_s),  # reading what is left of a refused body, so its client sees the reply
                 auto_decompress=False,  # http.py decodes bodies, bounded, and answers a bad encoding with 400
                 shutdown_timeout=_CONNECTION_GRACE_S,
+                handler_cancellation=True,  # a client that goes away cancels its request
             )
             await self._runner.setup()
             site = web.TCPSite(self._runner, self.config.host, self.config.port)

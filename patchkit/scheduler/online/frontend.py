@@ -76,11 +76,12 @@ class Frontend:
         self.autoscaler = Autoscaler(self.config, self.policy, self.supervisor, self.components, self.sets, clock=clock)
         routes = find_routes(pipeline.graph) if config.prefetch else []
         self.prefetcher = Prefetcher(routes, self._submit_prefetch)
+        self._output_sites = pipeline.graph.output_sites()  # calls whose result is (part of) the output
         self.waves = None if config.pipelining else Waves()
         self._ids = itertools.count(1)
         self.inflight = 0
         self.inflight_bytes = 0  # of request bodies, from when each is read until its request ends (`hold_body`)
-        self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded
+        self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded, cancelled
         self.slo_met = 0
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
         self.latency_sum_s = 0.0
@@ -106,6 +107,7 @@ class Frontend:
                     batch_wait_s=self.config.batch_wait_ms / 1000,
                     max_retries=self.config.max_retries if made.retries is None else made.retries,
                     timeout_s=made.timeout_s or self.config.call_timeout_s,
+                    concurrency=made.max_concurrency,
                     clock=self.clock,
                 )
             device = settings.resource if self.config.plan is not None else None
@@ -167,8 +169,15 @@ class Frontend:
         """The request that `hold_body` counted `held` bytes for has ended."""
         self.inflight_bytes -= held
 
-    async def query(self, inputs: dict[str, Any], slo_ms: float | None = None) -> RequestResult:
-        """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer."""
+    async def query(
+        self, inputs: dict[str, Any], slo_ms: float | None = None, *, on_delta: Callable[[str], None] | None = None
+    ) -> RequestResult:
+        """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer.
+
+        `on_delta`: called on this loop with each text chunk of the calls whose result is the pipeline's
+        output, or part of it (`stream=True` methods the captured graph connects to the output), as
+        they are made. Cancelling the query (its client went away) withdraws its queued calls and stops
+        its running ones where they can stop; it counts as `cancelled`."""
         if self.closing:
             raise Overloaded(self.inflight, 0, "the endpoint is shutting down")
         if self.inflight >= self.config.max_inflight_requests:
@@ -187,8 +196,11 @@ class Frontend:
                 if self.waves is not None:
                     await self.waves.enter()
                     entered = True
-                output = await run_sync(self._run, variables, state, expires)
+                output = await run_sync(self._run, variables, _Request(state, expires, on_delta))
             ok = True
+        except asyncio.CancelledError:
+            self.outcomes["cancelled"] += 1
+            raise
         except TimeoutError:
             self.outcomes["timeout"] += 1
             raise DeadlineExceeded(f"request {request_id} ran past request_timeout_s={self.config.request_timeout_s:g}") from None
@@ -210,36 +222,38 @@ class Frontend:
         self._observe(latency, slo_ms or self.config.slo_ms)
         return RequestResult(request_id, output, latency)
 
-    def _run(self, variables: dict[str, Any], state: RequestState, expires: float) -> Any:
-        with call_hook(functools.partial(self._call, state, expires)):
+    def _run(self, variables: dict[str, Any], request: _Request) -> Any:
+        with call_hook(functools.partial(self._call, request)):
             return self.pipeline.run(variables)
 
     def _call(
-        self,
-        state: RequestState,
-        expires: float,
-        component: Component,
-        method: MakeMethod,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        self, request: _Request, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """The call hook, inside a request's greenlet: queue the call and wait for its outcome.
 
-        `expires`: the event loop's time when the request times out; its calls are withdrawn then
-        (their futures are cancelled with the request), and a worker does not run one later."""
-        queue = self.queues.get((component._patchkit_spec.uid, method.name))
+        The request's calls are withdrawn when it ends (their futures are cancelled with it), and a
+        worker does not run one past `request.expires`, the event loop's time when it times out."""
+        uid = component._patchkit_spec.uid
+        queue = self.queues.get((uid, method.name))
         if queue is None:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
             return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
-        name = self._names[component._patchkit_spec.uid]
-        if (component._patchkit_spec.uid, method.name) in self.prefetcher.sources:
-            # frame 1 is BoundMake.__call__, 2 the pipeline code making the call
-            self.prefetcher.on_call(component, method.name, site_of(sys._getframe(2)), args, kwargs)
+        name, state = self._names[uid], request.state
+        site = None
+        if (uid, method.name) in self.prefetcher.sources or (method.stream and request.on_delta is not None):
+            site = site_of(sys._getframe(2))  # frame 1 is BoundMake.__call__, 2 the pipeline code making the call
+        if (uid, method.name) in self.prefetcher.sources:
+            self.prefetcher.on_call(component, method.name, site, args, kwargs)
+        options: dict[str, Any] = {
+            "expires": request.expires,
+            "prefix": _prefix_key(component, method.name, args, kwargs),
+            "on_chunk": request.on_delta if site is not None and site in self._output_sites else None,
+        }
         if state.deadline is None:  # no SLO applies: nothing to estimate, nothing to record
-            ok, value = await_(queue.submit(args, kwargs, expires=expires).future)
+            ok, value = await_(queue.submit(args, kwargs, **options).future)
         else:
             started = self.clock()
-            call = queue.submit(args, kwargs, slack=self.policy.check(state), expires=expires)
+            call = queue.submit(args, kwargs, slack=self.policy.check(state), **options)
             ok, value = await_(call.future)
             visit = Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value), call.waited)
             self.policy.record(state, visit)
@@ -313,6 +327,25 @@ class Frontend:
             replica.id: {"error": str(report)} if isinstance(report, BaseException) else report
             for replica, report in zip(replicas, reports)
         }
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What a request's component calls need of it: its SLO state, when it times out (the event loop's
+    time), and where the chunks of its output go when it streams."""
+
+    state: RequestState
+    expires: float
+    on_delta: Callable[[str], None] | None
+
+
+def _prefix_key(component: Component, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The component's `prefix_key` for a call; None, logged, when the component's own code raises."""
+    try:
+        return component.prefix_key(method, args, kwargs)
+    except Exception:
+        logger.exception("%r.prefix_key raised; the call is routed to the least-loaded replica", component)
+        return None
 
 
 def _size(value: Any) -> int:

@@ -12,6 +12,14 @@ first; the others keep their arrival order. Calls whose replica died are re-queu
 up to `max_retries` times. A call whose request ends first (it timed out, its client went away)
 leaves its queue at once.
 
+A method with `max_concurrency` (an engine batching concurrent calls itself) is not batched here:
+each call leaves as soon as a replica has fewer than that many of its calls in flight, so a call
+arriving while others run joins them at the engine's next step. A call whose component names a
+`prefix_key` (the KV state it reuses) goes to the replica that last ran a call with that key, unless
+that one is busier than the least loaded by more than a quarter of its slots (cache-aware routing).
+A call asking for its chunks (a streaming output) gets them through `on_chunk` as the worker makes
+them; a call whose request ends while it runs is stopped at the worker.
+
 Liveness: a batch may run `timeout_s` (the method's `@make(timeout_s=...)`, else the deployment's
 `call_timeout_s`), counted from when its replica starts it, that is once the batches sent there
 before it are back. Past that the replica is stuck: it is recycled (the `recycle` callback of its
@@ -38,6 +46,7 @@ __all__ = ["BatchQueue", "PendingCall", "QueueStats", "ReplicaSet"]
 logger = logging.getLogger(__name__)
 
 THROUGHPUT_WINDOW_S = 10.0
+PREFIX_MEMORY = 4096  # prefix keys remembered per component
 
 
 @dataclass(eq=False)
@@ -50,6 +59,8 @@ class PendingCall:
     slack: float | None = None  # seconds to spare when its request is at risk; None when it is not
     dispatched: float | None = None  # when it last left the queue in a batch
     expires: float | None = None  # the event loop's time when its request times out; None: never
+    prefix: str | None = None  # the component's prefix_key for it: routed to the replica holding that state
+    on_chunk: Callable[[str], None] | None = None  # where its chunks go as they are made (a streaming output)
 
     @property
     def waited(self) -> float:
@@ -96,6 +107,8 @@ class ReplicaSet:
         # Per replica, its batches sent and not back, in the order it runs them: the first one runs,
         # and its call timeout runs with it; the others' start as the ones before them come back.
         self._lines: dict[Replica, list[_Turn]] = {}
+        self._holders: dict[str, Replica] = {}  # prefix key -> the replica that last ran it, least recent first
+        self.prefix_hits = 0  # calls sent to the replica holding their prefix rather than the least loaded
 
     def add(self, replica: Replica) -> None:
         """Called by the supervisor's on_up: the replica takes calls from now on."""
@@ -106,15 +119,35 @@ class ReplicaSet:
         if replica in self.replicas:
             self.replicas.remove(replica)
 
-    def least_loaded(self, *, full: bool = True) -> Replica | None:
-        """The alive replica with the fewest batches in flight, if one has a free slot; unless the
-        batch is `full`, only an idle replica will do."""
-        most = self.max_inflight if full else 1
+    def least_loaded(self, *, full: bool = True, most: int | None = None) -> Replica | None:
+        """The alive replica with the fewest batches in flight, if one has fewer than `most` (default:
+        `max_inflight`); unless the batch is `full`, only an idle replica will do."""
+        most = (most or self.max_inflight) if full else 1
         best = None
         for replica in self.replicas:
             if replica.alive and replica.inflight < most and (best is None or replica.inflight < best.inflight):
                 best = replica
         return best
+
+    def pick(self, key: str | None, *, full: bool = True, most: int | None = None) -> Replica | None:
+        """Where a batch goes: the replica that last ran a call with prefix `key`, while it has room and is
+        busier than the least loaded by at most a quarter of its slots; else the least loaded."""
+        least = self.least_loaded(full=full, most=most)
+        if least is None or key is None:
+            return least
+        held = self._holders.get(key)
+        slack = max(1, (most or self.max_inflight) // 4)
+        chosen = least
+        if held is not None and held in self.replicas and held.alive and held.inflight <= least.inflight + slack:
+            limit = (most or self.max_inflight) if full else 1
+            if held.inflight < limit:
+                chosen = held
+                self.prefix_hits += 1
+        self._holders.pop(key, None)
+        self._holders[key] = chosen
+        if len(self._holders) > PREFIX_MEMORY:
+            del self._holders[next(iter(self._holders))]
+        return chosen
 
     def kick(self) -> None:
         """A slot opened or a replica joined: let the queue with the oldest call go first."""
@@ -174,13 +207,16 @@ class BatchQueue:
         batch_wait_s: float,
         max_retries: int,
         timeout_s: float | None = None,
+        concurrency: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`max_retries`: times a call is re-sent after its replica died or got stuck; `timeout_s`: how
-        long one batch may run on a replica (None: no limit)."""
+        long one batch may run on a replica (None: no limit); `concurrency`: the method's
+        `max_concurrency`, its calls in flight per replica (None: it is batched here)."""
         self.replicas = replicas
         self.method = method
-        self.batch_size = batch_size
+        self.concurrency = concurrency
+        self.batch_size = 1 if concurrency else batch_size
         self.batch_wait_s = batch_wait_s
         self.max_retries = max_retries
         self.timeout_s = timeout_s
@@ -199,17 +235,26 @@ class BatchQueue:
         return self._pending[0].enqueued if self._pending else float("inf")
 
     def submit(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], slack: float | None = None, expires: float | None = None
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        slack: float | None = None,
+        expires: float | None = None,
+        *,
+        prefix: str | None = None,
+        on_chunk: Callable[[str], None] | None = None,
     ) -> PendingCall:
         """Queue one call; called from a request's greenlet. Its `future` resolves to its Outcome;
-        cancelling it (its request ended) takes the call out of the queue at once.
+        cancelling it (its request ended) takes the call out of the queue at once, or stops it where it runs.
 
         `slack`: the call's request is at risk with this many seconds to spare (negative: late); it
         jumps the queue ahead of calls with more slack and of every call without one. `expires`: the
         event loop's time when its request times out: a worker does not run it later than that.
+        `prefix`: its component's `prefix_key` (routing); `on_chunk`: where its chunks go as they are made.
         """
         loop = asyncio.get_running_loop()
-        call = PendingCall(args, kwargs, loop.create_future(), self.clock(), slack=slack, expires=expires)
+        call = PendingCall(args, kwargs, loop.create_future(), self.clock(), slack=slack, expires=expires,
+                           prefix=prefix, on_chunk=on_chunk)
         call.future.add_done_callback(lambda _: self._withdraw(call))
         self._pending.append(call)
         self._urgent += slack is not None
@@ -236,10 +281,11 @@ class BatchQueue:
                 self._urgent -= self._pending.popleft().slack is not None
             if not self._pending:
                 return
-            full = len(self._pending) >= self.batch_size
+            full = self.concurrency is not None or len(self._pending) >= self.batch_size
             if not full and self._wait_more():
                 return
-            replica = self.replicas.least_loaded(full=full)
+            self._order()
+            replica = self.replicas.pick(self._pending[0].prefix, full=full, most=self.concurrency)
             if replica is None:
                 return
             batch = self._take()
@@ -261,11 +307,13 @@ class BatchQueue:
         self._timer = None
         self.dispatch()
 
+    def _order(self) -> None:
+        if self._urgent:  # at-risk calls first, least slack first; sorted() keeps the rest in order
+            self._pending = deque(sorted(self._pending, key=lambda c: (c.slack is None, c.slack or 0.0)))
+
     def _take(self) -> list[PendingCall]:
         batch: list[PendingCall] = []
         now = self.clock()
-        if self._urgent:  # at-risk calls first, least slack first; sorted() keeps the rest in order
-            self._pending = deque(sorted(self._pending, key=lambda c: (c.slack is None, c.slack or 0.0)))
         while self._pending and len(batch) < self.batch_size:
             call = self._pending.popleft()
             self._urgent -= call.slack is not None
@@ -279,15 +327,20 @@ class BatchQueue:
         start = self.clock()
         now = asyncio.get_running_loop().time()
         calls = [(c.args, c.kwargs) for c in batch]
-        limits = {}
+        extras: dict[str, Any] = {"ended": [c.future for c in batch]}
         if any(c.expires is not None for c in batch):
-            limits["expires_in"] = [None if c.expires is None else c.expires - now for c in batch]
+            extras["expires_in"] = [None if c.expires is None else c.expires - now for c in batch]
+        if any(c.on_chunk is not None for c in batch):
+            extras["on_chunk"] = [c.on_chunk for c in batch]
         turn: _Turn | None = None
         try:
             async with asyncio.timeout(None) as scope:
                 turn = _Turn(scope, self.timeout_s)
-                self.replicas.line_up(replica, turn)
-                outcomes = await replica.channel.run_batch(self.method, calls, **limits)
+                if self.concurrency is None:
+                    self.replicas.line_up(replica, turn)
+                else:  # it runs at once, beside the others
+                    turn.start()
+                outcomes = await replica.channel.run_batch(self.method, calls, **extras)
         except WorkerDiedError as exc:
             # Behind a stuck batch on its replica, a batch never ran (a replica runs one at a time): sent
             # again, it is not retried, so a method that must not run twice (retries=0) loses no call.

@@ -1,0 +1,235 @@
+"""The worker's side of the wire: runs batches on its component and answers health and stats.
+
+A method runs one batch at a time, in the order its batches arrive, unless it is
+`@make(max_concurrency=N)`: then each of its batches runs on a thread of its own as soon as it
+arrives, up to N at once (an engine batching concurrent calls itself admits them between its
+steps). A `stream=True` call whose chunks are wanted sends each chunk as it is made, and stops at
+its next chunk when the front-end cancels it; a call cancelled before it starts is not run.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from patchkit.component import Call, CallHook, Component, make_methods
+from patchkit.errors import Cancelled, DeadlineExceeded
+from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_calls
+from patchkit.orchestrator.rpc import CHECK, SECRET_KEY, SERVICE, Batch, decode_message, encode_chunk, encode_outcomes
+
+__all__ = ["WorkerService"]
+
+
+class WorkerService:
+    """Serves one replica's component to the front-end's streams (one per front-end connection).
+
+    `hook`: what the component's own `@make` calls to the components it holds go through (None: they
+    run here); a worker whose component holds components deployed on their own sends those calls there.
+    """
+
+    def __init__(
+        self,
+        component: Component,
+        name: str,
+        secret: str,
+        describe: Callable[[], dict[str, Any]],
+        hook: CallHook | None = None,
+    ) -> None:
+        self.component = component
+        self.name = name
+        self.hook = hook
+        self._secret = secret
+        self._describe = describe
+        self._lock = threading.Lock()  # one batch at a time of the methods without max_concurrency
+        self._checking = threading.Lock()  # one check_health() at a time: a hung one fails the next checks
+        made = make_methods(type(component))
+        self.concurrency = {name: m.max_concurrency for name, m in made.items() if m.max_concurrency}
+        workers = sum(self.concurrency.values()) or 1
+        self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="patchkit-call")
+        self._stats_lock = threading.Lock()
+        self.batches = 0
+        self.calls = 0
+        self.skipped = 0  # calls not run: their request had run out of time before the worker reached them
+        self.cancelled = 0  # calls stopped or not run: their request ended
+        self.busy_s = 0.0
+        self.started = time.time()
+
+    def handler(self) -> grpc.GenericRpcHandler:
+        return grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Batches": grpc.stream_stream_rpc_method_handler(self._batches),
+                "Health": grpc.unary_unary_rpc_method_handler(self._health),
+                "Stats": grpc.unary_unary_rpc_method_handler(self._stats),
+            },
+        )
+
+    def _authorize(self, context: grpc.ServicerContext) -> None:
+        given = dict(context.invocation_metadata()).get(SECRET_KEY, "")
+        if not (isinstance(given, str) and hmac.compare_digest(given.encode(), self._secret.encode())):
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "wrong or missing deployment secret")
+
+    def _batches(self, requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+        self._authorize(context)
+        stream = _Stream(self)
+        threading.Thread(target=stream.receive, args=(requests,), name="patchkit-stream", daemon=True).start()
+        yield from stream.replies()
+
+    def run(
+        self,
+        method: str,
+        calls: Sequence[Call | Failure],
+        deadlines: Sequence[float | None] | None = None,
+        on_chunk: Callable[[int, str], None] | None = None,
+        cancelled: Sequence[threading.Event] | None = None,
+    ) -> list[Outcome]:
+        """Run a batch's calls: those already failed (their arguments did not unpickle), past their deadline
+        (`time.monotonic()`; their request has been answered) or cancelled are not run.
+
+        `on_chunk(index, text)`: where the chunks of a `stream=True` method's calls go as they are made
+        (None: nowhere, each call's outcome is their concatenation). `cancelled`: per call, set when its
+        request ended. A method without `max_concurrency` waits for the replica's batch before it.
+        """
+        if method in self.concurrency:
+            return self._run(method, calls, deadlines, on_chunk, cancelled)
+        with self._lock:
+            return self._run(method, calls, deadlines, on_chunk, cancelled)
+
+    def _run(
+        self,
+        method: str,
+        calls: Sequence[Call | Failure],
+        deadlines: Sequence[float | None] | None,
+        on_chunk: Callable[[int, str], None] | None,
+        cancelled: Sequence[threading.Event] | None,
+    ) -> list[Outcome]:
+        start, now = time.perf_counter(), time.monotonic()
+        outcomes: list[Outcome | None] = [None] * len(calls)
+        runnable: dict[int, Call] = {}
+        skipped = stopped = 0
+        for i, call in enumerate(calls):
+            deadline = deadlines[i] if deadlines is not None else None
+            if isinstance(call, Failure):
+                outcomes[i] = (False, call)
+            elif cancelled is not None and cancelled[i].is_set():
+                outcomes[i] = (False, Failure.verdict(Cancelled("its request ended before the worker reached it")))
+                stopped += 1
+            elif deadline is not None and now >= deadline:
+                late = DeadlineExceeded("its request ran out of time before the worker reached it: the call was not run")
+                outcomes[i] = (False, Failure.verdict(late))
+                skipped += 1
+            else:
+                runnable[i] = call
+        if runnable:
+            index = list(runnable)
+            sink = (lambda k, text: on_chunk(index[k], text)) if on_chunk is not None else None
+            flags = [cancelled[i] for i in index] if cancelled is not None else None
+            for i, outcome in zip(index, run_calls(self.component, method, list(runnable.values()), sink, flags, self.hook)):
+                outcomes[i] = outcome
+            stopped += sum(flag.is_set() for flag in flags or ())
+        with self._stats_lock:
+            self.batches += bool(runnable)
+            self.calls += len(runnable)
+            self.skipped += skipped
+            self.cancelled += stopped
+            self.busy_s += time.perf_counter() - start
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _health(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        """Answers the front-end's handshake and its periodic checks; a check (`CHECK`) also runs the
+        component's `check_health()` here, on a gRPC thread, off the threads that run batches."""
+        self._authorize(context)
+        if request != CHECK:
+            return b'{"status": "ok"}'
+        if not self._checking.acquire(blocking=False):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the check_health() of an earlier check has not returned")
+        try:
+            self.component.check_health()
+        except Exception as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"check_health() raised {type(exc).__name__}: {exc}")
+        finally:
+            self._checking.release()
+        return b'{"status": "ok"}'
+
+    def _stats(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        self._authorize(context)
+        stats = {"component": self.name, "batches": self.batches, "calls": self.calls, "skipped": self.skipped,
+                 "cancelled": self.cancelled, "busy_s": self.busy_s, "uptime_s": time.time() - self.started}
+        return json.dumps({**stats, **self._describe(), "component_stats": component_stats(self.component)}).encode()
+
+
+class _Stream:
+    """One front-end stream: batches run as they arrive (in order, or concurrently for methods with
+    `max_concurrency`), and their chunks and replies go back through one outbox, in the order they are made."""
+
+    def __init__(self, service: WorkerService) -> None:
+        self.service = service
+        self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.serial: queue.SimpleQueue[tuple[Batch, float] | None] = queue.SimpleQueue()
+        self.running: dict[int, list[threading.Event]] = {}  # batch id -> per call, set when cancelled
+        self.lock = threading.Lock()
+
+    def receive(self, requests: Iterator[bytes]) -> None:
+        """Take messages off the stream as they arrive, so that a call's time left counts from its arrival."""
+        threading.Thread(target=self._run_serial, name="patchkit-batches", daemon=True).start()
+        try:
+            for message in requests:
+                self._take(message, time.monotonic())
+        except Exception:  # noqa: S110 - the stream ended: the front-end closed it or went away
+            pass
+        finally:
+            with self.lock:  # whatever still runs is for nobody now
+                for flags in self.running.values():
+                    for flag in flags:
+                        flag.set()
+            self.serial.put(None)
+
+    def replies(self) -> Iterator[bytes]:
+        while (message := self.outbox.get()) is not None:
+            yield message
+
+    def _take(self, message: bytes, arrived: float) -> None:
+        decoded = decode_message(message)
+        if not isinstance(decoded, Batch):
+            batch_id, index = decoded
+            with self.lock:
+                flags = self.running.get(batch_id)
+                if flags is not None and index < len(flags):
+                    flags[index].set()
+            return
+        with self.lock:
+            self.running[decoded.batch_id] = [threading.Event() for _ in decoded.calls]
+        if decoded.method in self.service.concurrency:
+            self.service._pool.submit(self._run, decoded, arrived)
+        else:
+            self.serial.put((decoded, arrived))
+
+    def _run_serial(self) -> None:
+        while (item := self.serial.get()) is not None:
+            self._run(*item)
+        self.outbox.put(None)
+
+    def _run(self, batch: Batch, arrived: float) -> None:
+        deadlines = [None if left is None else arrived + left for left in batch.expires_in]
+        streamed = batch.streamed
+
+        def send(index: int, text: str) -> None:
+            if streamed[index]:
+                self.outbox.put(encode_chunk(batch.batch_id, index, text))
+
+        with self.lock:
+            flags = self.running[batch.batch_id]
+        try:
+            outcomes = self.service.run(batch.method, batch.calls, deadlines, send if any(streamed) else None, flags)
+        finally:
+            with self.lock:
+                self.running.pop(batch.batch_id, None)
+        self.outbox.put(encode_outcomes(batch.batch_id, outcomes))
