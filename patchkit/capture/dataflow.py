@@ -571,6 +571,7 @@ def build_graph(
     scope = _Scope(module_level, module_globals)
     body = tuple(_as_cell(e) for e in block.body)
     returned = analysis.run(body, scope, variables, block.filename, ([], []), output)
+    graph.name_held()
     for src in sorted(returned):
         graph.add_edge(src, OUTPUT, "data", PART if src in analysis.output_parts else "")
     return graph

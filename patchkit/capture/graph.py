@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from patchkit.capture import render
+from patchkit.capture.holders import constructor_components
 from patchkit.capture.recorder import CallRecord, CallSite
 from patchkit.component import Component
 
@@ -105,6 +106,17 @@ class Graph:
                 unique, k = f"{name}_{k}", k + 1
             self._named[uid] = (unique, component)
         return self._named[uid][0]
+
+    def name_held(self) -> None:
+        """Name the components passed to named components' constructors (the generator a Grader is
+        given), after the bound ones have their names, so a pipeline's `llm` keeps its own; each is
+        then a component of the pipeline, deployed once and called by its holders there."""
+        todo = list(self._named.values())
+        while todo:
+            holder_name, holder = todo.pop(0)
+            for label, inner in constructor_components(holder):
+                if self.name_of(inner) is None:
+                    todo.append((self.name_component(inner, f"{holder_name}_{label}"), inner))
 
     def name_of(self, component: Component) -> str | None:
         named = self._named.get(component._patchkit_spec.uid)

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Protocol
 
 from patchkit.component import Call, Component
 from patchkit.orchestrator.execute import Outcome
+from patchkit.orchestrator.handles import Handles
 from patchkit.orchestrator.resources import ReplicaResources
 
 __all__ = ["DEAD", "SERVING", "STUCK", "UNHEALTHY", "Backend", "Channel", "Replica", "ReplicaSpec"]
@@ -28,6 +29,7 @@ class ReplicaSpec:
     resources: ReplicaResources = field(default_factory=ReplicaResources)
     device: str | None = None
     units: int = 1
+    handles: Handles | None = None  # how its component reaches the components it holds that are deployed on their own
 
 
 class Channel(Protocol):

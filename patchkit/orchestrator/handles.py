@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -27,7 +28,7 @@ from patchkit.errors import CallError
 from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.rpc import OPTIONS, SECRET_KEY, decode, encode
 
-__all__ = ["CallService", "HandleHook", "held_elsewhere"]
+__all__ = ["CallService", "HandleHook", "Handles", "held_elsewhere"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,23 @@ CALL = f"/{SERVICE}/Call"
 
 # Runs one call of (component uid, method) on the front-end: its outcome.
 Submit = Callable[[str, str, tuple[Any, ...], dict[str, Any]], Awaitable[Outcome]]
+
+
+@dataclass(frozen=True)
+class Handles:
+    """What a replica needs to call the components deployed on their own: the front-end's `CallService`
+    address, their uids, and how long one such call may take."""
+
+    address: str
+    uids: frozenset[str]
+    timeout_s: float
+
+    def hook(self, component: Component, secret: str) -> HandleHook | None:
+        """The hook `component` runs under, its held deployed components marked as served elsewhere;
+        None when it holds none. Called by the worker before the component's `setup()`."""
+        if not held_elsewhere(component, self.uids):
+            return None
+        return HandleHook(self.address, secret, self.uids, self.timeout_s)
 
 
 class CallService:

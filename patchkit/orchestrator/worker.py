@@ -24,10 +24,11 @@ from typing import Any
 import cloudpickle
 import grpc
 
-from patchkit.component import Component, ensure_setup
+from patchkit.component import CallHook, Component, ensure_setup
 from patchkit.errors import ComponentError, MakeError
 from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.execute import setup_error
+from patchkit.orchestrator.handles import Handles
 from patchkit.orchestrator.process import ChildSide
 from patchkit.orchestrator.resources import ReplicaResources
 from patchkit.orchestrator.rpc import SERVER_OPTIONS
@@ -53,6 +54,7 @@ class WorkerBootstrap:
     tls: tuple[bytes, bytes] | None = None  # the server's certificate and key, PEM
     sys_path: list[str] = field(default_factory=list)  # the front-end's
     log_level: int = logging.WARNING  # the front-end's, as its user configured it
+    handles: Handles | None = None  # the components it holds that are deployed on their own
 
     @classmethod
     def of(
@@ -60,7 +62,8 @@ class WorkerBootstrap:
     ) -> WorkerBootstrap:
         """The bootstrap of a replica of `spec`, with the calling backend's `sys.path` and log level."""
         level = logging.getLogger("patchkit").getEffectiveLevel()
-        return cls(spec.component, cloudpickle.dumps(spec.instance), secret, spec.resources, host, tls, list(sys.path), level)
+        component = cloudpickle.dumps(spec.instance)
+        return cls(spec.component, component, secret, spec.resources, host, tls, list(sys.path), level, spec.handles)
 
 
 def main() -> None:
@@ -87,25 +90,28 @@ def serve_replica(boot: WorkerBootstrap, host: str, options: Sequence[tuple[str,
     boot.resources.pin()
     logging.getLogger("patchkit").setLevel(boot.log_level)  # in a Ray actor too, whose logging Ray set up
     try:
-        component = load_component(boot.name, boot.component)
+        component, hook = load_component(boot)
     except BaseException as exc:
         logger.exception("replica of %s failed to start", boot.name)
         raise setup_error(boot.name, exc) from exc
-    service = WorkerService(component, boot.name, boot.secret, lambda: describe(boot.resources))
+    service = WorkerService(component, boot.name, boot.secret, lambda: describe(boot.resources), hook)
     return start_server(service, host, boot.tls, options)
 
 
-def load_component(name: str, payload: bytes) -> Component:
-    """Rebuild a replica's component from its cloudpickled spec and run its `setup()`.
+def load_component(boot: WorkerBootstrap) -> tuple[Component, CallHook | None]:
+    """Rebuild a replica's component from its cloudpickled spec and run its `setup()`, the components
+    it holds that are deployed on their own left unloaded; returns it with the hook its calls of
+    those go through (None: it holds none).
 
     Called once per replica by the worker process and by the Ray actor, after the resources are
     pinned; raises whatever the component's build or setup raised.
     """
-    component = pickle.loads(payload)  # noqa: S301 - from the front-end of this deployment, over a private channel
+    component = pickle.loads(boot.component)  # noqa: S301 - from the front-end of this deployment, over a private channel
     if not isinstance(component, Component):
-        raise MakeError(f"worker {name}: expected a Component, got {type(component).__name__}")
+        raise MakeError(f"worker {boot.name}: expected a Component, got {type(component).__name__}")
+    hook = boot.handles.hook(component, boot.secret) if boot.handles is not None else None
     ensure_setup(component)
-    return component
+    return component, hook
 
 
 def start_server(

@@ -19,11 +19,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from patchkit.capture.holders import constructor_components
 from patchkit.capture.recorder import site_of
 from patchkit.component import Component, MakeMethod, call_hook, make_methods
 from patchkit.config import DeploymentConfig
-from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
+from patchkit.errors import DeadlineExceeded, Overloaded, PatchkitError, WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
+from patchkit.orchestrator.execute import Failure, Outcome
+from patchkit.orchestrator.handles import CallService, Handles
 from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, assign, spread
@@ -78,6 +81,7 @@ class Frontend:
         self.prefetcher = Prefetcher(routes, self._submit_prefetch)
         self._output_sites = pipeline.graph.output_sites()  # calls whose result is (part of) the output
         self.waves = None if config.pipelining else Waves()
+        self.calls: CallService | None = None  # takes the calls workers' components make to the components they hold
         self._ids = itertools.count(1)
         self.inflight = 0
         self.inflight_bytes = 0  # of request bodies, from when each is read until its request ends (`hold_body`)
@@ -95,6 +99,7 @@ class Frontend:
         """Build the queues, start every replica, then the autoscaler (when on); raises the first replica's start error."""
         specs = []
         resources = self._resources()
+        handles = await self._start_handles()
         for name, component in self.components.items():
             settings = self.config.components[name]
             replica_set = self.sets[name] = ReplicaSet(name, self.config.max_inflight_batches, self.supervisor.recycle)
@@ -111,10 +116,34 @@ class Frontend:
                     clock=self.clock,
                 )
             device = settings.resource if self.config.plan is not None else None
-            specs += [ReplicaSpec(name, component, resources.pop(0), device, settings.units) for _ in range(settings.replicas)]
+            held = handles if handles is not None and constructor_components(component) else None
+            specs += [
+                ReplicaSpec(name, component, resources.pop(0), device, settings.units, held) for _ in range(settings.replicas)
+            ]
         await self.supervisor.start(specs)
         if self.config.autoscale:
             self.autoscaler.start()
+
+    async def _start_handles(self) -> Handles | None:
+        """Where workers whose components hold components of this pipeline (a Grader given the `llm`) send
+        those calls: a CallService started here, whose calls queue like the pipeline's own. Worker
+        processes of the local backend only: a Ray actor, and the inprocess backend's replicas (the
+        user's own objects, on this loop), run the components they hold in place."""
+        if self.config.backend != "local" or not any(constructor_components(c) for c in self.components.values()):
+            return None
+        self.calls = CallService(self._call_held, self.config.secret)
+        address = await self.calls.start()
+        uids = frozenset(self._names)
+        return Handles(address, uids, self.config.request_timeout_s)
+
+    async def _call_held(self, uid: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Outcome:
+        """A worker's component called a component it holds: queue it as a pipeline call of that component."""
+        queue = self.queues.get((uid, method))
+        if queue is None:
+            error = PatchkitError(f"no queue serves {self._names.get(uid, uid)}.{method}")
+            return (False, Failure.verdict(error))
+        prefix = _prefix_key(self.components[self._names[uid]], method, args, kwargs)
+        return await queue.submit(args, kwargs, prefix=prefix).future
 
     def _resources(self) -> list[ReplicaResources]:
         """Each replica's pinning, in the order `start` creates them: placed as the plan says, else shared evenly."""
@@ -140,6 +169,8 @@ class Frontend:
         except TimeoutError:
             logger.warning("closing with %d requests still in flight after %.0f s", self.inflight, self.config.drain_timeout_s)
         await self.supervisor.close()
+        if self.calls is not None:
+            await self.calls.close()
 
     def _replica_up(self, replica: Replica) -> None:
         self.sets[replica.component].add(replica)

@@ -1,0 +1,76 @@
+"""A component passed to another's constructor is deployed once and shared: its holders call it through
+the deployment (its queue, its replicas), not through a private copy in their own workers."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import patchkit
+from patchkit import Component, make
+from patchkit.component import ensure_setup
+
+
+class Engine(Component):
+    """Answers with the text and the process that ran it; counts its setups."""
+
+    def setup(self) -> None:
+        self.loaded_in = os.getpid()
+
+    @make(batch=True, max_batch_size=8)
+    def run(self, text: list[str]) -> list[str]:
+        return [f"{t.upper()}@{self.loaded_in}" for t in text]
+
+
+class Asker(Component):
+    """Holds an Engine and asks it twice per call."""
+
+    def __init__(self, engine: Engine, prefix: str = "q") -> None:
+        self.engine = engine
+        self.prefix = prefix
+
+    def setup(self) -> None:
+        ensure_setup(self.engine)  # as a holder of a private engine would; a shared one is not loaded here
+
+    @make(max_concurrency=8)
+    def ask(self, text: str) -> list[str]:
+        return [self.engine.run(f"{self.prefix}:{text}"), self.engine.run(f"{self.prefix}!{text}")]
+
+
+engine = Engine()
+first, second = Asker(engine, "a"), Asker(engine, "b")
+
+
+def asked(text: str) -> Any:
+    with patchkit.capture() as pipeline:
+        return {"first": first.ask(text), "second": second.ask(text), "direct": engine.run(text)}
+    return pipeline
+
+
+def _strip(value: Any) -> Any:
+    """The answers without the process ids."""
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value.split("@")[0]
+
+
+def test_a_component_given_to_others_is_one_deployment_serving_them_all() -> None:
+    eager = asked("x")
+    pipeline = patchkit.last_pipeline()
+    assert sorted(pipeline.components) == ["engine", "first", "second"]  # the engine once, by its own name
+
+    async def together(endpoint: patchkit.Endpoint) -> list[Any]:
+        return list(await asyncio.gather(*(endpoint.aquery(text=t) for t in ("x", "y", "z"))))
+
+    with patchkit.deploy(pipeline) as endpoint:
+        answers = asyncio.run(together(endpoint))
+        methods = endpoint.stats()["components"]["engine"]["methods"]["run"]
+    assert _strip(eager) == {"first": ["A:X", "A!X"], "second": ["B:X", "B!X"], "direct": "X"}
+    assert [_strip(a) for a in answers] == [_strip(pipeline(text=t)) for t in ("x", "y", "z")]  # eager == deployed
+    pids = {answer.split("@")[1] for a in answers for answer in [*a["first"], *a["second"], a["direct"]]}
+    assert len(pids) == 1  # every call of the engine ran in its one replica, none in an asker's worker
+    assert methods["calls"] == 3 * 5  # per request: 2 from each asker, 1 from the pipeline
+    assert methods["batches"] < methods["calls"]  # the askers' calls shared batches
