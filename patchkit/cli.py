@@ -1,4 +1,5 @@
-"""The `patchkit` command: `patchkit serve FILE.py` serves the pipeline a script captures, `patchkit
+"""The `patchkit` command: `patchkit serve FILE.py|module:attribute [--config deploy.yaml]` serves the pipeline
+a script captures (or a module holds), with options from a config file (config_file.py) and flags, `patchkit
 plan FILE.py` prints the plan the offline planner makes for it, `patchkit demo` deploys the
 CRAG example on real components and asks it questions, and `patchkit bench URL` sends load
 to an endpoint and reports its latency, throughput and SLO attainment."""
@@ -12,18 +13,26 @@ import runpy
 import secrets
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline
     from patchkit.scheduler.offline.plan import Plan
 
-__all__ = ["main"]
+__all__ = ["main", "parser", "serve_settings"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def _load(command: str, file: str) -> Pipeline | None:
+def _load(command: str, target: str) -> Pipeline | None:
+    """The pipeline a `FILE.py` script's last capture made, or the one `module:attribute` names; None after
+    printing why not. Raises ConfigError for a module or attribute that is not there."""
+    if ":" in target and not target.endswith(".py") and not Path(target).is_file():
+        return _import(target)
+    return _run_script(command, target)
+
+
+def _run_script(command: str, file: str) -> Pipeline | None:
     """Run the script as an imported module would, as `uvicorn module:app` runs one (its `if __name__ ==
     "__main__":` block does not run), and return its last capture; None after printing why not."""
     import patchkit
@@ -46,55 +55,105 @@ def _load(command: str, file: str) -> Pipeline | None:
         return None
 
 
-def _plan_file(args: argparse.Namespace) -> Plan | str | None:
-    """`--plan auto` as it is (planned once the arguments are checked); `--plan FILE.json`, what `patchkit plan
-    --json` printed, loaded."""
+def _import(target: str) -> Pipeline:
+    """`module:attribute` (dotted on both sides), imported from the working directory first, as Ray Serve's
+    `serve run module:app` does; the attribute must be a Pipeline."""
+    import difflib
+    import importlib
+
+    from patchkit.client.pipeline import Pipeline
+    from patchkit.errors import ConfigError
+
+    module_name, _, attribute = target.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"name a pipeline as module:attribute, such as app:pipeline; got {target!r}")
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        found: object = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
+            raise  # the module is there; something it imports is not
+        raise ConfigError(f"no module named {module_name!r} (looked in {Path.cwd()} and sys.path)") from None
+    path = module_name
+    for part in attribute.split("."):
+        if not hasattr(found, part):
+            close = difflib.get_close_matches(part, [n for n in dir(found) if not n.startswith("_")], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{path} has no attribute {part!r}{hint}")
+        found, path = getattr(found, part), f"{path}.{part}"
+    if not isinstance(found, Pipeline):
+        raise ConfigError(f"{target} is a {type(found).__name__}, not a Pipeline: name the object "
+                          "`with patchkit.capture() as pipeline:` makes")
+    return found
+
+
+def _plan_file(given: str | None, source: str) -> Plan | str | None:
+    """'auto' as it is (planned once the arguments are checked); a file, what `patchkit plan --json` printed, loaded."""
     from patchkit.errors import ConfigError
     from patchkit.scheduler.offline.plan import Plan
 
-    if args.plan is None or args.plan == "auto":
-        return args.plan
+    if given is None or given == "auto":
+        return given
     try:
-        data = json.loads(Path(args.plan).read_text())
+        data = json.loads(Path(given).read_text())
     except OSError as exc:
-        raise ConfigError(f"--plan names {args.plan!r}, which cannot be read ({exc.strerror}); pass 'auto' or a "
+        raise ConfigError(f"{source} names {given!r}, which cannot be read ({exc.strerror}); pass 'auto' or a "
                           "file `patchkit plan --json` wrote") from None
     except ValueError as exc:
-        raise ConfigError(f"--plan names {args.plan!r}, which is not JSON ({exc}); pass a file `patchkit plan --json` "
+        raise ConfigError(f"{source} names {given!r}, which is not JSON ({exc}); pass a file `patchkit plan --json` "
                           "wrote") from None
     return Plan.from_dict(data)
 
 
-def _resources(args: argparse.Namespace) -> dict[str, int] | None:
+def _resources(text: str | None) -> dict[str, int] | None:
     from patchkit.scheduler.offline.pool import ResourcePool
 
-    return dict(ResourcePool.parse(args.resources).capacity) if args.resources else None
+    return dict(ResourcePool.parse(text).capacity) if text else None
+
+
+# `patchkit serve`'s flags, each overriding the config file's key of the same name.
+SERVE_FLAGS = ("host", "port", "backend", "replicas", "batch_size", "batch_wait_ms", "slo_ms", "plan", "log_level")
+
+
+def serve_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The config file's keys (if any) with the flags given on the command line over them. A --replicas or
+    --batch-size flag sets every component's, so it also overrides the file's per-component ones."""
+    from patchkit import config_file
+
+    values = config_file.given(config_file.load(args.config) if args.config else config_file.ServeFile.model_validate({}))
+    flags = {name: getattr(args, name) for name in SERVE_FLAGS if getattr(args, name) is not None}
+    if args.resources is not None:
+        flags["resources"] = _resources(args.resources)
+    values.update(flags)
+    for name in ("replicas", "batch_size"):
+        if name in flags:
+            values["components"] = {c: {**o, name: None} for c, o in values.get("components", {}).items()}
+    return values
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from patchkit import config_file
     from patchkit.config import DeploymentConfig
     from patchkit.scheduler.offline.planner import plan
     from patchkit.server.process import serve_blocking
 
-    options = {
-        "backend": args.backend, "host": args.host, "port": args.port, "slo_ms": args.slo_ms,
-        "batch_wait_ms": args.batch_wait_ms, "log_level": args.log_level,
-    }
-    DeploymentConfig.check_options(options)  # before the script runs: it may take a while
-    pipeline = _load("serve", args.file)
+    values = serve_settings(args)
+    options = {k: v for k, v in values.items() if k not in config_file.FILE_ONLY}
+    DeploymentConfig.check_options(options)  # before the pipeline loads: a script may take a while
+    logging.getLogger().setLevel((options.get("log_level") or "info").upper())
+    pipeline = _load("serve", args.target)
     if pipeline is None:
         return 2
-    chosen = _plan_file(args)
-    DeploymentConfig.check_arguments(pipeline, replicas=args.replicas, batch_size=args.batch_size, plan=chosen, **options)
+    arguments = config_file.deploy_arguments(values, pipeline.components)
+    chosen = arguments["plan"] = _plan_file(values.get("plan"), "--plan" if args.plan is not None else "plan")
+    DeploymentConfig.check_arguments(pipeline, **arguments)
     if chosen == "auto":
-        chosen = plan(pipeline, resources=_resources(args), slo_ms=args.slo_ms)
-    config = DeploymentConfig.resolve(
-        pipeline, replicas=args.replicas, batch_size=args.batch_size, plan=chosen, secret=secrets.token_urlsafe(32), **options
-    )
-    script = Path(args.file)
+        arguments["plan"] = plan(pipeline, resources=values.get("resources"), slo_ms=values.get("slo_ms"))
+    config = DeploymentConfig.resolve(pipeline, secret=secrets.token_urlsafe(32), **arguments)
+    shown = Path(args.target).name if args.target.endswith(".py") else args.target
 
     def ready(url: str) -> None:
-        print(f"patchkit: serving {script.name} at {url} (Ctrl-C stops)", flush=True)
+        print(f"patchkit: serving {shown} at {url} (Ctrl-C stops)", flush=True)
 
     serve_blocking(pipeline, config, ready)
     print("patchkit: stopped", flush=True)
@@ -104,32 +163,42 @@ def _serve(args: argparse.Namespace) -> int:
 def _plan(args: argparse.Namespace) -> int:
     from patchkit.scheduler.offline.planner import plan
 
-    pipeline = _load("plan", args.file)
+    pipeline = _load("plan", args.target)
     if pipeline is None:
         return 2
-    made = plan(pipeline, resources=_resources(args), slo_ms=args.slo_ms)
+    made = plan(pipeline, resources=_resources(args.resources), slo_ms=args.slo_ms)
     print(json.dumps(made.to_dict(), indent=2) if args.json else made.table(), flush=True)
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="patchkit", description="Serve RAG pipelines written in plain Python.")
-    commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="run a script's capture and serve its pipeline until Ctrl-C")
-    serve.add_argument("file", help="a Python script with a `with patchkit.capture():` block")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--backend", default="local", choices=["local", "inprocess", "ray"])
+def parser() -> argparse.ArgumentParser:
+    """Every command's arguments; `patchkit serve --help` lists the config file's keys."""
+    root = argparse.ArgumentParser(prog="patchkit", description="Serve RAG pipelines written in plain Python.")
+    commands = root.add_subparsers(dest="command", required=True)
+    from patchkit.config_file import describe as describe_config_file
+
+    serve = commands.add_parser(
+        "serve", help="serve a pipeline (a script's capture, or module:attribute) until Ctrl-C",
+        epilog=describe_config_file(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    serve.add_argument("target", metavar="FILE.py|module:attribute",
+                       help="a Python script with a `with patchkit.capture():` block, or a module's Pipeline object")
+    serve.add_argument("--config", default=None, metavar="FILE", help="deploy options from a YAML, JSON or TOML file (below)")
+    serve.add_argument("--host", default=None, help="the address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=None, help="the port (default 8000)")
+    serve.add_argument("--backend", default=None, choices=["local", "inprocess", "ray"],
+                       help="where replicas run (default local)")
     serve.add_argument("--replicas", type=int, default=None, help="replicas of every component (default 1)")
     serve.add_argument("--batch-size", type=int, default=None, help="batch size of every method (default: the method's own)")
-    serve.add_argument("--batch-wait-ms", type=float, default=0.0, help="how long a partial batch waits for more calls")
+    serve.add_argument("--batch-wait-ms", type=float, default=None, help="how long a partial batch waits for more calls")
     serve.add_argument("--slo-ms", type=float, default=None, help="the latency target of every request")
     serve.add_argument("--plan", default=None, help="'auto' to plan first, or a plan saved by `patchkit plan --json`")
     serve.add_argument("--resources", default=None, help="with --plan auto: the pool, as cpu=5,gpu=2 (default: this machine)")
-    serve.add_argument("--log-level", type=str.lower, default="info", choices=LOG_LEVELS,
+    serve.add_argument("--log-level", type=str.lower, default=None, choices=LOG_LEVELS,
                        help="what the server, its front-end and its workers log (default: info)")
     planner = commands.add_parser("plan", help="profile a script's pipeline and print the plan that maximises its throughput")
-    planner.add_argument("file", help="a Python script with a `with patchkit.capture():` block that runs eagerly")
+    planner.add_argument("target", metavar="FILE.py|module:attribute",
+                         help="a Python script with a `with patchkit.capture():` block that runs eagerly, or a Pipeline object")
     planner.add_argument("--resources", default=None, help="the pool, as cpu=5,gpu=2 (default: this machine)")
     planner.add_argument("--slo-ms", type=float, default=None, help="plan only batch sizes whose latency fits this target")
     planner.add_argument("--json", action="store_true", help="print the plan as JSON (for `patchkit serve --plan FILE`)")
@@ -142,8 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         "bench", help="send load to an endpoint (open loop, or a closed loop); report latency, throughput, SLO attainment"
     )
     add_bench_arguments(bench)
-    args = parser.parse_args(argv)
-    level = getattr(args, "log_level", "info").upper()
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    level = (getattr(args, "log_level", None) or "info").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from patchkit.errors import PatchkitError
 
@@ -159,8 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         from patchkit.demo import main as demo_main
 
         return demo_main(args.questions, replicas=args.replicas)
-    except PatchkitError as exc:  # a mistake the user can fix: its message, not a traceback
-        print(f"patchkit {args.command}: {exc}", file=sys.stderr)
+    except PatchkitError as exc:  # a mistake the user can fix: its message (a line per problem), not a traceback
+        for line in str(exc).splitlines():
+            print(f"patchkit {args.command}: {line}", file=sys.stderr)
         return 2
 
 

@@ -12,6 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 import patchkit
 from patchkit.config import DeploymentConfig
 from patchkit.scheduler.online.frontend import Frontend, make_backend
@@ -74,3 +76,13 @@ def ask_deployed_together(llm: patchkit.Component, questions: Sequence[str]) -> 
         stats = endpoint.stats()
     kind = type(llm).__name__
     return answers, next(c for c in stats["components"].values() if c["class"] == kind)["methods"]["generate"]
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of the one sample `name{labels}` (exactly those labels) in a `/metrics` scrape, parsed as
+    Prometheus parses it; AssertionError when the scrape has no such sample."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    raise AssertionError(f"no sample {name}{labels} in the scrape")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from components import Flaky, Generator, Grader, Retriever
 from corpus import CASES, Case
-from serving import run_frontend
+from serving import metric, run_frontend
 from test_capture_corpus import _capture as capture_case
 
 import patchkit
@@ -250,9 +250,10 @@ def test_health_metrics_graph_plan_and_stats(endpoint: patchkit.Endpoint) -> Non
     status, body = get(endpoint.url, "/metrics")
     text = body.decode()
     assert status == 200
-    assert 'patchkit_calls_total{component="retriever",method="retrieve"}' in text
-    assert "# TYPE patchkit_request_latency_seconds histogram" in text
-    assert 'patchkit_replicas{component="llm"} 1' in text
+    assert metric(text, "patchkit_calls_total", component="retriever", method="retrieve") >= 1
+    assert "# TYPE patchkit_request_duration_seconds histogram" in text
+    assert metric(text, "patchkit_request_duration_seconds_count") == metric(text, "patchkit_requests_total", outcome="ok") >= 1
+    assert metric(text, "patchkit_replicas", component="llm") == 1
     graph = json.loads(get(endpoint.url, "/v1/graph")[1])
     assert {n["component"] for n in graph["nodes"]} == {"retriever", "grader", "llm"}
     plan = json.loads(get(endpoint.url, "/v1/plan")[1])
@@ -398,4 +399,6 @@ def test_a_components_own_stats_reach_metrics_per_replica() -> None:
     assert report["component_stats"] == {"seen": 3, "cache": {"hit_rate": 0.5, "warm": True}, "device": "cpu"}
     lines = [line for line in metrics.splitlines() if line.startswith("patchkit_component_stat{")]
     assert len(lines) == 3 and all('component="tally"' in line for line in lines)  # the string is left out
-    assert any('stat="seen"} 3' in line for line in lines) and any('stat="cache_warm"} 1' in line for line in lines)
+    [replica] = reports
+    assert metric(metrics, "patchkit_component_stat", component="tally", replica=replica, stat="seen") == 3
+    assert metric(metrics, "patchkit_component_stat", component="tally", replica=replica, stat="cache_warm") == 1

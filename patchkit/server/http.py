@@ -4,7 +4,7 @@
     GET  /healthz    200 when every component has a replica serving and passing its health checks, else
                      503; requests and body bytes in flight
                      (the one route that never asks for the token)
-    GET  /metrics    Prometheus text
+    GET  /metrics    Prometheus text (server/metrics.py)
     GET  /v1/graph   the captured graph
     GET  /v1/plan    the deployment's configuration (`DeploymentConfig.describe`, an allow-list) and its inputs
     GET  /v1/stats   per component: replicas, batches, throughput, queues (`Endpoint.stats()`)
@@ -43,7 +43,8 @@ from patchkit.errors import (
 )
 from patchkit.scheduler.online.frontend import Frontend
 from patchkit.server.inputs import InputSchema, output_json
-from patchkit.server.metrics import render_metrics
+from patchkit.server.loop_lag import LoopLag
+from patchkit.server.metrics import CONTENT_TYPE, DeploymentMetrics
 
 __all__ = ["build_app", "error_reply"]
 
@@ -57,6 +58,7 @@ _HTTP_ERRORS = {400: "InputError", 401: "Unauthorized", 404: "NotFound", 405: "M
 _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _FRONTEND = web.AppKey("frontend", Frontend)
 _SCHEMA = web.AppKey("schema", InputSchema)
+_METRICS = web.AppKey("metrics", DeploymentMetrics)
 _ROUTES = "POST /v1/query, GET /healthz, /metrics, /v1/graph, /v1/plan, /v1/stats, /v1/traces"
 
 
@@ -199,9 +201,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    frontend = request.app[_FRONTEND]
-    text = render_metrics(frontend.snapshot(), await frontend.replica_stats())
-    return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"X-Prometheus-Format": "0.0.4"})
+    return web.Response(body=await request.app[_METRICS].scrape(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def graph(request: web.Request) -> web.Response:
@@ -226,9 +226,11 @@ async def traces(request: web.Request) -> web.Response:
     return _json(200, {"traces": [trace.to_dict() for trace in request.app[_FRONTEND].policy.finished]})
 
 
-def build_app(frontend: Frontend) -> web.Application:
+def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Application:
+    """The routes over `frontend`; `/metrics` shows `loop_lag` too when the server measures it."""
     app = web.Application(client_max_size=frontend.config.max_body_bytes, middlewares=[_edge])
     app[_FRONTEND] = frontend
+    app[_METRICS] = DeploymentMetrics(frontend.snapshot, frontend.replica_stats, loop_lag)
     app[_SCHEMA] = InputSchema(frontend.pipeline.inputs, frontend.config.optional_inputs)
     app.router.add_post("/v1/query", query)
     app.router.add_get("/healthz", healthz)

@@ -1,97 +1,183 @@
-"""`GET /metrics`: the front-end's counters in the Prometheus text format, rendered from a
-`FrontendSnapshot` taken at scrape time."""
+"""`GET /metrics`: the deployment's state in the Prometheus text format, through `prometheus_client`.
+
+A custom collector (`FrontendCollector`) reads the front-end's state when scraped, from a
+`FrontendSnapshot` and the replicas' own reports, on a registry of the deployment's own (several
+deployments share one process in tests, so never the global default registry). Names follow
+Prometheus conventions: seconds for times, `_total` for counters.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
 from patchkit.scheduler.online.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot
+from patchkit.server.loop_lag import LoopLag
 
-__all__ = ["render_metrics"]
+__all__ = ["CONTENT_TYPE", "DeploymentMetrics", "FrontendCollector", "render_metrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Request outcomes shown even at zero, so that a rate over them exists from the first scrape; any other
+# outcome the front-end counts is shown as well.
+OUTCOMES = ("ok", "error", "worker_died", "timeout", "overloaded", "cancelled")
+# SloPolicy.stats() keys counted as decisions, and the label value each is shown as.
+SLO_DECISIONS = {
+    "at_risk_total": "at_risk", "beyond_saving_total": "beyond_saving", "prioritized_calls": "prioritized_calls",
+    "admission_paused": "admission_paused", "admission_rejected": "admission_rejected", "scale_ups": "scale_ups",
+    "scale_downs": "scale_downs",
+}
+PREFETCH_OUTCOMES = ("issued", "done", "failed", "skipped", "cancelled")
+METHOD_LABELS = ["component", "method"]
 
 
-def _labels(**labels: str) -> str:
-    if not labels:
-        return ""
-    escaped = (f'{k}="{v.replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"' for k, v in labels.items())
-    return "{" + ",".join(escaped) + "}"
+class FrontendCollector:
+    """A `prometheus_client` collector: every `collect()` (one per scrape) reads a fresh snapshot.
+
+    `snapshot` is `Frontend.snapshot`; `reports` is what the replicas last reported about themselves
+    (`Frontend.replica_stats`, asked by `DeploymentMetrics.scrape` right before), None to leave the
+    per-replica component figures out; `lag` is the front-end loop's lag monitor, if one runs.
+    """
+
+    def __init__(self, snapshot: Callable[[], FrontendSnapshot], lag: LoopLag | None = None) -> None:
+        self._snapshot = snapshot
+        self.lag = lag
+        self.reports: Mapping[str, Mapping[str, Any]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self._snapshot()
+        yield from _requests(snapshot)
+        yield from _methods(snapshot)
+        yield from _replicas(snapshot)
+        if self.reports is not None:
+            yield _component_stats(snapshot, self.reports)
+        yield from _slo(snapshot.slo)
+        yield from _prefetch(snapshot.prefetch)
+        if self.lag is not None:
+            yield GaugeMetricFamily("patchkit_event_loop_lag_seconds", "How late the front-end's event loop woke "
+                                    "from its last timed sleep.", value=self.lag.last_s)
+            yield GaugeMetricFamily("patchkit_event_loop_lag_max_seconds", "The largest event loop lag over the last "
+                                    f"{self.lag.window_s:g} s.", value=self.lag.max_s)
 
 
-def _family(name: str, kind: str, help_text: str, samples: Iterable[tuple[str, dict[str, str], float]]) -> list[str]:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-    lines += [f"{name}{suffix}{_labels(**labels)} {value:g}" for suffix, labels, value in samples]
-    return lines
+class DeploymentMetrics:
+    """The deployment's registry and its collector; `/metrics` calls `scrape` on the front-end's loop."""
+
+    def __init__(
+        self,
+        snapshot: Callable[[], FrontendSnapshot],
+        replica_stats: Callable[[], Awaitable[Mapping[str, Mapping[str, Any]]]],
+        lag: LoopLag | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.collector = FrontendCollector(snapshot, lag)
+        self.registry.register(self.collector)
+        self._replica_stats = replica_stats
+
+    async def scrape(self) -> bytes:
+        """The exposition text: the replicas are asked for their reports, then the registry is collected
+        with no await in between, so two scrapes at once each render their own reports."""
+        self.collector.reports = await self._replica_stats()
+        return generate_latest(self.registry)
 
 
-def render_metrics(snapshot: FrontendSnapshot, reports: Mapping[str, Mapping[str, Any]] | None = None) -> str:
-    """Prometheus text for the front-end's state (`Frontend.snapshot()`); `reports` (replica id -> what
-    the replica reported, as `Frontend.replica_stats` gathers) adds each component's own `stats()` figures."""
-    lines: list[str] = []
-    outcomes = snapshot.outcomes
-    lines += _family("patchkit_requests_total", "counter", "Requests by outcome.",
-                     [("", {"outcome": k}, v) for k, v in sorted(outcomes.items())])
-    lines += _family("patchkit_requests_inflight", "gauge", "Requests running now.", [("", {}, snapshot.inflight)])
-    lines += _family("patchkit_requests_slo_met_total", "counter", "Requests answered within their SLO.",
-                     [("", {}, snapshot.slo_met)])
-    cumulative, buckets = 0, list[tuple[str, dict[str, str], float]]()
+def render_metrics(
+    snapshot: FrontendSnapshot, reports: Mapping[str, Mapping[str, Any]] | None = None, lag: LoopLag | None = None
+) -> str:
+    """The exposition text of one snapshot, for tests and tools that hold a `Frontend` rather than an endpoint."""
+    collector = FrontendCollector(lambda: snapshot, lag)
+    collector.reports = reports
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return generate_latest(registry).decode()
+
+
+def _requests(snapshot: FrontendSnapshot) -> Iterator[Metric]:
+    outcomes = CounterMetricFamily("patchkit_requests", "Requests by outcome.", labels=["outcome"])
+    for outcome in sorted({*OUTCOMES, *snapshot.outcomes}):
+        outcomes.add_metric([outcome], snapshot.outcomes.get(outcome, 0))
+    yield outcomes
+    yield GaugeMetricFamily("patchkit_requests_inflight", "Requests running now.", value=snapshot.inflight)
+    yield CounterMetricFamily("patchkit_requests_slo_met", "Requests answered within their SLO.", value=snapshot.slo_met)
+    cumulative, buckets = 0, []
     for bound, count in zip([*LATENCY_BUCKETS_S, float("inf")], snapshot.latency_buckets):
         cumulative += count
-        buckets.append(("_bucket", {"le": "+Inf" if bound == float("inf") else f"{bound:g}"}, cumulative))
-    buckets += [("_sum", {}, snapshot.latency_sum_s), ("_count", {}, cumulative)]
-    lines += _family("patchkit_request_latency_seconds", "histogram", "Latency of answered requests.", buckets)
-    per_method: dict[str, list[tuple[str, dict[str, str], float]]] = {
-        "calls": [], "batches": [], "failures": [], "retries": [], "queue_length": [], "queue_wait": [], "batch_size": [],
+        buckets.append(("+Inf" if bound == float("inf") else f"{bound:g}", float(cumulative)))
+    duration = HistogramMetricFamily("patchkit_request_duration_seconds", "Time from admission to answer of the "
+                                     "requests answered.")
+    duration.add_metric([], buckets, snapshot.latency_sum_s)
+    yield duration
+
+
+def _methods(snapshot: FrontendSnapshot) -> Iterator[Metric]:
+    """One series per component method (its batching queue)."""
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {
+        "calls": CounterMetricFamily("patchkit_calls", "Component calls answered.", labels=METHOD_LABELS),
+        "batches": CounterMetricFamily("patchkit_batches", "Batches run.", labels=METHOD_LABELS),
+        "failures": CounterMetricFamily("patchkit_call_failures", "Calls that raised.", labels=METHOD_LABELS),
+        "retries": CounterMetricFamily("patchkit_call_retries", "Calls sent again after their replica was lost.",
+                                       labels=METHOD_LABELS),
+        "queue_wait_s": CounterMetricFamily("patchkit_queue_wait_seconds", "Time calls spent queued, summed.",
+                                            labels=METHOD_LABELS),
+        "service_s": CounterMetricFamily("patchkit_batch_service_seconds", "Time batches took on their replicas, summed.",
+                                         labels=METHOD_LABELS),
+        "queue_length": GaugeMetricFamily("patchkit_queue_length", "Calls waiting for a batch.", labels=METHOD_LABELS),
+        "batch_size": GaugeMetricFamily("patchkit_batch_size_max", "The most calls one batch takes (the configured "
+                                        "batch size).", labels=METHOD_LABELS),
+        "throughput_per_s": GaugeMetricFamily("patchkit_calls_per_second", "Calls answered per second over the "
+                                              "queue's recent window.", labels=METHOD_LABELS),
     }
-    for m in snapshot.methods:
-        labels = {"component": m.component, "method": m.method}
-        per_method["calls"].append(("", labels, m.calls))
-        per_method["batches"].append(("", labels, m.batches))
-        per_method["failures"].append(("", labels, m.failures))
-        per_method["retries"].append(("", labels, m.retries))
-        per_method["queue_length"].append(("", labels, m.queue_length))
-        per_method["queue_wait"].append(("", labels, m.queue_wait_s))
-        per_method["batch_size"].append(("", labels, m.batch_size))
-    lines += _family("patchkit_calls_total", "counter", "Component calls answered.", per_method["calls"])
-    lines += _family("patchkit_batches_total", "counter", "Batches run.", per_method["batches"])
-    lines += _family("patchkit_call_failures_total", "counter", "Calls that raised.", per_method["failures"])
-    lines += _family("patchkit_call_retries_total", "counter", "Calls re-sent after their replica died.", per_method["retries"])
-    lines += _family("patchkit_queue_length", "gauge", "Calls waiting for a batch.", per_method["queue_length"])
-    lines += _family("patchkit_queue_wait_seconds_total", "counter", "Time calls spent queued.", per_method["queue_wait"])
-    lines += _family("patchkit_batch_size", "gauge", "Configured batch size.", per_method["batch_size"])
-    if reports is not None:
-        lines += _family("patchkit_component_stat", "gauge", "A component's own figures (its stats()), per replica.",
-                         _component_samples(snapshot, reports))
-    replicas = [("", {"component": n}, live) for n, live in snapshot.live_replicas.items()]
-    lines += _family("patchkit_replicas", "gauge", "Live replicas per component.", replicas)
-    lines += _family("patchkit_replica_restarts_total", "counter", "Replicas restarted after dying.",
-                     [("", {}, snapshot.restarts)])
-    slo = snapshot.slo
-    lines += _family("patchkit_slo_at_risk_requests", "gauge", "Requests in flight at risk of missing their SLO.",
-                     [("", {}, slo["at_risk_now"])])
-    lines += _family("patchkit_slo_decisions_total", "counter", "SLO policy decisions, by kind.",
-                     [("", {"decision": k}, slo[k]) for k in ("at_risk_total", "beyond_saving_total", "prioritized_calls",
-                                                               "admission_paused", "admission_rejected", "scale_ups",
-                                                               "scale_downs")])
-    lines += _family("patchkit_admission_waiting", "gauge", "Requests waiting while admission is paused.",
-                     [("", {}, slo["admission_waiting"])])
-    prefetch = snapshot.prefetch
-    lines += _family("patchkit_prefetch_total", "counter", "Lookahead prefetch calls the front-end inserted, by outcome.",
-                     [("", {"outcome": k}, prefetch[k]) for k in ("issued", "done", "failed", "skipped", "cancelled")])
-    lines += _family("patchkit_prefetch_bytes_total", "counter", "Bytes the retrievers' prefetches asked to copy.",
-                     [("", {}, prefetch["bytes_requested"])])
-    return "\n".join(lines) + "\n"
+    for method in snapshot.methods:
+        for field, family in families.items():
+            family.add_metric([method.component, method.method], getattr(method, field))
+    yield from families.values()
 
 
-def _component_samples(
-    snapshot: FrontendSnapshot, reports: Mapping[str, Mapping[str, Any]]
-) -> list[tuple[str, dict[str, str], float]]:
+def _replicas(snapshot: FrontendSnapshot) -> Iterator[Metric]:
+    live = GaugeMetricFamily("patchkit_replicas", "Live replicas per component.", labels=["component"])
+    for component, count in sorted(snapshot.live_replicas.items()):
+        live.add_metric([component], count)
+    yield live
+    state = GaugeMetricFamily("patchkit_replica_state", "1 for each replica in its state (serving, stuck, unhealthy, "
+                              "dead: out of service until replaced).", labels=["component", "replica", "state"])
+    for replica, (component, name) in sorted(snapshot.replica_states.items()):
+        state.add_metric([component, replica, name], 1)
+    yield state
+    yield CounterMetricFamily("patchkit_replica_restarts", "Replicas started in place of lost ones.", value=snapshot.restarts)
+
+
+def _component_stats(snapshot: FrontendSnapshot, reports: Mapping[str, Mapping[str, Any]]) -> Metric:
+    """Each replica's component figures (its `stats()`), nested dicts flattened into the `stat` label."""
+    family = GaugeMetricFamily("patchkit_component_stat", "A component's own figures (its stats()), per replica.",
+                               labels=["component", "replica", "stat"])
     component_of = snapshot.replica_components
-    samples = []
-    for replica_id, report in sorted(reports.items()):
-        for stat, value in _numbers(report.get("component_stats", {})):
-            samples.append(("", {"component": component_of.get(replica_id, ""), "replica": replica_id, "stat": stat}, value))
-    return samples
+    for replica, report in sorted(reports.items()):
+        for stat, value in _numbers(report.get("component_stats") or {}):
+            family.add_metric([component_of.get(replica, ""), replica, stat], value)
+    return family
+
+
+def _slo(slo: Mapping[str, Any]) -> Iterator[Metric]:
+    yield GaugeMetricFamily("patchkit_slo_at_risk_requests", "Requests in flight at risk of missing their SLO.",
+                            value=slo["at_risk_now"])
+    decisions = CounterMetricFamily("patchkit_slo_decisions", "SLO policy decisions, by kind.", labels=["decision"])
+    for key, label in SLO_DECISIONS.items():
+        decisions.add_metric([label], slo[key])
+    yield decisions
+    yield GaugeMetricFamily("patchkit_admission_waiting_requests", "Requests waiting while admission is paused.",
+                            value=slo["admission_waiting"])
+
+
+def _prefetch(prefetch: Mapping[str, Any]) -> Iterator[Metric]:
+    calls = CounterMetricFamily("patchkit_prefetch", "Lookahead prefetch calls the front-end inserted, by outcome.",
+                                labels=["outcome"])
+    for outcome in PREFETCH_OUTCOMES:
+        calls.add_metric([outcome], prefetch[outcome])
+    yield calls
+    yield CounterMetricFamily("patchkit_prefetch_bytes", "Bytes the retrievers' prefetches asked to copy.",
+                              value=prefetch["bytes_requested"])
 
 
 def _numbers(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:

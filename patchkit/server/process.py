@@ -25,6 +25,7 @@ from patchkit.orchestrator.process import ChildSide
 from patchkit.scheduler.online.frontend import Frontend, make_backend
 from patchkit.server.connections import EdgeRunner
 from patchkit.server.http import build_app
+from patchkit.server.loop_lag import LoopLag
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
@@ -45,16 +46,18 @@ class FrontendServer:
     def __init__(self, pipeline: Pipeline, config: DeploymentConfig) -> None:
         self.config = config
         self.frontend = Frontend(pipeline, config, make_backend(config))
+        self.loop_lag = LoopLag()
         self._runner: web.AppRunner | None = None
         self.url = ""
 
     async def start(self) -> str:
         """Start every replica, then listen; returns the URL. Raises (with nothing left running) on failure."""
         await self.frontend.start()
+        self.loop_lag.start()
         try:
             read_timeout_s = self.config.read_timeout_s
             self._runner = EdgeRunner(
-                build_app(self.frontend),
+                build_app(self.frontend, self.loop_lag),
                 access_log=None,
                 handle_signals=False,
                 keepalive_timeout=read_timeout_s,  # no complete request headers for this long: the connection closes
@@ -84,6 +87,7 @@ class FrontendServer:
             for site in list(self._runner.sites):
                 await site.stop()
         await self.frontend.close()
+        await self.loop_lag.stop()
         if self._runner is not None:
             server = self._runner.server
             if server is not None:

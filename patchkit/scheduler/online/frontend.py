@@ -325,6 +325,7 @@ class Frontend:
             latency_buckets=tuple(self.latency_buckets), latency_sum_s=self.latency_sum_s, methods=methods,
             live_replicas={name: sum(r.alive for r in s.replicas) for name, s in self.sets.items()},
             replica_components={replica.id: replica.component for replica in self.supervisor.replicas()},
+            replica_states={r.id: (r.component, r.state) for r in [*self.supervisor.replicas(), *self.supervisor.replacing()]},
             restarts=self.supervisor.restarts, slo=self.policy.stats(), prefetch=self.prefetcher.stats(),
         )
 

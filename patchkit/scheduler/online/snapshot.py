@@ -60,6 +60,7 @@ class FrontendSnapshot:
     methods: tuple[MethodSnapshot, ...]
     live_replicas: Mapping[str, int]  # per component
     replica_components: Mapping[str, str]  # replica id -> its component
+    replica_states: Mapping[str, tuple[str, str]]  # replica id -> (its component, its state), those being replaced too
     restarts: int
     slo: Mapping[str, Any]  # SloPolicy.stats()
     prefetch: Mapping[str, Any]  # Prefetcher.stats()

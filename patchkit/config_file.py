@@ -1,0 +1,284 @@
+"""The config file of `patchkit serve --config deploy.yaml`: every deploy option, and options per component.
+
+    slo_ms: 2000
+    backend: local
+    components:
+      llm: {replicas: 2, batch_size: {generate: 8}, min_replicas: 1, max_replicas: 4}
+
+The schema is a pydantic model: its top-level options are made from `DeploymentConfig`'s fields (their
+types, defaults and ranges), so the file takes every option `deploy()` does; `components` holds a
+`ComponentOptions` per component. YAML, JSON or TOML, by the file's suffix. `load` reports every problem at
+once, one line each, naming the key's path: an unknown key with the closest known one, a value of the
+wrong type or out of range with what is allowed. `describe` renders the keys for `patchkit serve --help`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import MISSING, fields
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_type_hints
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+
+from patchkit.config import BACKENDS, ESTIMATORS, INTERNAL_FIELDS, NON_NEGATIVE_FIELDS, POSITIVE_FIELDS, DeploymentConfig
+from patchkit.errors import ConfigError
+
+__all__ = ["ComponentOptions", "ServeFile", "describe", "deploy_arguments", "given", "load"]
+
+STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+# Each deploy option's line in `patchkit serve --help` and the README (what deploy()'s docstring and
+# DeploymentConfig's comments say, shortened).
+OPTION_HELP = {
+    "backend": "'local' (a process per replica), 'inprocess' (a thread of this process) or 'ray' (Ray actors)",
+    "host": "the address the HTTP server listens on",
+    "port": "its port (0: any free port)",
+    "slo_ms": "the latency target of every request that brings none",
+    "batch_wait_ms": "a partial batch leaves once its oldest call waited this long",
+    "pipelining": "false: requests run in waves, each waiting for the one before",
+    "max_inflight_batches": "batches per replica at once: one running, one on the wire",
+    "max_inflight_requests": "requests in flight; beyond it, 503 with Retry-After",
+    "max_body_bytes": "the largest request body (decoded)",
+    "max_inflight_bytes": "request body bytes in flight; beyond it, 503",
+    "read_timeout_s": "a request's headers and body must arrive within this, else 408",
+    "request_timeout_s": "a request still running after this gets 504",
+    "call_timeout_s": "a batch running longer recycles its replica",
+    "max_retries": "times a call is sent again after its replica died",
+    "health_check_period_s": "how often every replica is health-checked",
+    "health_check_timeout_s": "how long a health check may take",
+    "health_check_failures": "failed checks in a row that recycle a replica",
+    "debug": "error replies carry tracebacks",
+    "log_level": "what the front-end and the workers log: debug, info, warning or error",
+    "auth_token": "a bearer token for every route but /healthz (default: PATCHKIT_AUTH_TOKEN)",
+    "optional_inputs": "inputs a request may leave out (they keep their captured value)",
+    "drain_timeout_s": "how long stopping waits for requests in flight",
+    "prioritize": "calls of requests at risk of missing their SLO jump their queues",
+    "pause_admission": "while a request is at risk, new ones wait in a bounded queue",
+    "admission_queue_limit": "that queue's length; beyond it, 503",
+    "estimator": "of a request's remaining time: 'average' or 'xgboost'",
+    "prefetch": "send a retriever's prefetch as the call its query comes from starts",
+    "autoscale": "add replicas to the bottleneck while requests stay at risk; remove idle ones",
+    "autoscale_interval_s": "how often the autoscaler looks",
+    "scale_up_after_s": "requests at risk this long: one more replica",
+    "scale_down_after_s": "a component idle this long loses a replica",
+    "min_replicas": "the fewest replicas autoscaling leaves: one number, or by component",
+    "max_replicas": "the most replicas autoscaling gives: one number, or by component",
+    "ray_address": "the Ray cluster to join (backend: ray)",
+    "ray_max_restarts": "Ray's restarts of a dead actor",
+    "ray_placement_timeout_s": "how long a replica may wait for cluster resources",
+    "ray_actor_options": "Ray actor options by component (num_cpus, num_gpus, memory, resources, runtime_env)",
+    "tls": "TLS between the front-end and Ray workers (false: plaintext)",
+    "tls_cert": "the workers' certificate file (default: one made for the deployment)",
+    "tls_key": "its private key file",
+    "tls_ca": "the CA file that signed it",
+    "tls_server_name": "the name the certificate is checked against",
+}
+# The keys that are no deploy() option.
+FILE_ONLY = ("replicas", "batch_size", "plan", "resources", "components")
+# The command line's own defaults where they differ from deploy()'s.
+SERVE_DEFAULTS = {"port": 8000, "log_level": "info"}
+
+
+def _counts(value: Any) -> Any:
+    """min_replicas, max_replicas: an integer >= 1, or such integers by component name."""
+    items = value.items() if isinstance(value, Mapping) else [(None, value)]
+    if not all((key is None or isinstance(key, str)) and _is_count(count) for key, count in items):
+        raise ValueError(f"must be an integer >= 1, or such integers by component name; got {value!r}")
+    return value
+
+
+def _batch_sizes(value: Any) -> Any:
+    """A component's batch_size: an integer >= 1, or such integers by method name."""
+    items = value.items() if isinstance(value, Mapping) else [(None, value)]
+    if not all((key is None or isinstance(key, str)) and _is_count(count) for key, count in items):
+        raise ValueError(f"must be an integer >= 1, or such integers by method name, such as {{generate: 8}}; got {value!r}")
+    return value
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+Count = Annotated[int, Field(ge=1)]
+
+
+class ComponentOptions(BaseModel):
+    """`components: {NAME: ...}`: one component's options, each overriding the top-level one."""
+
+    model_config = STRICT
+    replicas: Count | None = Field(None, description="replicas to start")
+    batch_size: Annotated[Any, AfterValidator(_batch_sizes)] = Field(
+        None, description="the most calls one batch takes: one number, or by method ({generate: 8})")
+    min_replicas: Count | None = Field(None, description="the fewest replicas autoscaling leaves")
+    max_replicas: Count | None = Field(None, description="the most replicas autoscaling gives")
+    ray_actor_options: dict[str, Any] | None = Field(None, description="Ray actor options (num_cpus, num_gpus, ...)")
+
+
+class _FileOnly(BaseModel):
+    """The keys besides deploy()'s options: sizing every component at once, planning, and `components`."""
+
+    model_config = STRICT
+    replicas: Count | None = Field(None, description="replicas of every component (default 1)")
+    batch_size: Count | None = Field(None, description="batch size of every method (default: the method's own)")
+    plan: str | None = Field(None, description="'auto' to plan first, or a plan file `patchkit plan --json` wrote")
+    resources: dict[str, Count] | None = Field(None, description="with plan: auto, the pool, as {cpu: 8, gpu: 2}")
+    components: dict[str, ComponentOptions] = Field({}, description="options by component name (see below)")
+
+
+def _option_field(name: str, hint: Any, default: Any) -> tuple[Any, Any]:
+    """A DeploymentConfig field as a pydantic field: its type made strict, its range and choices enforced."""
+    described = OPTION_HELP.get(name, "see deploy()")
+    if name in ("min_replicas", "max_replicas"):
+        hint = Annotated[Any, AfterValidator(_counts)]
+    elif name == "optional_inputs":
+        hint, default = list[str], list(default)  # YAML and JSON have lists, not tuples
+    elif name == "backend":
+        hint = Literal[BACKENDS]
+    elif name == "estimator":
+        hint = Literal[ESTIMATORS]
+    gt = 0 if name in POSITIVE_FIELDS else None
+    ge = 0 if name in NON_NEGATIVE_FIELDS or name == "port" else None
+    le = 65535 if name == "port" else None
+    return hint, Field(default, description=described, gt=gt, ge=ge, le=le)
+
+
+def _options() -> dict[str, Any]:
+    hints = get_type_hints(DeploymentConfig)
+    return {
+        f.name: _option_field(f.name, hints[f.name], None if f.default is MISSING else f.default)
+        for f in fields(DeploymentConfig)
+        if f.name not in INTERNAL_FIELDS
+    }
+
+
+ServeFile = create_model("ServeFile", __base__=_FileOnly, __doc__="The whole config file.", **_options())
+
+
+# -- loading -------------------------------------------------------------------------------------------------------
+def load(path: str | Path) -> BaseModel:
+    """The file read and checked; raises ConfigError with one line per problem, each naming the file and the key."""
+    path = Path(path)
+    data = _parse(path)
+    try:
+        return ServeFile.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError("\n".join(f"{path}: {_problem(error)}" for error in exc.errors())) from None
+
+
+def _parse(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"--config names {str(path)!r}, which cannot be read ({exc.strerror})") from None
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        elif suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            raise ConfigError(f"{path}: a config file is .yaml, .yml, .json or .toml; got {suffix or 'no suffix'!r}")
+    except (yaml.YAMLError, ValueError) as exc:  # tomllib's and json's errors are ValueErrors
+        raise ConfigError(f"{path}: not valid {suffix[1:].upper()}: {' '.join(str(exc).split())}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the file must hold a mapping of options, such as `slo_ms: 2000`; got {type(data).__name__}")
+    return data
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    """One pydantic error as a line a user can act on."""
+    loc = [str(part) for part in error["loc"]]
+    where = ".".join(loc)
+    if error["type"] == "extra_forbidden":
+        parent = loc[:-1]
+        known = _keys_at(parent)
+        close = difflib.get_close_matches(loc[-1], sorted(known), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f" (known: {', '.join(sorted(known))})"
+        place = f"in {'.'.join(parent)}" if parent else "at the top level"
+        return f"unknown key {loc[-1]!r} {place}{hint}"
+    message = str(error["msg"]).removeprefix("Value error, ").removeprefix("Input ")
+    if error["type"] == "literal_error":
+        choices = re.findall(r"'([^']*)'", str(error.get("ctx", {}).get("expected", "")))
+        close = difflib.get_close_matches(str(error["input"]), choices, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"{where} {message}; got {error['input']!r}{hint}"
+    if message.startswith("must be"):
+        return f"{where} {message}"
+    return f"{where} {message}; got {error['input']!r}"
+
+
+def _keys_at(loc: list[str]) -> set[str]:
+    """The keys the schema allows at a path: the top level, or one component's."""
+    if len(loc) == 2 and loc[0] == "components":
+        return set(ComponentOptions.model_fields)
+    return set(ServeFile.model_fields)
+
+
+# -- onto deploy()'s arguments --------------------------------------------------------------------------------------
+def given(settings: BaseModel) -> dict[str, Any]:
+    """The keys the file sets, and the command line's defaults for those it leaves out."""
+    return {**SERVE_DEFAULTS, **settings.model_dump(exclude_unset=True)}
+
+
+def deploy_arguments(values: Mapping[str, Any], components: Iterable[str]) -> dict[str, Any]:
+    """`values` (the file's keys, command-line flags applied) as `DeploymentConfig.resolve`'s arguments for a
+    pipeline with these components: per-component options merged into the by-name forms resolve takes.
+
+    Raises ConfigError for a component name the pipeline does not have, with the closest one.
+    """
+    names = list(components)
+    arguments = {k: v for k, v in values.items() if k not in ("components", "resources")}
+    per_component: Mapping[str, Mapping[str, Any]] = values.get("components") or {}
+    for name in per_component:
+        if name not in names:
+            close = difflib.get_close_matches(name, names, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"components names {name!r}, which the pipeline does not have{hint} (known: {', '.join(names)})")
+    for key in ("replicas", "min_replicas", "max_replicas", "ray_actor_options"):
+        own = {name: options[key] for name, options in per_component.items() if options.get(key) is not None}
+        if own:
+            everyone = arguments.get(key)
+            base = dict(everyone) if isinstance(everyone, Mapping) else dict.fromkeys(names, everyone) if everyone else {}
+            arguments[key] = {**base, **own}
+    sizes = {}
+    for name, options in per_component.items():
+        size = options.get("batch_size")
+        if isinstance(size, Mapping):
+            sizes.update({f"{name}.{method}": count for method, count in size.items()})
+        elif size is not None:
+            sizes[name] = size
+    if sizes:
+        everyone = arguments.get("batch_size")
+        arguments["batch_size"] = {**(dict.fromkeys(names, everyone) if everyone else {}), **sizes}
+    if "optional_inputs" in arguments:
+        arguments["optional_inputs"] = tuple(arguments["optional_inputs"])
+    return arguments
+
+
+def describe() -> str:
+    """The file's keys, for `patchkit serve --help`: from the models' fields, so that help and schema agree."""
+    lines = ["config file (--config deploy.yaml, .json or .toml; flags given on the command line win):"]
+    lines += _key_lines(ServeFile, exclude=("components",))
+    lines.append("  components: {NAME: {...}}   per component, overriding the keys above of the same name:")
+    lines += _key_lines(ComponentOptions, indent="    ")
+    return "\n".join(lines)
+
+
+def _key_lines(model: type[BaseModel], indent: str = "  ", exclude: tuple[str, ...] = ()) -> list[str]:
+    rows = []
+    for name, info in model.model_fields.items():
+        if name in exclude:
+            continue
+        default = SERVE_DEFAULTS.get(name, info.default) if model is ServeFile else info.default
+        shown = "" if default is None or default == [] or default == {} else f" (default {json.dumps(default)})"
+        rows.append(f"{indent}{name:<24} {info.description}{shown}")
+    return rows
