@@ -18,13 +18,17 @@ QUESTIONS = (
     "What does the with statement do?",
     "Which module reads and writes CSV files?",
     "How do I run code when a loop finishes without break?",
+    "What is a generator?",
+    "Which module parses command-line arguments?",
+    "How do I define a class with data fields automatically?",
+    "Which module gives date and time types?",
 )
 
 retriever = FaissRetriever("pydoc", topk=3)
-grader = Grader(LlamaCppGenerator(max_tokens=4))
-rewriter = Rewriter(LlamaCppGenerator(max_tokens=24))
-web = BM25Search(topk=3)
 llm = LlamaCppGenerator(max_tokens=64)
+grader = Grader(llm)  # given the llm, the grader and the rewriter share its one deployment:
+rewriter = Rewriter(llm)  # one engine batches their calls, and grading and answering share its prefix cache
+web = BM25Search(topk=3)
 
 question = QUESTIONS[0]
 with patchkit.capture(run=False, output="result") as pipeline:  # run=False: nothing loads here

@@ -74,3 +74,12 @@ def test_a_component_given_to_others_is_one_deployment_serving_them_all() -> Non
     assert len(pids) == 1  # every call of the engine ran in its one replica, none in an asker's worker
     assert methods["calls"] == 3 * 5  # per request: 2 from each asker, 1 from the pipeline
     assert methods["batches"] < methods["calls"]  # the askers' calls shared batches
+
+
+def test_the_holders_calls_count_in_the_shared_components_visits() -> None:
+    from patchkit.scheduler.offline.profiler import visits_by_component
+
+    asked("v")
+    visits = visits_by_component(patchkit.last_pipeline())
+    assert visits["engine"] == {"run": 5.0}  # 2 per asker, 1 from the pipeline: what plans give it replicas for
+    assert visits["first"] == {"ask": 1.0} and visits["second"] == {"ask": 1.0}

@@ -6,6 +6,7 @@ inputs, and the graph counts visits per call site.
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 import types
@@ -13,7 +14,8 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.component import Component, MakeMethod, call_hook
+from patchkit.capture.holders import constructor_components
+from patchkit.component import Component, MakeMethod
 
 __all__ = ["CallRecord", "CallSite", "Recorder", "site_of"]
 
@@ -63,9 +65,24 @@ class Recorder:
 
     def __call__(self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         # Frame 0 is this method, 1 is BoundMake.__call__, 2 the user's code making the call.
-        site = site_of(sys._getframe(2))
+        return self._record(component, method, args, kwargs, site_of(sys._getframe(2)))
+
+    def _record(
+        self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any], site: CallSite | None
+    ) -> Any:
         start = time.perf_counter()
-        with call_hook(None):  # a component calling another component runs it in place
-            output = method.run_local(component, args, kwargs)
+        shared = {inner._patchkit_spec.uid for _, inner in constructor_components(component)}
+        hook = functools.partial(self._inner, shared, f"<{type(component).__name__}.{method.name}>") if shared else None
+        output = method.run_batch(component, [(args, kwargs)], hook)[0]  # a component's own calls run in place
         self.calls.append(CallRecord(component, method.name, args, kwargs, output, time.perf_counter() - start, site))
         return output
+
+    def _inner(
+        self, shared: set[str], where: str, component: Component, method: MakeMethod, args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """A call a component makes: recorded (at a site named after its caller) when it calls a component
+        passed to its constructor, which a deployment serves on its own; any other runs in place, unrecorded."""
+        if component._patchkit_spec.uid not in shared:
+            return method.run_local(component, args, kwargs)
+        return self._record(component, method, args, kwargs, CallSite(where, 0, 0, 0))
