@@ -37,8 +37,14 @@ class Channel(Protocol):
     lost_reason: str
 
     async def run_batch(
-        self, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
-    ) -> list[Outcome]: ...
+        self,
+        method: str,
+        calls: Sequence[Call],
+        expires_in: Sequence[float | None] | None = None,
+        traces: Sequence[dict[str, str] | None] | None = None,
+    ) -> list[Outcome]:
+        """An outcome per call. `expires_in`: per call, the seconds its request has left; `traces`: per
+        call, its span's context (patchkit.telemetry), which the replica's execution span continues."""
 
     async def health(self, timeout_s: float) -> None:
         """Return if the replica answers within `timeout_s` and its component's `check_health()` passes; else raise."""

@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from patchkit import telemetry
 from patchkit.component import Call, Component, ensure_setup
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
@@ -23,20 +24,27 @@ __all__ = ["InProcessBackend"]
 class DirectChannel:
     """Runs each batch inline, on the calling event loop."""
 
-    def __init__(self, component: Component) -> None:
+    def __init__(self, component: Component, name: str) -> None:
         self.component = component
+        self.name = name
         self.lost = asyncio.Event()
         self.lost_reason = ""
         self.batches = 0
         self.calls = 0
 
     async def run_batch(
-        self, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
+        self,
+        method: str,
+        calls: Sequence[Call],
+        expires_in: Sequence[float | None] | None = None,
+        traces: Sequence[dict[str, str] | None] | None = None,
     ) -> list[Outcome]:
-        """Run the batch now (`expires_in` does not apply: no call waits here behind another)."""
+        """Run the batch now (`expires_in` does not apply: no call waits here behind another), in an
+        execution span per traced call, as a worker does."""
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
-        outcomes = run_batch(self.component, method, calls)
+        with telemetry.execution(self.name, method, traces):
+            outcomes = run_batch(self.component, method, calls)
         self.batches += 1
         self.calls += len(calls)
         return outcomes
@@ -65,7 +73,7 @@ class InProcessBackend(Backend):
             ensure_setup(spec.instance)
         except Exception as exc:
             raise setup_error(spec.component, exc) from None
-        replica = Replica(replica_id, spec, DirectChannel(spec.instance))
+        replica = Replica(replica_id, spec, DirectChannel(spec.instance, spec.component))
         self._started.append(replica)
         return replica
 

@@ -34,6 +34,7 @@ import cloudpickle
 import grpc
 import grpc.aio
 
+from patchkit import telemetry
 from patchkit.component import Call, Component
 from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
 from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_batch
@@ -56,8 +57,9 @@ OPTIONS = [
 SERVER_OPTIONS = [*OPTIONS, ("grpc.so_reuseport", 0)]
 
 # A batch: its id, how its calls are pickled, how many there are, the length of its method's name;
-# then the name, then the payload. WHOLE: one pickle of (expires_in, calls). PER_CALL (when the whole
-# did not pickle): a pickle of (expires_in, [one pickle per call]), so the worker unpickles each alone.
+# then the name, then the payload. WHOLE: one pickle of (expires_in, calls, traces). PER_CALL (when the
+# whole did not pickle): a pickle of (expires_in, [one pickle per call], traces), so the worker unpickles
+# each alone. `traces`: None, or per call its span's context (W3C headers, patchkit.telemetry).
 _BATCH = struct.Struct(">QBIH")
 WHOLE, PER_CALL = 0, 1
 # A reply: its batch's id, then one pickle of its outcomes.
@@ -74,37 +76,46 @@ def decode(data: bytes | memoryview) -> Any:
 
 
 def encode_batch(
-    batch_id: int, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
+    batch_id: int,
+    method: str,
+    calls: Sequence[Call],
+    expires_in: Sequence[float | None] | None = None,
+    traces: Sequence[dict[str, str] | None] | None = None,
 ) -> tuple[bytes | None, dict[int, Failure]]:
     """The message for a batch, and the calls left out of it because their arguments do not pickle (by index).
 
     Called by the front-end for every batch it sends. `expires_in`: per call, the seconds its request
-    has left (None: no limit); the worker skips a call whose time ran out while it waited there. The
+    has left (None: no limit); the worker skips a call whose time ran out while it waited there.
+    `traces`: per call, its span's context, which the worker's execution span continues. The
     message is None when no call pickles.
     """
     expiries = list(expires_in) if expires_in is not None else [None] * len(calls)
+    contexts = list(traces) if traces is not None else None
     failed: dict[int, Failure] = {}
     try:
-        mode, payload = WHOLE, encode((expiries, list(calls)))
+        mode, payload = WHOLE, encode((expiries, list(calls), contexts))
     except Exception:  # find the calls that do not pickle: they fail alone, the others are sent
         parts: list[bytes] = []
-        kept: list[float | None] = []
+        kept: list[int] = []
         for i, call in enumerate(calls):
             try:
                 parts.append(encode(call))
             except Exception as exc:
                 failed[i] = Failure.on_wire("its arguments cannot be sent to the worker: they do not pickle", exc)
             else:
-                kept.append(expiries[i])
+                kept.append(i)
         if not parts:
             return None, failed
-        mode, payload = PER_CALL, pickle.dumps((kept, parts), protocol=pickle.HIGHEST_PROTOCOL)
+        kept_contexts = None if contexts is None else [contexts[i] for i in kept]
+        remaining = ([expiries[i] for i in kept], parts, kept_contexts)
+        mode, payload = PER_CALL, pickle.dumps(remaining, protocol=pickle.HIGHEST_PROTOCOL)
     name = method.encode()
     return _BATCH.pack(batch_id, mode, len(calls) - len(failed), len(name)) + name + payload, failed
 
 
-def decode_batch(message: bytes) -> tuple[int, str, list[Call | Failure], list[float | None]]:
-    """A batch message's id, method, calls and their seconds left (None: no limit), as the worker reads it.
+def decode_batch(message: bytes) -> tuple[int, str, list[Call | Failure], list[float | None], list[dict[str, str] | None] | None]:
+    """A batch message's id, method, calls, their seconds left (None: no limit) and their trace contexts
+    (None: none traced), as the worker reads it.
 
     A call whose arguments cannot be unpickled here comes back as the Failure that is its outcome; if
     the payload as a whole cannot be, every call does. Raises only on a message that is not a batch.
@@ -113,10 +124,10 @@ def decode_batch(message: bytes) -> tuple[int, str, list[Call | Failure], list[f
     method = message[_BATCH.size : _BATCH.size + length].decode()
     payload = memoryview(message)[_BATCH.size + length :]
     try:
-        expires_in, items = decode(payload)
+        expires_in, items, traces = decode(payload)
     except Exception as exc:
         failure = Failure.on_wire("the worker cannot unpickle the arguments of its batch", exc)
-        return batch_id, method, [failure] * count, [None] * count
+        return batch_id, method, [failure] * count, [None] * count, None
     if mode == PER_CALL:
         calls: list[Call | Failure] = []
         for item in items:
@@ -124,8 +135,8 @@ def decode_batch(message: bytes) -> tuple[int, str, list[Call | Failure], list[f
                 calls.append(decode(item))
             except Exception as exc:
                 calls.append(Failure.on_wire("the worker cannot unpickle its arguments", exc))
-        return batch_id, method, calls, expires_in
-    return batch_id, method, items, expires_in
+        return batch_id, method, calls, expires_in, traces
+    return batch_id, method, items, expires_in, traces
 
 
 def encode_outcomes(batch_id: int, outcomes: list[Outcome]) -> bytes:
@@ -197,15 +208,20 @@ class WorkerService:
         threading.Thread(target=receive, name="patchkit-stream", daemon=True).start()
         while (item := inbox.get()) is not None:
             arrived, message = item
-            batch_id, method, calls, expires_in = decode_batch(message)
+            batch_id, method, calls, expires_in, traces = decode_batch(message)
             deadlines = [None if left is None else arrived + left for left in expires_in]
-            yield encode_outcomes(batch_id, self.run(method, calls, deadlines))
+            yield encode_outcomes(batch_id, self.run(method, calls, deadlines, traces))
 
     def run(
-        self, method: str, calls: Sequence[Call | Failure], deadlines: Sequence[float | None] | None = None
+        self,
+        method: str,
+        calls: Sequence[Call | Failure],
+        deadlines: Sequence[float | None] | None = None,
+        traces: Sequence[dict[str, str] | None] | None = None,
     ) -> list[Outcome]:
         """Run a batch's calls once the replica is free; those already failed (their arguments did not
-        unpickle) or past their deadline (`time.monotonic()`; their request has been answered) are not run."""
+        unpickle) or past their deadline (`time.monotonic()`; their request has been answered) are not run.
+        `traces`: per call, its span's context: the calls that run do so in execution spans continuing them."""
         with self._lock:
             start = time.perf_counter()
             now = time.monotonic()
@@ -222,7 +238,10 @@ class WorkerService:
                 else:
                     runnable[i] = call
             if runnable:
-                for i, outcome in zip(runnable, run_batch(self.component, method, list(runnable.values()))):
+                contexts = None if traces is None else [traces[i] for i in runnable]
+                with telemetry.execution(self.name, method, contexts):
+                    ran = run_batch(self.component, method, list(runnable.values()))
+                for i, outcome in zip(runnable, ran):
                     outcomes[i] = outcome
                 self.batches += 1
                 self.calls += len(runnable)
@@ -294,18 +313,22 @@ class GrpcChannel:
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     async def run_batch(
-        self, method: str, calls: Sequence[Call], expires_in: Sequence[float | None] | None = None
+        self,
+        method: str,
+        calls: Sequence[Call],
+        expires_in: Sequence[float | None] | None = None,
+        traces: Sequence[dict[str, str] | None] | None = None,
     ) -> list[Outcome]:
         """Send a batch and return an outcome per call, in order; raises WorkerDiedError when the replica is lost.
 
         `expires_in`: per call, the seconds its request has left (None: no limit): the worker does not
-        run a call it reaches later than that. A call whose arguments do not pickle is not sent: its
-        outcome says so, and the others go.
+        run a call it reaches later than that. `traces`: per call, its span's context, for the worker.
+        A call whose arguments do not pickle is not sent: its outcome says so, and the others go.
         """
         if self.lost.is_set():
             raise WorkerDiedError(f"replica at {self.address} is gone: {self.lost_reason}")
         batch_id = next(self._ids)
-        message, failed = encode_batch(batch_id, method, calls, expires_in)
+        message, failed = encode_batch(batch_id, method, calls, expires_in, traces)
         if message is None:
             return [(False, failed[i]) for i in range(len(calls))]
         future: asyncio.Future[list[Outcome] | Failure] = asyncio.get_running_loop().create_future()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 import sys
 import time
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from patchkit import telemetry
 from patchkit.capture.recorder import site_of
 from patchkit.component import Component, MakeMethod, call_hook, make_methods
 from patchkit.config import DeploymentConfig
@@ -32,6 +32,7 @@ from patchkit.scheduler.online.autoscale import Autoscaler
 from patchkit.scheduler.online.bridge import await_, run_sync
 from patchkit.scheduler.online.prefetch import PREFETCH_METHOD, Prefetcher, find_routes
 from patchkit.scheduler.online.queues import BatchQueue, ReplicaSet
+from patchkit.scheduler.online.request_ids import REQUEST_ID, new_request_id
 from patchkit.scheduler.online.slo import RequestState, SloPolicy, make_estimator
 from patchkit.scheduler.online.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot, MethodSnapshot
 from patchkit.scheduler.online.traces import Visit
@@ -44,9 +45,10 @@ __all__ = ["Frontend", "RequestResult", "make_backend"]
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass
 class RequestResult:
-    request_id: int
+    request_id: str
     output: Any
     latency_s: float
 
@@ -77,7 +79,6 @@ class Frontend:
         routes = find_routes(pipeline.graph) if config.prefetch else []
         self.prefetcher = Prefetcher(routes, self._submit_prefetch)
         self.waves = None if config.pipelining else Waves()
-        self._ids = itertools.count(1)
         self.inflight = 0
         self.inflight_bytes = 0  # of request bodies, from when each is read until its request ends (`hold_body`)
         self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded
@@ -167,14 +168,52 @@ class Frontend:
         """The request that `hold_body` counted `held` bytes for has ended."""
         self.inflight_bytes -= held
 
-    async def query(self, inputs: dict[str, Any], slo_ms: float | None = None) -> RequestResult:
-        """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer."""
+    async def query(
+        self,
+        inputs: dict[str, Any],
+        slo_ms: float | None = None,
+        *,
+        request_id: str | None = None,
+        on_delta: Callable[[str], None] | None = None,
+    ) -> RequestResult:
+        """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer.
+
+        `request_id`: the request's id (the client's X-Request-ID, checked at the edge), else a fresh
+        one; it is in the result, in the request's log records (`REQUEST_ID`), traces and spans.
+        `on_delta`: called on the event loop with each text chunk of the output's streaming call as
+        it is produced, before this returns (never, when the output comes from no streaming call).
+        """
+        request_id = request_id if request_id is not None else new_request_id()
+        token = REQUEST_ID.set(request_id)
+        span = telemetry.start_request(request_id)
+        outcome = "error"
+        try:
+            result = await self._query(inputs, slo_ms, request_id, span)
+            outcome = "ok"
+            return result
+        except DeadlineExceeded:
+            outcome = "timeout"
+            raise
+        except Overloaded:
+            outcome = "overloaded"
+            raise
+        except WorkerDiedError:
+            outcome = "worker_died"
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            telemetry.end_request(span, outcome)
+            REQUEST_ID.reset(token)
+
+    async def _query(self, inputs: dict[str, Any], slo_ms: float | None, request_id: str, span: telemetry.Span) -> RequestResult:
         if self.closing:
             raise Overloaded(self.inflight, 0, "the endpoint is shutting down")
         if self.inflight >= self.config.max_inflight_requests:
             self.outcomes["overloaded"] += 1
             raise Overloaded(self.inflight, self.config.max_inflight_requests)
-        request_id, start = next(self._ids), time.perf_counter()
+        start = time.perf_counter()
         expires = asyncio.get_running_loop().time() + self.config.request_timeout_s
         variables = self.pipeline.variables(inputs)
         state = self.policy.start(request_id, inputs, slo_ms or self.config.slo_ms)
@@ -187,7 +226,7 @@ class Frontend:
                 if self.waves is not None:
                     await self.waves.enter()
                     entered = True
-                output = await run_sync(self._run, variables, state, expires)
+                output = await run_sync(self._run, variables, state, expires, span)
             ok = True
         except TimeoutError:
             self.outcomes["timeout"] += 1
@@ -210,14 +249,16 @@ class Frontend:
         self._observe(latency, slo_ms or self.config.slo_ms)
         return RequestResult(request_id, output, latency)
 
-    def _run(self, variables: dict[str, Any], state: RequestState, expires: float) -> Any:
-        with call_hook(functools.partial(self._call, state, expires)):
+    def _run(self, variables: dict[str, Any], state: RequestState, expires: float, span: telemetry.Span) -> Any:
+        REQUEST_ID.set(state.id)  # the greenlet's own context: the request's log records carry its id
+        with call_hook(functools.partial(self._call, state, expires, span)):
             return self.pipeline.run(variables)
 
     def _call(
         self,
         state: RequestState,
         expires: float,
+        span: telemetry.Span,
         component: Component,
         method: MakeMethod,
         args: tuple[Any, ...],
@@ -235,12 +276,17 @@ class Frontend:
         if (component._patchkit_spec.uid, method.name) in self.prefetcher.sources:
             # frame 1 is BoundMake.__call__, 2 the pipeline code making the call
             self.prefetcher.on_call(component, method.name, site_of(sys._getframe(2)), args, kwargs)
-        if state.deadline is None:  # no SLO applies: nothing to estimate, nothing to record
-            ok, value = await_(queue.submit(args, kwargs, expires=expires).future)
-        else:
+        call_span, carrier = telemetry.start_call(span, name, method.name)
+        submitted_ns, slack = time.time_ns(), None
+        if state.deadline is not None:  # an SLO applies: estimate the slack, record the visit
             started = self.clock()
-            call = queue.submit(args, kwargs, slack=self.policy.check(state), expires=expires)
-            ok, value = await_(call.future)
+            slack = self.policy.check(state)
+        call = queue.submit(args, kwargs, slack=slack, expires=expires, trace=carrier)
+        ok, value = await_(call.future)
+        if call_span is not None:
+            dispatched_ns = None if call.dispatched is None else time.time_ns() - int((self.clock() - call.dispatched) * 1e9)
+            telemetry.end_call(call_span, submitted_ns, dispatched_ns, None if ok else value.message)
+        if state.deadline is not None:
             visit = Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value), call.waited)
             self.policy.record(state, visit)
         if ok:

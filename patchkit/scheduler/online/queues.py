@@ -50,6 +50,7 @@ class PendingCall:
     slack: float | None = None  # seconds to spare when its request is at risk; None when it is not
     dispatched: float | None = None  # when it last left the queue in a batch
     expires: float | None = None  # the event loop's time when its request times out; None: never
+    trace: dict[str, str] | None = None  # its span's context for the worker (patchkit.telemetry); None: not traced
 
     @property
     def waited(self) -> float:
@@ -199,7 +200,12 @@ class BatchQueue:
         return self._pending[0].enqueued if self._pending else float("inf")
 
     def submit(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], slack: float | None = None, expires: float | None = None
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        slack: float | None = None,
+        expires: float | None = None,
+        trace: dict[str, str] | None = None,
     ) -> PendingCall:
         """Queue one call; called from a request's greenlet. Its `future` resolves to its Outcome;
         cancelling it (its request ended) takes the call out of the queue at once.
@@ -207,9 +213,10 @@ class BatchQueue:
         `slack`: the call's request is at risk with this many seconds to spare (negative: late); it
         jumps the queue ahead of calls with more slack and of every call without one. `expires`: the
         event loop's time when its request times out: a worker does not run it later than that.
+        `trace`: the context of the call's span, which its worker's execution span continues.
         """
         loop = asyncio.get_running_loop()
-        call = PendingCall(args, kwargs, loop.create_future(), self.clock(), slack=slack, expires=expires)
+        call = PendingCall(args, kwargs, loop.create_future(), self.clock(), slack=slack, expires=expires, trace=trace)
         call.future.add_done_callback(lambda _: self._withdraw(call))
         self._pending.append(call)
         self._urgent += slack is not None
@@ -279,9 +286,11 @@ class BatchQueue:
         start = self.clock()
         now = asyncio.get_running_loop().time()
         calls = [(c.args, c.kwargs) for c in batch]
-        limits = {}
+        limits: dict[str, Any] = {}  # only what applies, so that channels without the feature still take the batch
         if any(c.expires is not None for c in batch):
             limits["expires_in"] = [None if c.expires is None else c.expires - now for c in batch]
+        if any(c.trace is not None for c in batch):
+            limits["traces"] = [c.trace for c in batch]
         turn: _Turn | None = None
         try:
             async with asyncio.timeout(None) as scope:
