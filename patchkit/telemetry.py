@@ -67,9 +67,14 @@ def configure_from_env() -> bool:
     except ImportError:
         logger.warning("the OTEL_* variables ask for traces, but opentelemetry-sdk is not installed: pip install patchkit[otel]")
         return False
-    attributes = {} if os.environ.get("OTEL_SERVICE_NAME") else {"service.name": "patchkit"}
+    span_exporter = ConsoleSpanExporter() if exporter == "console" else _otlp_exporter()
+    if span_exporter is None:
+        return False
+    attributes: dict[str, str | int] = {"process.pid": os.getpid()}  # tells the front-end and each worker apart
+    if not os.environ.get("OTEL_SERVICE_NAME"):
+        attributes["service.name"] = "patchkit"
     provider = TracerProvider(resource=Resource.create(attributes))
-    provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter() if exporter == "console" else _otlp_exporter()))
+    provider.add_span_processor(BatchSpanProcessor(span_exporter))
     otel_trace.set_tracer_provider(provider)
     atexit.register(provider.shutdown)  # flushes what is batched when the process exits normally
     _configured = True
@@ -77,12 +82,21 @@ def configure_from_env() -> bool:
 
 
 def _otlp_exporter() -> Any:
+    """OTLP over the protocol the variables name; unnamed: http/protobuf, else grpc, whichever is installed."""
     protocol = os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-    if (protocol or "http/protobuf").strip().lower() == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[no-redef]
-    return OTLPSpanExporter()
+    wanted = [protocol.strip().lower()] if protocol else ["http/protobuf", "grpc"]
+    for name in wanted:
+        try:
+            if name == "grpc":
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            else:
+                from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[no-redef]
+        except ImportError:
+            continue
+        return OTLPSpanExporter()
+    logger.warning("no OTLP exporter for %s is installed (opentelemetry-exporter-otlp-proto-grpc or -http): no spans "
+                   "are exported", " or ".join(wanted))
+    return None
 
 
 # -- the front-end's side ----------------------------------------------------------------------------------
