@@ -168,3 +168,15 @@ def test_pump_cancels_the_request_when_the_client_is_gone() -> None:
 
 def test_sse_data_joins_multi_line_events() -> None:
     assert list(sse_data(iter(["data: a", "data: b", "", ": comment", "data: [DONE]"]))) == ["a\nb", "[DONE]"]
+
+
+@pytest.mark.slow
+def test_the_front_end_process_logs_name_the_request(capfd: pytest.CaptureFixture[str]) -> None:
+    answer_pipeline()
+    with patchkit.deploy(patchkit.last_pipeline(), log_level="warning") as served:
+        reply = httpx.post(served.url + "/v1/query", json={"inputs": {"nope": 1}}, headers={"X-Request-ID": "log-me-3"})
+        assert reply.status_code == 400
+        stream = served.stream(question="What is z?")
+        assert "".join(stream) == served.query(question="What is z?") == stream.output
+    line = next(line for line in capfd.readouterr().err.splitlines() if "nope" in line)
+    assert "front-end patchkit.server.http [log-me-3]: POST /v1/query: 400" in line

@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 # served: a body still arriving (a new request is refused anyway) or one that outlived the drain.
 _CONNECTION_GRACE_S = 1.0
 
-LOG_FORMAT = "%(asctime)s %(levelname)s front-end [%(request_id)s] %(name)s: %(message)s"
+LOG_FORMAT = "%(asctime)s %(levelname)s front-end %(name)s [%(request_id)s]: %(message)s"
 
 
 class FrontendServer:
