@@ -121,3 +121,11 @@ def test_an_unknown_chat_input_is_refused_at_deploy() -> None:
     two_inputs()
     with pytest.raises(ConfigError, match="its inputs: question, style"):
         patchkit.deploy(patchkit.last_pipeline(), backend="inprocess", chat_input="query")
+
+
+def test_a_missing_chat_output_field_is_a_server_error() -> None:
+    two_inputs()
+    with patchkit.deploy(patchkit.last_pipeline(), backend="inprocess", chat_input="question", chat_output="text") as served:
+        with pytest.raises(openai.InternalServerError, match="no field 'text'") as caught:
+            client(served).chat.completions.create(model="patchkit", messages=[{"role": "user", "content": "why"}])
+        assert caught.value.body["type"] == "server_error"  # type: ignore[index]

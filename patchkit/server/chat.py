@@ -71,10 +71,7 @@ class ChatRoutes:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         async def run(body: bytes) -> web.StreamResponse:
-            try:
-                chat = self._parse(body)
-            except ChatError as exc:
-                return self._error_reply(request, exc.status, str(exc), exc.param, exc.code)
+            chat = self._parse(body)
             completion = _Completion(self, request, chat)
             return await (completion.stream() if chat.get("stream") else completion.whole())
 
@@ -88,6 +85,8 @@ class ChatRoutes:
                 return await run(body)
             except (web.HTTPException, ConnectionResetError):
                 raise
+            except ChatError as exc:
+                return self._error_reply(request, exc.status, str(exc), exc.param, exc.code)
             except Exception as exc:
                 status, payload = error_reply(exc, debug=self.config.debug)
                 return self._error_reply(request, status, payload["error"]["message"], None, payload["error"]["type"])
