@@ -42,7 +42,7 @@ DESCRIBED_FIELDS = (
     "health_check_period_s", "health_check_timeout_s", "health_check_failures", "debug", "optional_inputs",
     "drain_timeout_s", "prioritize", "pause_admission", "admission_queue_limit", "estimator", "prefetch", "autoscale",
     "autoscale_interval_s", "scale_up_after_s", "scale_down_after_s", "min_replicas", "max_replicas", "plan",
-    "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level",
+    "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level", "name", "chat_input", "chat_output",
 )
 DESCRIBED_ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")  # not runtime_env
 NON_NEGATIVE_FIELDS = ("batch_wait_ms", "max_retries", "scale_up_after_s", "scale_down_after_s", "drain_timeout_s")
@@ -100,6 +100,11 @@ class DeploymentConfig:
     auth_token: str | None = field(default=None, repr=False)  # a bearer token for every route but /healthz; PATCHKIT_AUTH_TOKEN
     optional_inputs: tuple[str, ...] = ()  # inputs a request may leave out (they keep their captured value)
     drain_timeout_s: float = 30.0
+    # The OpenAI chat API (server/chat.py): the model name `GET /v1/models` lists; the input the last user message
+    # fills (None: the pipeline's one input); the field of a dict output that is the assistant's message.
+    name: str = "patchkit"
+    chat_input: str | None = None
+    chat_output: str | None = None
     # SLO policies, active for requests with an SLO (the request's slo_ms, else the endpoint's):
     prioritize: bool = True  # calls of requests at risk jump their queues, least slack first
     pause_admission: bool = False  # while a request in flight is at risk, new ones wait in a bounded queue
@@ -231,6 +236,7 @@ class DeploymentConfig:
         if isinstance(optional_inputs, str) or not isinstance(optional_inputs, Iterable):
             raise ConfigError(f"optional_inputs must be a list of input names, such as ['topk']; got {optional_inputs!r}")
         _check_names("optional_inputs", dict.fromkeys(optional_inputs, 0), set(pipeline.inputs))
+        _check_chat_input(options.get("chat_input"), pipeline.inputs)
         if plan is None:
             return
         if isinstance(plan, str):
@@ -386,6 +392,9 @@ def _check_values(values: Mapping[str, Any]) -> None:
             raise ConfigError(f"log_level must be one of {', '.join(map(repr, shown))}; got {level!r}{hint}")
     if values.get("slo_ms") is not None and values["slo_ms"] <= 0:
         raise ConfigError(f"slo_ms must be > 0; got {values['slo_ms']!r}")
+    for name in ("name", "chat_input", "chat_output"):
+        if isinstance(values.get(name), str) and not values[name].strip():
+            raise ConfigError(f"{name} must be a non-empty string; got {values[name]!r}")
     if "port" in values and not 0 <= values["port"] <= 65535:
         raise ConfigError(f"port must be in 0..65535; got {values['port']!r}")
     if "host" in values and not values["host"].strip():
@@ -401,6 +410,20 @@ def _check_values(values: Mapping[str, Any]) -> None:
         for name in RAY_FIELDS:
             if name in values and values[name] != _DEFAULTS[name]:
                 raise ConfigError(f"{name} is an option of backend='ray'; got backend={backend!r} and {name}={values[name]!r}")
+
+
+def _check_chat_input(chat_input: object, inputs: Mapping[str, Any]) -> None:
+    """`chat_input` names a text input of the pipeline (a str, or None, at capture)."""
+    if not isinstance(chat_input, str):
+        return  # None, or a wrong type `_check_values` names
+    if chat_input not in inputs:
+        known = ", ".join(sorted(inputs)) or "none"
+        raise ConfigError(f"chat_input names {chat_input!r}, which is not an input of the pipeline{_hint(chat_input, inputs)} "
+                          f"(its inputs: {known})")
+    default = inputs[chat_input]
+    if default is not None and not isinstance(default, str):
+        raise ConfigError(f"chat_input {chat_input!r} must be a text input, which a user message fills; it was a "
+                          f"{type(default).__name__} at capture ({default!r:.40})")
 
 
 def _check_counts(argument: str, value: object) -> None:

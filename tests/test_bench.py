@@ -296,3 +296,15 @@ def test_python_m_patchkit_bench_runs_a_closed_loop(endpoint: patchkit.Endpoint,
     data = json.loads(out.read_text())
     assert data["concurrency"] == 2 and data["schedule"] is None
     assert data["summary"]["requests"] == len(data["requests"]) > 0 and data["summary"]["errors"] == 0
+
+
+def test_a_streamed_run_reports_time_to_first_token(endpoint: patchkit.Endpoint) -> None:
+    result = run_closed(endpoint.url, concurrency=2, seconds=0.5, inputs=QUESTIONS, stream=True)
+    summary = result.summary()
+    assert summary["ok"] == summary["requests"] > 0 and summary["ttft_ms"] is not None
+    # nothing here streams deltas, so the first token is the whole answer
+    assert all(r.ttft_ms is not None and 0 < r.ttft_ms <= r.latency_ms for r in result.requests)
+    assert "time to first token p50 (ms)" in result.table()
+    assert BenchResult.from_dict(result.to_dict()).summary()["ttft_ms"] == summary["ttft_ms"]
+    plain = run_closed(endpoint.url, concurrency=1, seconds=0.2, inputs=QUESTIONS)
+    assert plain.summary()["ttft_ms"] is None and "first token" not in plain.table()

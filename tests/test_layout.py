@@ -121,7 +121,7 @@ def test_the_cycle_finder_finds_one() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("leaf", ["patchkit.errors", "patchkit.component", "patchkit.envs"])
+@pytest.mark.parametrize("leaf", ["patchkit.errors", "patchkit.component", "patchkit.envs", "patchkit.telemetry"])
 def test_leaves_import_only_leaves(leaf: str) -> None:
     assert GRAPH[leaf] <= {"patchkit.errors"}, GRAPH[leaf]
 

@@ -67,6 +67,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout-s", type=float, default=30.0, help="a request unanswered by then is an error")
     parser.add_argument("--seed", type=int, default=0, help="the seed of the arrival times")
+    parser.add_argument("--stream", action="store_true",
+                        help="stream each answer (server-sent events) and report time to first token beside latency")
     parser.add_argument("--json", metavar="FILE", help="write the summary, series and every request as JSON")
     parser.add_argument("--plot", metavar="FILE", help=f"write a PNG of latency, rates and replicas ({BENCH_EXTRA})")
 
@@ -79,12 +81,12 @@ def run_from_args(args: argparse.Namespace, out: Callable[[str], None] = print) 
     if args.concurrency is not None:
         result = run_closed(
             args.url, concurrency=args.concurrency, seconds=args.seconds, inputs=inputs, slo_ms=args.slo_ms,
-            timeout_s=args.timeout_s,
+            timeout_s=args.timeout_s, stream=args.stream,
         )
     else:
         result = run_bench(
             args.url, rate=args.rate, schedule=args.schedule, seconds=args.seconds, inputs=inputs, slo_ms=args.slo_ms,
-            concurrency_limit=args.concurrency_limit, timeout_s=args.timeout_s, seed=args.seed,
+            concurrency_limit=args.concurrency_limit, timeout_s=args.timeout_s, seed=args.seed, stream=args.stream,
         )
     out(result.table())
     if args.json is not None:

@@ -42,10 +42,11 @@ class _Generator:
     `closed_loop` from concurrent clients, while `_poll_stats` reads replicas once a second.
     Requests append their record when they end."""
 
-    def __init__(self, url: str, bodies: list[bytes], slo_ms: float | None) -> None:
+    def __init__(self, url: str, bodies: list[bytes], slo_ms: float | None, stream: bool = False) -> None:
         self.url = url
         self.bodies = bodies
         self.slo_ms = slo_ms
+        self.stream = stream  # the bodies ask for server-sent events: the records get their time to first token
         self.records: list[RequestRecord] = []
         self.replicas: list[ReplicaSample] = []
         self.outstanding = 0
@@ -101,21 +102,28 @@ class _Generator:
 
     async def _send(self, session: aiohttp.ClientSession, body: bytes, arrival: float) -> None:
         sent = time.perf_counter()
-        status, error, payload = NO_REPLY, None, b""
+        status, error, payload, first = NO_REPLY, None, b"", None
         try:
             async with session.post(self.url + "/v1/query", data=body, headers=_HEADERS) as response:
-                payload = await response.read()
-                status = response.status
+                if response.content_type == "text/event-stream":
+                    payload, first = await _read_events(response.content)
+                    status = 500 if payload.startswith(b'{"error"') else response.status  # an error after the stream began
+                else:
+                    payload = await response.read()
+                    status = response.status
         except Exception as exc:  # refused, reset, timed out, a bad reply: each is this request's error, and counted
             error = type(exc).__name__
-        latency_ms = (time.perf_counter() - sent) * 1000
+        done = time.perf_counter()
+        latency_ms = (done - sent) * 1000
+        ttft_ms = None if not self.stream or status != 200 else ((first or done) - sent) * 1000
         self.outstanding -= 1
         if status not in (200, NO_REPLY):
             error = _error_type(payload, status)
         sent_s = sent - self.start
         met = None if self.slo_ms is None else status == 200 and latency_ms <= self.slo_ms
         server_ms = _server_latency_ms(payload) if status == 200 else None
-        record = RequestRecord(sent_s, (sent_s - arrival) * 1000, latency_ms, status, error, met, server_ms=server_ms)
+        record = RequestRecord(sent_s, (sent_s - arrival) * 1000, latency_ms, status, error, met, server_ms=server_ms,
+                               ttft_ms=ttft_ms)
         self.records.append(record)
 
     async def _poll_stats(self, session: aiohttp.ClientSession) -> None:
@@ -142,6 +150,20 @@ class _Generator:
             await asyncio.sleep(self.start + tick - time.perf_counter())
 
 
+async def _read_events(content: aiohttp.StreamReader) -> tuple[bytes, float | None]:
+    """A streamed reply read to its end: its last event's data (the reply, or the error), and when its
+    first delta event arrived (None: none did)."""
+    last, first, pending = b"", None, b""
+    async for piece in content.iter_any():  # not line by line: a long output makes a line past aiohttp's line limit
+        *lines, pending = (pending + piece).split(b"\n")
+        for line in lines:
+            if line.startswith(b"data: "):
+                last = line[6:].strip()
+                if first is None and last.startswith(b'{"delta"'):
+                    first = time.perf_counter()
+    return last, first
+
+
 def _error_type(payload: bytes, status: int) -> str:
     """The `error.type` of a patchkit error reply, else `HTTP <status>`."""
     try:
@@ -166,7 +188,7 @@ def _base_url(url: str) -> str:
     return url.removesuffix("/v1/query")  # the query URL itself names the same endpoint
 
 
-def _bodies(inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]], slo_ms: float | None) -> list[bytes]:
+def _bodies(inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]], slo_ms: float | None, stream: bool = False) -> list[bytes]:
     """Each request body, encoded once before the run so that sending costs no JSON work."""
     listed = [inputs] if isinstance(inputs, Mapping) else list(inputs)
     if not listed:
@@ -178,6 +200,8 @@ def _bodies(inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]], slo_ms: flo
         body: dict[str, Any] = {"inputs": dict(one)}
         if slo_ms is not None:
             body["slo_ms"] = slo_ms
+        if stream:
+            body["stream"] = True
         try:
             bodies.append(json.dumps(body).encode())
         except (TypeError, ValueError) as exc:
@@ -261,6 +285,7 @@ def run_bench(
     concurrency_limit: int = 4096,
     timeout_s: float = 30.0,
     seed: int = 0,
+    stream: bool = False,
 ) -> BenchResult:
     """Send Poisson arrivals at `rate` (or at `schedule`'s steps) to the endpoint at `url` for
     `seconds`, then wait for the replies; blocks, running its own event loop.
@@ -270,8 +295,9 @@ def run_bench(
     guard for this process, not a closed loop: an arrival while that many requests are outstanding
     is not sent and counts as an error (`ConcurrencyLimit`); the default is an endpoint's default
     `max_inflight_requests`, past which it answers 503 anyway. `timeout_s`: a request unanswered by
-    then counts as an error. Raises PatchkitError, before sending any load, for bad arguments, an
-    endpoint that cannot be reached or is unhealthy, or inputs it rejects.
+    then counts as an error. `stream`: ask for server-sent events and report the time to first token
+    (the first delta, else the whole answer) beside latency. Raises PatchkitError, before sending any
+    load, for bad arguments, an endpoint that cannot be reached or is unhealthy, or inputs it rejects.
     """
     _check_run("run_bench", seconds, slo_ms, timeout_s)
     if (rate is None) == (schedule is None):
@@ -288,7 +314,7 @@ def run_bench(
     steps.check_fits(seconds)
     if concurrency_limit < 1:
         raise PatchkitError(f"concurrency_limit must be >= 1; got {concurrency_limit}")
-    generator = _Generator(_base_url(url), _bodies(inputs, slo_ms), slo_ms)
+    generator = _Generator(_base_url(url), _bodies(inputs, slo_ms, stream), slo_ms, stream)
     arrivals = steps.arrivals(seconds, random.Random(seed))  # noqa: S311 - load, not secrets
     load = f"{len(arrivals)} requests over {seconds:g} s ({steps.describe()})"
     elapsed = _drive(generator, timeout_s, load, lambda session: generator.open_loop(session, arrivals, concurrency_limit))
@@ -308,20 +334,21 @@ def run_closed(
     inputs: Mapping[str, Any] | Sequence[Mapping[str, Any]],
     slo_ms: float | None = None,
     timeout_s: float = 30.0,
+    stream: bool = False,
 ) -> BenchResult:
     """Run `concurrency` clients against the endpoint at `url` for `seconds`, each sending its next
     request as soon as its last is answered, then wait for the replies; blocks, running its own
     event loop. This finds the most the endpoint can answer (throughput at saturation); for latency
     under a given load use `run_bench`, whose open loop does not slow down when the endpoint does.
 
-    `inputs`, `slo_ms` and `timeout_s` are as for `run_bench`. The result has no schedule: its
+    `inputs`, `slo_ms`, `timeout_s` and `stream` are as for `run_bench`. The result has no schedule: its
     `concurrency` says what the load was, and every record's send lag is 0. Raises PatchkitError,
     before sending any load, for the same reasons as `run_bench`.
     """
     _check_run("run_closed", seconds, slo_ms, timeout_s)
     if concurrency < 1:
         raise PatchkitError(f"concurrency must be >= 1; got {concurrency}")
-    generator = _Generator(_base_url(url), _bodies(inputs, slo_ms), slo_ms)
+    generator = _Generator(_base_url(url), _bodies(inputs, slo_ms, stream), slo_ms, stream)
     load = f"a closed loop of {concurrency} clients for {seconds:g} s"
     elapsed = _drive(generator, timeout_s, load, lambda session: generator.closed_loop(session, seconds, concurrency))
     records = sorted(generator.records, key=lambda r: r.sent_s)

@@ -31,7 +31,9 @@ DROPPED = "ConcurrencyLimit"  # the error type of an arrival not sent because co
 class RequestRecord:
     """One arrival: when it was sent (s after the start), how late that was against its arrival time,
     its client-side latency, the HTTP status (0: no reply), the error type, whether it met the SLO,
-    and the endpoint's own latency for it (the `latency_ms` of a 200 reply; None without one)."""
+    the endpoint's own latency for it (the `latency_ms` of a 200 reply; None without one), and, for a
+    streamed request (`stream=True`), its time to first token: until its first delta event, else
+    (the output came from no streaming call) until the whole answer."""
 
     sent_s: float
     lag_ms: float
@@ -40,6 +42,7 @@ class RequestRecord:
     error: str | None = None
     slo_met: bool | None = None
     server_ms: float | None = None
+    ttft_ms: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -64,8 +67,10 @@ def _percentile(ordered: Sequence[float], q: float) -> float | None:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def _latencies(records: Sequence[RequestRecord]) -> dict[str, float | None]:
-    ordered = sorted(r.latency_ms for r in records if r.ok)
+def _latencies(records: Sequence[RequestRecord], ttft: bool = False) -> dict[str, float | None]:
+    """Percentiles of the answered requests' latency (`ttft`: of their time to first token)."""
+    ordered = sorted(r.ttft_ms if ttft and r.ttft_ms is not None else r.latency_ms for r in records
+                     if r.ok and (not ttft or r.ttft_ms is not None))
     return {
         "p50": _percentile(ordered, 50),
         "p90": _percentile(ordered, 90),
@@ -135,6 +140,7 @@ class BenchResult:
             "offered_rate": len(records) / self.seconds,
             "throughput": self._answered_in_run(records, 0.0, self.seconds) / self.seconds,
             "latency_ms": _latencies(records),
+            "ttft_ms": _latencies(records, ttft=True) if any(r.ttft_ms is not None for r in records) else None,
             "slo_ms": self.slo_ms,
             "slo_attainment": _attainment(records, self.slo_ms),
             "send_lag_ms": {"p99": _percentile(lags, 99), "max": lags[-1] if lags else None},
@@ -217,6 +223,8 @@ class BenchResult:
             ("latency p90 (ms)", ms(lat["p90"])),
             ("latency p99 (ms)", ms(lat["p99"])),
             ("latency max (ms)", ms(lat["max"])),
+            *([("time to first token p50 (ms)", ms(s["ttft_ms"]["p50"])), ("time to first token p99 (ms)",
+                                                                          ms(s["ttft_ms"]["p99"]))] if s["ttft_ms"] else []),
             (slo, fraction(s["slo_attainment"])),
             ("send lag p99 (ms)", ms(s["send_lag_ms"]["p99"])),
         ]

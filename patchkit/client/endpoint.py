@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import subprocess
 import sys
 import threading
 import weakref
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -16,6 +17,7 @@ import httpx
 
 from patchkit import envs
 from patchkit.client.pipeline import Pipeline, last_pipeline
+from patchkit.client.streams import AsyncStream, Stream
 from patchkit.errors import ConfigError, DeadlineExceeded, PatchkitError, error_from_json
 
 if TYPE_CHECKING:
@@ -38,7 +40,8 @@ DEPLOY_ARGUMENTS = ("pipeline", "resources", "calibration")
 
 
 class Endpoint:
-    """A deployed pipeline: `url`, `query(**inputs)`, `await aquery(**inputs)`, `stats()`, `close()`.
+    """A deployed pipeline: `url`, `query(**inputs)`, `await aquery(**inputs)`, `stream(**inputs)`,
+    `astream(**inputs)`, `stats()`, `close()`.
 
     Calls share pooled keep-alive connections: one client for every thread's `query`, one per event loop
     for `aquery`. A call that gets no answer within the endpoint's `request_timeout_s` (plus a margin)
@@ -76,6 +79,49 @@ class Endpoint:
         except httpx.TransportError as exc:
             raise self._transport_error(exc, self._query_timeout) from exc
         return self._reply(response)["output"]
+
+    def stream(self, **inputs: Any) -> Stream:
+        """Run the pipeline on `inputs`, streaming: iterate the result for the output's text as it is
+        produced, then read its `output` (and `request_id`). Nothing is sent until iteration starts.
+
+            stream = endpoint.stream(query="What is a generator?")
+            for chunk in stream:
+                print(chunk, end="", flush=True)
+            stream.output   # what query() returns
+
+        Raises, while iterating, the error the endpoint answered or sent as its last event."""
+        self._check_open()
+        body = {"inputs": inputs, "stream": True}
+
+        def open_response() -> Any:
+            return self._transport(lambda: self._client.stream("POST", "/v1/query", json=body, timeout=self._query_timeout))
+
+        return Stream(open_response, self._reply)
+
+    def astream(self, **inputs: Any) -> AsyncStream:
+        """`stream` for asyncio code: `async for chunk in endpoint.astream(...)`, then its `output`."""
+        self._check_open()
+        body = {"inputs": inputs, "stream": True}
+
+        @contextlib.asynccontextmanager
+        async def open_response() -> AsyncIterator[httpx.Response]:
+            client = await self._async_client()
+            try:
+                async with client.stream("POST", "/v1/query", json=body, timeout=self._query_timeout) as response:
+                    yield response
+            except httpx.TransportError as exc:
+                raise self._transport_error(exc, self._query_timeout) from exc
+
+        return AsyncStream(open_response, self._reply)
+
+    @contextlib.contextmanager
+    def _transport(self, open_stream: Callable[[], Any]) -> Iterator[httpx.Response]:
+        """A streamed reply, its transport errors raised as `query`'s are."""
+        try:
+            with open_stream() as response:
+                yield response
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, self._query_timeout) from exc
 
     def stats(self) -> dict[str, Any]:
         """Per component: replicas, batch sizes, throughput, queue lengths; and request counts."""

@@ -45,10 +45,12 @@ class Channel(Protocol):
         expires_in: Sequence[float | None] | None = None,
         on_chunk: Sequence[Callable[[str], None] | None] | None = None,
         ended: Sequence[asyncio.Future[Any]] | None = None,
+        traces: Sequence[dict[str, str] | None] | None = None,
     ) -> list[Outcome]:
         """Run a batch there: an outcome per call. `expires_in`: per call, the seconds its request has left;
         `on_chunk`: per call, where a streaming call's chunks go; `ended`: per call, a future cancelled
-        when its request ends, which stops the call there (see `GrpcChannel.run_batch`)."""
+        when its request ends, which stops the call there; `traces`: per call, its span's context
+        (patchkit.telemetry), which the replica's execution span continues (see `GrpcChannel.run_batch`)."""
 
     async def health(self, timeout_s: float) -> None:
         """Return if the replica answers within `timeout_s` and its component's `check_health()` passes; else raise."""

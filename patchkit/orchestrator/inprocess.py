@@ -12,6 +12,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from patchkit import telemetry
 from patchkit.component import Call, Component, ensure_setup
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
@@ -23,8 +24,9 @@ __all__ = ["InProcessBackend"]
 class DirectChannel:
     """Runs each batch inline, on the calling event loop."""
 
-    def __init__(self, component: Component) -> None:
+    def __init__(self, component: Component, name: str) -> None:
         self.component = component
+        self.name = name
         self.lost = asyncio.Event()
         self.lost_reason = ""
         self.batches = 0
@@ -37,9 +39,11 @@ class DirectChannel:
         expires_in: Sequence[float | None] | None = None,
         on_chunk: Sequence[Callable[[str], None] | None] | None = None,
         ended: Sequence[asyncio.Future[Any]] | None = None,
+        traces: Sequence[dict[str, str] | None] | None = None,
     ) -> list[Outcome]:
-        """Run the batch now, a streaming call's chunks handed to its `on_chunk` as they are made
-        (`expires_in` and `ended` do not apply: no call waits here, nor runs while its request ends)."""
+        """Run the batch now, a streaming call's chunks handed to its `on_chunk` as they are made, in an
+        execution span per traced call, as a worker does (`expires_in` and `ended` do not apply: no call
+        waits here, nor runs while its request ends)."""
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
         sinks = on_chunk
@@ -48,7 +52,8 @@ class DirectChannel:
             if sinks is not None and (target := sinks[index]) is not None:
                 target(text)
 
-        outcomes = run_calls(self.component, method, calls, sink if sinks is not None else None)
+        with telemetry.execution(self.name, method, traces):
+            outcomes = run_calls(self.component, method, calls, sink if sinks is not None else None)
         self.batches += 1
         self.calls += len(calls)
         return outcomes
@@ -77,7 +82,7 @@ class InProcessBackend(Backend):
             ensure_setup(spec.instance)
         except Exception as exc:
             raise setup_error(spec.component, exc) from None
-        replica = Replica(replica_id, spec, DirectChannel(spec.instance))
+        replica = Replica(replica_id, spec, DirectChannel(spec.instance, spec.component))
         self._started.append(replica)
         return replica
 

@@ -68,9 +68,10 @@ OPTIONS = [
 SERVER_OPTIONS = [*OPTIONS, ("grpc.so_reuseport", 0)]
 
 # A batch: its id, how its calls are pickled, how many there are, the length of its method's name;
-# then the name, then the payload. WHOLE: one pickle of (expires_in, streamed, calls). PER_CALL (when
-# the whole did not pickle): a pickle of (expires_in, streamed, [one pickle per call]), so the worker
-# unpickles each alone. CANCEL: the call at index `count` of the batch is to stop; nothing follows.
+# then the name, then the payload. WHOLE: one pickle of (expires_in, streamed, traces, calls). PER_CALL
+# (when the whole did not pickle): a pickle of (expires_in, streamed, traces, [one pickle per call]), so
+# the worker unpickles each alone. `traces`: None, or per call its span's context (W3C headers,
+# patchkit.telemetry). CANCEL: the call at index `count` of the batch is to stop; nothing follows.
 _BATCH = struct.Struct(">QBIH")
 WHOLE, PER_CALL, CANCEL = 0, 1, 2
 # A reply: its batch's id and kind. OUTCOMES: one pickle of the batch's outcomes follows. CHUNK: the
@@ -93,13 +94,14 @@ def decode(data: bytes | memoryview) -> Any:
 class Batch:
     """A batch as the worker reads it: its calls (or the Failure a call's arguments are, when they did
     not unpickle here), per call the seconds its request had left when sent (None: no limit) and
-    whether its chunks are wanted as they are made."""
+    whether its chunks are wanted as they are made, and their trace contexts (None: none traced)."""
 
     batch_id: int
     method: str
     calls: list[Call | Failure]
     expires_in: list[float | None]
     streamed: list[bool]
+    traces: list[dict[str, str] | None] | None = None
 
 
 def encode_batch(
@@ -108,19 +110,21 @@ def encode_batch(
     calls: Sequence[Call],
     expires_in: Sequence[float | None] | None = None,
     streamed: Sequence[bool] | None = None,
+    traces: Sequence[dict[str, str] | None] | None = None,
 ) -> tuple[bytes | None, dict[int, Failure]]:
     """The message for a batch, and the calls left out of it because their arguments do not pickle (by index).
 
     Called by the front-end for every batch it sends. `expires_in`: per call, the seconds its request
     has left (None: no limit); the worker skips a call whose time ran out while it waited there.
-    `streamed`: per call, whether the worker sends its chunks as they are made. The message is None
-    when no call pickles.
+    `streamed`: per call, whether the worker sends its chunks as they are made. `traces`: per call, its
+    span's context, which the worker's execution span continues. The message is None when no call pickles.
     """
     expiries = list(expires_in) if expires_in is not None else [None] * len(calls)
     streams = list(streamed) if streamed is not None else [False] * len(calls)
+    contexts = list(traces) if traces is not None else None
     failed: dict[int, Failure] = {}
     try:
-        mode, payload = WHOLE, encode((expiries, streams, list(calls)))
+        mode, payload = WHOLE, encode((expiries, streams, contexts, list(calls)))
     except Exception:  # find the calls that do not pickle: they fail alone, the others are sent
         parts: list[bytes] = []
         kept: list[int] = []
@@ -133,7 +137,8 @@ def encode_batch(
                 kept.append(i)
         if not parts:
             return None, failed
-        extras = ([expiries[i] for i in kept], [streams[i] for i in kept])
+        kept_contexts = None if contexts is None else [contexts[i] for i in kept]
+        extras = ([expiries[i] for i in kept], [streams[i] for i in kept], kept_contexts)
         mode, payload = PER_CALL, pickle.dumps((*extras, parts), protocol=pickle.HIGHEST_PROTOCOL)
     name = method.encode()
     return _BATCH.pack(batch_id, mode, len(calls) - len(failed), len(name)) + name + payload, failed
@@ -156,7 +161,7 @@ def decode_message(message: bytes) -> Batch | tuple[int, int]:
     method = message[_BATCH.size : _BATCH.size + length].decode()
     payload = memoryview(message)[_BATCH.size + length :]
     try:
-        expires_in, streamed, items = decode(payload)
+        expires_in, streamed, traces, items = decode(payload)
     except Exception as exc:
         failure = Failure.on_wire("the worker cannot unpickle the arguments of its batch", exc)
         return Batch(batch_id, method, [failure] * count, [None] * count, [False] * count)
@@ -167,8 +172,8 @@ def decode_message(message: bytes) -> Batch | tuple[int, int]:
                 calls.append(decode(item))
             except Exception as exc:
                 calls.append(Failure.on_wire("the worker cannot unpickle its arguments", exc))
-        return Batch(batch_id, method, calls, expires_in, streamed)
-    return Batch(batch_id, method, items, expires_in, streamed)
+        return Batch(batch_id, method, calls, expires_in, streamed, traces)
+    return Batch(batch_id, method, items, expires_in, streamed, traces)
 
 
 def encode_outcomes(batch_id: int, outcomes: list[Outcome]) -> bytes:
@@ -244,20 +249,22 @@ class GrpcChannel:
         expires_in: Sequence[float | None] | None = None,
         on_chunk: Sequence[Callable[[str], None] | None] | None = None,
         ended: Sequence[asyncio.Future[Any]] | None = None,
+        traces: Sequence[dict[str, str] | None] | None = None,
     ) -> list[Outcome]:
         """Send a batch and return an outcome per call, in order; raises WorkerDiedError when the replica is lost.
 
         `expires_in`: per call, the seconds its request has left (None: no limit): the worker does not
         run a call it reaches later than that. `on_chunk`: per call, where the chunks of a `stream=True`
         method go as the worker makes them (None: the call's outcome only). `ended`: per call, a future
-        whose cancellation (its request ended) stops the call at the worker. A call whose arguments do
-        not pickle is not sent: its outcome says so, and the others go.
+        whose cancellation (its request ended) stops the call at the worker. `traces`: per call, its span's
+        context, for the worker. A call whose arguments do not pickle is not sent: its outcome says so,
+        and the others go.
         """
         if self.lost.is_set():
             raise WorkerDiedError(f"replica at {self.address} is gone: {self.lost_reason}")
         batch_id = next(self._ids)
         streamed = [sink is not None for sink in on_chunk] if on_chunk is not None else None
-        message, failed = encode_batch(batch_id, method, calls, expires_in, streamed)
+        message, failed = encode_batch(batch_id, method, calls, expires_in, streamed, traces)
         if message is None:
             return [(False, failed[i]) for i in range(len(calls))]
         sent = [i for i in range(len(calls)) if i not in failed]  # the worker numbers the calls it got

@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 
+from patchkit import telemetry
 from patchkit.component import Call, CallHook, Component, make_methods
 from patchkit.errors import Cancelled, DeadlineExceeded
 from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_calls
@@ -90,18 +91,20 @@ class WorkerService:
         deadlines: Sequence[float | None] | None = None,
         on_chunk: Callable[[int, str], None] | None = None,
         cancelled: Sequence[threading.Event] | None = None,
+        traces: Sequence[dict[str, str] | None] | None = None,
     ) -> list[Outcome]:
         """Run a batch's calls: those already failed (their arguments did not unpickle), past their deadline
         (`time.monotonic()`; their request has been answered) or cancelled are not run.
 
         `on_chunk(index, text)`: where the chunks of a `stream=True` method's calls go as they are made
         (None: nowhere, each call's outcome is their concatenation). `cancelled`: per call, set when its
-        request ended. A method without `max_concurrency` waits for the replica's batch before it.
+        request ended. `traces`: per call, its span's context: the calls that run do so in execution
+        spans continuing them. A method without `max_concurrency` waits for the replica's batch before it.
         """
         if method in self.concurrency:
-            return self._run(method, calls, deadlines, on_chunk, cancelled)
+            return self._run(method, calls, deadlines, on_chunk, cancelled, traces)
         with self._lock:
-            return self._run(method, calls, deadlines, on_chunk, cancelled)
+            return self._run(method, calls, deadlines, on_chunk, cancelled, traces)
 
     def _run(
         self,
@@ -110,6 +113,7 @@ class WorkerService:
         deadlines: Sequence[float | None] | None,
         on_chunk: Callable[[int, str], None] | None,
         cancelled: Sequence[threading.Event] | None,
+        traces: Sequence[dict[str, str] | None] | None,
     ) -> list[Outcome]:
         start, now = time.perf_counter(), time.monotonic()
         outcomes: list[Outcome | None] = [None] * len(calls)
@@ -132,7 +136,10 @@ class WorkerService:
             index = list(runnable)
             sink = (lambda k, text: on_chunk(index[k], text)) if on_chunk is not None else None
             flags = [cancelled[i] for i in index] if cancelled is not None else None
-            for i, outcome in zip(index, run_calls(self.component, method, list(runnable.values()), sink, flags, self.hook)):
+            contexts = None if traces is None else [traces[i] for i in index]
+            with telemetry.execution(self.name, method, contexts):
+                ran = run_calls(self.component, method, list(runnable.values()), sink, flags, self.hook)
+            for i, outcome in zip(index, ran):
                 outcomes[i] = outcome
             stopped += sum(flag.is_set() for flag in flags or ())
         with self._stats_lock:
@@ -228,7 +235,8 @@ class _Stream:
         with self.lock:
             flags = self.running[batch.batch_id]
         try:
-            outcomes = self.service.run(batch.method, batch.calls, deadlines, send if any(streamed) else None, flags)
+            sink = send if any(streamed) else None
+            outcomes = self.service.run(batch.method, batch.calls, deadlines, sink, flags, batch.traces)
         finally:
             with self.lock:
                 self.running.pop(batch.batch_id, None)

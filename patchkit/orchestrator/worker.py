@@ -24,6 +24,7 @@ from typing import Any
 import cloudpickle
 import grpc
 
+from patchkit import telemetry
 from patchkit.component import CallHook, Component, ensure_setup
 from patchkit.errors import ComponentError, MakeError
 from patchkit.orchestrator.backend import ReplicaSpec
@@ -89,6 +90,7 @@ def serve_replica(boot: WorkerBootstrap, host: str, options: Sequence[tuple[str,
     """
     boot.resources.pin()
     logging.getLogger("patchkit").setLevel(boot.log_level)  # in a Ray actor too, whose logging Ray set up
+    telemetry.configure_from_env()  # export execution spans where the OTEL_* variables say so
     try:
         component, hook = load_component(boot)
     except BaseException as exc:

@@ -1,6 +1,10 @@
 """The front-end's HTTP API (JSON only; nothing a client sends is ever unpickled).
 
-    POST /v1/query   {"inputs": {...}, "slo_ms"?: n} -> {"output", "request_id", "latency_ms"}
+    POST /v1/query   {"inputs": {...}, "slo_ms"?: n, "stream"?: bool} -> {"output", "request_id", "latency_ms"};
+                     with "stream": true a text/event-stream: `data: {"delta": "..."}` per text chunk of the
+                     output's streaming call, then `data: {"output", "request_id", "latency_ms"}`, or, for
+                     an error after the stream started, `data: {"error": {...}}`
+    POST /v1/chat/completions, GET /v1/models   the OpenAI chat API over the pipeline (chat.py)
     GET  /healthz    200 when every component has a replica serving and passing its health checks, else
                      503; requests and body bytes in flight
                      (the one route that never asks for the token)
@@ -10,7 +14,11 @@
     GET  /v1/stats   per component: replicas, batches, throughput, queues (`Endpoint.stats()`)
     GET  /v1/traces  the last finished requests with an SLO
 
-Errors are `{"error": {"type", "message", ...}}`: 400 bad input, 401 without the deployment's bearer
+Every reply carries the request's id in its `X-Request-ID` header: the client's own (1 to 200
+printable ASCII characters, else 400), else a fresh one; query replies and errors carry it in their
+body too (`request_id`).
+
+Errors are `{"error": {"type", "message", ...}, "request_id"}`: 400 bad input, 401 without the deployment's bearer
 token, 404 and 405 (with Allow), 408 a body that took longer than `read_timeout_s`, 413 body too
 large, 415 a Content-Encoding other than gzip or deflate, 503 with Retry-After when admission is
 closed (requests or body bytes in flight), 504 past the request timeout, 500 with the component's
@@ -24,7 +32,6 @@ import asyncio
 import hmac
 import json
 import logging
-import traceback
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -32,25 +39,20 @@ from typing import Any
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
-from patchkit.errors import (
-    ComponentError,
-    DeadlineExceeded,
-    InputError,
-    Overloaded,
-    PatchkitError,
-    WorkerDiedError,
-    error_to_json,
-)
-from patchkit.scheduler.online.frontend import Frontend
+from patchkit.errors import InputError
+from patchkit.scheduler.online.frontend import Frontend, RequestResult
+from patchkit.scheduler.online.request_ids import REQUEST_ID, check_request_id, new_request_id
+from patchkit.server.chat import ChatRoutes
+from patchkit.server.events import EventStream, pump
 from patchkit.server.inputs import InputSchema, output_json
 from patchkit.server.loop_lag import LoopLag
 from patchkit.server.metrics import CONTENT_TYPE, DeploymentMetrics
+from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of, set_request_id
 
 __all__ = ["build_app", "error_reply"]
 
 logger = logging.getLogger(__name__)
 
-_STATUS: list[tuple[type[BaseException], int]] = [(InputError, 400), (Overloaded, 503), (DeadlineExceeded, 504)]
 # The error type of a reply aiohttp's routing or the edge's own checks refuse: the body's faults
 # are the client's input (Endpoint.query raises InputError), the rest name the HTTP status.
 _HTTP_ERRORS = {400: "InputError", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed",
@@ -59,25 +61,12 @@ _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflat
 _FRONTEND = web.AppKey("frontend", Frontend)
 _SCHEMA = web.AppKey("schema", InputSchema)
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
-_ROUTES = "POST /v1/query, GET /healthz, /metrics, /v1/graph, /v1/plan, /v1/stats, /v1/traces"
-
-
-def error_reply(error: BaseException, *, debug: bool = False) -> tuple[int, dict[str, Any]]:
-    """The status and JSON error for what ended a request; a traceback only with `debug`."""
-    origin = getattr(error, "__patchkit_origin__", None)
-    if origin is not None and not isinstance(error, WorkerDiedError):
-        # A component's own exception, raised again inside the pipeline code and not caught there.
-        component, method, text = origin
-        error = ComponentError(component, method, f"{type(error).__name__}: {error}", text)
-    elif not isinstance(error, PatchkitError):
-        text = "".join(traceback.format_exception(error))
-        error = ComponentError("pipeline", "run", f"{type(error).__name__}: {error}", text)
-    status = next((code for kind, code in _STATUS if isinstance(error, kind)), 500)
-    return status, {"error": error_to_json(error, traceback=debug)}
+_ROUTES = ("POST /v1/query, POST /v1/chat/completions, GET /healthz, /metrics, /v1/graph, /v1/plan, /v1/stats, "
+           "/v1/traces, /v1/models")
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(status=status, body=json.dumps(payload).encode(), content_type="application/json", headers=headers)
+    return json_reply(status, payload, headers)
 
 
 def _refuse(request: web.Request, status: int, error: dict[str, Any], headers: dict[str, str] | None = None) -> web.Response:
@@ -85,7 +74,7 @@ def _refuse(request: web.Request, status: int, error: dict[str, Any], headers: d
     if status < 500:  # the path as sent (a decoded one may hold a newline), the message on one line
         message = " ".join(str(error.get("message", "")).split())
         logger.warning("%s %s: %d %s", request.method, request.rel_url.raw_path, status, message)
-    return _json(status, {"error": error}, headers)
+    return _json(status, {"error": error, "request_id": request_id_of(request)}, headers)
 
 
 def _error(request: web.Request, error: BaseException) -> web.Response:
@@ -95,8 +84,30 @@ def _error(request: web.Request, error: BaseException) -> web.Response:
 
 @web.middleware
 async def _edge(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    """Every route: the bearer token first (but /healthz), then aiohttp's own refusals (404, 405,
-    and the 408, 413 and 415 the query route raises) as JSON errors."""
+    """Every route: the request's id (the client's X-Request-ID, checked, else a fresh one) set for
+    its logs and returned in its reply's header; the bearer token (but /healthz); then aiohttp's own
+    refusals (404, 405, and the 408, 413 and 415 the query route raises) as JSON errors."""
+    given = request.headers.get(REQUEST_ID_HEADER)
+    response: web.StreamResponse
+    try:
+        request_id = new_request_id() if given is None else check_request_id(given)
+    except InputError as exc:
+        request_id = None
+        set_request_id(request, new_request_id())
+        response = _refuse(request, 400, {"type": "InputError", "message": str(exc)})
+    if request_id is not None:
+        set_request_id(request, request_id)
+        token = REQUEST_ID.set(request_id)
+        try:
+            response = await _guarded(request, handler)
+        finally:
+            REQUEST_ID.reset(token)
+    if not response.prepared:  # a stream sets its own, before its first event
+        response.headers[REQUEST_ID_HEADER] = request_id_of(request)
+    return response
+
+
+async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     token = request.app[_FRONTEND].config.auth_token
     if token is not None and request.path != "/healthz" and not _authorized(request, token):
         message = "this endpoint needs the deployment's token: send the header 'Authorization: Bearer <auth_token>'"
@@ -126,7 +137,11 @@ def _authorized(request: web.Request, token: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token.encode())
 
 
-async def query(request: web.Request) -> web.Response:
+async def read_body(request: web.Request, run: Callable[[bytes], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    """Read the request's body, bounded in size and time and counted in flight, and answer `run(body)`.
+
+    Used by every route that takes a body: a body too large or too slow raises the HTTP error `_edge`
+    answers; `run`'s own errors are its to answer."""
     frontend = request.app[_FRONTEND]
     limit = frontend.config.max_body_bytes
     held = 0  # the body's bytes counted in flight, from its headers until the request ends
@@ -134,17 +149,55 @@ async def query(request: web.Request) -> web.Response:
         held = frontend.hold_body(_announced_size(request, limit))
         body = _decode(request, await _read(request, frontend.config.read_timeout_s, limit), limit)
         held = frontend.hold_body(len(body), held)
-        inputs, slo_ms = request.app[_SCHEMA].parse(body)
-        result = await frontend.query(inputs, slo_ms)
-        output = output_json(result.output)
-    except web.HTTPException:
-        raise  # a 408, 413 or 415: `_edge` replies
+        return await run(body)
+    except (web.HTTPException, ConnectionResetError):
+        raise  # a 408, 413 or 415: `_edge` replies; or the client of a stream went away
     except Exception as exc:
         return _error(request, exc)
     finally:
         frontend.release_body(held)
-    body = b'{"output": %s, "request_id": %d, "latency_ms": %.3f}' % (output, result.request_id, result.latency_s * 1000)
-    return web.Response(body=body, content_type="application/json")
+
+
+async def query(request: web.Request) -> web.StreamResponse:
+    async def run(body: bytes) -> web.StreamResponse:
+        parsed = request.app[_SCHEMA].parse(body)
+        if parsed.stream:
+            return await _stream_query(request, parsed.inputs, parsed.slo_ms)
+        result = await request.app[_FRONTEND].query(parsed.inputs, parsed.slo_ms, request_id=request_id_of(request))
+        return web.Response(body=_result_json(result), content_type="application/json")
+
+    return await read_body(request, run)
+
+
+def _result_json(result: RequestResult) -> bytes:
+    """The reply to a query, and the last event of a streamed one."""
+    return b'{"output": %s, "request_id": %s, "latency_ms": %.3f}' % (
+        output_json(result.output), json.dumps(result.request_id).encode(), result.latency_s * 1000)
+
+
+async def _stream_query(request: web.Request, inputs: dict[str, Any], slo_ms: float | None) -> web.StreamResponse:
+    """`"stream": true`: a `data: {"delta": ...}` event per chunk, then the reply as the last event.
+
+    An error before the first event is the usual JSON error; after it, a last `data: {"error": ...}` event."""
+    frontend, request_id = request.app[_FRONTEND], request_id_of(request)
+    stream = EventStream(request, {REQUEST_ID_HEADER: request_id})
+
+    async def send_delta(delta: str) -> None:
+        await stream.send(json.dumps({"delta": delta}).encode())
+
+    try:
+        result = await pump(lambda on_delta: frontend.query(inputs, slo_ms, request_id=request_id, on_delta=on_delta),
+                            send_delta)
+        final = _result_json(result)
+    except ConnectionResetError:
+        raise  # the client went away: nobody to answer
+    except Exception as exc:
+        if not stream.started:
+            raise
+        _, payload = error_reply(exc, debug=frontend.config.debug)
+        final = json.dumps({**payload, "request_id": request_id}).encode()
+    await stream.send(final)
+    return await stream.finish()
 
 
 def _too_large(limit: int, size: int, decoded: str = "") -> web.HTTPRequestEntityTooLarge:
@@ -239,4 +292,5 @@ def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Applic
     app.router.add_get("/v1/plan", plan)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/traces", traces)
+    ChatRoutes(frontend, read_body).add_to(app.router)
     return app

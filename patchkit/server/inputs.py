@@ -21,7 +21,7 @@ from typing import Any
 
 from patchkit.errors import InputError, unknown_input
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_SLO_MS", "InputSchema", "output_json"]
+__all__ = ["MAX_JSON_DEPTH", "MAX_SLO_MS", "InputSchema", "QueryBody", "output_json"]
 
 MAX_JSON_DEPTH = 64  # arrays and objects in a body nest at most this deep (the body's own object included)
 MAX_SLO_MS = 3_600_000  # a request's slo_ms: at most an hour
@@ -32,26 +32,38 @@ _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _OPENERS = frozenset(b"[{")
 
 
+@dataclasses.dataclass(frozen=True)
+class QueryBody:
+    """A checked `POST /v1/query` body."""
+
+    inputs: dict[str, Any]
+    slo_ms: float | None = None
+    stream: bool = False  # answer as server-sent events
+
+
 class InputSchema:
-    """Checks `{"inputs": {...}, "slo_ms"?: n}` bodies; every input is required unless listed as optional."""
+    """Checks `{"inputs": {...}, "slo_ms"?: n, "stream"?: bool}` bodies; every input is required unless listed as optional."""
 
     def __init__(self, defaults: Mapping[str, Any], optional: tuple[str, ...] = ()) -> None:
         self.defaults = dict(defaults)
         self.optional = set(optional)
 
-    def parse(self, body: bytes) -> tuple[dict[str, Any], float | None]:
-        """The request's input overrides and its slo_ms; InputError names what is wrong."""
+    def parse(self, body: bytes) -> QueryBody:
+        """The request's input overrides, its slo_ms and whether it streams; InputError names what is wrong."""
         request = parse_json(body)
         if not isinstance(request, dict):
             raise InputError('the body must be a JSON object: {"inputs": {...}}')
-        extra = set(request) - {"inputs", "slo_ms"}
+        extra = set(request) - {"inputs", "slo_ms", "stream"}
         if extra:
-            raise InputError(f"unknown field {sorted(extra)[0]!r} in the body; it takes 'inputs' and 'slo_ms'")
+            raise InputError(f"unknown field {sorted(extra)[0]!r} in the body; it takes 'inputs', 'slo_ms' and 'stream'")
         slo_ms = _slo_ms(request.get("slo_ms"))
+        stream = request.get("stream", False)
+        if not isinstance(stream, bool):
+            raise InputError(f"stream must be true or false; got {json.dumps(stream)[:80]}")
         inputs = request.get("inputs")
         if not isinstance(inputs, dict):
             raise InputError('the body needs "inputs": an object with one entry per pipeline input')
-        return self.check(inputs), slo_ms
+        return QueryBody(self.check(inputs), slo_ms, stream)
 
     def check(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Type-check given inputs against the captured defaults, report the first missing one, and

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from patchkit import telemetry
 from patchkit.config import DeploymentConfig
 from patchkit.orchestrator.process import ChildSide
 from patchkit.scheduler.online.frontend import Frontend, make_backend
+from patchkit.scheduler.online.request_ids import RequestIdFilter
 from patchkit.server.connections import EdgeRunner
 from patchkit.server.http import build_app
 from patchkit.server.loop_lag import LoopLag
@@ -39,7 +41,7 @@ logger = logging.getLogger(__name__)
 # served: a body still arriving (a new request is refused anyway) or one that outlived the drain.
 _CONNECTION_GRACE_S = 1.0
 
-LOG_FORMAT = "%(asctime)s %(levelname)s front-end %(name)s: %(message)s"
+LOG_FORMAT = "%(asctime)s %(levelname)s front-end %(name)s [%(request_id)s]: %(message)s"
 
 
 class FrontendServer:
@@ -106,7 +108,9 @@ async def _serve_until(server: FrontendServer, stop: asyncio.Event, on_ready: Ca
 
 def serve_blocking(pipeline: Pipeline, config: DeploymentConfig, on_ready: Callable[[str], None],
                    signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
-    """Serve in this thread until one of `signals` arrives, then drain and stop."""
+    """Serve in this thread until one of `signals` arrives, then drain and stop; spans are exported
+    where the OTEL_* variables say so (`patchkit.telemetry`)."""
+    telemetry.configure_from_env()
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -176,6 +180,7 @@ def main() -> None:
     # At the deploying process's level (the config carries it), so that what its user asked to see, such as the
     # autoscaler's INFO decisions, reaches its stderr, which this process shares.
     logging.basicConfig(level=boot.config.log_level or logging.WARNING, format=LOG_FORMAT, force=True)
+    _stamp_request_ids()
     try:
         pipeline = pickle.loads(boot.pipeline)  # noqa: S301 - from our parent, over a private pipe
         serve_blocking(pipeline, boot.config, lambda url: side.ready(url=url, pid=os.getpid()), signals=(signal.SIGTERM,))
@@ -185,6 +190,13 @@ def main() -> None:
         raise SystemExit(1) from None
 
 
+def _stamp_request_ids() -> None:
+    """Every record the front-end process logs names the request it was logged for (`LOG_FORMAT`)."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RequestIdFilter())
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)  # until the bootstrap gives the level
+    _stamp_request_ids()
     main()

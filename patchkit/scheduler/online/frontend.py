@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import itertools
 import logging
 import sys
 import time
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from patchkit import telemetry
 from patchkit.capture.holders import constructor_components
 from patchkit.capture.recorder import site_of
 from patchkit.component import Component, MakeMethod, call_hook, make_methods
@@ -35,6 +35,7 @@ from patchkit.scheduler.online.autoscale import Autoscaler
 from patchkit.scheduler.online.bridge import await_, run_sync
 from patchkit.scheduler.online.prefetch import PREFETCH_METHOD, Prefetcher, find_routes
 from patchkit.scheduler.online.queues import BatchQueue, ReplicaSet
+from patchkit.scheduler.online.request_ids import REQUEST_ID, new_request_id
 from patchkit.scheduler.online.slo import RequestState, SloPolicy, make_estimator
 from patchkit.scheduler.online.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot, MethodSnapshot
 from patchkit.scheduler.online.traces import Visit
@@ -47,9 +48,10 @@ __all__ = ["Frontend", "RequestResult", "make_backend"]
 
 logger = logging.getLogger(__name__)
 
+
 @dataclass
 class RequestResult:
-    request_id: int
+    request_id: str
     output: Any
     latency_s: float
 
@@ -82,7 +84,6 @@ class Frontend:
         self._output_sites = pipeline.graph.output_sites()  # calls whose result is (part of) the output
         self.waves = None if config.pipelining else Waves()
         self.calls: CallService | None = None  # takes the calls workers' components make to the components they hold
-        self._ids = itertools.count(1)
         self.inflight = 0
         self.inflight_bytes = 0  # of request bodies, from when each is read until its request ends (`hold_body`)
         self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded, cancelled
@@ -201,20 +202,60 @@ class Frontend:
         self.inflight_bytes -= held
 
     async def query(
-        self, inputs: dict[str, Any], slo_ms: float | None = None, *, on_delta: Callable[[str], None] | None = None
+        self,
+        inputs: dict[str, Any],
+        slo_ms: float | None = None,
+        *,
+        request_id: str | None = None,
+        on_delta: Callable[[str], None] | None = None,
     ) -> RequestResult:
         """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer.
 
+        `request_id`: the request's id (the client's X-Request-ID, checked at the edge), else a fresh
+        one; it is in the result, in the request's log records (`REQUEST_ID`), traces and spans.
         `on_delta`: called on this loop with each text chunk of the calls whose result is the pipeline's
-        output, or part of it (`stream=True` methods the captured graph connects to the output), as
+        output, or an item of it (`stream=True` methods the captured graph connects to the output), as
         they are made. Cancelling the query (its client went away) withdraws its queued calls and stops
-        its running ones where they can stop; it counts as `cancelled`."""
+        its running ones where they can stop; it counts as `cancelled`.
+        """
+        request_id = request_id if request_id is not None else new_request_id()
+        token = REQUEST_ID.set(request_id)
+        span = telemetry.start_request(request_id)
+        outcome = "error"
+        try:
+            result = await self._query(inputs, slo_ms, request_id, span, on_delta)
+            outcome = "ok"
+            return result
+        except DeadlineExceeded:
+            outcome = "timeout"
+            raise
+        except Overloaded:
+            outcome = "overloaded"
+            raise
+        except WorkerDiedError:
+            outcome = "worker_died"
+            raise
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
+        finally:
+            telemetry.end_request(span, outcome)
+            REQUEST_ID.reset(token)
+
+    async def _query(
+        self,
+        inputs: dict[str, Any],
+        slo_ms: float | None,
+        request_id: str,
+        span: telemetry.Span,
+        on_delta: Callable[[str], None] | None,
+    ) -> RequestResult:
         if self.closing:
             raise Overloaded(self.inflight, 0, "the endpoint is shutting down")
         if self.inflight >= self.config.max_inflight_requests:
             self.outcomes["overloaded"] += 1
             raise Overloaded(self.inflight, self.config.max_inflight_requests)
-        request_id, start = next(self._ids), time.perf_counter()
+        start = time.perf_counter()
         expires = asyncio.get_running_loop().time() + self.config.request_timeout_s
         variables = self.pipeline.variables(inputs)
         state = self.policy.start(request_id, inputs, slo_ms or self.config.slo_ms)
@@ -227,7 +268,7 @@ class Frontend:
                 if self.waves is not None:
                     await self.waves.enter()
                     entered = True
-                output = await run_sync(self._run, variables, _Request(state, expires, on_delta))
+                output = await run_sync(self._run, variables, _Request(state, expires, span, on_delta))
             ok = True
         except asyncio.CancelledError:
             self.outcomes["cancelled"] += 1
@@ -254,6 +295,7 @@ class Frontend:
         return RequestResult(request_id, output, latency)
 
     def _run(self, variables: dict[str, Any], request: _Request) -> Any:
+        REQUEST_ID.set(request.state.id)  # the greenlet's own context: the request's log records carry its id
         with call_hook(functools.partial(self._call, request)):
             return self.pipeline.run(variables)
 
@@ -275,17 +317,19 @@ class Frontend:
             site = site_of(sys._getframe(2))  # frame 1 is BoundMake.__call__, 2 the pipeline code making the call
         if (uid, method.name) in self.prefetcher.sources:
             self.prefetcher.on_call(component, method.name, site, args, kwargs)
-        options: dict[str, Any] = {
-            "expires": request.expires,
-            "prefix": _prefix_key(component, method.name, args, kwargs),
-            "on_chunk": request.on_delta if site is not None and site in self._output_sites else None,
-        }
-        if state.deadline is None:  # no SLO applies: nothing to estimate, nothing to record
-            ok, value = await_(queue.submit(args, kwargs, **options).future)
-        else:
+        call_span, carrier = telemetry.start_call(request.span, name, method.name)
+        submitted_ns, slack = time.time_ns(), None
+        if state.deadline is not None:  # an SLO applies: estimate the slack, record the visit
             started = self.clock()
-            call = queue.submit(args, kwargs, slack=self.policy.check(state), **options)
-            ok, value = await_(call.future)
+            slack = self.policy.check(state)
+        on_chunk = request.on_delta if site is not None and site in self._output_sites else None
+        prefix = _prefix_key(component, method.name, args, kwargs)
+        call = queue.submit(args, kwargs, slack, request.expires, prefix=prefix, on_chunk=on_chunk, trace=carrier)
+        ok, value = await_(call.future)
+        if call_span is not None:
+            dispatched_ns = None if call.dispatched is None else time.time_ns() - int((self.clock() - call.dispatched) * 1e9)
+            telemetry.end_call(call_span, submitted_ns, dispatched_ns, None if ok else value.message)
+        if state.deadline is not None:
             visit = Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value), call.waited)
             self.policy.record(state, visit)
         if ok:
@@ -364,10 +408,11 @@ class Frontend:
 @dataclass(frozen=True)
 class _Request:
     """What a request's component calls need of it: its SLO state, when it times out (the event loop's
-    time), and where the chunks of its output go when it streams."""
+    time), its span, and where the chunks of its output go when it streams."""
 
     state: RequestState
     expires: float
+    span: telemetry.Span
     on_delta: Callable[[str], None] | None
 
 

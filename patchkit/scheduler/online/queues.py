@@ -61,6 +61,7 @@ class PendingCall:
     expires: float | None = None  # the event loop's time when its request times out; None: never
     prefix: str | None = None  # the component's prefix_key for it: routed to the replica holding that state
     on_chunk: Callable[[str], None] | None = None  # where its chunks go as they are made (a streaming output)
+    trace: dict[str, str] | None = None  # its span's context for the worker (patchkit.telemetry); None: not traced
 
     @property
     def waited(self) -> float:
@@ -243,6 +244,7 @@ class BatchQueue:
         *,
         prefix: str | None = None,
         on_chunk: Callable[[str], None] | None = None,
+        trace: dict[str, str] | None = None,
     ) -> PendingCall:
         """Queue one call; called from a request's greenlet. Its `future` resolves to its Outcome;
         cancelling it (its request ended) takes the call out of the queue at once, or stops it where it runs.
@@ -250,11 +252,12 @@ class BatchQueue:
         `slack`: the call's request is at risk with this many seconds to spare (negative: late); it
         jumps the queue ahead of calls with more slack and of every call without one. `expires`: the
         event loop's time when its request times out: a worker does not run it later than that.
-        `prefix`: its component's `prefix_key` (routing); `on_chunk`: where its chunks go as they are made.
+        `prefix`: its component's `prefix_key` (routing); `on_chunk`: where its chunks go as they are made;
+        `trace`: the context of the call's span, which its worker's execution span continues.
         """
         loop = asyncio.get_running_loop()
         call = PendingCall(args, kwargs, loop.create_future(), self.clock(), slack=slack, expires=expires,
-                           prefix=prefix, on_chunk=on_chunk)
+                           prefix=prefix, on_chunk=on_chunk, trace=trace)
         call.future.add_done_callback(lambda _: self._withdraw(call))
         self._pending.append(call)
         self._urgent += slack is not None
@@ -332,6 +335,8 @@ class BatchQueue:
             extras["expires_in"] = [None if c.expires is None else c.expires - now for c in batch]
         if any(c.on_chunk is not None for c in batch):
             extras["on_chunk"] = [c.on_chunk for c in batch]
+        if any(c.trace is not None for c in batch):
+            extras["traces"] = [c.trace for c in batch]
         turn: _Turn | None = None
         try:
             async with asyncio.timeout(None) as scope:

@@ -47,7 +47,7 @@ def make_estimator(name: str) -> Estimator:
 class RequestState:
     """One request in flight, as the policies see it."""
 
-    id: int
+    id: str
     deadline: float | None  # on the policy's clock; None: no SLO applies
     trace: Trace
     at_risk: bool = False
@@ -133,7 +133,7 @@ class SloPolicy:
         return bool(self.at_risk or self.lost)
 
     # -- risk -----------------------------------------------------------------------------------
-    def start(self, request_id: int, inputs: object, slo_ms: float | None) -> RequestState:
+    def start(self, request_id: str, inputs: object, slo_ms: float | None) -> RequestState:
         """Called when a request arrives, with its inputs and its SLO (None: the policies leave it alone)."""
         now = self.clock()
         if slo_ms is None:

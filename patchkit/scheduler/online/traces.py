@@ -36,7 +36,7 @@ class Visit:
 class Trace:
     """One request as the front-end records it: its calls so far, in the order they returned."""
 
-    request_id: int
+    request_id: str
     arrived: float
     query_length: int  # a cheap size of the request's inputs
     visits: list[Visit] = field(default_factory=list)

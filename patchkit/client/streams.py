@@ -1,0 +1,136 @@
+"""Reading a streamed query (`POST /v1/query` with `"stream": true`) on the client: `Stream` and `AsyncStream`.
+
+Iterating one yields the output's text as it is produced; once done, `output` and `request_id`
+hold the final reply. When the output is a string, the chunks always add up to it: what the
+server's deltas did not carry (all of it, when the output came from no streaming call) comes as
+a last chunk.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+
+from patchkit.errors import PatchkitError, error_from_json
+
+__all__ = ["AsyncStream", "Stream", "sse_data"]
+
+
+class _Events:
+    """Server-sent events from lines: `feed` returns an event's `data` at the blank line that ends it."""
+
+    def __init__(self) -> None:
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> str | None:
+        if line.startswith("data:"):
+            self._data.append(line[5:].removeprefix(" "))
+        elif not line:
+            return self.flush()
+        return None
+
+    def flush(self) -> str | None:
+        """The event still open when the stream ends, if any."""
+        data, self._data = self._data, []
+        return "\n".join(data) if data else None
+
+
+def sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """The `data` of each server-sent event in `lines` (multi-line data joined by newlines)."""
+    events = _Events()
+    for line in [*lines, ""]:
+        if (data := events.feed(line)) is not None:
+            yield data
+
+
+class _Reader:
+    """Turns events into text chunks and keeps the final reply; shared by both streams."""
+
+    def __init__(self) -> None:
+        self.output: Any = None
+        self.request_id: str | None = None
+        self.done = False
+        self._streamed: list[str] = []
+
+    def read(self, data: str) -> str | None:
+        """The chunk an event carries, if any; raises the error an error event carries."""
+        event = json.loads(data)
+        if "delta" in event:
+            self._streamed.append(event["delta"])
+            return str(event["delta"])
+        if "error" in event:
+            raise error_from_json(event["error"])
+        self.output, self.request_id, self.done = event.get("output"), event.get("request_id"), True
+        streamed = "".join(self._streamed)
+        if isinstance(self.output, str) and self.output.startswith(streamed) and len(self.output) > len(streamed):
+            return self.output[len(streamed):]
+        return None
+
+    def check(self, response: httpx.Response, reply: Callable[[httpx.Response], Any]) -> bool:
+        """Whether the reply is an event stream; else the endpoint answered JSON: raise its error, or
+        take its reply as the final event."""
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            return True
+        data = reply(response)
+        self.output, self.request_id, self.done = data.get("output"), data.get("request_id"), True
+        return False
+
+    def finished(self) -> None:
+        if not self.done:
+            raise PatchkitError("the endpoint's event stream ended before its final event")
+
+
+class Stream(_Reader):
+    """What `Endpoint.stream` returns: iterate it for text chunks, then read `output`."""
+
+    def __init__(self, open_response: Callable[[], Any], reply: Callable[[httpx.Response], Any]) -> None:
+        super().__init__()
+        self._open, self._reply = open_response, reply
+
+    def __iter__(self) -> Iterator[str]:
+        with self._open() as response:
+            if not self.check(response, lambda r: self._reply(_read(r))):
+                if isinstance(self.output, str):
+                    yield self.output
+                return
+            for data in sse_data(response.iter_lines()):
+                chunk = self.read(data)
+                if chunk:
+                    yield chunk
+        self.finished()
+
+
+class AsyncStream(_Reader):
+    """What `Endpoint.astream` returns: `async for` it for text chunks, then read `output`."""
+
+    def __init__(self, open_response: Callable[[], Any], reply: Callable[[httpx.Response], Any]) -> None:
+        super().__init__()
+        self._open, self._reply = open_response, reply
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async with self._open() as response:
+            if not response.headers.get("content-type", "").startswith("text/event-stream"):
+                await response.aread()
+            if not self.check(response, self._reply):
+                if isinstance(self.output, str):
+                    yield self.output
+                return
+            events = _Events()
+            async for line in response.aiter_lines():
+                data = events.feed(line)
+                chunk = self.read(data) if data is not None else None
+                if chunk:
+                    yield chunk
+            data = events.flush()
+            chunk = self.read(data) if data is not None else None
+            if chunk:
+                yield chunk
+        self.finished()
+
+
+def _read(response: httpx.Response) -> httpx.Response:
+    response.read()
+    return response

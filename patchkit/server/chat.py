@@ -1,0 +1,222 @@
+"""The OpenAI chat API over the pipeline, for chat UIs, SDKs and evaluation tools.
+
+    GET  /v1/models             one model: the deployment's `name`
+    POST /v1/chat/completions   the last user message fills the pipeline's text input (its one input,
+                                else `chat_input`); other inputs keep their captured values. The
+                                output is the assistant's message: a str output, or the `chat_output`
+                                field of a dict output. `stream: true` answers `chat.completion.chunk`
+                                events (the role, content deltas, a last chunk with its finish_reason,
+                                with `stream_options.include_usage` a usage chunk) then `data: [DONE]`.
+
+Sampling options (temperature, max_tokens, ...) are accepted and left to the pipeline's components.
+`usage` is an estimate: about four characters a token (OpenAI's rule of thumb), since the pipeline's
+own tokenizers are in its workers. Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from patchkit.errors import InputError
+from patchkit.scheduler.online.frontend import Frontend
+from patchkit.server.events import EventStream, pump
+from patchkit.server.inputs import parse_json
+from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of
+
+__all__ = ["ChatRoutes", "estimate_tokens"]
+
+# OpenAI's error types, by status.
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 503: "overloaded_error",
+                504: "timeout_error"}
+ReadBody = Callable[[web.Request, Callable[[bytes], Awaitable[web.StreamResponse]]], Awaitable[web.StreamResponse]]
+
+
+class ChatError(InputError):
+    """A chat request the route refuses, with OpenAI's `param` and `code` and its status."""
+
+    def __init__(self, message: str, *, status: int = 400, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+
+def estimate_tokens(text: str) -> int:
+    """About four characters a token: usage figures are estimates, never a tokenizer's count."""
+    return math.ceil(len(text) / 4)
+
+
+class ChatRoutes:
+    """The routes, over one front-end; `read_body` is the edge's bounded body reader (http.py)."""
+
+    def __init__(self, frontend: Frontend, read_body: ReadBody) -> None:
+        self.frontend = frontend
+        self.config = frontend.config
+        self.read_body = read_body
+        inputs = frontend.pipeline.inputs
+        self.chat_input = self.config.chat_input or (next(iter(inputs)) if len(inputs) == 1 else None)
+        self._inputs = sorted(inputs)
+
+    def add_to(self, router: web.UrlDispatcher) -> None:
+        router.add_get("/v1/models", self.models)
+        router.add_post("/v1/chat/completions", self.completions)
+
+    async def models(self, request: web.Request) -> web.Response:
+        model = {"id": self.config.name, "object": "model", "created": int(self.frontend.started), "owned_by": "patchkit"}
+        return json_reply(200, {"object": "list", "data": [model]})
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        async def run(body: bytes) -> web.StreamResponse:
+            chat = self._parse(body)
+            completion = _Completion(self, request, chat)
+            return await (completion.stream() if chat.get("stream") else completion.whole())
+
+        return await self.read_body(request, self._openai_errors(request, run))
+
+    def _openai_errors(self, request: web.Request, run: Callable[[bytes], Awaitable[web.StreamResponse]]) -> Callable[
+            [bytes], Awaitable[web.StreamResponse]]:
+        """`run`, its errors answered in OpenAI's form (the edge's own, such as 413, keep patchkit's)."""
+        async def guarded(body: bytes) -> web.StreamResponse:
+            try:
+                return await run(body)
+            except (web.HTTPException, ConnectionResetError):
+                raise
+            except ChatError as exc:
+                return self._error_reply(request, exc.status, str(exc), exc.param, exc.code)
+            except Exception as exc:
+                status, payload = error_reply(exc, debug=self.config.debug)
+                return self._error_reply(request, status, payload["error"]["message"], None, payload["error"]["type"])
+        return guarded
+
+    def _error_reply(self, request: web.Request, status: int, message: str, param: str | None, code: str | None) -> web.Response:
+        return json_reply(status, openai_error(status, message, param, code), {REQUEST_ID_HEADER: request_id_of(request)})
+
+    def _parse(self, body: bytes) -> dict[str, Any]:
+        """The request, checked: a JSON object with `messages`, the deployment's model, one choice."""
+        chat = parse_json(body)
+        if not isinstance(chat, dict):
+            raise ChatError('the body must be a JSON object: {"model": ..., "messages": [...]}')
+        model = chat.get("model")
+        if model is not None and model != self.config.name:
+            raise ChatError(f"the model {model!r} does not exist: this endpoint serves {self.config.name!r} (GET /v1/models)",
+                            status=404, param="model", code="model_not_found")
+        if chat.get("n", 1) != 1:
+            raise ChatError("n must be 1: the pipeline answers once", param="n")
+        if not isinstance(chat.get("stream", False), bool):
+            raise ChatError("stream must be true or false", param="stream")
+        if self.chat_input is None:
+            raise ChatError(f"the pipeline has inputs {', '.join(self._inputs)}: deploy it with chat_input= naming the one "
+                            "the last user message fills")
+        chat["prompt"] = _last_user_text(chat.get("messages"))
+        return chat
+
+
+class _Completion:
+    """One chat completion: the pipeline run on the last user message, answered whole or as chunks."""
+
+    def __init__(self, routes: ChatRoutes, request: web.Request, chat: dict[str, Any]) -> None:
+        self.routes, self.request, self.chat = routes, request, chat
+        self.request_id = request_id_of(request)
+        self.created = int(time.time())
+        self.prompt_text = " ".join(_text(m.get("content")) for m in chat["messages"] if isinstance(m, dict))
+
+    def _query(self, on_delta: Callable[[str], None] | None = None) -> Awaitable[Any]:
+        assert self.routes.chat_input is not None
+        return self.routes.frontend.query({self.routes.chat_input: self.chat["prompt"]}, request_id=self.request_id,
+                                          on_delta=on_delta)
+
+    def _answer(self, output: Any) -> str:
+        """The assistant's message in the pipeline's output."""
+        field = self.routes.config.chat_output
+        if isinstance(output, dict):
+            if field is None:
+                raise ChatError(f"the pipeline's output is a dict (fields {', '.join(sorted(map(str, output)))}): deploy "
+                                "it with chat_output= naming the field that holds the answer", param="chat_output")
+            if field not in output:
+                raise ChatError(f"the pipeline's output has no field {field!r} (chat_output)", status=500)
+            output = output[field]
+        return output if isinstance(output, str) else json.dumps(output)
+
+    def _usage(self, answer: str) -> dict[str, int]:
+        prompt, completion = estimate_tokens(self.prompt_text), estimate_tokens(answer)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": f"chatcmpl-{self.request_id}", "object": kind, "created": self.created, "model": self.routes.config.name}
+
+    async def whole(self) -> web.Response:
+        answer = self._answer((await self._query()).output)
+        choice = {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop", "logprobs": None}
+        reply = {**self._head("chat.completion"), "choices": [choice], "usage": self._usage(answer)}
+        return json_reply(200, reply, {REQUEST_ID_HEADER: self.request_id})
+
+    async def stream(self) -> web.StreamResponse:
+        """Chunks as the output's text is produced: the role with the first, the rest of the answer
+        (what the deltas did not carry, all of it when nothing streamed) before the last."""
+        events = EventStream(self.request, {REQUEST_ID_HEADER: self.request_id})
+        sent: list[str] = []
+
+        async def send(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> None:
+            if not events.started:
+                delta = {"role": "assistant", **delta}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            await events.send(json.dumps({**self._head("chat.completion.chunk"), "choices": [choice], **extra}).encode())
+
+        async def on_delta(text: str) -> None:
+            sent.append(text)
+            await send({"content": text})
+
+        try:
+            answer = self._answer((await pump(self._query, on_delta)).output)
+        except (ConnectionResetError, web.HTTPException):
+            raise
+        except Exception as exc:
+            if not events.started:
+                raise
+            status, payload = error_reply(exc, debug=self.routes.config.debug)
+            error = openai_error(status, payload["error"]["message"], None, payload["error"]["type"])
+            await events.send(json.dumps(error).encode())
+            return await events.finish()
+        streamed = "".join(sent)
+        if answer.startswith(streamed) and len(answer) > len(streamed):
+            await send({"content": answer[len(streamed):]})
+        await send({}, "stop")
+        options = self.chat.get("stream_options")
+        if isinstance(options, dict) and options.get("include_usage"):
+            await events.send(json.dumps({**self._head("chat.completion.chunk"), "choices": [],
+                                          "usage": self._usage(answer)}).encode())
+        await events.send(b"[DONE]")
+        return await events.finish()
+
+
+def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
+    kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _text(content: Any) -> str:
+    """A message's text: a string, or the text parts of a list of content parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict) and part.get("type") == "text")
+    return ""
+
+
+def _last_user_text(messages: Any) -> str:
+    if not isinstance(messages, list) or not messages:
+        raise ChatError("messages must be a non-empty list of {role, content} objects", param="messages")
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ChatError("each message must be an object with a role and content", param="messages")
+        content = message.get("content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise ChatError("a message's content must be a string or a list of content parts", param="messages")
+    users = [m for m in messages if m["role"] == "user"]
+    if not users:
+        raise ChatError("messages has no user message: the last one is the pipeline's input", param="messages")
+    return _text(users[-1].get("content"))
