@@ -360,10 +360,10 @@ def nested(query: str) -> patchkit.Pipeline:
     return pipeline
 
 
-def test_a_component_calling_a_component_it_holds_runs_it_in_place() -> None:
+def test_a_component_given_to_another_is_a_component_of_the_pipeline_too() -> None:
     pipeline = captured(nested, "q")
-    assert [record.method for record in pipeline.recorded] == ["wrap"]
-    assert set(pipeline.components) == {"outer"}
+    assert [record.method for record in pipeline.recorded] == ["tag", "wrap"]  # the holder's call counts in visits
+    assert set(pipeline.components) == {"outer", "outer_inner"}  # deployed once, shared (see test_shared.py)
     with patchkit.deploy(pipeline, backend="inprocess") as served:
         assert served.query(query="x") == "[<x>]"
 
