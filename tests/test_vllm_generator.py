@@ -1,5 +1,6 @@
 """VLLMGenerator: its arguments checked at construction anywhere; real batched generation on an
-NVIDIA GPU with vllm installed and SmolLM2-135M-Instruct in the local Hugging Face cache.
+NVIDIA GPU with vllm installed and SmolLM2-135M-Instruct in the local Hugging Face cache: calls in
+flight together, streamed, and deployed.
 
 The GPU tests run the model in float32: vLLM does not promise that a prompt's greedy answer is the
 same in every batch, and float32 keeps the logits of a batched prompt close enough to its logits
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -68,11 +70,23 @@ def alone(llm: VLLMGenerator, question: str) -> str:
 
 
 @pytest.mark.gpu
-def test_a_batch_answers_each_prompt_as_it_would_alone(llm: VLLMGenerator) -> None:
-    answers = VLLMGenerator.generate.run_batch(llm, [((q,), {}) for q in QUESTIONS])
+def test_calls_in_flight_together_answer_as_each_alone(llm: VLLMGenerator) -> None:
+    with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+        answers = list(pool.map(llm.generate, QUESTIONS))
     assert answers == [alone(llm, q) for q in QUESTIONS]
     assert len(set(answers)) == len(answers)
     assert all(answers)
+
+
+@pytest.mark.gpu
+def test_the_stream_joins_to_the_answer_and_closing_it_aborts_the_request(llm: VLLMGenerator) -> None:
+    chunks = list(VLLMGenerator.generate.chunks(llm, (QUESTIONS[0],), {}))
+    assert len(chunks) >= 3 and "".join(chunks) == alone(llm, QUESTIONS[0])
+    stream = VLLMGenerator.generate.chunks(llm, (QUESTIONS[3],), {"max_tokens": 1000})
+    assert next(stream)
+    stream.close()  # aborts the request in the engine, which goes on serving
+    assert llm.generate(QUESTIONS[1]) == alone(llm, QUESTIONS[1])
+    llm.check_health()
 
 
 @pytest.mark.gpu
@@ -85,8 +99,7 @@ def test_a_prompt_past_the_context_is_a_clear_error_and_fails_alone(llm: VLLMGen
 
 
 @pytest.mark.gpu
-def test_deployed_batches_answer_as_local_calls(llm: VLLMGenerator) -> None:
+def test_deployed_calls_answer_as_local_calls(llm: VLLMGenerator) -> None:
     answers, generate = ask_deployed_together(llm, QUESTIONS)
     assert answers == [alone(llm, q) for q in QUESTIONS]
-    assert generate["batch_size"] == 64
     assert generate["calls"] == len(QUESTIONS)

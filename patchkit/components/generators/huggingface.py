@@ -1,17 +1,20 @@
-"""`TransformersGenerator`: a chat model through Hugging Face transformers, on CPU or CUDA, whose
-batches decode together: one `model.generate` over left-padded prompts."""
+"""`TransformersGenerator`: a chat model through Hugging Face transformers, on CPU or CUDA, streaming
+its tokens; the calls in flight together decode as one batch (`hf_engine.BatchEngine`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from patchkit.component import make
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, default_gguf_path, replica_threads
+from patchkit.components.generators.hf_engine import BatchEngine
+from patchkit.components.generators.streaming import TokenText, stripped
 
 if TYPE_CHECKING:
     import torch
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["TransformersGenerator"]
 
 DEVICE = re.compile(r"cpu|auto|cuda(:\d+)?")
+MAX_BATCH = 16  # calls one batch holds, and calls a replica takes at once
 
 
 class TransformersGenerator(Generator):
@@ -30,9 +34,14 @@ class TransformersGenerator(Generator):
     threads (default: the replica's share of the cores).
 
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as
-    `LlamaCppGenerator` does; a deployment runs up to 16 prompts as one batch. Greedy, and so
-    deterministic, at temperature 0; above it, sampled from a generator seeded with `seed` for
-    every batch, so a sampled answer also depends on the prompts it shares a batch with.
+    `LlamaCppGenerator` does, and streams it to a streaming request. A replica takes up to 16 calls
+    at once: each waits for the engine thread, which runs every call waiting (up to 16) as one
+    left-padded `model.generate` batch, passing each row's tokens to its caller as they are decoded,
+    then takes the calls that came meanwhile. A caller that closes its stream stops receiving, and
+    its row stops counting towards its batch's end, though transformers computes it until that end.
+    Greedy, and so deterministic, at temperature 0 (the answer alone and in any batch are equal but
+    for a near-tie in the logits: padding changes them by about 1e-4); above it, sampled from a
+    generator seeded with `seed` for every batch, so a sampled answer also depends on its batch.
     """
 
     devices = ("cpu", "gpu")
@@ -64,7 +73,7 @@ class TransformersGenerator(Generator):
         self.model_path, self.is_gguf, self.device, self.threads = str(path), is_gguf, device, threads
 
     def setup(self) -> None:
-        """Load the tokenizer and the model from local files only, on the chosen device."""
+        """Load the tokenizer and the model from local files only, on the chosen device, and start the engine thread."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files are all we read: never the network
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         import torch
@@ -77,8 +86,6 @@ class TransformersGenerator(Generator):
         tokenizer: Any = AutoTokenizer.from_pretrained(directory, local_files_only=True, **source)
         if not tokenizer.chat_template:
             raise ValueError(f"{self.model_path} has no chat template; TransformersGenerator needs a chat (instruct) model")
-        # Left padding: every prompt ends where the batch's new tokens begin, so one step decodes the whole batch.
-        tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         model: Any = AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, **source)
@@ -90,37 +97,44 @@ class TransformersGenerator(Generator):
         # Where an answer ends: a row that finished early is filled with the pad token up to the batch's longest.
         self.stop_ids = {*eos_ids, tokenizer.pad_token_id}
         temperature = self.sampling.temperature
-        self.decoding: dict[str, Any] = (
-            {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        decoding: dict[str, Any] = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+        self._tokenizer_lock = threading.Lock()
+        self.engine = BatchEngine(
+            self.model, pad_id=tokenizer.pad_token_id, stop_ids=self.stop_ids, decoding=decoding, seeded=self._seeded,
+            max_batch=MAX_BATCH,
         )
 
-    @make(batch=True, max_batch_size=16)
-    def generate(  # type: ignore[override]
-        self, prompt: list[str], docs: list[list[Any] | None] = None, max_tokens: list[int | None] = None  # type: ignore[assignment]
-    ) -> list[str]:
-        # The batch decodes up to its largest max_tokens, each answer is cut to its own.
-        import torch
+    @make(stream=True, max_concurrency=MAX_BATCH)
+    def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
+        """Stream the answer as the engine decodes it; called in a thread of its own for each call, so
+        that the calls in flight together share the engine's next batch."""
+        request = self.request(prompt, docs, max_tokens)
+        with self._tokenizer_lock:
+            ids: list[int] = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, return_dict=False)
+        self.check_length(len(ids), request.max_tokens, self.context, "lower max_tokens")
+        yield from stripped(self._deltas(ids, request.max_tokens))
 
-        requests = self.requests(prompt, docs, max_tokens)
-        limits = [request.max_tokens for request in requests]
-        batch = self.tokenizer.apply_chat_template(
-            [request.messages for request in requests],
-            add_generation_prompt=True, padding=True, return_tensors="pt", return_dict=True,
-        )
-        for used, limit in zip(batch["attention_mask"].sum(dim=1).tolist(), limits):
-            self.check_length(used, limit, self.context, "lower max_tokens")
-        batch = batch.to(self.torch_device)
-        with torch.inference_mode(), self._seeded():
-            output = self.model.generate(
-                **batch, max_new_tokens=max(limits), pad_token_id=self.tokenizer.pad_token_id, **self.decoding
-            )
-        new_tokens = output[:, batch["input_ids"].shape[1] :].tolist()
-        return [self._answer(tokens[:limit]) for tokens, limit in zip(new_tokens, limits)]
+    def stats(self) -> dict[str, Any]:
+        """The engine's counts: batches, rows, decode steps, tokens, rows closed before their end."""
+        engine: BatchEngine | None = self.__dict__.get("engine")
+        return engine.stats() if engine is not None else {}
 
-    def _answer(self, tokens: list[int]) -> str:
-        end = next((i for i, token in enumerate(tokens) if token in self.stop_ids), len(tokens))
-        text: str = self.tokenizer.decode(tokens[:end], skip_special_tokens=True)
-        return text.strip()
+    def check_health(self) -> None:
+        engine: BatchEngine | None = self.__dict__.get("engine")
+        if engine is not None and not engine.alive():
+            raise RuntimeError("the transformers engine thread has stopped")
+
+    def _deltas(self, prompt: list[int], max_tokens: int) -> Iterator[str]:
+        """The answer's text deltas, decoded in this (the caller's) thread as the engine passes on tokens."""
+        text = TokenText(self._decode)
+        for tokens in self.engine.stream(prompt, max_tokens):
+            yield text.feed(tokens)
+        yield text.finish()
+
+    def _decode(self, tokens: list[int]) -> str:
+        with self._tokenizer_lock:  # a fast tokenizer is one Rust object: its calls from several threads may collide
+            text: str = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return text
 
     @contextlib.contextmanager
     def _seeded(self) -> Iterator[None]:

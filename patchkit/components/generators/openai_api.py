@@ -1,21 +1,25 @@
 """`OpenAIGenerator`: a model behind any server speaking OpenAI's `/v1/chat/completions` (vLLM,
-llama.cpp's server, llama-cpp-python's, Ollama), over aiohttp: a batch's requests are in flight
-together, for the servers that batch them (vLLM; llama.cpp's server with --parallel)."""
+llama.cpp's server, llama-cpp-python's, Ollama), over aiohttp: each call streams its answer (server-
+sent events), and the calls in flight together are sent together, for the servers that batch them
+(vLLM; llama.cpp's server with --parallel)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import re
 import urllib.parse
-from collections.abc import Coroutine, Mapping
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, TypeVar
+import weakref
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from patchkit.component import make
+from patchkit.components.generators.background import BackgroundLoop
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, Request
+from patchkit.components.generators.streaming import stripped
 
 if TYPE_CHECKING:
     import aiohttp
@@ -24,7 +28,7 @@ __all__ = ["OpenAIGenerator"]
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
+MAX_CONCURRENCY = 64  # calls one replica takes at once; `max_concurrency` bounds those sent to the server
 
 # How servers word a 400 for a prompt past the context: OpenAI and llama-cpp-python ("maximum context
 # length", code context_length_exceeded), vLLM ("maximum context length", "maximum model length"),
@@ -45,7 +49,12 @@ class OpenAIGenerator(Generator):
     `LlamaCppGenerator`'s for the same model.
 
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as every
-    Generator; a deployment sends a batch's prompts together, at most `max_concurrency` at once.
+    Generator, and streams it to a streaming request: it asks with `"stream": true` and yields each
+    delta's content as it arrives. A replica takes up to 64 calls at once, each in a thread of its
+    own, over one event loop thread and one HTTP session; at most `max_concurrency` requests are at
+    the server at once, the others wait. Closing a stream early closes its HTTP response.
+    llama-cpp-python's server cuts a streamed answer short when another request arrives unless it
+    runs with `--interrupt_requests False`: start it so to send it calls together.
     """
 
     def __init__(
@@ -76,24 +85,26 @@ class OpenAIGenerator(Generator):
         self.timeout_s, self.max_concurrency, self.extra_body = timeout_s, max_concurrency, dict(extra_body or {})
 
     def setup(self) -> None:
-        """Called once in the process that runs the generator, before its first call: checks that the
-        server answers (a ConnectionError naming the URL if not) and asks it for its model when none was given."""
+        """Called once in the process that runs the generator, before its first call: starts the event loop
+        thread and HTTP session every call shares, checks that the server answers (a ConnectionError
+        naming the URL if not) and asks it for its model when none was given."""
         key = self.api_key or os.environ.get("OPENAI_API_KEY")  # here, in the worker: never in the spec
-        self._headers = {"Authorization": f"Bearer {key}"} if key else {}
-        listed = self._run(self._list_models())
+        self.loop = BackgroundLoop("patchkit-openai")
+        self.http = self.loop.run(self._open(key))
+        weakref.finalize(self, self.loop.close, self.http.close)
+        listed = self.loop.run(self._list_models())
         if self.model is None:
             if not listed:
                 raise RuntimeError(f"the server at {self.base_url} lists no models; pass OpenAIGenerator(model=...)")
             self.model = listed[0]
             logger.info("no model given: using %s, the first that %s lists", self.model, self.base_url)
 
-    @make(batch=True, max_batch_size=16)
-    def generate(  # type: ignore[override]
-        self, prompt: list[str], docs: list[list[Any] | None] = None, max_tokens: list[int | None] = None  # type: ignore[assignment]
-    ) -> list[str]:
-        # Any failed request fails the whole batch (see `Generator.requests`), not only a prompt past the context.
-        requests = self.requests(prompt, docs, max_tokens)
-        return self._run(self._complete_all([self._body(request) for request in requests]))
+    @make(stream=True, max_concurrency=MAX_CONCURRENCY)
+    def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
+        """Stream the answer as the server sends it; called in a thread of its own for each call, and
+        closing the stream closes its HTTP response (the server sees the client leave)."""
+        request = self.request(prompt, docs, max_tokens)
+        yield from stripped(self.loop.iterate(self._deltas(self._body(request))))
 
     def _body(self, request: Request) -> dict[str, Any]:
         return {
@@ -103,55 +114,61 @@ class OpenAIGenerator(Generator):
             **self.sampling.keywords(request.max_tokens),
         }
 
-    @staticmethod
-    def _run(coroutine: Coroutine[Any, Any, T]) -> T:
-        # On a fresh event loop in a thread of its own: the caller may be running one already (the
-        # inprocess backend runs batches on its front-end's loop, Jupyter runs cells on the kernel's).
-        with ThreadPoolExecutor(1, thread_name_prefix="patchkit-openai") as pool:
-            return pool.submit(asyncio.run, coroutine).result()
-
-    def _session(self) -> aiohttp.ClientSession:
+    async def _open(self, key: str | None) -> aiohttp.ClientSession:
+        # On the loop: a session and a semaphore belong to the loop they are made on.
         import aiohttp
 
-        return aiohttp.ClientSession(headers=self._headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s))
+        self._gate = asyncio.Semaphore(self.max_concurrency)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s))
 
     async def _list_models(self) -> list[str]:
-        async with self._session() as session:
-            reply = await self._request(session, "GET", "/models")
+        async with self._response("GET", "/models") as response:
+            reply = await self._json(response)
         listed = reply.get("data") if isinstance(reply, dict) else None
         return [str(m["id"]) for m in listed or [] if isinstance(m, dict) and "id" in m]
 
-    async def _complete_all(self, bodies: list[dict[str, Any]]) -> list[str]:
-        gate = asyncio.Semaphore(self.max_concurrency)
-        async with self._session() as session:
-
-            async def complete(body: dict[str, Any]) -> str:
-                async with gate:
-                    reply = await self._request(session, "POST", "/chat/completions", body)
-                try:
-                    answer = reply["choices"][0]["message"]["content"] or ""
-                except (KeyError, IndexError, TypeError):
-                    url = self.base_url + "/chat/completions"
-                    raise RuntimeError(f"{url} answered without choices[0].message: {reply!r:.500}") from None
-                return str(answer).strip()
-
-            tasks = [asyncio.create_task(complete(body)) for body in bodies]
+    async def _deltas(self, body: dict[str, Any]) -> AsyncIterator[str]:
+        """The content of each delta of one streamed chat completion, on the loop. A stream that breaks
+        before its first delta is asked again whole: llama-cpp-python's server reports a prompt past the
+        context only that way, by failing a stream it already answered 200 to."""
+        url = self.base_url + "/chat/completions"
+        async with self._gate:
+            streamed = False
             try:
-                return list(await asyncio.gather(*tasks))
-            finally:
-                # After a failure the batch is re-run call by call anyway: stop the calls still in flight.
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
+                async with self._response("POST", "/chat/completions", {**body, "stream": True}) as response:
+                    if response.content_type != "text/event-stream":  # a server that does not stream: one answer
+                        yield _message_content(url, await self._json(response))
+                        return
+                    async for line in response.content:
+                        if (event := _event(url, line)) is _DONE:
+                            return
+                        if event:
+                            streamed = True
+                            yield event
+                    response.close()  # the connection, which the server may be closing: never back to the pool
+                raise ConnectionError(f"{url} ended its stream before its last event (data: [DONE])")
+            except (ConnectionError, TimeoutError):
+                if streamed:
+                    raise
+            # On a connection of its own: the one the stream broke on may still sit in the pool.
+            async with self._one_off() as session, self._response("POST", "/chat/completions", body, session) as response:
+                yield _message_content(url, await self._json(response))
 
-    async def _request(self, session: aiohttp.ClientSession, method: str, path: str, body: Any = None) -> Any:
-        """One request: the server's JSON answer, or an error that says what to do about it."""
+    @contextlib.asynccontextmanager
+    async def _response(
+        self, method: str, path: str, body: Any = None, session: aiohttp.ClientSession | None = None
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """One request's response, its status checked; any failure, reading the body included, as an error
+        that says what to do about it."""
         import aiohttp
 
         url = self.base_url + path
         try:
-            async with session.request(method, url, json=body) as response:
-                status, text = response.status, await response.text(errors="replace")
+            async with (session or self.http).request(method, url, json=body) as response:
+                if response.status >= 400:
+                    raise _http_error(url, response.status, await response.text(errors="replace"))
+                yield response
         except TimeoutError as exc:
             raise TimeoutError(
                 f"{url} did not answer within timeout_s ({self.timeout_s} s); raise timeout_s or lower max_tokens"
@@ -161,15 +178,54 @@ class OpenAIGenerator(Generator):
                 f"cannot reach the OpenAI-compatible server at {url}: {type(exc).__name__}: {exc}; "
                 "start the server or fix base_url"
             ) from exc
-        if status >= 400:
-            raise _http_error(url, status, text)
+
+    def _one_off(self) -> aiohttp.ClientSession:
+        import aiohttp
+
+        return aiohttp.ClientSession(headers=self.http.headers, timeout=self.http.timeout)
+
+    @staticmethod
+    async def _json(response: aiohttp.ClientResponse) -> Any:
+        text = await response.text(errors="replace")
         try:
             return json.loads(text)
         except json.JSONDecodeError:
             raise RuntimeError(
-                f"{url} answered HTTP {status} with a body that is not JSON: {text[:200]!r}; base_url must be the "
-                "root of an OpenAI-compatible API (it ends in /v1 on most servers)"
+                f"{response.url} answered HTTP {response.status} with a body that is not JSON: {text[:200]!r}; base_url "
+                "must be the root of an OpenAI-compatible API (it ends in /v1 on most servers)"
             ) from None
+
+
+_DONE = "[DONE]"
+
+
+def _event(url: str, line: bytes) -> str | None:
+    """What one line of a chat completion's event stream carries: a delta's content, `_DONE` at the end,
+    or None (a comment, a role-only or usage-only chunk, a blank line between events)."""
+    text = line.decode("utf-8", errors="replace").strip()
+    if not text.startswith("data:"):
+        return None
+    data = text[len("data:") :].strip()
+    if data == _DONE:
+        return _DONE
+    try:
+        chunk = json.loads(data)
+    except json.JSONDecodeError:
+        raise RuntimeError(f"{url} streamed an event that is not JSON: {data[:200]!r}") from None
+    if isinstance(chunk, dict) and "error" in chunk:
+        raise _stream_error(url, data)
+    try:
+        content = (chunk["choices"] or [{}])[0].get("delta", {}).get("content")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        raise RuntimeError(f"{url} streamed a chunk without choices[0].delta: {data[:500]}") from None
+    return str(content) if content else None
+
+
+def _message_content(url: str, reply: Any) -> str:
+    try:
+        return str(reply["choices"][0]["message"]["content"] or "")
+    except (KeyError, IndexError, TypeError):
+        raise RuntimeError(f"{url} answered without choices[0].message: {reply!r:.500}") from None
 
 
 def _is_http_url(url: Any) -> bool:
@@ -196,6 +252,16 @@ def _http_error(url: str, status: int, text: str) -> Exception:
         404: "; check base_url (the API root, which ends in /v1 on most servers) and model",
     }.get(status, "")
     return RuntimeError(f"{url} answered HTTP {status}: {text[:1000]}{hint}")
+
+
+def _stream_error(url: str, text: str) -> Exception:
+    """The exception for an error event inside a stream: a ValueError for a prompt past the context, else a RuntimeError."""
+    message, code = _error_fields(text)
+    if CONTEXT_EXCEEDED.search(f"{message} {code}"):
+        return ValueError(
+            f"{url} refused the prompt: {message.rstrip('. ')}; shorten the question or the documents, or lower max_tokens"
+        )
+    return RuntimeError(f"{url} sent an error in its stream: {message[:1000]}")
 
 
 def _error_fields(text: str) -> tuple[str, str]:

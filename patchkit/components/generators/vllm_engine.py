@@ -1,21 +1,30 @@
-"""`VLLMGenerator`: a chat model on NVIDIA GPUs through vLLM's offline engine, whose continuous
-batching takes a whole batch of prompts at once."""
+"""`VLLMGenerator`: a chat model on NVIDIA GPUs through vLLM's async engine, whose continuous
+batching admits each call as it arrives and streams its tokens back."""
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
+import uuid
+import weakref
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 from patchkit.component import make
+from patchkit.components.generators.background import BackgroundLoop
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator
+from patchkit.components.generators.streaming import stripped
 
 __all__ = ["VLLMGenerator"]
 
+MAX_CONCURRENCY = 256  # requests one replica keeps in its engine at once
+HEALTH_TIMEOUT_S = 30.0
+
 
 class VLLMGenerator(Generator):
-    """A chat model served in-process by vLLM's `LLM` engine, on one or more NVIDIA GPUs.
+    """A chat model served in-process by vLLM's `AsyncLLMEngine`, on one or more NVIDIA GPUs.
 
     `model`: a local model directory, or the Hugging Face id of a model already in the local
     Hugging Face cache; nothing is downloaded (fetch it first, as `huggingface-cli download ID`).
@@ -25,8 +34,11 @@ class VLLMGenerator(Generator):
     `tensor_parallel_size`: GPUs to shard the model over.
 
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as every
-    Generator; a deployment hands up to 64 prompts to the engine at once. Greedy at temperature 0;
-    above it, each prompt samples with its own generator seeded with `seed`.
+    Generator, and streams it to a streaming request. The engine runs on an event loop in a thread of
+    the replica (`setup()` starts both); each call submits its request there, joins the engine's
+    running batch at its next step, and reads the new text as it comes. A replica takes up to 256
+    calls at once. A caller that closes its stream aborts its request in the engine. Greedy at
+    temperature 0; above it, each prompt samples with its own generator seeded with `seed`.
     """
 
     devices = ("gpu",)
@@ -61,7 +73,7 @@ class VLLMGenerator(Generator):
         self.dtype, self.tensor_parallel_size = dtype, tensor_parallel_size
 
     def setup(self) -> None:
-        """Start the engine on the GPUs this process sees, from local files only."""
+        """Start the engine, on an event loop in a daemon thread, on the GPUs this process sees, from local files only."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files are all we read: never the network
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         if not _cuda_visible():
@@ -70,41 +82,80 @@ class VLLMGenerator(Generator):
                 "CUDA_VISIBLE_DEVICES hides them); use TransformersGenerator or LlamaCppGenerator on CPU"
             )
         try:
-            from vllm import LLM
+            import vllm  # noqa: F401 - checked here, where its absence can be said plainly
         except ImportError as exc:
             raise ImportError(f"VLLMGenerator needs vllm, which is not installed: pip install 'patchkit[gpu]' ({exc})") from exc
         if not _looks_like_path(self.model):
             _check_cached(self.model)
-        self.llm = LLM(
-            model=self.model,
-            dtype=self.dtype,
-            seed=self.sampling.seed,
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_len,
-            tensor_parallel_size=self.tensor_parallel_size,
-        )
-        self.tokenizer = self.llm.get_tokenizer()
-        self.context: int = self.llm.llm_engine.model_config.max_model_len
+        self.loop = BackgroundLoop("patchkit-vllm")
+        weakref.finalize(self, self.loop.close)
+        self.engine, self.tokenizer, self.context = self.loop.run(self._start_engine())
         self.context_fix = "lower max_tokens" + (f", or raise max_model_len ({self.context})" if self.max_model_len else "")
 
-    @make(batch=True, max_batch_size=64)
-    def generate(  # type: ignore[override]
-        self, prompt: list[str], docs: list[list[Any] | None] = None, max_tokens: list[int | None] = None  # type: ignore[assignment]
-    ) -> list[str]:
+    async def _start_engine(self) -> tuple[Any, Any, int]:
+        # On the loop that will run it: the engine starts its output handler on the loop it is first used from.
+        from vllm import AsyncEngineArgs, AsyncLLMEngine
+
+        engine = AsyncLLMEngine.from_engine_args(
+            AsyncEngineArgs(
+                model=self.model,
+                dtype=self.dtype,
+                seed=self.sampling.seed,
+                gpu_memory_utilization=self.gpu_memory_utilization,
+                max_model_len=self.max_model_len,
+                tensor_parallel_size=self.tensor_parallel_size,
+            )
+        )
+        tokenizer = await _maybe_awaited(engine.get_tokenizer())  # a coroutine in most versions, a value in some
+        config = await _maybe_awaited(engine.get_model_config())
+        return engine, tokenizer, int(config.max_model_len)
+
+    @make(stream=True, max_concurrency=MAX_CONCURRENCY)
+    def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
+        """Stream the answer as the engine makes it; called in a thread of its own for each call, while the
+        engine batches every request in flight between its steps."""
         from vllm import SamplingParams
 
-        requests = self.requests(prompt, docs, max_tokens)
-        for request in requests:
-            self.check_length(self._prompt_tokens(request.messages), request.max_tokens, self.context, self.context_fix)
-        conversations = [request.messages for request in requests]
-        params = [SamplingParams(**self.sampling.keywords(request.max_tokens)) for request in requests]
-        outputs = self.llm.chat(conversations, sampling_params=params, use_tqdm=False)
-        return [str(output.outputs[0].text).strip() for output in outputs]
+        request = self.request(prompt, docs, max_tokens)
+        prompt_ids = self._prompt_ids(request.messages)
+        self.check_length(len(prompt_ids), request.max_tokens, self.context, self.context_fix)
+        params = SamplingParams(**self.sampling.keywords(request.max_tokens))
+        yield from stripped(self.loop.iterate(self._deltas(prompt_ids, params)))
 
-    def _prompt_tokens(self, conversation: list[dict[str, str]]) -> int:
-        # As LLM.chat counts them: the rendered template, encoded without adding special tokens again.
+    def check_health(self) -> None:
+        """Raise when the engine's loop thread stopped or the engine reports itself dead (its core process gone)."""
+        loop: BackgroundLoop | None = self.__dict__.get("loop")
+        if loop is None:
+            return
+        if not loop.alive():
+            raise RuntimeError("the vLLM engine's event loop thread has stopped")
+        loop.run(self.engine.check_health(), HEALTH_TIMEOUT_S)
+
+    async def _deltas(self, prompt_ids: list[int], params: Any) -> AsyncIterator[str]:
+        """The new text of one request as the engine's outputs grow, on the loop; aborted in the engine
+        when its consumer stops reading first (the task running it is cancelled)."""
+        request_id = uuid.uuid4().hex
+        text, finished = "", False
+        try:
+            async for output in self.engine.generate({"prompt_token_ids": prompt_ids}, params, request_id):
+                grown = str(output.outputs[0].text)  # all the text so far: the default (cumulative) output kind
+                if len(grown) > len(text):
+                    yield grown[len(text) :]
+                    text = grown
+            finished = True
+        finally:
+            if not finished:
+                await self.engine.abort(request_id)
+
+    def _prompt_ids(self, conversation: list[dict[str, str]]) -> list[int]:
+        # As LLM.chat makes them: the rendered template, encoded without adding special tokens again.
         text = self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
+        return ids
+
+
+async def _maybe_awaited(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
 
 
 def _looks_like_path(model: str) -> bool:
