@@ -223,3 +223,30 @@ def test_calls_sharing_a_prefix_go_to_the_replica_that_holds_it() -> None:
     seen = serve(located("g", 0), body, replicas={"keyed": 2})
     assert all(len(pids) == 1 for pids in seen.values()), seen  # each group stayed on one replica
     assert len(set().union(*seen.values())) == 2  # and the groups were spread over both
+
+
+def test_an_aquery_cancelled_by_its_caller_cancels_the_request_on_the_server() -> None:
+    teller = Teller(pause_s=0.2)
+
+    def told(text: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return teller.tell(text)
+        return pipeline
+
+    async def give_up(endpoint: patchkit.Endpoint) -> None:
+        task = asyncio.ensure_future(endpoint.aquery(text=" ".join(["w"] * 100)))
+        await asyncio.sleep(2.0)  # it is running at the worker by now
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    with patchkit.deploy(told("x")) as endpoint:
+        asyncio.run(give_up(endpoint))
+        deadline = time.monotonic() + 20
+        while endpoint.stats()["requests"].get("cancelled", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)  # the worker stops the call at its next chunk
+        stats = endpoint.stats()
+    assert stats["requests"]["cancelled"] == 1
+    [report] = stats["replica_reports"].values()
+    assert report["cancelled"] == 1 and report["component_stats"] == {"closed_early": 1, "finished": 0}
