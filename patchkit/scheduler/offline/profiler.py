@@ -163,6 +163,7 @@ class Profiler:
         """The job at 1 thread, then, on CPU, at each further count while it speeds up by `threshold`."""
         profiles = [await self._profile(backend, job, progress)]
         if job.resource != "cpu":
+            progress.done(f"{job.name} on {job.resource}")
             return profiles
         for threads in thread_counts(min(len(available_cpus()), self.pool.capacity.get("cpu", 0)))[1:]:
             profile = await self._profile(backend, dataclasses.replace(job, threads=threads), progress)
@@ -172,6 +173,7 @@ class Profiler:
                             100 * gain, profiles[-1].threads)
                 break
             profiles.append(profile)
+        progress.done(f"{job.name} on cpu, up to {profiles[-1].threads} threads")
         return profiles
 
     async def _profile(self, backend: LocalBackend, job: _Job, progress: _Progress) -> ComponentProfile:
@@ -188,8 +190,6 @@ class Profiler:
         finally:
             if replica is not None:
                 await backend.stop(replica)
-        where = f"{job.threads} threads" if job.threads > 1 else job.resource
-        progress.done(f"{job.name} on {where}")
         methods = {m: p for m, p in found.items() if p is not None}
         return ComponentProfile(job.name, job.resource, methods, job.visits, job.threads)
 
@@ -207,7 +207,7 @@ class Profiler:
 
         async def measure(size: int) -> float | None:
             batch = [calls[i % len(calls)] for i in range(size)]
-            progress.note(f"{name}.{method}: batch {size}")
+            progress.note(f"{name}.{method}: batch {size}, {job.threads} thread(s)")
             times = []
             for _ in range(self.repeats + 1):  # the first run warms caches up and is not counted
                 started = time.perf_counter()
