@@ -169,8 +169,8 @@ class Profiler:
             profile = await self._profile(backend, dataclasses.replace(job, threads=threads), progress)
             gain = profile.best_rate() / profiles[-1].best_rate() - 1
             if not gain >= self.threshold:  # nan too: no rate to compare
-                logger.info("%s: %d threads serve %.0f%% more than %d; profiled no further", job.name, threads,
-                            100 * gain, profiles[-1].threads)
+                logger.info("%s: %d threads serve %.2fx the calls/s of %d; profiled no further", job.name, threads,
+                            1 + gain, profiles[-1].threads)
                 break
             profiles.append(profile)
         progress.done(f"{job.name} on cpu, up to {profiles[-1].threads} threads")
