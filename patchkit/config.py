@@ -19,6 +19,7 @@ from patchkit import envs
 from patchkit.component import make_methods
 from patchkit.errors import ConfigError, InputError
 from patchkit.orchestrator.ray_options import RayOptions
+from patchkit.orchestrator.resources import SHARES_PER_CORE
 from patchkit.scheduler.offline.plan import Plan
 
 if TYPE_CHECKING:
@@ -59,7 +60,7 @@ class ComponentConfig:
     replicas: int
     batch_sizes: dict[str, int]  # per @make method
     resource: str = "cpu"  # what each replica takes `units` of, when a plan placed it
-    units: int = 1
+    units: int = SHARES_PER_CORE  # shares of a core on "cpu" (SHARES_PER_CORE: one core), GPUs on "gpu"
 
     def __post_init__(self) -> None:
         if not _is_int(self.replicas) or self.replicas < 1:

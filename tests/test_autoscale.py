@@ -22,7 +22,7 @@ import patchkit
 from patchkit.components.testing import Simulated
 from patchkit.config import DeploymentConfig
 from patchkit.orchestrator.backend import ReplicaSpec
-from patchkit.orchestrator.resources import ReplicaResources, one_more
+from patchkit.orchestrator.resources import SHARES_PER_CORE, ReplicaResources, one_more
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 from patchkit.scheduler.online.frontend import Frontend, RequestResult, make_backend
 from patchkit.scheduler.online.slo import RequestState
@@ -252,7 +252,8 @@ def test_a_replica_added_by_the_supervisor_is_restarted_like_the_others() -> Non
 
 
 def test_a_replica_needs_a_free_gpu_or_sees_none() -> None:
-    assert one_more("cpu", 2, set()) == ReplicaResources(threads=2, gpus=())
+    assert one_more("cpu", 2 * SHARES_PER_CORE, set()) == ReplicaResources(threads=2, gpus=())  # two cores' threads
+    assert one_more("cpu", 1, set()) == ReplicaResources(threads=1, gpus=())  # a share of a core: one thread
     assert one_more("gpu", 1, {0}, gpus=[0, 1]) == ReplicaResources(threads=1, gpus=(1,))
     assert one_more("gpu", 1, {0, 1}, gpus=[0, 1]) == ReplicaResources(threads=1, gpus=())
 

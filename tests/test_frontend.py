@@ -257,7 +257,7 @@ def test_health_metrics_graph_plan_and_stats(endpoint: patchkit.Endpoint) -> Non
     graph = json.loads(get(endpoint.url, "/v1/graph")[1])
     assert {n["component"] for n in graph["nodes"]} == {"retriever", "grader", "llm"}
     plan = json.loads(get(endpoint.url, "/v1/plan")[1])
-    retriever = {"replicas": 1, "batch_sizes": {"retrieve": 32, "lookup": 1}, "resource": "cpu", "units": 1}
+    retriever = {"replicas": 1, "batch_sizes": {"retrieve": 32, "lookup": 1}, "resource": "cpu", "units": 4}
     assert plan["components"]["retriever"] == retriever
     assert plan["plan"] is None  # no Plan applied: replicas and batch sizes come from the defaults
     assert plan["inputs"] == {"query": "a string"} and "secret" not in plan

@@ -4,6 +4,7 @@ instances, infeasibility said plainly, and the fall-back from gurobi's size-limi
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import logging
@@ -14,7 +15,10 @@ from collections.abc import Iterator
 import pytest
 
 from patchkit.errors import PlanError
+from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE
 from patchkit.scheduler.offline.milp import Option, Problem, Solution, solve
+from patchkit.scheduler.offline.planner import options_of
+from patchkit.scheduler.offline.profiler import ComponentProfile, MethodProfile
 from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
 HAVE_GUROBI = importlib.util.find_spec("gurobipy") is not None
@@ -107,8 +111,10 @@ def random_problem(rng: random.Random) -> Problem:
     options = []
     for name in names:
         for kind in rng.sample(kinds, rng.randint(1, len(kinds))):
-            top = rng.randint(2, 40)
-            options.append(Option(name, kind, rng.choice((1, 1, 1, 2)), random_curve(rng, top), top))
+            # sometimes two options on one type, differing in units (a share of a core, or more threads)
+            for units in rng.sample((1, 2, 3), rng.choice((1, 1, 2))):
+                top, most = rng.randint(2, 40), rng.choice((None, None, 1))
+                options.append(Option(name, kind, units, random_curve(rng, top), top, most_replicas=most))
     visits = {name: rng.choice((1.0, rng.uniform(0.2, 3.0))) for name in names}
     problem = Problem(tuple(options), visits, capacity)
     if rng.random() < 0.4:  # an SLO between the fastest batches' latency and three times it
@@ -120,14 +126,14 @@ def random_problem(rng: random.Random) -> Problem:
     return problem
 
 
-def assignments(problem: Problem, batches: dict[tuple[str, str], tuple[int, ...]]) -> Iterator[tuple[float, int]]:
+def assignments(problem: Problem, batches: dict[tuple[str, str, int], tuple[int, ...]]) -> Iterator[tuple[float, int]]:
     """(requests/s, units) of every plan that fits: each component on one option, batch and count."""
     per_component = {
         name: [
             (o, b, n)
-            for o in problem.options if o.component == name and (o.component, o.resource) in batches
-            for b in batches[o.component, o.resource]
-            for n in range(1, problem.capacity[o.resource] // o.units + 1)
+            for o in problem.options if o.component == name and o.key in batches
+            for b in batches[o.key]
+            for n in range(1, min(problem.capacity[o.resource] // o.units, o.most_replicas or 99) + 1)
         ]
         for name in problem.visits
     }
@@ -145,7 +151,7 @@ def assignments(problem: Problem, batches: dict[tuple[str, str], tuple[int, ...]
         yield rate, sum(used.values())
 
 
-def exhaustive(problem: Problem, batches: dict[tuple[str, str], tuple[int, ...]]) -> tuple[float, int] | None:
+def exhaustive(problem: Problem, batches: dict[tuple[str, str, int], tuple[int, ...]]) -> tuple[float, int] | None:
     """The best requests/s and the fewest units among plans within 1e-6 of it; None when none fits."""
     found = list(assignments(problem, batches))
     if not found:
@@ -154,7 +160,7 @@ def exhaustive(problem: Problem, batches: dict[tuple[str, str], tuple[int, ...]]
     return best, min(units for rate, units in found if rate >= best * (1 - 1e-6))
 
 
-def documented_candidates(problem: Problem) -> dict[tuple[str, str], tuple[int, ...]]:
+def documented_candidates(problem: Problem) -> dict[tuple[str, str, int], tuple[int, ...]]:
     """The candidate batch sizes as milp's docstring states them, before it prunes dominated ones:
     1, the breakpoints rounded both ways and max_batch; with an SLO, also the largest batch that meets
     it while every other component runs at its fastest, and only sizes that can meet it."""
@@ -173,16 +179,16 @@ def documented_candidates(problem: Problem) -> dict[tuple[str, str], tuple[int, 
             sizes |= {max((b for b in range(1, o.max_batch + 1) if o.latency(b) <= bound), default=1)}
             sizes = {b for b in sizes if o.latency(b) <= bound}
         if sizes:
-            found[o.component, o.resource] = tuple(sorted(sizes))
+            found[o.key] = tuple(sorted(sizes))
     return found
 
 
-def every_batch(problem: Problem) -> dict[tuple[str, str], tuple[int, ...]]:
+def every_batch(problem: Problem) -> dict[tuple[str, str, int], tuple[int, ...]]:
     """Without an SLO a batch size only sets throughput: per option, the integer batch of most calls/s."""
     best = {}
     for o in problem.options:
         if problem.capacity.get(o.resource, 0) >= o.units:
-            best[o.component, o.resource] = (max(range(1, o.max_batch + 1), key=lambda b, o=o: b / o.latency(b)),)
+            best[o.key] = (max(range(1, o.max_batch + 1), key=lambda b, o=o: b / o.latency(b)),)
     return best
 
 
@@ -234,7 +240,7 @@ def cpu_only(*names: str, units: int = 1) -> tuple[Option, ...]:
         ),
         (
             Problem((Option("llm", "gpu", 2, line(10, 0, 8), 8),), {"llm": 1.0}, {"cpu": 4, "gpu": 1}),
-            "llm cannot get one replica: it runs on gpu (2 a replica, 1 declared); declare more with resources={'gpu': 2}",
+            "llm cannot get one replica: it runs on gpu (2 units a replica, 1 there are); declare more with resources={'gpu': 2}",
         ),
         (
             Problem(cpu_only("a", "b"), {"a": 1.0, "b": 2.0}, {"cpu": 4}, slo_ms=10.0),
@@ -302,3 +308,67 @@ def test_a_model_past_gurobis_pip_licence_solves_with_highs(caplog: pytest.LogCa
 
 def test_auto_uses_gurobi_where_it_is_installed_and_highs_otherwise() -> None:
     assert solve(rag(line(0, 2, 64))).solver == ("gurobi" if HAVE_GUROBI else "highs")
+
+
+# -- CPU in threads and shares of a core, from profiles ------------------------------------------
+def profile(name: str, intercept: float, slope: float, top: int, threads: int = 1) -> ComponentProfile:
+    points = tuple((b, intercept + slope * b) for b in (1, top))
+    return ComponentProfile(name, "cpu", {"run": MethodProfile("run", points, top)}, {"run": 1.0}, threads)
+
+
+LIGHT = ("retriever", "grader", "rewriter", "web")  # CRAG's components besides the LLM: quick, and they do not scale
+
+
+def crag(slo_ms: float | None, cores: int) -> Problem:
+    profiles = [profile("llm", 400, 100, 8), profile("llm", 210, 52, 8, threads=2)]
+    profiles += [profile(name, 2, 0.1, 64) for name in LIGHT]
+    options = tuple(o for p in profiles for o in options_of(p))
+    return Problem(options, dict.fromkeys(("llm", *LIGHT), 1.0), {"cpu": cores * SHARES_PER_CORE}, slo_ms)
+
+
+def test_a_profile_gives_whole_core_options_and_a_one_thread_profile_share_options_too() -> None:
+    one, two = options_of(profile("llm", 400, 100, 8)), options_of(profile("llm", 210, 52, 8, threads=2))
+    assert [(o.units, o.threads) for o in one] == [(SHARES_PER_CORE, 1)] + [(s, 1) for s in SHARE_SIZES]
+    assert [(o.units, o.threads) for o in two] == [(2 * SHARES_PER_CORE, 2)]
+    quarter = next(o for o in one if o.units == 1)
+    assert quarter.latency(4) == pytest.approx(SHARES_PER_CORE * one[0].latency(4))  # a quarter of a busy core
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_five_components_share_two_cores_and_the_llm_holds_a_whole_one(solver: str) -> None:
+    solution = solve(crag(None, cores=2), solver=solver)
+    llm = solution.choices["llm"]
+    assert (llm.units, llm.threads, llm.replicas) == (SHARES_PER_CORE, 1, 1)  # two half-core replicas tie: fewer win
+    assert {(solution.choices[n].units, solution.choices[n].replicas) for n in LIGHT} == {(1, 1)}
+    assert solution.used == {"cpu": 2 * SHARES_PER_CORE} and solution.bottleneck == "llm"
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_an_llm_too_slow_for_the_slo_on_one_thread_gets_two(solver: str) -> None:
+    # 2 x T(1) on one thread is 1000 ms, past the SLO; on two threads 524 ms, with the light ones on shares
+    solution = solve(crag(800.0, cores=3), solver=solver)
+    llm = solution.choices["llm"]
+    assert (llm.units, llm.threads, llm.replicas) == (2 * SHARES_PER_CORE, 2, 1)
+    assert {(solution.choices[n].units, solution.choices[n].threads) for n in LIGHT} == {(1, 1)}
+    assert solution.latency_ms <= 800.0 and solution.used == {"cpu": 3 * SHARES_PER_CORE}
+    with pytest.raises(PlanError):
+        solve(crag(800.0, cores=2), solver=solver)  # two threads for the LLM leave no share for the others
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_of_plans_as_fast_on_as_many_units_the_one_of_fewest_replicas_wins(solver: str) -> None:
+    # one whole core or two halves: the same calls/s; a replica loads its own copy, so one is better
+    a = Option("a", "cpu", 2, line(0, 2, 8), 8)
+    problem = Problem((a, dataclasses.replace(a, units=4, latency=line(0, 1, 8))), {"a": 1.0}, {"cpu": 4})
+    choice = solve(problem, solver=solver).choices["a"]
+    assert (choice.units, choice.replicas) == (4, 1)
+
+
+def test_a_component_that_needs_more_than_a_core_takes_whole_cores() -> None:
+    # shares would divide 5 cores more finely (13 : 7 quarters), but replicas of one component would contend for them
+    retriever, augmenter = profile("retriever", 0, 2, 64), profile("augmenter", 0, 1, 64)
+    options = tuple(options_of(retriever) + options_of(augmenter))
+    solution = solve(Problem(options, {"retriever": 1.0, "augmenter": 1.0}, {"cpu": 5 * SHARES_PER_CORE}), solver="highs")
+    assert {n: (c.units, c.replicas) for n, c in solution.choices.items()} == {
+        "retriever": (SHARES_PER_CORE, 3), "augmenter": (SHARES_PER_CORE, 2)
+    }

@@ -7,9 +7,11 @@ for 5 CPUs and 2 GPUs (virtual here), and must come out as the paper says.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -17,11 +19,13 @@ import pytest
 import patchkit
 from patchkit.components.testing import Simulated
 from patchkit.orchestrator.local import LocalBackend
+from patchkit.orchestrator.resources import SHARES_PER_CORE, available_cpus
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 
 pytestmark = pytest.mark.slow
 
 POOL = {"cpu": 5, "gpu": 2}
+CORES = len(available_cpus())
 
 
 @pytest.fixture(autouse=True)
@@ -57,9 +61,10 @@ def test_a_retriever_that_batches_for_free_moves_the_bottleneck_to_the_augmenter
     made = patchkit.plan(rag(Simulated(2.0)), resources=POOL, progress=False)  # ChromaDB-like: 2 ms per batch
     placed = {name: (c.resource, c.replicas) for name, c in made.components.items()}
     assert placed == {"retriever": ("cpu", 1), "augmenter": ("cpu", 4), "generator": ("gpu", 1)}
-    assert made.bottleneck == "augmenter"
-    # T is flat, so calls/s grow with the batch; measured noise may make a batch near 64 the best
-    assert made.components["retriever"].batch_size > 32
+    assert made.bottleneck == "augmenter" and made.components["augmenter"].units == SHARES_PER_CORE
+    # T is flat, so calls/s grow with the batch: a share of a core keeps up with the augmenter's 4 cores at large batches
+    retriever = made.components["retriever"]
+    assert retriever.shared and retriever.batch_size > 16
 
 
 def test_visits_count_branches_and_loops_on_the_calibration_inputs() -> None:
@@ -81,7 +86,8 @@ def test_visits_count_branches_and_loops_on_the_calibration_inputs() -> None:
 def test_profiles_are_cached_on_disk(profile_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pipeline = rag(Simulated(lambda b: 2.0 * b))
     first = patchkit.plan(pipeline, resources=POOL, progress=False)
-    assert len(list(profile_cache.glob("*.json"))) == 3
+    # one per component and resource type, and the CPU ones again at 2 threads where there are 2 cores
+    assert len(list(profile_cache.glob("*.json"))) == 3 + (2 if CORES > 1 else 0)
 
     async def no_workers(*args: object) -> None:
         raise AssertionError("profiled again instead of reading the cache")
@@ -100,11 +106,12 @@ def test_a_pipeline_that_never_ran_needs_calibration_inputs() -> None:
 
 
 def test_more_components_than_resources_is_a_clear_error() -> None:
-    a, b, c = Simulated(1.0), Simulated(1.0), Simulated(1.0)
+    a, b, c, d, e = (Simulated(1.0) for _ in range(5))
     with patchkit.capture() as pipeline:
-        z = c.run(b.run(a.run(1)))
-    with pytest.raises(patchkit.PlanError, match="cpu"):
-        patchkit.plan(pipeline, resources={"cpu": 2, "gpu": 0}, progress=False)
+        z = e.run(d.run(c.run(b.run(a.run(1)))))
+    # a core holds 4 shares: 5 components need 5, which 2 cores hold
+    with pytest.raises(patchkit.PlanError, match=r"5 components need a cpu replica each .* resources=\{'cpu': 2\}"):
+        patchkit.plan(pipeline, resources={"cpu": 1, "gpu": 0}, progress=False)
     assert z == 1
 
 
@@ -122,18 +129,88 @@ def test_deploy_applies_the_plan_and_serves_it() -> None:
     assert served["components"]["generator"]["batch_sizes"] == {"run": served["plan"]["components"]["generator"]["batch_size"]}
 
 
+def placement(endpoint: patchkit.Endpoint) -> dict[str, list[tuple[list[int], str]]]:
+    """Per component, each worker process's real (cores it may run on, OMP_NUM_THREADS), read from the OS."""
+    found = {}
+    for name, component in endpoint.stats()["components"].items():
+        found[name] = []
+        for replica in component["replicas"]:
+            environ = Path(f"/proc/{replica['pid']}/environ").read_bytes().split(b"\0")
+            threads = next(v for k, _, v in (e.decode().partition("=") for e in environ) if k == "OMP_NUM_THREADS")
+            found[name].append((sorted(os.sched_getaffinity(replica["pid"])), threads))
+    return found
+
+
+@pytest.mark.skipif(CORES < 2 or not hasattr(os, "sched_getaffinity"), reason="needs 2 cores and Linux affinity")
+def test_five_components_plan_and_start_on_two_cores_without_oversubscription() -> None:
+    """CRAG's shape: an LLM and four light components on 2 cores. Each planned replica runs pinned,
+    with its threads: whole-core replicas alone on their cores, share replicas <= 4 shares a core."""
+    cores = available_cpus()[:2]
+    llm = Simulated(lambda b: 20.0 * b, work="spin")
+    retriever, grader, rewriter, web = (Simulated(lambda b: 0.2 * b) for _ in range(4))
+    query = "q"
+    with patchkit.capture() as pipeline:
+        docs = retriever.run(query)
+        if grader.run(docs):
+            docs = web.run(rewriter.run(docs))
+        answer = llm.run(docs)
+    with patchkit.deploy(pipeline, plan="auto", resources={"cpu": 2, "gpu": 0}) as endpoint:
+        assert endpoint.query(query="hello") == "hello" and answer == "q"
+        planned = endpoint.plan()["plan"]["components"]
+        placed = placement(endpoint)
+    assert planned["llm"]["units"] == SHARES_PER_CORE and planned["llm"]["threads"] == 1  # the LLM holds a core
+    whole, shares = Counter(), Counter()
+    for name, replicas in placed.items():
+        units, threads = planned[name]["units"], planned[name]["threads"]
+        for affinity, omp in replicas:
+            assert omp == str(threads) and set(affinity) <= set(cores)
+            if units >= SHARES_PER_CORE:
+                assert len(affinity) == threads
+                whole.update(affinity)
+            else:
+                assert len(affinity) == 1
+                shares[affinity[0]] += units
+    assert all(n == 1 for n in whole.values()) and not set(whole) & set(shares)
+    assert all(n <= SHARES_PER_CORE for n in shares.values())
+
+
+@pytest.mark.skipif(CORES < 2 or not hasattr(os, "sched_getaffinity"), reason="needs 2 cores and Linux affinity")
+def test_a_replica_of_two_threads_runs_on_two_cores_with_omp_num_threads_2() -> None:
+    pipeline = rag(Simulated(1.0))
+    hand = Plan(
+        {
+            "retriever": ComponentPlan("cpu", 1, 8, threads=2),
+            "augmenter": ComponentPlan("gpu", 1, 4),  # virtual GPUs, so that the retriever may take 2 cores
+            "generator": ComponentPlan("gpu", 1, 16),
+        },
+        throughput=0.0,
+        bottleneck="augmenter",
+    )
+    with patchkit.deploy(pipeline, plan=hand) as endpoint:
+        assert endpoint.query(query="x") == "x"
+        placed = placement(endpoint)
+    assert placed["retriever"] == [(available_cpus()[:2], "2")]
+
+
 def test_a_hand_made_plan_deploys_inprocess_and_round_trips_through_json() -> None:
     pipeline = rag(Simulated(1.0))
     hand = Plan(
         {
             "retriever": ComponentPlan("cpu", 2, 8),
-            "augmenter": ComponentPlan("cpu", 1, 4),
+            "augmenter": ComponentPlan("cpu", 1, 4, units=2),  # half a core
             "generator": ComponentPlan("gpu", 1, 16),
         },
         throughput=0.0,
         bottleneck="augmenter",
     )
     assert Plan.from_dict(json.loads(json.dumps(hand.to_dict()))) == hand
+    assert "1 on 2/4 core" in hand.table() and hand.used() == {"cpu": 2.5, "gpu": 1}
+    saved = hand.to_dict()  # as an older patchkit wrote it: no threads, a CPU replica's units its cores
+    for c in saved["components"].values():
+        del c["threads"]
+        c["units"] = 1
+    old = Plan.from_dict(saved)
+    assert old.components["retriever"] == ComponentPlan("cpu", 2, 8, threads=1) and old.components["generator"].units == 1
     with patchkit.deploy(pipeline, plan=hand, backend="inprocess") as endpoint:
         assert endpoint.query(query="x") == "x"
         assert {n: len(c["replicas"]) for n, c in endpoint.stats()["components"].items()}["retriever"] == 2

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import random
+from collections import Counter
+
 import pytest
 
 import patchkit
-from patchkit.orchestrator.resources import ReplicaResources, assign, available_gpus
+from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, ReplicaResources, assign, available_gpus, cpu_threads
 from patchkit.scheduler.offline.pool import ResourcePool
 
 
@@ -29,7 +32,7 @@ def test_a_bad_pool_names_the_fix(resources: object, message: str) -> None:
 
 
 def test_cpu_replicas_get_disjoint_cores_while_there_are_enough() -> None:
-    placed = assign([("cpu", 2), ("cpu", 1), ("gpu", 1)], cpus=[0, 1, 2, 3], gpus=[5])
+    placed = assign([("cpu", 2 * SHARES_PER_CORE), ("cpu", SHARES_PER_CORE), ("gpu", 1)], cpus=[0, 1, 2, 3], gpus=[5])
     assert placed == [
         ReplicaResources(cpus=(0, 1), threads=2, gpus=()),
         ReplicaResources(cpus=(2,), threads=1, gpus=()),
@@ -37,8 +40,48 @@ def test_cpu_replicas_get_disjoint_cores_while_there_are_enough() -> None:
     ]
 
 
+def test_share_replicas_pack_onto_the_cores_whole_core_replicas_leave() -> None:
+    # CRAG on 2 cores: the LLM holds a core; retriever, grader, rewriter and web share the other.
+    replicas = [("cpu", 1), ("cpu", SHARES_PER_CORE), ("cpu", 1), ("cpu", 1), ("cpu", 1)]
+    placed = assign(replicas, cpus=[0, 1], gpus=[])
+    assert placed[1] == ReplicaResources(cpus=(0,), threads=1, gpus=())
+    assert [r.cpus for r in placed[:1] + placed[2:]] == [(1,)] * 4 and {r.threads for r in placed} == {1}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_no_core_runs_more_threads_than_it_has(seed: int) -> None:
+    """Any mix of replicas whose units fit the cores is placed without oversubscription: whole-core
+    replicas alone on cores, one thread each; share replicas one thread each, <= SHARES_PER_CORE shares a core."""
+    rng = random.Random(seed)
+    cores = list(range(rng.randint(1, 6)))
+    free, units = len(cores) * SHARES_PER_CORE, []
+    while True:
+        u = rng.choice([*SHARE_SIZES, SHARES_PER_CORE, 2 * SHARES_PER_CORE])
+        if u > free:
+            break
+        units.append(u)
+        free -= u
+    placed = assign([("cpu", u) for u in units], cpus=cores, gpus=[])
+    whole, shares = Counter(), Counter()
+    for u, r in zip(units, placed):
+        assert r.threads == cpu_threads(u) == (u // SHARES_PER_CORE or 1)
+        if u >= SHARES_PER_CORE:
+            assert len(r.cpus) == r.threads  # a thread a core
+            whole.update(r.cpus)
+        else:
+            assert len(r.cpus) == 1
+            shares[r.cpus[0]] += u
+    assert all(n == 1 for n in whole.values()) and not set(whole) & set(shares)
+    assert all(n <= SHARES_PER_CORE for n in shares.values())
+
+
 def test_past_the_machine_cpu_replicas_float_and_gpu_replicas_see_no_gpu() -> None:
-    placed = assign([("cpu", 1)] * 3 + [("gpu", 1)] * 2, cpus=[0, 1], gpus=[])
+    placed = assign([("cpu", SHARES_PER_CORE)] * 3 + [("gpu", 1)] * 2, cpus=[0, 1], gpus=[])
     assert placed[:3] == [ReplicaResources(threads=1, gpus=())] * 3
     assert placed[3:] == [ReplicaResources(threads=1, gpus=())] * 2
+    assert assign([("cpu", 1)] * 5, cpus=[0], gpus=[]) == [ReplicaResources(threads=1, gpus=())] * 5  # 5 shares on 4
     assert [r.gpus for r in assign([("gpu", 1)] * 3, cpus=[0], gpus=[0, 1])] == [(0,), (1,), (0,)]
+
+
+def test_the_milp_counts_cpu_in_shares_of_a_core() -> None:
+    assert ResourcePool.resolve({"cpu": 2, "gpu": 1}).units() == {"cpu": 2 * SHARES_PER_CORE, "gpu": 1}

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Protocol
 from patchkit.component import Call, Component
 from patchkit.orchestrator.execute import Outcome
 from patchkit.orchestrator.handles import Handles
-from patchkit.orchestrator.resources import ReplicaResources
+from patchkit.orchestrator.resources import SHARES_PER_CORE, ReplicaResources
 
 __all__ = ["DEAD", "SERVING", "STUCK", "UNHEALTHY", "Backend", "Channel", "Replica", "ReplicaSpec"]
 
@@ -21,14 +21,15 @@ class ReplicaSpec:
     """One replica to start: which component (by its pipeline name), with which resources.
 
     `device` and `units`: the resource type ("cpu" or "gpu") and the units of it a plan gave each
-    replica, which a cluster backend asks its scheduler for; `device` None: no plan placed it.
+    replica (shares of a core, SHARES_PER_CORE a core, or GPUs), which a cluster backend asks its
+    scheduler for; `device` None: no plan placed it.
     """
 
     component: str
     instance: Component  # travels as its spec; the inprocess backend runs this very object
     resources: ReplicaResources = field(default_factory=ReplicaResources)
     device: str | None = None
-    units: int = 1
+    units: int = SHARES_PER_CORE
     handles: Handles | None = None  # how its component reaches the components it holds that are deployed on their own
 
 

@@ -32,7 +32,7 @@ from patchkit.errors import ConfigError, PatchkitError, WorkerDiedError, error_f
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.ray_actor import KEEPALIVE_CHANNEL_OPTIONS, ReplicaActor
 from patchkit.orchestrator.ray_options import RayOptions
-from patchkit.orchestrator.resources import available_cpus, available_gpus
+from patchkit.orchestrator.resources import SHARES_PER_CORE, available_cpus, available_gpus
 from patchkit.orchestrator.rpc import GrpcChannel
 from patchkit.orchestrator.worker import WorkerBootstrap
 
@@ -149,15 +149,16 @@ class RayBackend(Backend):
     def actor_options(self, spec: ReplicaSpec) -> dict[str, Any]:
         """What a replica's actor asks Ray for: the plan's units of its device, then the user's `ray_actor_options`.
 
-        A CPU replica takes `units` CPUs. A GPU replica takes `units` GPUs and no CPU of the plan's;
-        where the plan gives more GPU units than the cluster has, replicas share each GPU in equal
-        fractions (so that they pack: 1/2 each for 3 on 2 GPUs). A cluster with no GPU runs GPU
+        A CPU replica takes its `units` shares of a core as CPUs (SHARES_PER_CORE shares a CPU). A GPU
+        replica takes `units` GPUs and no CPU of the plan's; where the plan gives more GPU units than
+        the cluster has, replicas share each GPU in equal fractions (so that they pack: 1/2 each for
+        3 on 2 GPUs). A cluster with no GPU runs GPU
         replicas on a virtual one, as the local backend does.
         """
         device = spec.device or next((d for d in spec.instance.devices if self._capacity.get(d)), "cpu")
         options: dict[str, Any]
         if device != "gpu":
-            options = {"num_cpus": spec.units, "num_gpus": 0}
+            options = {"num_cpus": spec.units / SHARES_PER_CORE, "num_gpus": 0}
         else:
             options = {"num_cpus": 0, "num_gpus": self._gpus_per_replica(spec.units)}
         env = {k: v for k, v in spec.resources.environment().items() if k != "CUDA_VISIBLE_DEVICES"}

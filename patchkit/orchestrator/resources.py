@@ -1,4 +1,11 @@
-"""What one replica may use: the cores it is pinned to, its math-library threads, its GPUs."""
+"""What one replica may use: the cores it is pinned to, its math-library threads, its GPUs.
+
+CPU is counted in shares of a core, `SHARES_PER_CORE` a core. A replica of `units` shares either
+holds whole cores (units a multiple of SHARES_PER_CORE: units / SHARES_PER_CORE cores, one thread
+each) or, with fewer, runs one thread on a core it shares with other such replicas. Share sizes
+divide SHARES_PER_CORE (`SHARE_SIZES`), so share replicas whose shares sum to at most the shares of
+the cores left always pack onto them: no core runs more threads than it has.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,20 @@ import subprocess
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-__all__ = ["ReplicaResources", "assign", "available_cpus", "available_gpus", "one_more", "spread"]
+__all__ = [
+    "SHARES_PER_CORE",
+    "SHARE_SIZES",
+    "ReplicaResources",
+    "assign",
+    "available_cpus",
+    "available_gpus",
+    "cpu_threads",
+    "one_more",
+    "spread",
+]
+
+SHARES_PER_CORE = 4  # CPU units per core: a light replica takes one, a replica of k threads k * 4
+SHARE_SIZES = (1, 2)  # shares a replica on a shared core may take: divisors of SHARES_PER_CORE, so they pack
 
 # Math and tokenizer libraries read these once, at import: they are set before a component loads.
 THREAD_VARIABLES = (
@@ -76,41 +96,70 @@ def available_gpus() -> list[int]:
     return [i for i, line in enumerate(line for line in listed.splitlines() if line.startswith("GPU "))]
 
 
+def cpu_threads(units: int) -> int:
+    """The threads of a CPU replica of `units` shares: one per whole core it holds, one on a shared core."""
+    return max(1, -(-units // SHARES_PER_CORE))
+
+
 def assign(
     replicas: Sequence[tuple[str, int]], cpus: list[int] | None = None, gpus: list[int] | None = None
 ) -> list[ReplicaResources]:
     """Resources for replicas that each take `units` of a resource type ("cpu" or "gpu"), as a plan says.
 
-    CPU replicas get disjoint cores, `units` each, while the machine has enough; past that (a
-    declared pool larger than the machine) they float with `units` threads. GPU replicas get one
-    real GPU each, in turn; where the machine has none (a declared, virtual GPU) they see no GPU.
+    Called by the front-end for a planned deployment. CPU units are shares (`SHARES_PER_CORE` a core):
+    replicas of whole cores get disjoint cores, as many as their threads; share replicas are packed
+    onto the cores left, each pinned to one with one thread, at most SHARES_PER_CORE shares a core.
+    When they do not all fit the machine (a declared pool larger than it), CPU replicas float with
+    their threads. GPU replicas get one real GPU each, in turn; where the machine has none (a
+    declared, virtual GPU) they see no GPU.
     """
     cores = cpus if cpus is not None else available_cpus()
     devices = gpus if gpus is not None else available_gpus()
-    pinned = sum(units for kind, units in replicas if kind == "cpu") <= len(cores)
-    next_core, next_gpu, out = 0, 0, []
+    placed = iter(_place_cpu([units for kind, units in replicas if kind != "gpu"], cores) or [])
+    next_gpu, out = 0, []
     for kind, units in replicas:
         if kind == "gpu":
             visible = (devices[next_gpu % len(devices)],) if devices else ()
             next_gpu += 1
             out.append(ReplicaResources(threads=1, gpus=visible))
-        elif pinned:
-            out.append(ReplicaResources(cpus=tuple(cores[next_core : next_core + units]), threads=units, gpus=()))
-            next_core += units
         else:
-            out.append(ReplicaResources(threads=units, gpus=()))
+            out.append(ReplicaResources(cpus=next(placed, ()), threads=cpu_threads(units), gpus=()))
     return out
+
+
+def _place_cpu(units: Sequence[int], cores: Sequence[int]) -> list[tuple[int, ...]] | None:
+    """The cores of each CPU replica, in order; None when they do not fit on `cores`.
+
+    Whole-core replicas first, each on cores of its own; then share replicas, largest first, each on
+    the first core with shares enough left (first fit decreasing: exact for sizes that divide a core).
+    """
+    placed: list[tuple[int, ...]] = [()] * len(units)
+    free = list(cores)
+    for i, u in enumerate(units):
+        if u >= SHARES_PER_CORE:
+            need = cpu_threads(u)
+            if need > len(free):
+                return None
+            placed[i], free = tuple(free[:need]), free[need:]
+    left = dict.fromkeys(free, SHARES_PER_CORE)
+    for i in sorted((i for i, u in enumerate(units) if u < SHARES_PER_CORE), key=lambda i: -units[i]):
+        core = next((c for c, shares in left.items() if shares >= units[i]), None)
+        if core is None:
+            return None
+        left[core] -= units[i]
+        placed[i] = (core,)
+    return placed
 
 
 def one_more(kind: str, units: int, held_gpus: Collection[int], gpus: list[int] | None = None) -> ReplicaResources:
     """Resources for a replica added to a running deployment that a plan placed (the autoscaler's).
 
-    The cores `assign` pinned stay with their replicas, so a CPU replica floats, with `units`
-    threads. A GPU replica gets a GPU that no replica holds (`held_gpus`); where every one is held,
-    or the machine has none, it sees no GPU (a virtual one, as `assign` places them).
+    The cores `assign` pinned stay with their replicas, so a CPU replica floats, with the threads
+    its `units` shares give it. A GPU replica gets a GPU that no replica holds (`held_gpus`); where
+    every one is held, or the machine has none, it sees no GPU (a virtual one, as `assign` places them).
     """
     if kind != "gpu":
-        return ReplicaResources(threads=units, gpus=())
+        return ReplicaResources(threads=cpu_threads(units), gpus=())
     free = [d for d in (gpus if gpus is not None else available_gpus()) if d not in held_gpus]
     return ReplicaResources(threads=1, gpus=tuple(free[:1]))
 

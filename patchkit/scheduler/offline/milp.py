@@ -1,20 +1,25 @@
-"""The planner's MILP: per component, a resource type, a batch size and a replica count.
+"""The planner's MILP: per component, a resource type, its units (threads or a share of a core), a batch size
+and a replica count.
 
 Patchwork (section 3.3) maximises the pipeline's throughput as a concurrent flow: every component
 must process its share of requests, and the slowest one sets the rate. Here it reads:
 
     maximise    L                                           requests/s of the pipeline
-    subject to  sum_{k,b} z[i,k,b] = 1                         for each component i
-                z[i,k,b] <= n[i,k,b] <= (R_k // r[i,k]) * z[i,k,b]
-                sum_{k,b} n[i,k,b] * 1000 b / T_ik(b) >= visits_i * L   for each component i
-                sum_{i,b} n[i,k,b] * r[i,k] <= R_k                         for each resource type k
-                sum_{i,k,b} visits_i * 2 T_ik(b) * z[i,k,b] <= slo_ms      with an SLO
+    subject to  sum_{o,b} z[i,o,b] = 1                           for each component i
+                z[i,o,b] <= n[i,o,b] <= min(R_k(o) // r[o], m[o]) * z[i,o,b]
+                sum_{o,b} n[i,o,b] * 1000 b / T_o(b) >= visits_i * L      for each component i
+                sum_{i,o on k,b} n[i,o,b] * r[o] <= R_k                      for each resource type k
+                sum_{i,o,b} visits_i * 2 T_o(b) * z[i,o,b] <= slo_ms         with an SLO
                 z binary, n integer, L >= 0
 
-i ranges over components, k over the resource types a component was profiled on (its `Option`s),
-b over candidate batch sizes; z picks one (k, b) per component, n counts its replicas, r[i,k] is
-the units one replica takes and R_k the units there are. T_ik(b) is the fitted milliseconds per
-batch, so one replica serves 1000 b / T_ik(b) calls/s when its queue keeps it busy.
+i ranges over components, o over a component's `Option`s, b over candidate batch sizes; z picks one
+(o, b) per component, n counts its replicas. An option is a resource type k(o) and the units r[o]
+one replica takes of it, with the latency T_o profiled there: a component may have several options
+on one type, differing in units (a CPU replica of 1, 2 or 4 threads, or a share of a core; the
+planner's docstring says how CPU units are counted), and m[o] may cap its replicas (a share of a
+core is for a component that needs less than a core: one replica). R_k is the units there are. T_o(b) is the
+fitted milliseconds per batch, so one replica serves 1000 b / T_o(b) calls/s when its queue keeps
+it busy.
 
 Candidate batch sizes. Along one linear segment of T, with T(b) = a + s b, the throughput
 b / (a + s b) is monotone in b (rising when a > 0), so without an SLO the best batch of a segment is
@@ -33,7 +38,9 @@ Before branching, the LP relaxation bounds L, and each pair's replicas by what r
 branch and bound otherwise starts far from the optimum, solves several times faster.
 
 Among plans within a relative 1e-6 of the best L, the one using the fewest resource units in total
-wins: a second solve fixes L and minimises units.
+wins, and of those the one with the fewest replicas (each loads its own copy of the component): a
+second solve fixes L and minimises units * (U + 1) + replicas, U the units there are, which no
+count of replicas (each takes a unit or more) can outweigh.
 
 Solvers (`solvers.py`): gurobipy when importable and its licence takes the model (the pip licence stops
 at 2,000 variables and 2,000 constraints), else HiGHS through highspy; `pip install 'patchkit[sched]'`.
@@ -63,16 +70,25 @@ UNITS_SLACK = 1e-6  # relative throughput given up, at most, to use fewer resour
 
 @dataclass(frozen=True)
 class Option:
-    """One way to run a component: on one resource type, with its latency curve there."""
+    """One way to run a component: on one resource type, with `units` of it a replica, and its latency curve so."""
 
     component: str
     resource: str  # "cpu" | "gpu" (any key of Problem.capacity)
-    units: int  # resource units one replica takes (r[i,k])
-    latency: PiecewiseLinear  # ms per batch as a function of batch size, on that resource
-    max_batch: int  # memory-bounded largest batch (m[i,k])
+    units: int  # resource units one replica takes (r[o])
+    latency: PiecewiseLinear  # ms per batch as a function of batch size, on that resource with those units
+    max_batch: int  # memory-bounded largest batch
+    threads: int = 1  # threads one replica runs with (what the profile was measured at)
+    most_replicas: int | None = None  # at most this many replicas (m[o]); None: as many as the units allow
+
+    @property
+    def key(self) -> tuple[str, str, int]:
+        """(component, resource, units): what tells a component's options apart."""
+        return self.component, self.resource, self.units
 
     def __post_init__(self) -> None:
-        for name in ("units", "max_batch"):
+        if self.most_replicas is not None and self.most_replicas < 1:
+            raise ValueError(f"{self.component} on {self.resource}: most_replicas must be >= 1; got {self.most_replicas!r}")
+        for name in ("units", "max_batch", "threads"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{self.component} on {self.resource}: {name} must be an int >= 1; got {value!r}")
@@ -86,6 +102,12 @@ class Problem:
     visits: Mapping[str, float]  # calls per request of each component (branches, loops), > 0
     capacity: Mapping[str, int]  # units available per resource type, e.g. {"cpu": 5, "gpu": 2}
     slo_ms: float | None = None
+    # units per unit a user declares, where they differ (the planner's {"cpu": SHARES_PER_CORE}): errors say what to declare
+    per_declared: Mapping[str, int] = field(default_factory=dict)
+
+    def declared(self, kind: str, units: int) -> int:
+        """The declared units (cores, GPUs) that hold `units` of `kind`."""
+        return -(-units // self.per_declared.get(kind, 1))
 
     def __post_init__(self) -> None:
         for name, visits in self.visits.items():
@@ -100,9 +122,12 @@ class Problem:
         for option in self.options:
             if option.component not in self.visits:
                 raise ValueError(f"an option runs {option.component}, which has no visits entry")
-            if (option.component, option.resource) in seen:
-                raise ValueError(f"{option.component} has two options on {option.resource}; give one per resource type")
-            seen.add((option.component, option.resource))
+            if option.key in seen:
+                raise ValueError(
+                    f"{option.component} has two options on {option.resource} of {option.units} units a replica; "
+                    "options on one resource type must differ in units"
+                )
+            seen.add(option.key)
 
 
 @dataclass(frozen=True)
@@ -116,6 +141,7 @@ class Choice:
     throughput: float  # calls/s of all its replicas
     units: int = 1  # units of `resource` one replica takes
     batch_ms: float = 0.0  # T(batch_size): milliseconds one batch takes
+    threads: int = 1  # threads one replica runs with
 
 
 @dataclass(frozen=True)
@@ -155,8 +181,8 @@ def solve(problem: Problem, *, solver: str = "auto") -> Solution:
     return solution
 
 
-def candidate_batches(problem: Problem) -> dict[tuple[str, str], tuple[int, ...]]:
-    """Candidate batch sizes of every usable (component, resource) option, ascending.
+def candidate_batches(problem: Problem) -> dict[tuple[str, str, int], tuple[int, ...]]:
+    """Candidate batch sizes of every usable option, by `Option.key`, ascending.
 
     An option is usable when its resource has units enough for one replica; with an SLO only batch
     sizes that can meet it remain, and an option left with none is dropped.
@@ -181,7 +207,7 @@ def candidate_batches(problem: Problem) -> dict[tuple[str, str], tuple[int, ...]
             sizes = {b for b in sizes if latency(b) <= bound * (1 + 1e-12)}
         kept = _undominated(latency, sizes)
         if kept:
-            found[option.component, option.resource] = kept if problem.slo_ms is not None else kept[-1:]
+            found[option.key] = kept if problem.slo_ms is not None else kept[-1:]
     return found
 
 
@@ -229,14 +255,15 @@ def _check_feasible(problem: Problem) -> None:
         if not options:
             raise PlanError(f"{name} has no option: it was profiled on no resource type, so no replica of it can be placed")
         if not any(problem.capacity.get(o.resource, 0) >= o.units for o in options):
-            reasons = [f"{o.resource} ({o.units} a replica, {problem.capacity.get(o.resource, 0)} declared)" for o in options]
-            more = ", ".join(f"{o.resource!r}: {o.units}" for o in options)
+            fewest = _least_units(options)
+            reasons = [f"{kind} ({n} units a replica, {problem.capacity.get(kind, 0)} there are)" for kind, n in fewest.items()]
+            more = ", ".join(f"{kind!r}: {problem.declared(kind, units)}" for kind, units in fewest.items())
             raise PlanError(
                 f"{name} cannot get one replica: it runs on {' or '.join(reasons)}; declare more with resources={{{more}}}"
             )
     only: dict[str, dict[str, int]] = {}  # resource type -> components that can run nowhere else -> units
     for name in problem.visits:
-        kinds = {o.resource: o.units for o in _usable(problem) if o.component == name}
+        kinds = _least_units([o for o in _usable(problem) if o.component == name])
         if len(kinds) == 1:
             [(kind, units)] = kinds.items()
             only.setdefault(kind, {})[name] = units
@@ -248,7 +275,8 @@ def _check_feasible(problem: Problem) -> None:
             else:
                 listed = ", ".join(f"{name}: {units}" for name, units in needs.items())
                 what = f"{len(needs)} components need {total} {kind} units for a replica each ({listed})"
-            raise PlanError(f"{what} but {kind} has {capacity} units; declare more with resources={{{kind!r}: {total}}}")
+            enough = problem.declared(kind, total)
+            raise PlanError(f"{what} but {kind} has {capacity} units; declare more with resources={{{kind!r}: {enough}}}")
     if problem.slo_ms is not None:
         fastest = {name: _fastest(problem, name) for name in problem.visits}
         least = sum(problem.visits[name] * 2 * ms for name, (ms, _, _) in fastest.items())
@@ -263,13 +291,21 @@ def _check_feasible(problem: Problem) -> None:
             )
 
 
+def _least_units(options: Sequence[Option]) -> dict[str, int]:
+    """The fewest units one replica takes, per resource type, over `options`."""
+    least: dict[str, int] = {}
+    for o in options:
+        least[o.resource] = min(least.get(o.resource, o.units), o.units)
+    return least
+
+
 # -- the model, solver-neutral ---------------------------------------------------------------------
 @dataclass
 class _Model(LinearModel):
     """Columns [L, z0, n0, z1, n1, ...], one (z, n) pair per (option, batch size) in `pairs`."""
 
     pairs: list[tuple[Option, int]]
-    units: list[float]  # objective of the second solve: resource units taken
+    units: list[float]  # objective of the second solve: resource units taken (weighted), then replicas
     visits: Mapping[str, float]
     most_rows: list[int]  # per pair, the row n - most * z <= 0
 
@@ -279,8 +315,9 @@ class _Model(LinearModel):
         self.rows[self.most_rows[pair]][1][1] = -float(most)
 
     @classmethod
-    def build(cls, problem: Problem, candidates: Mapping[tuple[str, str], tuple[int, ...]]) -> _Model:
-        pairs = [(o, b) for o in _usable(problem) for b in candidates.get((o.component, o.resource), ())]
+    def build(cls, problem: Problem, candidates: Mapping[tuple[str, str, int], tuple[int, ...]]) -> _Model:
+        pairs = [(o, b) for o in _usable(problem) for b in candidates.get(o.key, ())]
+        weight = 1.0 + sum(problem.capacity.values())  # a unit outweighs any count of replicas
         lower, upper, integer, units = [0.0], [math.inf], [False], [0.0]
         rows: list[tuple[list[int], list[float], float, float]] = []
         most_rows = []
@@ -291,11 +328,11 @@ class _Model(LinearModel):
         best = dict.fromkeys(problem.visits, 0.0)  # an upper bound on each component's calls/s
         for p, (option, b) in enumerate(pairs):
             z, n = 1 + 2 * p, 2 + 2 * p
-            most = problem.capacity[option.resource] // option.units
+            most = min(problem.capacity[option.resource] // option.units, option.most_replicas or math.inf)
             lower += [0.0, 0.0]
             upper += [1.0, float(most)]
             integer += [True, True]
-            units += [0.0, float(option.units)]
+            units += [0.0, weight * option.units + 1.0]
             rows.append(([n, z], [1.0, -1.0], 0.0, math.inf))
             most_rows.append(len(rows))
             rows.append(([n, z], [1.0, -float(most)], -math.inf, 0.0))
@@ -379,9 +416,9 @@ def _infeasible_message(problem: Problem) -> str:
     # several types competing for too few units of all of them, or an SLO met only on a full type.
     needs = []
     for name in problem.visits:
-        ways = [f"{o.units} {o.resource}" for o in _usable(problem) if o.component == name]
+        ways = [f"{units} {kind}" for kind, units in _least_units([o for o in _usable(problem) if o.component == name]).items()]
         needs.append(f"{name}: {' or '.join(ways)}")
-    declared = ", ".join(f"{kind!r}: {units}" for kind, units in problem.capacity.items())
+    declared = ", ".join(f"{kind!r}: {problem.declared(kind, units)}" for kind, units in problem.capacity.items())
     slo = f" within slo_ms={problem.slo_ms:g}" if problem.slo_ms is not None else ""
     return (
         f"no placement gives each of the {len(problem.visits)} components a replica{slo}: one replica takes "
@@ -411,7 +448,8 @@ def _read(problem: Problem, model: _Model, values: Sequence[float]) -> dict[str,
     for name in problem.visits:
         option, b, replicas = chosen[name]
         batch_ms = option.latency(b)
-        choices[name] = Choice(name, option.resource, replicas, b, replicas * 1000 * b / batch_ms, option.units, batch_ms)
+        calls = replicas * 1000 * b / batch_ms
+        choices[name] = Choice(name, option.resource, replicas, b, calls, option.units, batch_ms, option.threads)
     return choices
 
 

@@ -1,4 +1,5 @@
-"""`Plan`: per component its resource type, replicas and batch size, with the throughput predicted.
+"""`Plan`: per component its resource type, replicas, threads (or share of a core) and batch size, with the
+throughput predicted.
 
 Made by `plan()` from profiles and the MILP, or by hand; shown to the user as a table (the shape of
 Patchwork's Table 3) and applied by `deploy(plan=...)`, which serves it at `GET /v1/plan`.
@@ -11,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from patchkit.errors import InputError
+from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE
 from patchkit.tables import text_table
 
 __all__ = ["ComponentPlan", "Plan"]
@@ -18,20 +20,43 @@ __all__ = ["ComponentPlan", "Plan"]
 
 @dataclass(frozen=True)
 class ComponentPlan:
+    """One component's part of a plan. On "cpu" a replica either holds `threads` whole cores, one
+    thread each (units = threads * SHARES_PER_CORE), or runs 1 thread on a core it shares with other
+    replicas, taking `units` of its SHARES_PER_CORE shares (one of SHARE_SIZES)."""
+
     resource: str  # "cpu" | "gpu"
     replicas: int
     batch_size: int
     throughput: float = 0.0  # calls/s its replicas sustain together, predicted
-    units: int = 1  # resource units per replica
+    units: int = 0  # per replica: shares of a core on "cpu", GPUs on "gpu"; 0: whole cores for `threads`, or one GPU
     visits: float = 1.0  # calls per request, measured on the calibration inputs
     default_batch_size: int | None = None  # what the component's own @make declares
+    threads: int = 1  # per replica: its math-library threads (OMP_NUM_THREADS)
 
     def __post_init__(self) -> None:
-        if self.replicas < 1 or self.batch_size < 1 or self.units < 1:
+        if self.units == 0:
+            object.__setattr__(self, "units", self.threads * SHARES_PER_CORE if self.resource == "cpu" else 1)
+        if min(self.replicas, self.batch_size, self.units, self.threads) < 1:
             raise InputError(
-                "a component plan needs replicas, batch_size and units >= 1; "
-                f"got {self.replicas}, {self.batch_size}, {self.units}"
+                "a component plan needs replicas, batch_size, units and threads >= 1; "
+                f"got {self.replicas}, {self.batch_size}, {self.units}, {self.threads}"
             )
+        if self.resource == "cpu" and self.units != self.threads * SHARES_PER_CORE and not self.shared:
+            raise InputError(
+                f"a cpu replica of {self.threads} threads takes {self.threads * SHARES_PER_CORE} units (whole cores, "
+                f"{SHARES_PER_CORE} a core), or with 1 thread {' or '.join(map(str, SHARE_SIZES))} units of a shared core; "
+                f"got units={self.units}"
+            )
+
+    @property
+    def shared(self) -> bool:
+        """Whether a replica runs on a core it shares with others (a CPU replica of a share)."""
+        return self.resource == "cpu" and self.threads == 1 and self.units in SHARE_SIZES
+
+    @property
+    def cores(self) -> float:
+        """Cores one replica takes on "cpu" (a fraction when shared), GPUs on "gpu"."""
+        return self.units / SHARES_PER_CORE if self.resource == "cpu" else self.units
 
 
 @dataclass(frozen=True)
@@ -40,15 +65,15 @@ class Plan:
     throughput: float  # requests/s the pipeline sustains, predicted
     bottleneck: str
     solver: str = "manual"
-    capacity: Mapping[str, int] = field(default_factory=dict)  # the pool planned for
+    capacity: Mapping[str, int] = field(default_factory=dict)  # the pool planned for: cores and GPUs
     virtual: tuple[str, ...] = ()  # resource types the machine lacks: their replicas run on virtual devices
     slo_ms: float | None = None
 
-    def used(self) -> dict[str, int]:
-        """Resource units the plan takes, per type."""
-        used: dict[str, int] = {}
+    def used(self) -> dict[str, float]:
+        """Cores and GPUs the plan takes, per type (CPU in quarters of a core, where replicas share one)."""
+        used: dict[str, float] = {}
         for c in self.components.values():
-            used[c.resource] = used.get(c.resource, 0) + c.replicas * c.units
+            used[c.resource] = used.get(c.resource, 0) + c.replicas * c.cores
         return used
 
     def to_dict(self) -> dict[str, Any]:
@@ -63,13 +88,15 @@ class Plan:
             "used": self.used(),
             "virtual": list(self.virtual),
             "slo_ms": self.slo_ms,
+            "shares_per_core": SHARES_PER_CORE,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        """A plan saved with `to_dict()` (as `patchkit plan --json` prints it)."""
+        """A plan saved with `to_dict()` (as `patchkit plan --json` prints it), or by an older patchkit
+        (no threads: a CPU replica's units were whole cores)."""
         try:
-            components = {name: ComponentPlan(**c) for name, c in data["components"].items()}
+            components = {name: ComponentPlan(**_current(c)) for name, c in data["components"].items()}
             return cls(
                 components, float(data["throughput"]), str(data["bottleneck"]), str(data.get("solver", "manual")),
                 dict(data.get("capacity", {})), tuple(data.get("virtual", ())), data.get("slo_ms"),
@@ -87,11 +114,12 @@ class Plan:
                 str(c.replicas),
                 "-" if c.default_batch_size is None else str(c.default_batch_size),
                 str(c.batch_size),
+                _threads(c),
                 f"{c.visits:.2f}",
                 f"{c.throughput:.1f}",
             ))
-        header = ("component", "resource", "replicas", "default batch", "batch", "visits", "calls/s")
-        used = ", ".join(f"{kind} {n}/{self.capacity.get(kind, n)}" for kind, n in sorted(self.used().items()))
+        header = ("component", "resource", "replicas", "default batch", "batch", "threads", "visits", "calls/s")
+        used = ", ".join(f"{kind} {n:g}/{self.capacity.get(kind, n):g}" for kind, n in sorted(self.used().items()))
         lines = [
             text_table(header, rows, left=2),
             f"predicted {self.throughput:.1f} requests/s; bottleneck {self.bottleneck}; uses {used}; solver {self.solver}",
@@ -107,3 +135,19 @@ class Plan:
         import html
 
         return f"<pre>{html.escape(self.table())}</pre>"
+
+
+def _current(component: Mapping[str, Any]) -> dict[str, Any]:
+    """A component's saved plan in today's fields: before `threads`, a CPU replica's units were its cores."""
+    fields = dict(component)
+    if "threads" not in fields and fields.get("resource") == "cpu":
+        cores = int(fields.get("units", 1))
+        fields.update(threads=cores, units=cores * SHARES_PER_CORE)
+    return fields
+
+
+def _threads(c: ComponentPlan) -> str:
+    """The table's threads cell: a replica's threads, or its share of a core."""
+    if c.resource != "cpu":
+        return "-"
+    return f"1 on {c.units}/{SHARES_PER_CORE} core" if c.shared else str(c.threads)

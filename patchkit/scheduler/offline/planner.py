@@ -1,6 +1,17 @@
 """`plan()`: calibration runs, then the profiler, then the MILP, then a `Plan`.
 
 Users reach it through `patchkit.plan` (`patchkit.client.planning`), which finds the last capture.
+
+CPU is divided in shares of a core (`SHARES_PER_CORE` a core), so that five components fit two
+cores and an engine that scales with threads can get several. Each CPU profile at t threads (t
+cores, one thread each) becomes an option of t * SHARES_PER_CORE units; the 1-thread profile also
+becomes share options, 1 thread on a core shared with other light replicas, taking s of its shares
+(s in `SHARE_SIZES`) with T(b) scaled by SHARES_PER_CORE / s: a replica with a quarter of a busy
+core runs about four times slower. That is pessimistic for a replica whose core-mates are idle
+(a grader waiting on the LLM), which is the safe side. A share option has one replica: shares are
+for components that need less than a core; one that needs more takes whole cores, rather than
+replicas contending for the same cores. A GPU profile is an option of one GPU.
+The MILP then picks, per component, one option (resource, threads or share), a batch and replicas.
 """
 
 from __future__ import annotations
@@ -11,14 +22,16 @@ from typing import TYPE_CHECKING, Any
 
 from patchkit.component import make_methods
 from patchkit.errors import InputError, PlanError
+from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE
 from patchkit.scheduler.offline.milp import Option, Problem, solve
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 from patchkit.scheduler.offline.pool import ResourcePool
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline
+    from patchkit.scheduler.offline.profiler import ComponentProfile
 
-__all__ = ["plan"]
+__all__ = ["options_of", "plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,22 +57,35 @@ def plan(
     _calibrate(pipeline, calibration)
     visits = {name: sum(methods.values()) for name, methods in visits_by_component(pipeline).items()}
     idle = {name: pipeline.components[name] for name, v in visits.items() if not v}
-    capacity = dict(pool.capacity)
+    capacity = pool.units()
     fixed = {name: _idle_plan(name, component, capacity) for name, component in idle.items()}
     profiles = Profiler(pool, progress=progress).run(pipeline)
-    options = tuple(Option(p.component, p.resource, 1, p.latency(), p.max_batch) for p in profiles)
-    solution = solve(Problem(options, {n: v for n, v in visits.items() if v}, capacity, slo_ms))
+    options = tuple(option for p in profiles for option in options_of(p))
+    called = {n: v for n, v in visits.items() if v}
+    solution = solve(Problem(options, called, capacity, slo_ms, per_declared={"cpu": SHARES_PER_CORE}))
     logger.info("planned with %s: %.1f requests/s, bottleneck %s", solution.solver, solution.throughput, solution.bottleneck)
     planned = {
         name: ComponentPlan(
-            c.resource, c.replicas, c.batch_size, c.throughput, visits=visits[name],
-            default_batch_size=_default_batch(pipeline.components[name]),
+            c.resource, c.replicas, c.batch_size, c.throughput, c.units, visits[name],
+            _default_batch(pipeline.components[name]), c.threads,
         )
         for name, c in solution.choices.items()
     }
     components = {name: planned.get(name) or fixed[name] for name in pipeline.components}
     virtual = tuple(sorted(pool.virtual))
     return Plan(components, solution.throughput, solution.bottleneck, solution.solver, dict(pool.capacity), virtual, slo_ms)
+
+
+def options_of(profile: ComponentProfile) -> list[Option]:
+    """The MILP's options for one profile: its own units, and for a 1-thread CPU profile the shares of a core too."""
+    latency, top = profile.latency(), profile.max_batch
+    if profile.resource != "cpu":
+        return [Option(profile.component, profile.resource, 1, latency, top)]
+    whole = Option(profile.component, "cpu", profile.threads * SHARES_PER_CORE, latency, top, profile.threads)
+    if profile.threads > 1:
+        return [whole]
+    shares = [Option(profile.component, "cpu", s, latency.scaled(SHARES_PER_CORE / s), top, most_replicas=1) for s in SHARE_SIZES]
+    return [whole, *shares]
 
 
 def _calibrate(pipeline: Pipeline, calibration: Sequence[Mapping[str, Any]] | None) -> None:
@@ -76,12 +102,12 @@ def _calibrate(pipeline: Pipeline, calibration: Sequence[Mapping[str, Any]] | No
 
 
 def _idle_plan(name: str, component: Any, capacity: dict[str, int]) -> ComponentPlan:
-    """One replica for a component the calibration runs never called; its unit is set aside."""
+    """One replica for a component the calibration runs never called; its unit (on "cpu" a share of a core) is set aside."""
     for kind in component.devices:
         if capacity.get(kind, 0) > 0:
             capacity[kind] -= 1
             size = _default_batch(component)
-            return ComponentPlan(kind, 1, size or 1, visits=0.0, default_batch_size=size)
+            return ComponentPlan(kind, 1, size or 1, units=1, visits=0.0, default_batch_size=size)
     kinds = " or ".join(component.devices)
     raise PlanError(f"{name} needs one {kinds} unit and none is left; declare more with resources={{...}}")
 

@@ -4,6 +4,9 @@ A declared pool may hold more than the machine has: the planner then plans for i
 deployment runs each replica of the missing kind on a virtual device (a GPU replica that sees no
 GPU, CPU replicas that share cores), which is how simulated GPU pipelines are planned and served
 on a laptop. `virtual` names those kinds, and the plan says so.
+
+The pool is declared in cores and GPUs; the MILP counts CPU in shares of a core (`units()`,
+`SHARES_PER_CORE` a core), so that light replicas can share one.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from patchkit.errors import InputError
-from patchkit.orchestrator.resources import available_cpus, available_gpus
+from patchkit.orchestrator.resources import SHARES_PER_CORE, available_cpus, available_gpus
 
 __all__ = ["RESOURCE_TYPES", "ResourcePool"]
 
@@ -50,6 +53,10 @@ class ResourcePool:
                 raise InputError(f"--resources takes kind=units pairs such as cpu=5,gpu=2; got {part!r}")
             declared[kind.strip()] = int(units)
         return cls.resolve(declared)
+
+    def units(self) -> dict[str, int]:
+        """The units the MILP divides: shares of a core on "cpu" (SHARES_PER_CORE a core), GPUs on "gpu"."""
+        return {kind: n * SHARES_PER_CORE if kind == "cpu" else n for kind, n in self.capacity.items()}
 
     def describe(self) -> dict[str, object]:
         return {"capacity": dict(self.capacity), "virtual": sorted(self.virtual)}

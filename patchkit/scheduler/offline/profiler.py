@@ -1,20 +1,28 @@
-"""Profiler: how each component's batch latency grows with the batch size, per resource type.
+"""Profiler: how each component's batch latency grows with the batch size, per resource type and thread count.
 
 Called by `plan()`. Each (component, resource type) runs in a worker process of its own, pinned as
-a replica of the plan would be (one core, or one GPU), and is driven through the same gRPC channel
-the front-end uses, so the numbers include the process hop. Its inputs are the calls the eager
-runs recorded. Batch sizes are searched as Patchwork (section 3.3) does: the largest that fits
-(halving past a MemoryError), 1, then a binary search towards the knee, going lower while the
-larger batch's throughput gain stays under `threshold`. Results are cached on disk, keyed by the
-component's class and constructor arguments, the method, the resource type and the inputs.
+a replica of the plan would be (one GPU, or on CPU one core with one thread), and is driven through
+the same gRPC channel the front-end uses, so the numbers include the process hop. Its inputs are
+the calls the eager runs recorded. Batch sizes are searched as Patchwork (section 3.3) does: the
+largest that fits (halving past a MemoryError), 1, then a binary search towards the knee, going
+lower while the larger batch's throughput gain stays under `threshold`.
+
+On CPU a component is profiled again at 2, 4, ... threads pinned to as many cores (up to the cores
+of the machine and of the pool), in a fresh worker each time, while each count's best calls/s beats
+the previous count's by `threshold` or more: a component that does not scale with threads (a BM25
+search, a sleep) keeps only its 1-thread profile. Results are cached on disk, keyed by the
+component's class and constructor arguments, the method, the resource type, the thread count and
+the inputs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import logging
+import math
 import secrets
 import statistics
 import sys
@@ -38,7 +46,7 @@ from patchkit.scheduler.offline.pwl import PiecewiseLinear
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
 
-__all__ = ["ComponentProfile", "MethodProfile", "Profiler", "visits_by_component"]
+__all__ = ["ComponentProfile", "MethodProfile", "Profiler", "thread_counts", "visits_by_component"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,12 +63,13 @@ class MethodProfile:
 
 @dataclass(frozen=True)
 class ComponentProfile:
-    """One component on one resource type: its methods' curves and their share of its calls."""
+    """One component on one resource type at one thread count: its methods' curves and their share of its calls."""
 
     component: str
     resource: str
     methods: dict[str, MethodProfile]
     visits: dict[str, float]  # calls per request, per method
+    threads: int = 1  # threads the replica ran with, pinned to as many cores (on "gpu": 1)
 
     @property
     def max_batch(self) -> int:
@@ -74,6 +83,11 @@ class ComponentProfile:
         sizes = [b for b in sizes if 1 <= b <= self.max_batch]
         values = [sum(self.visits[name] / total * curve(b) for name, curve in curves.items()) for b in sizes]
         return PiecewiseLinear(tuple(float(b) for b in sizes), tuple(values))
+
+    def best_rate(self) -> float:
+        """Calls/s of one replica at its best batch size: what more threads must raise to be worth profiling."""
+        curve = self.latency()
+        return max(b / curve(b) for b in curve.breakpoints if curve(b) > 0) * 1000 if any(curve.values) else math.inf
 
     def to_dict(self) -> dict[str, Any]:
         return {name: {"points": [list(p) for p in m.points], "max_batch": m.max_batch} for name, m in self.methods.items()}
@@ -98,6 +112,7 @@ class _Job:
     resource: str
     calls: dict[str, list[Call]]
     visits: dict[str, float]
+    threads: int = 1
 
 
 class Profiler:
@@ -110,7 +125,10 @@ class Profiler:
         self.cache = envs.cache_dir() / "profiles"
 
     def run(self, pipeline: Pipeline) -> list[ComponentProfile]:
-        """Profile every component the eager runs called; blocks (on an event loop of its own)."""
+        """Profile every component the eager runs called; blocks (on an event loop of its own).
+
+        One profile per (component, resource type), and on CPU one more per thread count that paid off.
+        """
         jobs = self._jobs(pipeline)
         with _Progress(len(jobs), enabled=self.progress) as progress:
             return _run_async(self._profile_all(jobs, progress))
@@ -137,9 +155,26 @@ class Profiler:
     async def _profile_all(self, jobs: list[_Job], progress: _Progress) -> list[ComponentProfile]:
         backend = LocalBackend(secrets.token_urlsafe(16))
         try:
-            return [await self._profile(backend, job, progress) for job in jobs]
+            return [profile for job in jobs for profile in await self._profile_threads(backend, job, progress)]
         finally:
             await backend.close()
+
+    async def _profile_threads(self, backend: LocalBackend, job: _Job, progress: _Progress) -> list[ComponentProfile]:
+        """The job at 1 thread, then, on CPU, at each further count while it speeds up by `threshold`."""
+        profiles = [await self._profile(backend, job, progress)]
+        if job.resource != "cpu":
+            progress.done(f"{job.name} on {job.resource}")
+            return profiles
+        for threads in thread_counts(min(len(available_cpus()), self.pool.capacity.get("cpu", 0)))[1:]:
+            profile = await self._profile(backend, dataclasses.replace(job, threads=threads), progress)
+            gain = profile.best_rate() / profiles[-1].best_rate() - 1
+            if not gain >= self.threshold:  # nan too: no rate to compare
+                logger.info("%s: %d threads serve %.2fx the calls/s of %d; profiled no further", job.name, threads,
+                            1 + gain, profiles[-1].threads)
+                break
+            profiles.append(profile)
+        progress.done(f"{job.name} on cpu, up to {profiles[-1].threads} threads")
+        return profiles
 
     async def _profile(self, backend: LocalBackend, job: _Job, progress: _Progress) -> ComponentProfile:
         found = {method: self._load(job, method) for method in job.calls}
@@ -148,22 +183,22 @@ class Profiler:
             for method, profile in found.items():
                 if profile is None:
                     if replica is None:
-                        spec = ReplicaSpec(job.name, job.component, self._resources(job.resource))
+                        spec = ReplicaSpec(job.name, job.component, self._resources(job.resource, job.threads))
                         replica = await backend.start(spec, f"profile-{job.name}")
                     found[method] = profile = await self._search(replica, job, method, progress)
                     self._store(job, method, profile)
         finally:
             if replica is not None:
                 await backend.stop(replica)
-        progress.done(f"{job.name} on {job.resource}")
-        return ComponentProfile(job.name, job.resource, {m: p for m, p in found.items() if p is not None}, job.visits)
+        methods = {m: p for m, p in found.items() if p is not None}
+        return ComponentProfile(job.name, job.resource, methods, job.visits, job.threads)
 
-    def _resources(self, kind: str) -> ReplicaResources:
-        """One unit of `kind`, as a replica of the plan gets it."""
+    def _resources(self, kind: str, threads: int) -> ReplicaResources:
+        """One GPU, or `threads` cores with a thread each, as a replica of the plan gets them."""
         if kind == "gpu":
             gpus = available_gpus()
             return ReplicaResources(threads=1, gpus=tuple(gpus[:1]))  # none: a virtual GPU
-        return ReplicaResources(cpus=tuple(available_cpus()[:1]), threads=1, gpus=())
+        return ReplicaResources(cpus=tuple(available_cpus()[:threads]), threads=threads, gpus=())
 
     async def _search(self, replica: Replica, job: _Job, method: str, progress: _Progress) -> MethodProfile:
         """Measure T(b) at the batch sizes the search visits, from the largest that fits downwards."""
@@ -172,7 +207,7 @@ class Profiler:
 
         async def measure(size: int) -> float | None:
             batch = [calls[i % len(calls)] for i in range(size)]
-            progress.note(f"{name}.{method}: batch {size}")
+            progress.note(f"{name}.{method}: batch {size}, {job.threads} thread(s)")
             times = []
             for _ in range(self.repeats + 1):  # the first run warms caches up and is not counted
                 started = time.perf_counter()
@@ -208,7 +243,8 @@ class Profiler:
     # -- the on-disk cache -----------------------------------------------------------------------
     def _path(self, job: _Job, method: str) -> Path:
         spec = job.component._patchkit_spec
-        identity = (spec.cls.__module__, spec.cls.__qualname__, spec.args, spec.kwargs, method, job.resource, job.calls[method])
+        where = (job.resource, job.threads)
+        identity = (spec.cls.__module__, spec.cls.__qualname__, spec.args, spec.kwargs, method, where, job.calls[method])
         key = hashlib.sha256(cloudpickle.dumps((identity, self.repeats, self.threshold))).hexdigest()[:24]
         return self.cache / f"{key}.json"
 
@@ -226,6 +262,14 @@ class Profiler:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"points": [list(p) for p in profile.points], "max_batch": profile.max_batch}))
         tmp.replace(path)
+
+
+def thread_counts(cores: int) -> list[int]:
+    """1, 2, 4, ... and `cores` itself: the thread counts a CPU component is profiled at, at most."""
+    counts = [1]
+    while counts[-1] * 2 < cores:
+        counts.append(counts[-1] * 2)
+    return counts + [cores] if cores > 1 else counts
 
 
 def _recorded_calls(pipeline: Pipeline) -> dict[tuple[str, str], list[Call]]:

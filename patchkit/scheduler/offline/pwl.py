@@ -61,6 +61,12 @@ class PiecewiseLinear:
         x0, x1, y0, y1 = xs[right - 1], xs[right], ys[right - 1], ys[right]
         return max(y0 + (y1 - y0) * (batch - x0) / (x1 - x0), 0.0)
 
+    def scaled(self, factor: float) -> PiecewiseLinear:
+        """T times `factor` (> 0): the curve of a replica that runs `factor` times slower (a share of a core)."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"factor must be a finite number > 0; got {factor!r}")
+        return PiecewiseLinear(self.breakpoints, tuple(y * factor for y in self.values))
+
     def largest_within(self, limit_ms: float, low: int, high: int) -> int | None:
         """The largest integer batch in [low, high] whose T is at most `limit_ms`, or None.
 

@@ -25,7 +25,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from patchkit.orchestrator.backend import ReplicaSpec
-from patchkit.orchestrator.resources import ReplicaResources, available_cpus, available_gpus, one_more
+from patchkit.orchestrator.resources import (
+    SHARES_PER_CORE,
+    ReplicaResources,
+    available_cpus,
+    available_gpus,
+    cpu_threads,
+    one_more,
+)
 
 if TYPE_CHECKING:
     from patchkit.component import Component
@@ -193,10 +200,11 @@ class Autoscaler:
         if self.config.backend == "inprocess":
             return ReplicaResources()
         component = self.config.components[name]
+        threads = cpu_threads(component.units) if component.resource == "cpu" else 1
         if self.config.backend == "ray":  # Ray places it and sets its GPUs; only its thread count is ours
-            return ReplicaResources(threads=component.units)
+            return ReplicaResources(threads=threads)
         if self.config.plan is None:  # placed by nobody: like the replicas `spread` started, it sees this process's GPUs
-            return ReplicaResources(threads=component.units)
+            return ReplicaResources(threads=threads)
         held = {g for r in self.supervisor.replicas() for g in (r.spec.resources.gpus or ())}
         return one_more(component.resource, component.units, held)
 
@@ -236,11 +244,12 @@ class Autoscaler:
         return now - max([self._quiet_since[name], *done])
 
     def capacity_of(self, kind: str) -> int:
+        """Units of `kind` there are: shares of the cores (SHARES_PER_CORE a core) on "cpu", GPUs on "gpu"."""
         if self.capacity is None:
             planned = (self.config.plan or {}).get("capacity")
             found = planned or self.supervisor.backend.capacity()  # a cluster backend's, else this machine's
             self.capacity = dict(found) if found else {"cpu": len(available_cpus()), "gpu": len(available_gpus())}
-        return self.capacity.get(kind, 0)
+        return self.capacity.get(kind, 0) * (SHARES_PER_CORE if kind == "cpu" else 1)
 
     def used(self, kind: str) -> int:
         """Units of `kind` the replicas take: replicas x units, summed over the components placed on it."""

@@ -29,7 +29,7 @@ from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.handles import CallService, Handles
 from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.local import LocalBackend
-from patchkit.orchestrator.resources import ReplicaResources, assign, spread
+from patchkit.orchestrator.resources import ReplicaResources, assign, cpu_threads, spread
 from patchkit.orchestrator.supervisor import HealthChecks, Supervisor
 from patchkit.scheduler.online.autoscale import Autoscaler
 from patchkit.scheduler.online.bridge import await_, run_sync
@@ -153,7 +153,7 @@ class Frontend:
             return [ReplicaResources() for _ in range(total)]
         if self.config.backend == "ray":  # Ray places them and sets their GPUs; only thread counts are ours
             placed = [self.config.components[name] for name in self.components]
-            return [ReplicaResources(threads=c.units) for c in placed for _ in range(c.replicas)]
+            return [ReplicaResources(threads=_threads(c.resource, c.units)) for c in placed for _ in range(c.replicas)]
         if self.config.plan is not None:
             placed = [self.config.components[name] for name in self.components]
             return assign([(c.resource, c.units) for c in placed for _ in range(c.replicas)])
@@ -440,6 +440,11 @@ def make_backend(config: DeploymentConfig) -> Backend:
 
         return RayBackend(config.secret, config.ray_options(), gpu_units=_gpu_units(config))
     return LocalBackend(config.secret, host="127.0.0.1")
+
+
+def _threads(resource: str, units: int) -> int:
+    """A replica's threads: as its CPU shares give it (a core each, or 1 on a shared core); 1 for a GPU replica."""
+    return cpu_threads(units) if resource == "cpu" else 1
 
 
 def _gpu_units(config: DeploymentConfig) -> int:
