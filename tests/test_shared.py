@@ -65,7 +65,7 @@ def test_a_component_given_to_others_is_one_deployment_serving_them_all() -> Non
     async def together(endpoint: patchkit.Endpoint) -> list[Any]:
         return list(await asyncio.gather(*(endpoint.aquery(text=t) for t in ("x", "y", "z"))))
 
-    with patchkit.deploy(pipeline) as endpoint:
+    with patchkit.deploy(pipeline, batch_wait_ms=200) as endpoint:  # the askers' calls wait to meet in batches
         answers = asyncio.run(together(endpoint))
         methods = endpoint.stats()["components"]["engine"]["methods"]["run"]
     assert _strip(eager) == {"first": ["A:X", "A!X"], "second": ["B:X", "B!X"], "direct": "X"}
