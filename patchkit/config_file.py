@@ -77,6 +77,9 @@ OPTION_HELP = {
     "tls_key": "its private key file",
     "tls_ca": "the CA file that signed it",
     "tls_server_name": "the name the certificate is checked against",
+    "name": "the model name /v1/models lists and chat completions answer as",
+    "chat_input": "the pipeline input the chat API's last user message fills (needed with several inputs)",
+    "chat_output": "the field of a dict output the chat API answers with",
 }
 # The keys that are no deploy() option.
 FILE_ONLY = ("replicas", "batch_size", "plan", "resources", "components")
