@@ -55,17 +55,38 @@ def _describe(question: str, output: Any) -> str:
 
 
 def component_table(stats: dict[str, Any]) -> str:
-    """Per component method: replicas, batch size, calls, batches, mean batch and mean batch latency."""
-    rows = [
-        (
-            f"{name}.{method}", str(len(component["replicas"])), str(m["batch_size"]), str(m["calls"]),
-            str(m["batches"]), f"{m['mean_batch']:.2f}", f"{m['mean_batch_ms']:.0f}",
-        )
-        for name, component in stats["components"].items()
-        for method, m in component["methods"].items()
-    ]
-    header = ("component", "replicas", "batch size", "calls", "batches", "mean batch", "mean latency ms")
+    """Per component method: replicas, batch size, calls, batches, mean batch, mean batch latency and
+    the prompt tokens its replicas reused of those they were given.
+
+    The mean batch of a method whose engine batches by itself (its component reports `decode_steps`
+    and `decoded_sequences`, as `LlamaCppGenerator` does) is the engine's: sequences per decode step."""
+    engines = _engine_figures(stats.get("replica_reports", {}))
+    rows = []
+    for name, component in stats["components"].items():
+        for method, m in component["methods"].items():
+            figures = engines.get(name, {})
+            batch = figures["decoded_sequences"] / figures["decode_steps"] if figures.get("decode_steps") else m["mean_batch"]
+            prompt = figures.get("prompt_tokens_reused", 0) + figures.get("prompt_tokens_evaluated", 0)
+            reused = f"{figures['prompt_tokens_reused']:.0f}/{prompt:.0f}" if prompt else "-"
+            rows.append((
+                f"{name}.{method}", str(len(component["replicas"])), str(m["batch_size"]), str(m["calls"]),
+                str(m["batches"]), f"{batch:.2f}", f"{m['mean_batch_ms']:.0f}", reused,
+            ))
+    header = ("component", "replicas", "batch size", "calls", "batches", "mean batch", "mean latency ms", "prompt reused")
     return text_table(header, rows)
+
+
+def _engine_figures(reports: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per component, its replicas' engine counters summed (those that report them)."""
+    keys = ("decode_steps", "decoded_sequences", "prompt_tokens_reused", "prompt_tokens_evaluated")
+    figures: dict[str, dict[str, float]] = {}
+    for report in reports.values():
+        own = report.get("component_stats") or {}
+        if isinstance(own, dict) and "component" in report and any(key in own for key in keys):
+            summed = figures.setdefault(report["component"], dict.fromkeys(keys, 0.0))
+            for key in keys:
+                summed[key] += float(own.get(key, 0))
+    return figures
 
 
 def main(questions: Sequence[str] | None = None, *, replicas: int | None = None) -> int:
