@@ -108,7 +108,7 @@ class LlamaEngine:
         self._idle: OrderedDict[int, list[int]] = OrderedDict((slot, []) for slot in range(config.max_sequences))
         self._counts = dict.fromkeys(
             ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
-             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "max_active"), 0)
+             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active"), 0)
         self._stopping = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
@@ -245,31 +245,29 @@ class LlamaEngine:
             self._lib.llama_memory_seq_rm(memory, slot, -1, -1)
             self._lib.llama_memory_seq_cp(memory, source, slot, -1, -1)
             reused = shared[source]
+            self._counts["stream_copies"] += 1
         self._lib.llama_memory_seq_rm(memory, slot, reused, -1)
         sequence.slot, sequence.evaluated = slot, reused
         self._counts["prompt_tokens_reused"] += reused
         self._counts["cache_hits"] += reused > 0
 
     def _prefill(self) -> None:
-        """Evaluate up to n_batch prompt tokens of the sequences still reading theirs, several in one batch;
-        a sequence whose prompt is done gets its first token and joins this turn's decode step."""
-        batch, chunks, room = self._batch.batch, [], self.config.n_batch
-        for sequence in [s for s in self._running if s.evaluated < len(s.prompt)]:
-            if room == 0:
-                break
-            start = sequence.evaluated
-            end = min(len(sequence.prompt), start + room)
-            chunks.append((sequence, self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)))
-            sequence.evaluated, room = end, room - (end - start)
-        if not chunks:
+        """Evaluate the next chunk (up to n_batch tokens) of the oldest sequence still reading its prompt; once
+        its prompt is done it gets its first token and joins this turn's decode step. One sequence per batch:
+        llama.cpp splits a batch spanning several streams into other shapes, which moves greedy answers."""
+        sequence = next((s for s in self._running if s.evaluated < len(s.prompt)), None)
+        if sequence is None:
             return
+        start = sequence.evaluated
+        end = min(len(sequence.prompt), start + self.config.n_batch)
+        row = self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)
         self._llama_decode()
+        self._batch.batch.n_tokens = 0
         with self._lock:
-            self._counts["prompt_tokens_evaluated"] += self.config.n_batch - room
-            for sequence, last in chunks:
-                if sequence.evaluated == len(sequence.prompt):
-                    self._sample(sequence, last)
-        batch.n_tokens = 0
+            sequence.evaluated = end
+            self._counts["prompt_tokens_evaluated"] += end - start
+            if end == len(sequence.prompt):
+                self._sample(sequence, row)
 
     def _decode(self) -> None:
         """One token for every running sequence past its prompt, in one llama_decode."""
