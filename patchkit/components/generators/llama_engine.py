@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +110,7 @@ class LlamaEngine:
         self._counts = dict.fromkeys(
             ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
              "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active"), 0)
+        self._seconds = {"prefill_s": 0.0, "decode_s": 0.0}  # time inside llama_decode, per kind of batch
         self._stopping = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
@@ -173,7 +175,7 @@ class LlamaEngine:
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
             cached = sum(bool(kept) for kept in self._idle.values())
-            counts.update(running=len(self._running), waiting=len(self._waiting), cache_entries=cached)
+            counts.update(self._seconds, running=len(self._running), waiting=len(self._waiting), cache_entries=cached)
         counts["mean_active_per_step"] = counts["decoded_sequences"] / max(1, counts["decode_steps"])
         return counts
 
@@ -182,12 +184,19 @@ class LlamaEngine:
         if self.error is not None or not self._thread.is_alive():
             raise RuntimeError(f"the llama.cpp engine thread stopped: {self.error!r}") from self.error
 
-    def close(self) -> None:
-        """Stop the loop, end every stream with an error, free the context; called when the component goes."""
+    def stop(self) -> None:
+        """Stop the loop and end every stream with an error."""
         with self._lock:
             self._stopping = True
             self._lock.notify()
         self._thread.join(timeout=10)
+
+    def close(self) -> None:
+        """`stop`, then free the context (the model stays, for tokenizing). Idempotent."""
+        self.stop()
+        if not self._thread.is_alive():
+            self._batch.close()
+            self._ctx.close()
 
     # -- the engine thread ----------------------------------------------------------------------------
 
@@ -252,22 +261,24 @@ class LlamaEngine:
         self._counts["cache_hits"] += reused > 0
 
     def _prefill(self) -> None:
-        """Evaluate the next chunk (up to n_batch tokens) of the oldest sequence still reading its prompt; once
-        its prompt is done it gets its first token and joins this turn's decode step. One sequence per batch:
-        llama.cpp splits a batch spanning several streams into other shapes, which moves greedy answers."""
-        sequence = next((s for s in self._running if s.evaluated < len(s.prompt)), None)
-        if sequence is None:
-            return
-        start = sequence.evaluated
-        end = min(len(sequence.prompt), start + self.config.n_batch)
-        row = self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)
-        self._llama_decode()
-        self._batch.batch.n_tokens = 0
-        with self._lock:
-            sequence.evaluated = end
-            self._counts["prompt_tokens_evaluated"] += end - start
-            if end == len(sequence.prompt):
-                self._sample(sequence, row)
+        """Evaluate up to n_batch prompt tokens this turn, oldest sequence first; a sequence whose prompt is
+        done gets its first token and joins this turn's decode step. One sequence per llama_decode: llama.cpp
+        splits a batch spanning several streams into other shapes, which would move greedy answers."""
+        budget = self.config.n_batch
+        for sequence in [s for s in self._running if s.evaluated < len(s.prompt)]:
+            if budget == 0:
+                return
+            start = sequence.evaluated
+            end = min(len(sequence.prompt), start + budget)
+            row = self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)
+            self._llama_decode("prefill_s")
+            self._batch.batch.n_tokens = 0
+            budget -= end - start
+            with self._lock:
+                sequence.evaluated = end
+                self._counts["prompt_tokens_evaluated"] += end - start
+                if end == len(sequence.prompt):
+                    self._sample(sequence, row)
 
     def _decode(self) -> None:
         """One token for every running sequence past its prompt, in one llama_decode."""
@@ -275,7 +286,7 @@ class LlamaEngine:
         if not ready:
             return
         rows = [self._batch_tokens([s.last], len(s.prompt) + s.generated - 1, s.slot) for s in ready]
-        self._llama_decode()
+        self._llama_decode("decode_s")
         with self._lock:
             self._counts["decode_steps"] += 1
             self._counts["decoded_sequences"] += len(ready)
@@ -294,8 +305,11 @@ class LlamaEngine:
         batch.n_tokens += len(tokens)
         return int(batch.n_tokens - 1)
 
-    def _llama_decode(self) -> None:
+    def _llama_decode(self, timer: str) -> None:
+        began = time.perf_counter()
         status = self._lib.llama_decode(self._ctx.ctx, self._batch.batch)
+        with self._lock:
+            self._seconds[timer] += time.perf_counter() - began
         if status != 0:
             self._batch.batch.n_tokens = 0
             raise RuntimeError(f"llama_decode returned {status}")
