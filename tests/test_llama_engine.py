@@ -111,7 +111,7 @@ def test_prefix_reuse_is_counted_and_changes_no_answer(llm: Any) -> None:
     fresh = LlamaCppGenerator(max_tokens=32, threads=1, prefix_cache=False)
     fresh.setup()
     try:
-        prompts = ['Are the documents above relevant to "How do I catch an exception?"?', "How do I catch an exception?"]
+        prompts = ['Do the documents above answer "How do I catch an exception?"?', "How do I catch an exception?"]
         expected = [fresh.generate(p, DOCS) for p in prompts]
         assert fresh.stats()["prompt_tokens_reused"] == 0
         before = llm.stats()

@@ -18,7 +18,7 @@ __all__ = ["Augmenter", "BM25Index", "BM25Search", "Grader", "Rewriter", "WebSea
 
 # Asked with the documents passed as documents: the generator puts them first, so the grader's prompt
 # shares its prefix with the answer's over the same documents.
-GRADE_INSTRUCTION_WITH_QUESTION = 'Are the documents above relevant to the question "{question}"? Reply with one word, yes or no.'
+GRADE_INSTRUCTION_WITH_QUESTION = 'Do the documents above answer "{question}"? Reply with one word, yes or no.'
 REWRITE_PROMPT = "Rewrite this question as a short search query with the key terms. Reply with the query only.\n\n{question}"
 
 
