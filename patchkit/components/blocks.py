@@ -16,10 +16,9 @@ from patchkit.components.generators import Generator, LlamaCppGenerator, render_
 
 __all__ = ["Augmenter", "BM25Index", "BM25Search", "Grader", "Rewriter", "WebSearch", "parse_yes_no"]
 
-GRADE_PROMPT = (
-    "Do the documents below help answer the question? Reply with one word, yes or no.\n\n"
-    "Documents:\n{context}\n\nQuestion: {question}"
-)
+# Asked with the documents passed as documents: the generator puts them first, so the grader's prompt
+# shares its prefix with the answer's over the same documents.
+GRADE_INSTRUCTION_WITH_QUESTION = 'Do the documents above answer "{question}"? Reply with one word, yes or no.'
 REWRITE_PROMPT = "Rewrite this question as a short search query with the key terms. Reply with the query only.\n\n{question}"
 
 
@@ -65,7 +64,7 @@ class Grader(Component):
     def grade(self, question: str, docs: list[Any]) -> bool:
         if not docs:
             return False
-        reply = self.generator.generate(GRADE_PROMPT.format(context=render_context(docs), question=question), max_tokens=4)
+        reply = self.generator.generate(GRADE_INSTRUCTION_WITH_QUESTION.format(question=question), docs, max_tokens=4)
         verdict = parse_yes_no(reply)
         if verdict is None:
             best = max((getattr(d, "score", 0.0) for d in docs), default=0.0)
@@ -84,7 +83,8 @@ class Rewriter(Component):
 
     @make
     def rewrite(self, question: str) -> str:
-        reply = self.generator.generate(REWRITE_PROMPT.format(question=question))
+        # Explicit: the generator may be one shared with the answering stage, whose default is longer.
+        reply = self.generator.generate(REWRITE_PROMPT.format(question=question), max_tokens=24)
         query = reply.strip().strip('"').splitlines()[0].strip() if reply.strip() else ""
         return query or question
 

@@ -3,6 +3,7 @@ messages built from a prompt and documents, and a token limit), and the context 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +24,9 @@ __all__ = [
 ]
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-RAG_TEMPLATE = "Answer the question using the documents.\n\nDocuments:\n{context}\n\nQuestion: {prompt}"
+# The documents first, so that every call over the same documents (grading them, answering from them)
+# shares the prompt's prefix up to the question, and an engine with a prefix cache evaluates it once.
+RAG_TEMPLATE = "Documents:\n{context}\n\nAnswer the question using the documents.\n\nQuestion: {prompt}"
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant. Answer briefly."
 
 
@@ -102,9 +105,21 @@ class Generator(Component):
         self.system_prompt = system_prompt
 
     def messages(self, prompt: str, docs: Sequence[Any] | None = None) -> list[dict[str, str]]:
+        """The chat for one call: the system prompt, then a user message with the documents (when given)
+        before the instruction and `prompt`, so calls over the same documents share a prefix."""
         content = RAG_TEMPLATE.format(context=render_context(docs), prompt=prompt) if docs else prompt
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return [*system, {"role": "user", "content": content}]
+
+    def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """For `generate(prompt, docs)` with documents: a short hash of the system prompt and the rendered
+        documents, the prompt prefix every call over them shares, so a deployment sends them to the
+        replica whose engine holds it. None for a call without documents."""
+        docs = args[1] if len(args) > 1 else kwargs.get("docs")
+        if method != "generate" or not docs:
+            return None
+        shared = f"{self.system_prompt or ''}\0{render_context(docs)}"
+        return hashlib.blake2b(shared.encode(), digest_size=8).hexdigest()
 
     def request(self, prompt: str, docs: Sequence[Any] | None = None, max_tokens: int | None = None) -> Request:
         """One call's request; a `max_tokens` of None (or 0) is this generator's own."""

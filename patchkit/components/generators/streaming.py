@@ -3,9 +3,10 @@ stripped as a whole answer is, so that a stream's chunks join to exactly the ans
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Iterable, Iterator
 
-__all__ = ["StrippedText", "TokenText", "stripped"]
+__all__ = ["StrippedText", "TokenText", "decoded", "stripped"]
 
 REPLACEMENT = "\ufffd"  # what a decoder makes of the first bytes of a character split across tokens
 
@@ -37,6 +38,18 @@ def stripped(deltas: Iterable[str]) -> Iterator[str]:
     for delta in deltas:
         if chunk := text.feed(delta):
             yield chunk
+
+
+def decoded(pieces: Iterable[bytes]) -> Iterator[str]:
+    """Text from token byte pieces (llama.cpp's) as they come. A character whose bytes span several
+    tokens is yielded once all of them arrived, never as replacement characters; bytes that never
+    complete one become U+FFFD at the end, as a whole-answer decode with errors='replace' would make them."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for piece in pieces:
+        if text := decoder.decode(piece):
+            yield text
+    if tail := decoder.decode(b"", final=True):
+        yield tail
 
 
 class TokenText:

@@ -1,0 +1,358 @@
+"""`LlamaEngine`: continuous batching of many sequences in one llama.cpp context, with a prefix cache.
+
+One engine thread owns the context. Callers on any thread `submit` a tokenized prompt and read its
+tokens from the returned `TokenStream`. Each turn of the engine's loop admits waiting sequences into
+free sequence slots, evaluates up to `n_batch` prompt tokens, then decodes one token for every running
+sequence in a single `llama_decode`.
+
+Each slot is its own KV stream of `n_ctx` cells (`kv_unified=False`): a sequence's attention then runs
+over the same cells, in the same order, whether it runs alone or beside others, so greedy answers do not
+depend on what else runs. A finished slot keeps its prompt's KV state as a cache entry: a new prompt
+takes the free slot sharing its longest prefix and evaluates only the rest (or, when a running
+sequence shares a longer one, gets that stream copied, `llama_memory_seq_cp`, and cut to the prefix).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EngineConfig", "LlamaEngine", "TokenStream"]
+
+logger = logging.getLogger(__name__)
+
+_END = None  # the last item of a stream's queue
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How an engine is sized: `max_sequences` slots of `n_ctx` tokens each (running sequences, and the
+    cached prompts of idle slots), prompts evaluated `n_batch` tokens per step, on `threads` threads;
+    `prefix_cache=False` evaluates every prompt in full."""
+
+    model_path: str
+    n_ctx: int = 2048
+    max_sequences: int = 16
+    n_batch: int = 512
+    threads: int = 1
+    prefix_cache: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n_ctx < 16:
+            raise ValueError(f"n_ctx ({self.n_ctx}) must be >= 16")
+        if self.max_sequences < 1 or self.n_batch < self.max_sequences:
+            raise ValueError(f"max_sequences ({self.max_sequences}) must be >= 1 and <= n_batch ({self.n_batch})")
+
+
+@dataclass(eq=False)
+class _Sequence:
+    """One submitted prompt, from waiting to finished; its fields are the engine thread's, but `aborted`."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampler: Any  # a llama_sampler chain, owned by this sequence
+    out: queue.SimpleQueue[bytes | BaseException | None] = field(default_factory=queue.SimpleQueue)
+    slot: int = -1
+    evaluated: int = 0  # prompt tokens in the slot's KV state, reused ones included
+    generated: int = 0
+    last: int = -1  # the token sampled last, fed to the next decode step
+    aborted: bool = False
+
+
+class TokenStream:
+    """The byte pieces of one sequence's generated tokens, as the engine makes them. Iterate it on one
+    thread; `close()` (or leaving a for loop over `pieces()` early) aborts the sequence: the engine drops
+    it from the running batch and frees its slot at its next step."""
+
+    def __init__(self, engine: LlamaEngine, sequence: _Sequence) -> None:
+        self._engine, self._sequence = engine, sequence
+
+    def pieces(self) -> Iterator[bytes]:
+        try:
+            while (item := self._sequence.out.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._engine.abort(self._sequence)
+
+
+class LlamaEngine:
+    """Continuous batching over one llama.cpp context; see the module's docstring. Thread-safe: `submit`,
+    `stats` and `check` may be called from any thread."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        import llama_cpp
+        from llama_cpp import _internals, _logger
+
+        _logger.set_verbose(False)  # as Llama(verbose=False): llama.cpp's own log only for errors
+
+        self.config, self._lib = config, llama_cpp
+        params = llama_cpp.llama_model_default_params()
+        self.model = _internals.LlamaModel(path_model=config.model_path, params=params, verbose=False)
+        self._ctx = _internals.LlamaContext(model=self.model, params=self._context_params(), verbose=False)
+        self._batch = _internals.LlamaBatch(n_tokens=config.n_batch, embd=0, n_seq_max=1, verbose=False)
+        self._greedy = self._chain(0.0, 0)
+        self._lock = threading.Condition()
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        # Idle slots, least recently used first, each with the prompt tokens its KV stream still holds.
+        self._idle: OrderedDict[int, list[int]] = OrderedDict((slot, []) for slot in range(config.max_sequences))
+        self._counts = dict.fromkeys(
+            ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
+             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active"), 0)
+        self._seconds = {"prefill_s": 0.0, "decode_s": 0.0}  # time inside llama_decode, per kind of batch
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
+        self._thread.start()
+
+    def _context_params(self) -> Any:
+        config, params = self.config, self._lib.llama_context_default_params()
+        params.n_ctx, params.n_seq_max = config.n_ctx * config.max_sequences, config.max_sequences
+        params.n_batch = params.n_ubatch = config.n_batch
+        params.kv_unified = False  # a stream per slot: see the module's docstring
+        params.n_threads = params.n_threads_batch = config.threads
+        # As Llama(flash_attn=False), so that answers equal create_chat_completion's.
+        params.flash_attn_type = self._lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        return params
+
+    def _chain(self, temperature: float, seed: int) -> Any:
+        """A sampler chain as llama-cpp-python's completion builds it: greedy at temperature 0, else top-k 40,
+        top-p 0.95, min-p 0.05, the temperature and a draw seeded with `seed`."""
+        lib = self._lib
+        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
+        stages = [lib.llama_sampler_init_greedy()] if temperature == 0 else [
+            lib.llama_sampler_init_top_k(40), lib.llama_sampler_init_top_p(0.95, 1), lib.llama_sampler_init_min_p(0.05, 1),
+            lib.llama_sampler_init_temp(temperature), lib.llama_sampler_init_dist(seed)]
+        for stage in stages:
+            lib.llama_sampler_chain_add(chain, stage)
+        return chain
+
+    # -- callers' side --------------------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
+        """`text` (a chat-templated prompt, special tokens spelled out) as tokens; a BOS first when `add_bos`
+        and the model's vocabulary adds one."""
+        return list(self.model.tokenize(text.encode(), add_bos=add_bos, special=True))
+
+    def piece(self, token: int) -> bytes:
+        return bytes(self.model.token_to_piece(token)).rstrip(b"\0")
+
+    def submit(self, prompt: Sequence[int], max_tokens: int, *, temperature: float = 0.0, seed: int = 0) -> TokenStream:
+        """Queue a prompt for generation of at most `max_tokens` tokens; called by any thread. The engine
+        admits it at its next step when a slot and KV cells are free."""
+        if not prompt or len(prompt) + max_tokens > self.config.n_ctx:
+            raise ValueError(f"{len(prompt)} prompt tokens + max_tokens {max_tokens} must fit n_ctx ({self.config.n_ctx})")
+        sampler = self._greedy if temperature == 0 else self._chain(temperature, seed)
+        sequence = _Sequence(list(prompt), max_tokens, sampler)
+        with self._lock:
+            self.check()
+            if self._stopping:
+                raise RuntimeError("the llama.cpp engine is closed")
+            self._waiting.append(sequence)
+            self._counts["requests"] += 1
+            self._lock.notify()
+        return TokenStream(self, sequence)
+
+    def abort(self, sequence: _Sequence) -> None:
+        with self._lock:
+            if not sequence.aborted:
+                sequence.aborted = True
+                self._lock.notify()
+
+    def stats(self) -> dict[str, float]:
+        """Counters since start, read under the engine's lock so they agree with each other."""
+        with self._lock:
+            counts: dict[str, float] = dict(self._counts)
+            cached = sum(bool(kept) for kept in self._idle.values())
+            counts.update(self._seconds, running=len(self._running), waiting=len(self._waiting), cache_entries=cached)
+        counts["mean_active_per_step"] = counts["decoded_sequences"] / max(1, counts["decode_steps"])
+        return counts
+
+    def check(self) -> None:
+        """Raise if the engine thread died (its error as the cause)."""
+        if self.error is not None or not self._thread.is_alive():
+            raise RuntimeError(f"the llama.cpp engine thread stopped: {self.error!r}") from self.error
+
+    def stop(self) -> None:
+        """Stop the loop and end every stream with an error."""
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        self._thread.join(timeout=10)
+
+    def close(self) -> None:
+        """`stop`, then free the context (the model stays, for tokenizing). Idempotent."""
+        self.stop()
+        if not self._thread.is_alive():
+            self._batch.close()
+            self._ctx.close()
+
+    # -- the engine thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while self._turn():
+                pass
+            self._fail_all(RuntimeError("the llama.cpp engine is closed"))
+        except BaseException as exc:  # noqa: BLE001 - every stream must end, whatever stopped the loop
+            logger.exception("the llama.cpp engine failed")
+            self.error = exc
+            self._fail_all(RuntimeError(f"the llama.cpp engine failed: {exc}"))
+
+    def _turn(self) -> bool:
+        """One step: admit, drop aborted sequences, evaluate a prompt chunk, decode one token each."""
+        with self._lock:
+            while not (self._waiting or self._running or self._stopping):
+                self._lock.wait()
+            if self._stopping:
+                return False
+            for sequence in [s for s in self._running if s.aborted]:
+                self._finish(sequence, aborted=True)
+            self._admit()
+        self._prefill()
+        self._decode()
+        return True
+
+    def _admit(self) -> None:
+        """Move waiting sequences into idle slots, oldest first (lock held)."""
+        while self._waiting and self._idle:
+            sequence = self._waiting.popleft()
+            if sequence.aborted:
+                self._counts["aborted"] += 1
+                continue
+            self._place(sequence)
+            self._running.append(sequence)
+            self._counts["max_active"] = max(self._counts["max_active"], len(self._running))
+
+    def _place(self, sequence: _Sequence) -> None:
+        """Give the sequence the idle slot holding the longest prefix of its prompt (the least recently used
+        one when none does), or a copy of a running slot's stream where that shares more; drop the slot's
+        KV past the shared prefix. The last prompt token is always evaluated again, for the logits the
+        first sampled token comes from."""
+        limit = len(sequence.prompt) - 1 if self.config.prefix_cache else 0
+        slot, reused = next(iter(self._idle)), 0
+        for idle, kept in self._idle.items():
+            if (common := min(limit, _common_prefix(kept, sequence.prompt))) > reused:
+                slot, reused = idle, common
+        shared = {s.slot: min(limit, _common_prefix(s.prompt[: s.evaluated], sequence.prompt)) for s in self._running}
+        source = max(shared, key=shared.__getitem__, default=-1)
+        del self._idle[slot]
+        memory = self._ctx.memory
+        if shared.get(source, 0) > reused:
+            # Across streams llama.cpp copies whole streams; the prefix cells never change while the source runs.
+            self._lib.llama_memory_seq_rm(memory, slot, -1, -1)
+            self._lib.llama_memory_seq_cp(memory, source, slot, -1, -1)
+            reused = shared[source]
+            self._counts["stream_copies"] += 1
+        self._lib.llama_memory_seq_rm(memory, slot, reused, -1)
+        sequence.slot, sequence.evaluated = slot, reused
+        self._counts["prompt_tokens_reused"] += reused
+        self._counts["cache_hits"] += reused > 0
+
+    def _prefill(self) -> None:
+        """Evaluate up to n_batch prompt tokens this turn, oldest sequence first; a sequence whose prompt is
+        done gets its first token and joins this turn's decode step. One sequence per llama_decode: llama.cpp
+        splits a batch spanning several streams into other shapes, which would move greedy answers."""
+        budget = self.config.n_batch
+        for sequence in [s for s in self._running if s.evaluated < len(s.prompt)]:
+            if budget == 0:
+                return
+            start = sequence.evaluated
+            end = min(len(sequence.prompt), start + budget)
+            row = self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)
+            self._llama_decode("prefill_s")
+            self._batch.batch.n_tokens = 0
+            budget -= end - start
+            with self._lock:
+                sequence.evaluated = end
+                self._counts["prompt_tokens_evaluated"] += end - start
+                if end == len(sequence.prompt):
+                    self._sample(sequence, row)
+
+    def _decode(self) -> None:
+        """One token for every running sequence past its prompt, in one llama_decode."""
+        ready = [s for s in self._running if s.generated and s.evaluated == len(s.prompt)]
+        if not ready:
+            return
+        rows = [self._batch_tokens([s.last], len(s.prompt) + s.generated - 1, s.slot) for s in ready]
+        self._llama_decode("decode_s")
+        with self._lock:
+            self._counts["decode_steps"] += 1
+            self._counts["decoded_sequences"] += len(ready)
+            self._counts["batched_steps"] += len(ready) > 1
+            for sequence, row in zip(ready, rows):
+                self._sample(sequence, row)
+        self._batch.batch.n_tokens = 0
+
+    def _batch_tokens(self, tokens: Sequence[int], start: int, slot: int) -> int:
+        """Append tokens at positions start.. of `slot` to the batch, logits for the last; its row."""
+        batch = self._batch.batch
+        for i, token in enumerate(tokens):
+            row = batch.n_tokens + i
+            batch.token[row], batch.pos[row], batch.n_seq_id[row] = token, start + i, 1
+            batch.seq_id[row][0], batch.logits[row] = slot, i == len(tokens) - 1
+        batch.n_tokens += len(tokens)
+        return int(batch.n_tokens - 1)
+
+    def _llama_decode(self, timer: str) -> None:
+        began = time.perf_counter()
+        status = self._lib.llama_decode(self._ctx.ctx, self._batch.batch)
+        with self._lock:
+            self._seconds[timer] += time.perf_counter() - began
+        if status != 0:
+            self._batch.batch.n_tokens = 0
+            raise RuntimeError(f"llama_decode returned {status}")
+
+    def _sample(self, sequence: _Sequence, row: int) -> None:
+        """Sample the sequence's next token from `row`'s logits; stream it, or end the sequence (lock held)."""
+        if sequence.aborted:
+            self._finish(sequence, aborted=True)
+            return
+        token = self._lib.llama_sampler_sample(sequence.sampler, self._ctx.ctx, row)
+        if self._lib.llama_vocab_is_eog(self.model.vocab, token):
+            self._finish(sequence)
+            return
+        sequence.generated += 1
+        sequence.last = token
+        self._counts["generated_tokens"] += 1
+        sequence.out.put(self.piece(token))
+        if sequence.generated >= sequence.max_tokens:
+            self._finish(sequence)
+
+    def _finish(self, sequence: _Sequence, *, aborted: bool = False) -> None:
+        """End a running sequence; its slot goes idle keeping the prompt's KV state for reuse (lock held)."""
+        kept = sequence.prompt[: sequence.evaluated]
+        self._lib.llama_memory_seq_rm(self._ctx.memory, sequence.slot, len(kept), -1)
+        self._running.remove(sequence)
+        self._idle[sequence.slot] = kept
+        if sequence.sampler is not self._greedy:
+            self._lib.llama_sampler_free(sequence.sampler)
+        self._counts["aborted" if aborted else "finished"] += 1
+        sequence.out.put(_END)
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._lock:
+            self._stopping = True
+            for sequence in [*self._running, *self._waiting]:
+                sequence.out.put(error)
+            self._running.clear()
+            self._waiting.clear()
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

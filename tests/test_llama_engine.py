@@ -1,0 +1,185 @@
+"""The llama.cpp engine behind LlamaCppGenerator: continuous batching, prefix reuse, streaming, aborts, stats."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from patchkit.components.documents import Hit
+from patchkit.components.generators import Generator
+from patchkit.components.generators.streaming import decoded, stripped
+
+QUESTIONS = [
+    "What is a Python generator?", "Name three colors.", "How do I open a file in Python?", "What is 2+2?",
+    "Explain recursion in one sentence.", "What is a list comprehension?", "Why is the sky blue?", "What does HTTP stand for?",
+]
+DOCS = [
+    Hit("topic:try#0", "try", "The try statement specifies exception handlers and cleanup code for a group of statements.", 0.9),
+    Hit("topic:except#0", "except", "An except clause names the exception classes it handles; a bare except handles all.", 0.8),
+    Hit("module:logging#0", "logging", "The logging module records events; logger.exception logs a traceback.", 0.5),
+]
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[Any]:
+    pytest.importorskip("llama_cpp", reason="the engine needs llama-cpp-python: pip install -e '.[llm]'")
+    from patchkit.components.generators import LlamaCppGenerator
+
+    try:
+        generator = LlamaCppGenerator(max_tokens=32, threads=1)
+    except FileNotFoundError as exc:
+        pytest.skip(f"the bundled model is absent: {exc}")
+    generator.setup()
+    yield generator
+    generator.engine.close()
+
+
+def stream(llm: Any, *args: Any, **kwargs: Any) -> Iterator[str]:
+    """The chunks of one generate call, as a deployment streams them."""
+    return type(llm).generate.chunks(llm, args, kwargs)
+
+
+def wait_for(predicate: Any, limit_s: float = 20.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not predicate():
+        assert time.monotonic() < deadline, "the engine did not get there"
+        time.sleep(0.01)
+
+
+def test_utf8_split_across_tokens_is_decoded_whole() -> None:
+    pieces = [b"caf", b"\xc3", b"\xa9 ", b"\xe2\x82", b"\xac", b"!"]
+    chunks = list(decoded(pieces))
+    assert "".join(chunks) == "café €!" and all("\ufffd" not in c for c in chunks)
+    assert "".join(decoded([b"ok", b"\xe2\x82"])) == "ok\ufffd"  # bytes that never complete a character
+
+
+def test_stripped_chunks_join_to_the_stripped_answer() -> None:
+    chunks = ["  ", "\n Hi", " there ", "\n", "you  ", " ", "\n"]
+    assert "".join(stripped(chunks)) == "".join(chunks).strip() == "Hi there \nyou"
+    assert list(stripped([" ", "\n"])) == []
+
+
+class Echo(Generator):
+    def __init__(self, system_prompt: str | None = "Be brief.") -> None:
+        super().__init__(max_tokens=8, temperature=0.0, seed=0, system_prompt=system_prompt)
+
+
+def test_documents_lead_the_prompt_and_name_its_prefix() -> None:
+    echo = Echo()
+    content = echo.messages("Why?", DOCS)[-1]["content"]
+    assert content.startswith("Documents:\n[1] try: The try statement") and content.endswith("Question: Why?")
+    key = echo.prefix_key("generate", ("Why?", DOCS), {})
+    assert key is not None and key == echo.prefix_key("generate", ("Grade these.",), {"docs": DOCS, "max_tokens": 4})
+    assert key != echo.prefix_key("generate", ("Why?", DOCS[:2]), {})
+    assert key != Echo("Be long.").prefix_key("generate", ("Why?", DOCS), {})
+    assert echo.prefix_key("generate", ("Why?",), {}) is None and echo.prefix_key("generate", ("Why?", []), {}) is None
+
+
+def test_concurrent_answers_equal_single_stream_ones(llm: Any) -> None:
+    alone = [llm.generate(q) for q in QUESTIONS]
+    before = llm.stats()
+    with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+        together = list(pool.map(llm.generate, QUESTIONS))
+    after = llm.stats()
+    assert together == alone and all(alone)
+    assert after["requests"] - before["requests"] == len(QUESTIONS)
+    assert after["batched_steps"] > before["batched_steps"] and after["max_active"] >= 2
+
+
+def test_a_call_submitted_mid_decode_joins_the_running_batch(llm: Any) -> None:
+    engine = llm.engine
+    long = engine.submit(llm.tokens(llm.messages("Count from 1 to 300, separated by commas.")), 300)
+    pieces = long.pieces()
+    next(pieces)  # decoding now
+    before = llm.stats()
+    short = "".join(stripped(decoded(engine.submit(llm.tokens(llm.messages("Say hello.")), 4).pieces())))
+    after = llm.stats()
+    assert short and after["finished"] - before["finished"] == 1
+    assert after["running"] == 1, "the long sequence is still decoding after the short one finished"
+    assert after["batched_steps"] > before["batched_steps"]
+    pieces.close()
+    wait_for(lambda: llm.stats()["running"] == 0)
+
+
+def test_prefix_reuse_is_counted_and_changes_no_answer(llm: Any) -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    fresh = LlamaCppGenerator(max_tokens=32, threads=1, prefix_cache=False)
+    fresh.setup()
+    try:
+        prompts = ['Do the documents above answer "How do I catch an exception?"?', "How do I catch an exception?"]
+        expected = [fresh.generate(p, DOCS) for p in prompts]
+        assert fresh.stats()["prompt_tokens_reused"] == 0
+        before = llm.stats()
+        assert [llm.generate(p, DOCS) for p in prompts] == expected  # the second reuses an idle slot's prompt
+        after = llm.stats()
+        shared = len(llm.tokens(llm.messages("", DOCS))) // 2  # well inside the shared documents
+        assert after["prompt_tokens_reused"] - before["prompt_tokens_reused"] >= shared
+        # A prompt sharing its prefix with a running sequence (and no idle slot) gets a copy of that one's stream.
+        others = DOCS[1:]
+        running = stream(llm, "List the documents' titles.", others, max_tokens=32)
+        first = next(running)
+        before = llm.stats()
+        question = "What does a bare except handle?"
+        assert llm.generate(question, others) == fresh.generate(question, others)
+        after = llm.stats()
+        assert after["prompt_tokens_reused"] - before["prompt_tokens_reused"] >= shared // 2
+        assert after["stream_copies"] == before["stream_copies"] + 1
+        assert first + "".join(running) == fresh.generate("List the documents' titles.", others)
+    finally:
+        assert fresh.engine is not None
+        fresh.engine.close()
+
+
+def test_answers_equal_create_chat_completion(llm: Any) -> None:
+    from llama_cpp import Llama
+
+    reference = Llama(model_path=llm.model_path, n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False)
+    for prompt, docs in [(QUESTIONS[0], None), ("How do I catch an exception?", DOCS)]:
+        chat: Any = llm.messages(prompt, docs)
+        reply: Any = reference.create_chat_completion(messages=chat, max_tokens=32, temperature=0.0, seed=0)
+        assert llm.generate(prompt, docs) == reply["choices"][0]["message"]["content"].strip()
+
+
+def test_streamed_chunks_join_to_the_answer(llm: Any) -> None:
+    chunks = list(stream(llm, "Describe Python in two sentences.", max_tokens=40))
+    assert len(chunks) > 3 and all(isinstance(c, str) for c in chunks)
+    assert "".join(chunks) == llm.generate("Describe Python in two sentences.", max_tokens=40)
+
+
+def test_closing_a_stream_aborts_its_sequence(llm: Any) -> None:
+    before = llm.stats()
+    chunks = stream(llm, "Count from 1 to 300, separated by commas.", max_tokens=300)
+    next(chunks)
+    chunks.close()
+    wait_for(lambda: llm.stats()["aborted"] == before["aborted"] + 1)
+    after = llm.stats()
+    assert after["running"] == 0 and after["finished"] == before["finished"]
+    assert after["generated_tokens"] - before["generated_tokens"] < 300
+    assert after["requests"] == after["finished"] + after["aborted"] + after["running"] + after["waiting"]
+    assert all(isinstance(v, (int, float)) for v in after.values())
+    assert 1 <= after["mean_active_per_step"] <= 16 and after["generated_tokens"] >= after["decode_steps"]
+
+
+def test_a_prompt_past_the_context_names_the_fix(llm: Any) -> None:
+    with pytest.raises(ValueError, match="more than the model's context of 2048 tokens; shorten the question"):
+        llm.generate("word " * 3000)
+
+
+def test_seeded_sampling_repeats_and_a_closed_engine_fails_health(llm: Any) -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    warm = LlamaCppGenerator(max_tokens=16, temperature=0.9, seed=7, n_ctx=256, threads=1)
+    warm.setup()
+    assert warm.generate("Write a word.") == warm.generate("Write a word.")
+    warm.check_health()
+    assert warm.engine is not None
+    warm.engine.close()
+    with pytest.raises(RuntimeError, match="engine thread stopped"):
+        warm.check_health()
+    with pytest.raises(RuntimeError, match="engine"):
+        warm.generate("Write a word.")
