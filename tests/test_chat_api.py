@@ -129,3 +129,26 @@ def test_a_missing_chat_output_field_is_a_server_error() -> None:
         with pytest.raises(openai.InternalServerError, match="no field 'text'") as caught:
             client(served).chat.completions.create(model="patchkit", messages=[{"role": "user", "content": "why"}])
         assert caught.value.body["type"] == "server_error"  # type: ignore[index]
+
+
+def test_the_openai_sdk_streams_a_real_generators_tokens_from_its_worker() -> None:
+    """SmolLM2 through llama.cpp on a worker process: the chunks arrive as the engine makes them, and
+    join to the answer the same request gets without streaming."""
+    pytest.importorskip("llama_cpp", reason="needs the llm extra (llama-cpp-python)")
+    from patchkit.components import LlamaCppGenerator
+
+    real = LlamaCppGenerator(max_tokens=24)
+
+    def answer(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return real.generate(question)  # type: ignore[no-any-return]
+        return pipeline
+
+    question = "What is a Python generator?"
+    with patchkit.deploy(answer(question)) as served:
+        sdk = client(served)
+        whole = sdk.chat.completions.create(model="patchkit", messages=[{"role": "user", "content": question}])
+        stream = sdk.chat.completions.create(model="patchkit", messages=[{"role": "user", "content": question}], stream=True)
+        deltas = [chunk.choices[0].delta.content for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
+    assert len(deltas) > 3  # token by token, not the answer in one piece
+    assert "".join(deltas) == whole.choices[0].message.content

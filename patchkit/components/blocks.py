@@ -60,7 +60,7 @@ class Grader(Component):
     def setup(self) -> None:
         ensure_setup(self.generator)
 
-    @make
+    @make(max_concurrency=16)  # its calls wait on the generator, which batches them (shared, or its own engine)
     def grade(self, question: str, docs: list[Any]) -> bool:
         if not docs:
             return False
@@ -81,7 +81,7 @@ class Rewriter(Component):
     def setup(self) -> None:
         ensure_setup(self.generator)
 
-    @make
+    @make(max_concurrency=16)  # as Grader.grade
     def rewrite(self, question: str) -> str:
         # Explicit: the generator may be one shared with the answering stage, whose default is longer.
         reply = self.generator.generate(REWRITE_PROMPT.format(question=question), max_tokens=24)

@@ -10,6 +10,12 @@ over the same cells, in the same order, whether it runs alone or beside others, 
 depend on what else runs. A finished slot keeps its prompt's KV state as a cache entry: a new prompt
 takes the free slot sharing its longest prefix and evaluates only the rest (or, when a running
 sequence shares a longer one, gets that stream copied, `llama_memory_seq_cp`, and cut to the prefix).
+
+Prompts are evaluated in blocks of `block` tokens aligned to position 0, and a prefix is reused only
+up to a block boundary: every prompt token is then computed in a `llama_decode` of the same tokens at
+the same positions over the same KV cells, whether its prefix came from the cache or not. A matrix
+product over another number of rows rounds differently, and at a near-tie the greedy answer would
+follow; so reuse saves the work and changes no answer.
 """
 
 from __future__ import annotations
@@ -42,12 +48,15 @@ class EngineConfig:
     n_batch: int = 512
     threads: int = 1
     prefix_cache: bool = True
+    block: int = 64  # prompt tokens per llama_decode, aligned to position 0: the unit of prefix reuse
 
     def __post_init__(self) -> None:
         if self.n_ctx < 16:
             raise ValueError(f"n_ctx ({self.n_ctx}) must be >= 16")
         if self.max_sequences < 1 or self.n_batch < self.max_sequences:
             raise ValueError(f"max_sequences ({self.max_sequences}) must be >= 1 and <= n_batch ({self.n_batch})")
+        if not 1 <= self.block <= self.n_batch:
+            raise ValueError(f"block ({self.block}) must be >= 1 and <= n_batch ({self.n_batch})")
 
 
 @dataclass(eq=False)
@@ -238,14 +247,16 @@ class LlamaEngine:
     def _place(self, sequence: _Sequence) -> None:
         """Give the sequence the idle slot holding the longest prefix of its prompt (the least recently used
         one when none does), or a copy of a running slot's stream where that shares more; drop the slot's
-        KV past the shared prefix. The last prompt token is always evaluated again, for the logits the
-        first sampled token comes from."""
+        KV past the shared prefix, cut to a block boundary. The last prompt token is always evaluated
+        again, for the logits the first sampled token comes from."""
         limit = len(sequence.prompt) - 1 if self.config.prefix_cache else 0
+        limit -= limit % self.config.block
         slot, reused = next(iter(self._idle)), 0
         for idle, kept in self._idle.items():
-            if (common := min(limit, _common_prefix(kept, sequence.prompt))) > reused:
+            if (common := self._aligned(min(limit, _common_prefix(kept, sequence.prompt)))) > reused:
                 slot, reused = idle, common
-        shared = {s.slot: min(limit, _common_prefix(s.prompt[: s.evaluated], sequence.prompt)) for s in self._running}
+        shared = {s.slot: self._aligned(min(limit, _common_prefix(s.prompt[: s.evaluated], sequence.prompt)))
+                  for s in self._running}
         source = max(shared, key=shared.__getitem__, default=-1)
         del self._idle[slot]
         memory = self._ctx.memory
@@ -260,16 +271,19 @@ class LlamaEngine:
         self._counts["prompt_tokens_reused"] += reused
         self._counts["cache_hits"] += reused > 0
 
+    def _aligned(self, tokens: int) -> int:
+        return tokens - tokens % self.config.block
+
     def _prefill(self) -> None:
-        """Evaluate up to n_batch prompt tokens this turn, oldest sequence first; a sequence whose prompt is
-        done gets its first token and joins this turn's decode step. One sequence per llama_decode: llama.cpp
-        splits a batch spanning several streams into other shapes, which would move greedy answers."""
-        budget = self.config.n_batch
-        for sequence in [s for s in self._running if s.evaluated < len(s.prompt)]:
-            if budget == 0:
-                return
+        """Evaluate up to n_batch prompt tokens this turn, a block per llama_decode, oldest sequence first; a
+        sequence whose prompt is done gets its first token and joins this turn's decode step. One sequence
+        per llama_decode: llama.cpp splits a batch spanning several streams into other shapes, which would
+        move greedy answers."""
+        budget, block = self.config.n_batch, self.config.block
+        while budget >= block and (pending := [s for s in self._running if s.evaluated < len(s.prompt)]):
+            sequence = pending[0]
             start = sequence.evaluated
-            end = min(len(sequence.prompt), start + budget)
+            end = min(len(sequence.prompt), self._aligned(start) + block)
             row = self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)
             self._llama_decode("prefill_s")
             self._batch.batch.n_tokens = 0
