@@ -216,7 +216,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    level = (getattr(args, "log_level", None) or "info").upper()
+    quiet = "warning" if args.command == "demo" else "info"  # the demo shows its answers and table, not the workers' loading
+    level = (getattr(args, "log_level", None) or quiet).upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from patchkit.errors import PatchkitError
 
