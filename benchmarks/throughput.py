@@ -16,6 +16,8 @@ over the same component classes and arguments and the same resource budget (the 
 Every system gets a fresh start at each load point and is driven by the same open-loop Poisson
 generator (`patchkit.bench.run_bench`) at rates set as fractions of the plan's predicted
 throughput. Throughput at saturation is the highest throughput a system reaches over the sweep.
+The real workloads, whose requests take seconds, are driven instead by a closed loop of
+`REAL_CLIENTS` clients (`patchkit.bench.run_closed`), which keeps every system saturated.
 
 The ablation (Patchwork Figure 12(b)) deploys patchkit with its optimisations switched on one at
 a time at a saturating rate: none (batch size 1, no pipelining, the pool split evenly), then
@@ -46,7 +48,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get
 import patchkit  # noqa: E402
 from benchmarks.baselines.server import running  # noqa: E402
 from benchmarks.baselines.workloads import WORKLOADS, Workload  # noqa: E402
-from patchkit.bench import RequestRecord, run_bench  # noqa: E402
+from patchkit.bench import RequestRecord, run_bench, run_closed  # noqa: E402
 from patchkit.component import make_methods  # noqa: E402
 from patchkit.tables import text_table  # noqa: E402
 
@@ -55,9 +57,10 @@ logger = logging.getLogger("throughput")
 SYSTEMS = ("patchkit", "langgraph", "sequential")
 SIM = ("crag-gpu", "crag-cpu", "ircot-gpu", "ircot-cpu")
 REAL = ("crag-real", "ircot-real")
-FULL = {"loads": (0.1, 0.4, 0.8, 1.3), "seconds": 5.0, "real_loads": (0.4,), "real_seconds": 45.0,
+REAL_CLIENTS = 8  # the real workloads run a closed loop of this many clients (see measure_closed)
+FULL = {"loads": (0.1, 0.4, 0.8, 1.3), "seconds": 5.0, "real_loads": (), "real_seconds": 90.0,
         "ablation": ("crag-gpu", "crag-cpu", "ircot-gpu"), "workloads": SIM + REAL}
-QUICK = {"loads": (0.1, 0.5, 1.2), "seconds": 3.0, "real_loads": (1.0,), "real_seconds": 10.0,
+QUICK = {"loads": (0.1, 0.5, 1.2), "seconds": 3.0, "real_loads": (), "real_seconds": 30.0,
          "ablation": ("ircot-gpu",), "workloads": SIM}
 STEADY_FROM = 1 / 3  # of the run: throughput counts the answers after it
 ABLATION_LOAD = 1.3  # of the plan's prediction: past every arm's saturation
@@ -76,6 +79,16 @@ def serve(system: str, workload: Workload, pipeline: patchkit.Pipeline, plan: pa
         settings["plan"] = plan
     with patchkit.deploy(pipeline, **settings) as endpoint:
         yield endpoint.url
+
+
+def measure_closed(url: str, workload: Workload, clients: int, seconds: float) -> dict[str, Any]:
+    """One closed-loop run of `clients` clients, each asking again as soon as it is answered: every system
+    at saturation. For the real workloads, whose requests take seconds, an open loop at a fixed rate
+    mostly measures the rate."""
+    result = run_closed(url, concurrency=clients, seconds=seconds, inputs=workload.inputs, timeout_s=10 * seconds)
+    s = result.summary()
+    return {"rate": float(clients), "throughput": steady_throughput(result.requests, seconds), "p50_ms": s["latency_ms"]["p50"],
+            "p99_ms": s["latency_ms"]["p99"], "ok": s["ok"], "errors": s["errors"]}
 
 
 def measure(url: str, workload: Workload, rate: float, seconds: float) -> dict[str, Any]:
@@ -106,13 +119,16 @@ def plan_for(workload: Workload, pipeline: patchkit.Pipeline) -> patchkit.Plan:
 
 def sweep(workload: Workload, pipeline: patchkit.Pipeline, plan: patchkit.Plan, loads: Sequence[float],
           seconds: float) -> dict[str, Any]:
-    rates = [round(load * plan.throughput, 2) for load in loads]
+    rates = [float(REAL_CLIENTS)] if workload.real else [round(load * plan.throughput, 2) for load in loads]
     found: dict[str, Any] = {"plan": plan.to_dict(), "predicted": plan.throughput, "rates": rates, "systems": {}}
     for system in SYSTEMS:
         points = []
         for rate in rates:
             with serve(system, workload, pipeline, plan) as url:
-                points.append(measure(url, workload, rate, seconds))
+                if workload.real:
+                    points.append(measure_closed(url, workload, REAL_CLIENTS, seconds))
+                else:
+                    points.append(measure(url, workload, rate, seconds))
             print(f"{workload.name:10} {system:10} {rate:8.1f} req/s offered: {points[-1]['throughput']:8.1f} req/s, "
                   f"p50 {_ms(points[-1]['p50_ms'])}, p99 {_ms(points[-1]['p99_ms'])} ms", file=sys.stderr)
         found["systems"][system] = {"points": points, "saturation": max(p["throughput"] for p in points)}

@@ -134,6 +134,10 @@ class Component:
     # The resource types one replica can run on; the planner picks one per component. A class (or
     # an instance, in its __init__) that can use a GPU says so: ("cpu", "gpu") or ("gpu",).
     devices: tuple[str, ...] = ("cpu",)
+    # Constructor parameters whose components this one uses beyond their @make methods (their index,
+    # their model, their state): those are private parts, run inside this component wherever it runs.
+    # A component given through any other parameter is deployed on its own and shared (see README).
+    in_place: tuple[str, ...] = ()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         self = super().__new__(cls)

@@ -28,10 +28,11 @@ def run_frontend(
     clock: Callable[[], float] = time.monotonic,
     **options: Any,
 ) -> Any:
-    """Start a Frontend on the inprocess backend, run `body(frontend)` on its loop, close it."""
+    """Start a Frontend (on the inprocess backend unless `backend=` says otherwise), run `body(frontend)`
+    on its loop, close it."""
 
     async def main() -> Any:
-        config = DeploymentConfig.resolve(pipeline, backend="inprocess", **options)
+        config = DeploymentConfig.resolve(pipeline, **{"backend": "inprocess", **options})
         frontend = Frontend(pipeline, config, make_backend(config), clock=clock)
         await frontend.start()
         try:

@@ -12,11 +12,11 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.config import DeploymentConfig
-from patchkit.scheduler.online.frontend import Frontend, make_backend
+from patchkit.scheduler.online.frontend import Frontend
 
 
 class Meeting(Component):
@@ -88,17 +88,16 @@ class Keyed(Component):
 
 def serve(pipeline: patchkit.Pipeline, body: Callable[[Frontend], Awaitable[Any]], **options: Any) -> Any:
     """A Frontend on worker processes (the local backend), `body(frontend)` run on its loop."""
+    return run_frontend(pipeline, body, backend="local", **options)
 
-    async def main() -> Any:
-        config = DeploymentConfig.resolve(pipeline, backend="local", **options)
-        frontend = Frontend(pipeline, config, make_backend(config))
-        await frontend.start()
-        try:
-            return await body(frontend)
-        finally:
-            await frontend.close()
 
-    return asyncio.run(main())
+def slow_telling() -> patchkit.Pipeline:
+    """`teller.tell(text)` of a Teller that takes 0.2 s a word: long enough to give up on midway."""
+    teller = Teller(pause_s=0.2)
+    text = "x"
+    with patchkit.capture(run=False) as pipeline:
+        return teller.tell(text)  # type: ignore[no-any-return]
+    return pipeline
 
 
 def met(component: Meeting | Alone, name: str) -> patchkit.Pipeline:
@@ -180,12 +179,6 @@ def test_a_call_that_does_not_make_the_output_does_not_stream() -> None:
 
 
 def test_a_cancelled_request_stops_its_streaming_call_at_the_worker() -> None:
-    teller = Teller(pause_s=0.2)
-
-    def told(text: str) -> patchkit.Pipeline:
-        with patchkit.capture(run=False) as pipeline:
-            return teller.tell(text)
-        return pipeline
 
     async def body(frontend: Frontend) -> tuple[dict[str, Any], dict[str, Any]]:
         first = asyncio.Event()
@@ -198,7 +191,7 @@ def test_a_cancelled_request_stops_its_streaming_call_at_the_worker() -> None:
         report = next(iter((await frontend.replica_stats()).values()))
         return report, frontend.stats()["requests"]
 
-    report, requests = serve(told("x"), body)
+    report, requests = serve(slow_telling(), body)
     assert report["cancelled"] == 1
     assert report["component_stats"] == {"closed_early": 1, "finished": 0}
     assert requests["cancelled"] == 1 and "error" not in requests
@@ -226,12 +219,6 @@ def test_calls_sharing_a_prefix_go_to_the_replica_that_holds_it() -> None:
 
 
 def test_an_aquery_cancelled_by_its_caller_cancels_the_request_on_the_server() -> None:
-    teller = Teller(pause_s=0.2)
-
-    def told(text: str) -> patchkit.Pipeline:
-        with patchkit.capture(run=False) as pipeline:
-            return teller.tell(text)
-        return pipeline
 
     async def give_up(endpoint: patchkit.Endpoint) -> None:
         task = asyncio.ensure_future(endpoint.aquery(text=" ".join(["w"] * 100)))
@@ -240,7 +227,7 @@ def test_an_aquery_cancelled_by_its_caller_cancels_the_request_on_the_server() -
         with pytest.raises(asyncio.CancelledError):
             await task
 
-    with patchkit.deploy(told("x")) as endpoint:
+    with patchkit.deploy(slow_telling()) as endpoint:
         asyncio.run(give_up(endpoint))
         deadline = time.monotonic() + 20
         while endpoint.stats()["requests"].get("cancelled", 0) < 1 and time.monotonic() < deadline:

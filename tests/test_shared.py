@@ -83,3 +83,35 @@ def test_the_holders_calls_count_in_the_shared_components_visits() -> None:
     visits = visits_by_component(patchkit.last_pipeline())
     assert visits["engine"] == {"run": 5.0}  # 2 per asker, 1 from the pipeline: what plans give it replicas for
     assert visits["first"] == {"ask": 1.0} and visits["second"] == {"ask": 1.0}
+
+
+class Wrapper(Component):
+    """Uses its engine's state directly, so it names it in `in_place`: a private part, not a deployment."""
+
+    in_place = ("engine",)
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def setup(self) -> None:
+        ensure_setup(self.engine)
+
+    @make
+    def where(self, text: str) -> str:
+        return f"{text}@{self.engine.loaded_in}@{os.getpid()}"
+
+
+def test_a_parameter_the_holder_runs_in_place_stays_a_private_part() -> None:
+    wrapper = Wrapper(Engine())
+
+    def wrapped(text: str) -> Any:
+        with patchkit.capture() as pipeline:
+            return wrapper.where(text)
+        return pipeline
+
+    wrapped("x")
+    pipeline = patchkit.last_pipeline()
+    assert list(pipeline.components) == ["wrapper"]
+    with patchkit.deploy(pipeline) as endpoint:
+        _, loaded_in, ran_in = endpoint.query(text="y").split("@")
+    assert loaded_in == ran_in  # the engine was set up in the wrapper's own worker

@@ -369,7 +369,7 @@ WORKLOADS: dict[str, Workload] = {
         Workload("ircot-cpu", "IRCoT: Qdrant-like retriever, llama.cpp-like generator on CPUs",
                  lambda: sim_ircot(QDRANT, LLAMACPP, "cpu"), capture_sim_ircot, SIM_IRCOT, {"cpu": 4}, SIM_QUESTIONS),
         Workload("crag-real", "CRAG (examples/crag.py): FAISS + MiniLM, SmolLM2 on llama.cpp as grader, rewriter, generator",
-                 real_crag, capture_real_crag, REAL_CRAG, {"cpu": 5}, REAL_QUESTIONS, real=True),
+                 real_crag, capture_real_crag, REAL_CRAG, {"cpu": 2}, REAL_QUESTIONS, real=True),
         Workload("ircot-real", "IRCoT (examples/ircot.py): FAISS + MiniLM, SmolLM2 on llama.cpp",
                  real_ircot, capture_real_ircot, _real_ircot_steps, {"cpu": 2}, REAL_QUESTIONS, real=True),
     )

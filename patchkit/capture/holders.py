@@ -63,12 +63,16 @@ def held_components(value: Any, name: str) -> list[tuple[str, Component]]:
 
 def constructor_components(component: Component) -> list[tuple[str, Component]]:
     """The components passed to `component`'s constructor, found in its recorded arguments as
-    `held_components` finds them, each named after its parameter (`Grader(llm)` -> "generator").
-    A deployment serves each on its own and the holder calls it there (a shared component)."""
+    `held_components` finds them, each named after its parameter (`Grader(llm)` -> "generator"),
+    but for the parameters its class runs in place (`Component.in_place`). A deployment serves each
+    on its own and the holder calls it there (a shared component)."""
     spec = component._patchkit_spec
     names = spec.parameter_names()
+    private = type(component).in_place
     found: list[tuple[str, Component]] = []
     for name, value in [*zip(names, spec.args), *spec.kwargs.items()]:
+        if name in private:
+            continue
         found += [(label, inner) for label, inner in held_components(value, name or "arg") if inner is not component]
     return found
 

@@ -42,6 +42,8 @@ class VectorRetriever(Component):
     where the embedding alone ranks a merely similar topic first.
     """
 
+    in_place = ("embedder",)  # it embeds the corpus with it in setup(): a private part, not a shared deployment
+
     def __init__(
         self, corpus: str | Sequence[str] = "pydoc", *, topk: int = 3, embedder: Embedder | None = None, lexical: bool = False
     ) -> None:

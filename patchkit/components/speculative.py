@@ -124,6 +124,8 @@ class SpeculativeRetriever(Component):
     `cache_topk`: the documents each real retrieval adds to the cache.
     """
 
+    in_place = ("base",)  # it reads the base's index and vectors: a private part, not a shared deployment
+
     def __init__(
         self,
         base: VectorRetriever,
