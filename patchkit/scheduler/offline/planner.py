@@ -31,7 +31,9 @@ if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline
     from patchkit.scheduler.offline.profiler import ComponentProfile
 
-__all__ = ["options_of", "plan"]
+__all__ = ["options_of", "own_shares", "plan"]
+
+MIN_OWN_SHARE = 0.02  # a holder's profile is never scaled below this: its own code and the hop still cost
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +62,8 @@ def plan(
     capacity = pool.units()
     fixed = {name: _idle_plan(name, component, capacity) for name, component in idle.items()}
     profiles = Profiler(pool, progress=progress).run(pipeline)
-    options = tuple(option for p in profiles for option in options_of(p))
+    own = own_shares(pipeline)
+    options = tuple(option for p in profiles for option in options_of(p, own.get(p.component, 1.0)))
     called = {n: v for n, v in visits.items() if v}
     solution = solve(Problem(options, called, capacity, slo_ms, per_declared={"cpu": SHARES_PER_CORE}))
     logger.info("planned with %s: %.1f requests/s, bottleneck %s", solution.solver, solution.throughput, solution.bottleneck)
@@ -76,9 +79,14 @@ def plan(
     return Plan(components, solution.throughput, solution.bottleneck, solution.solver, dict(pool.capacity), virtual, slo_ms)
 
 
-def options_of(profile: ComponentProfile) -> list[Option]:
-    """The MILP's options for one profile: its own units, and for a 1-thread CPU profile the shares of a core too."""
+def options_of(profile: ComponentProfile, own: float = 1.0) -> list[Option]:
+    """The MILP's options for one profile: its own units, and for a 1-thread CPU profile the shares of a core too.
+
+    `own`: the share of the component's time that is its own work (`own_shares`); its profile, run
+    with private copies of the shared components it calls, is scaled to that."""
     latency, top = profile.latency(), profile.max_batch
+    if own < 1.0:
+        latency = latency.scaled(max(own, MIN_OWN_SHARE))
     if profile.resource != "cpu":
         return [Option(profile.component, profile.resource, 1, latency, top)]
     whole = Option(profile.component, "cpu", profile.threads * SHARES_PER_CORE, latency, top, profile.threads)
@@ -86,6 +94,33 @@ def options_of(profile: ComponentProfile) -> list[Option]:
         return [whole]
     shares = [Option(profile.component, "cpu", s, latency.scaled(SHARES_PER_CORE / s), top, most_replicas=1) for s in SHARE_SIZES]
     return [whole, *shares]
+
+
+def own_shares(pipeline: Pipeline) -> dict[str, float]:
+    """Per component that calls shared components (ones given to its constructor, deployed on their own),
+    the share of its calls' time in the calibration runs not spent in those calls: deployed, that is
+    all its replicas do, the shared calls running on the shared component's replicas (which count
+    them in their visits). Components that call none are left out (their share is 1)."""
+    spent: dict[tuple[str, str], float] = {}  # (class, method) -> seconds of its calls
+    inner: dict[tuple[str, str], float] = {}  # (class, method) -> seconds of the shared calls they made
+    names: dict[tuple[str, str], set[str]] = {}
+    for record in pipeline.recorded:
+        site = record.site
+        if site is not None and site.filename.startswith("<") and site.filename.endswith(">"):
+            cls, _, method = site.filename[1:-1].partition(".")
+            inner[cls, method] = inner.get((cls, method), 0.0) + record.seconds
+            continue
+        key = (type(record.component).__name__, record.method)
+        spent[key] = spent.get(key, 0.0) + record.seconds
+        name = pipeline.graph.name_of(record.component)
+        if name is not None:
+            names.setdefault(key, set()).add(name)
+    shares: dict[str, float] = {}
+    for key, seconds in inner.items():
+        if spent.get(key):
+            for name in names.get(key, ()):
+                shares[name] = max(0.0, 1.0 - seconds / spent[key])
+    return shares
 
 
 def _calibrate(pipeline: Pipeline, calibration: Sequence[Mapping[str, Any]] | None) -> None:
