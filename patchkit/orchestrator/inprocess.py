@@ -46,14 +46,14 @@ class DirectChannel:
         waits here, nor runs while its request ends)."""
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
-        sinks = on_chunk
 
         def sink(index: int, text: str) -> None:
-            if sinks is not None and (target := sinks[index]) is not None:
+            target = on_chunk[index] if on_chunk is not None else None
+            if target is not None:
                 target(text)
 
         with telemetry.execution(self.name, method, traces):
-            outcomes = run_calls(self.component, method, calls, sink if sinks is not None else None)
+            outcomes = run_calls(self.component, method, calls, sink if on_chunk is not None else None)
         self.batches += 1
         self.calls += len(calls)
         return outcomes

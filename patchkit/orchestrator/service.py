@@ -54,7 +54,8 @@ class WorkerService:
         made = make_methods(type(component))
         self.concurrency = {name: m.max_concurrency for name, m in made.items() if m.max_concurrency}
         workers = sum(self.concurrency.values()) or 1
-        self._pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="patchkit-call")
+        # Runs the batches of methods with max_concurrency, each on a thread of its own, for every stream.
+        self.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="patchkit-call")
         self._stats_lock = threading.Lock()
         self.batches = 0
         self.calls = 0
@@ -215,7 +216,7 @@ class _Stream:
         with self.lock:
             self.running[decoded.batch_id] = [threading.Event() for _ in decoded.calls]
         if decoded.method in self.service.concurrency:
-            self.service._pool.submit(self._run, decoded, arrived)
+            self.service.pool.submit(self._run, decoded, arrived)
         else:
             self.serial.put((decoded, arrived))
 

@@ -123,12 +123,15 @@ class ReplicaSet:
     def least_loaded(self, *, full: bool = True, most: int | None = None) -> Replica | None:
         """The alive replica with the fewest batches in flight, if one has fewer than `most` (default:
         `max_inflight`); unless the batch is `full`, only an idle replica will do."""
-        most = (most or self.max_inflight) if full else 1
         best = None
         for replica in self.replicas:
-            if replica.alive and replica.inflight < most and (best is None or replica.inflight < best.inflight):
+            if self._has_room(replica, full, most) and (best is None or replica.inflight < best.inflight):
                 best = replica
         return best
+
+    def _has_room(self, replica: Replica, full: bool, most: int | None) -> bool:
+        """Alive, with fewer than `most` (default `max_inflight`) batches in flight; idle unless the batch is `full`."""
+        return replica.alive and replica.inflight < ((most or self.max_inflight) if full else 1)
 
     def pick(self, key: str | None, *, full: bool = True, most: int | None = None) -> Replica | None:
         """Where a batch goes: the replica that last ran a call with prefix `key`, while it has room and is
@@ -139,11 +142,10 @@ class ReplicaSet:
         held = self._holders.get(key)
         slack = max(1, (most or self.max_inflight) // 4)
         chosen = least
-        if held is not None and held in self.replicas and held.alive and held.inflight <= least.inflight + slack:
-            limit = (most or self.max_inflight) if full else 1
-            if held.inflight < limit:
-                chosen = held
-                self.prefix_hits += 1
+        near = held is not None and held in self.replicas and held.inflight <= least.inflight + slack
+        if held is not None and near and self._has_room(held, full, most):
+            chosen = held
+            self.prefix_hits += 1
         self._holders.pop(key, None)
         self._holders[key] = chosen
         if len(self._holders) > PREFIX_MEMORY:
