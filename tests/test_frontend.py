@@ -21,6 +21,7 @@ from test_capture_corpus import _capture as capture_case
 import patchkit
 from patchkit import Component, make
 from patchkit.config import DeploymentConfig
+from patchkit.orchestrator.resources import SHARES_PER_CORE
 from patchkit.scheduler.online.frontend import Frontend
 from patchkit.server.inputs import InputSchema
 
@@ -257,7 +258,7 @@ def test_health_metrics_graph_plan_and_stats(endpoint: patchkit.Endpoint) -> Non
     graph = json.loads(get(endpoint.url, "/v1/graph")[1])
     assert {n["component"] for n in graph["nodes"]} == {"retriever", "grader", "llm"}
     plan = json.loads(get(endpoint.url, "/v1/plan")[1])
-    retriever = {"replicas": 1, "batch_sizes": {"retrieve": 32, "lookup": 1}, "resource": "cpu", "units": 4}
+    retriever = {"replicas": 1, "batch_sizes": {"retrieve": 32, "lookup": 1}, "resource": "cpu", "units": SHARES_PER_CORE}
     assert plan["components"]["retriever"] == retriever
     assert plan["plan"] is None  # no Plan applied: replicas and batch sizes come from the defaults
     assert plan["inputs"] == {"query": "a string"} and "secret" not in plan

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 import pytest
 
 from patchkit.errors import PlanError
-from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE
+from patchkit.orchestrator.resources import LENT_SHARES, SHARE_SIZES, SHARES_PER_CORE
 from patchkit.scheduler.offline.milp import Option, Problem, Solution, solve
 from patchkit.scheduler.offline.planner import options_of
 from patchkit.scheduler.offline.profiler import ComponentProfile, MethodProfile
@@ -323,36 +323,56 @@ def crag(slo_ms: float | None, cores: int) -> Problem:
     profiles = [profile("llm", 400, 100, 8), profile("llm", 210, 52, 8, threads=2)]
     profiles += [profile(name, 2, 0.1, 64) for name in LIGHT]
     options = tuple(o for p in profiles for o in options_of(p))
-    return Problem(options, dict.fromkeys(("llm", *LIGHT), 1.0), {"cpu": cores * SHARES_PER_CORE}, slo_ms)
+    return Problem(options, dict.fromkeys(("llm", *LIGHT), 1.0), {"cpu": cores * SHARES_PER_CORE}, slo_ms,
+                   per_declared={"cpu": SHARES_PER_CORE})
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_replicas_of_several_cores_never_hold_more_cores_than_there_are(solver: str) -> None:
+    # two engines that run only on 2 threads: lending half a core each they take 12 + 12 of 3 cores' 24 shares,
+    # but 4 cores; on 4 they get 2 whole cores each
+    options = tuple(o for name in ("a", "b") for o in options_of(profile(name, 210, 52, 8, threads=2)))
+
+    def problem(cores: int) -> Problem:
+        return Problem(options, {"a": 1.0, "b": 1.0}, {"cpu": cores * SHARES_PER_CORE}, per_declared={"cpu": SHARES_PER_CORE})
+
+    with pytest.raises(PlanError):
+        solve(problem(3), solver=solver)
+    assert {(c.units, c.replicas) for c in solve(problem(4), solver=solver).choices.values()} == {(2 * SHARES_PER_CORE, 1)}
 
 
 def test_a_profile_gives_whole_core_options_and_a_one_thread_profile_share_options_too() -> None:
     one, two = options_of(profile("llm", 400, 100, 8)), options_of(profile("llm", 210, 52, 8, threads=2))
     assert [(o.units, o.threads) for o in one] == [(SHARES_PER_CORE, 1)] + [(s, 1) for s in SHARE_SIZES]
-    assert [(o.units, o.threads) for o in two] == [(2 * SHARES_PER_CORE, 2)]
-    quarter = next(o for o in one if o.units == 1)
-    assert quarter.latency(4) == pytest.approx(SHARES_PER_CORE * one[0].latency(4))  # a quarter of a busy core
+    assert [(o.units, o.threads) for o in two] == [(2 * SHARES_PER_CORE, 2), (2 * SHARES_PER_CORE - LENT_SHARES, 2)]
+    eighth = next(o for o in one if o.units == 1)
+    assert eighth.latency(4) == pytest.approx(SHARES_PER_CORE * one[0].latency(4))  # an eighth of a busy core
+    lending = two[1]  # two cores but for the half it lends: 3/4 of their time
+    assert lending.latency(4) == pytest.approx(two[0].latency(4) * 4 / 3)
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
-def test_five_components_share_two_cores_and_the_llm_holds_a_whole_one(solver: str) -> None:
+def test_five_components_share_two_cores_and_the_llm_computes_on_both(solver: str) -> None:
+    # one thread on a whole core serves 8 calls in 1200 ms; two threads lending half a core 8 in 835 ms
     solution = solve(crag(None, cores=2), solver=solver)
     llm = solution.choices["llm"]
-    assert (llm.units, llm.threads, llm.replicas) == (SHARES_PER_CORE, 1, 1)  # two half-core replicas tie: fewer win
+    assert (llm.units, llm.threads, llm.replicas) == (2 * SHARES_PER_CORE - LENT_SHARES, 2, 1)
     assert {(solution.choices[n].units, solution.choices[n].replicas) for n in LIGHT} == {(1, 1)}
-    assert solution.used == {"cpu": 2 * SHARES_PER_CORE} and solution.bottleneck == "llm"
+    assert solution.used == {"cpu": 2 * SHARES_PER_CORE - LENT_SHARES + len(LIGHT)} and solution.bottleneck == "llm"
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
 def test_an_llm_too_slow_for_the_slo_on_one_thread_gets_two(solver: str) -> None:
-    # 2 x T(1) on one thread is 1000 ms, past the SLO; on two threads 524 ms, with the light ones on shares
+    # 2 x T(1) on one thread is 1000 ms, past the SLO; on two threads 524 ms (698 lending half a core)
     solution = solve(crag(800.0, cores=3), solver=solver)
     llm = solution.choices["llm"]
     assert (llm.units, llm.threads, llm.replicas) == (2 * SHARES_PER_CORE, 2, 1)
     assert {(solution.choices[n].units, solution.choices[n].threads) for n in LIGHT} == {(1, 1)}
-    assert solution.latency_ms <= 800.0 and solution.used == {"cpu": 3 * SHARES_PER_CORE}
+    assert solution.latency_ms <= 800.0
+    lent = solve(crag(800.0, cores=2), solver=solver).choices["llm"]  # the light ones fit the half it lends
+    assert (lent.units, lent.threads) == (2 * SHARES_PER_CORE - LENT_SHARES, 2)
     with pytest.raises(PlanError):
-        solve(crag(800.0, cores=2), solver=solver)  # two threads for the LLM leave no share for the others
+        solve(crag(600.0, cores=2), solver=solver)
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
@@ -365,7 +385,7 @@ def test_of_plans_as_fast_on_as_many_units_the_one_of_fewest_replicas_wins(solve
 
 
 def test_a_component_that_needs_more_than_a_core_takes_whole_cores() -> None:
-    # shares would divide 5 cores more finely (13 : 7 quarters), but replicas of one component would contend for them
+    # shares would divide 5 cores more finely (26 : 14 eighths), but replicas of one component would contend for them
     retriever, augmenter = profile("retriever", 0, 2, 64), profile("augmenter", 0, 1, 64)
     options = tuple(options_of(retriever) + options_of(augmenter))
     solution = solve(Problem(options, {"retriever": 1.0, "augmenter": 1.0}, {"cpu": 5 * SHARES_PER_CORE}), solver="highs")

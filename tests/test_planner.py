@@ -106,11 +106,11 @@ def test_a_pipeline_that_never_ran_needs_calibration_inputs() -> None:
 
 
 def test_more_components_than_resources_is_a_clear_error() -> None:
-    a, b, c, d, e = (Simulated(1.0) for _ in range(5))
+    a, b, c, d, e, f, g, h, i = (Simulated(1.0) for _ in range(9))
     with patchkit.capture() as pipeline:
-        z = e.run(d.run(c.run(b.run(a.run(1)))))
-    # a core holds 4 shares: 5 components need 5, which 2 cores hold
-    with pytest.raises(patchkit.PlanError, match=r"5 components need a cpu replica each .* resources=\{'cpu': 2\}"):
+        z = i.run(h.run(g.run(f.run(e.run(d.run(c.run(b.run(a.run(1)))))))))
+    assert SHARES_PER_CORE == 8  # a core holds 8 shares: 9 components need 9, which 2 cores hold
+    with pytest.raises(patchkit.PlanError, match=r"9 components need a cpu replica each .* resources=\{'cpu': 2\}"):
         patchkit.plan(pipeline, resources={"cpu": 1, "gpu": 0}, progress=False)
     assert z == 1
 
@@ -197,14 +197,18 @@ def test_a_hand_made_plan_deploys_inprocess_and_round_trips_through_json() -> No
     hand = Plan(
         {
             "retriever": ComponentPlan("cpu", 2, 8),
-            "augmenter": ComponentPlan("cpu", 1, 4, units=2),  # half a core
+            "augmenter": ComponentPlan("cpu", 1, 4, units=SHARES_PER_CORE // 2),  # half a core
             "generator": ComponentPlan("gpu", 1, 16),
         },
         throughput=0.0,
         bottleneck="augmenter",
     )
     assert Plan.from_dict(json.loads(json.dumps(hand.to_dict()))) == hand
-    assert "1 on 2/4 core" in hand.table() and hand.used() == {"cpu": 2.5, "gpu": 1}
+    assert f"1 on {SHARES_PER_CORE // 2}/{SHARES_PER_CORE} core" in hand.table() and hand.used() == {"cpu": 2.5, "gpu": 1}
+    quarters = hand.to_dict()  # as a patchkit counting quarters of a core wrote it
+    quarters["shares_per_core"] = 4
+    quarters["components"]["retriever"]["units"], quarters["components"]["augmenter"]["units"] = 4, 2
+    assert Plan.from_dict(quarters) == hand
     saved = hand.to_dict()  # as an older patchkit wrote it: no threads, a CPU replica's units its cores
     for c in saved["components"].values():
         del c["threads"]

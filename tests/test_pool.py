@@ -8,7 +8,15 @@ from collections import Counter
 import pytest
 
 import patchkit
-from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, ReplicaResources, assign, available_gpus, cpu_threads
+from patchkit.orchestrator.resources import (
+    LENT_SHARES,
+    SHARE_SIZES,
+    SHARES_PER_CORE,
+    ReplicaResources,
+    assign,
+    available_gpus,
+    cpu_threads,
+)
 from patchkit.scheduler.offline.pool import ResourcePool
 
 
@@ -48,38 +56,54 @@ def test_share_replicas_pack_onto_the_cores_whole_core_replicas_leave() -> None:
     assert [r.cpus for r in placed[:1] + placed[2:]] == [(1,)] * 4 and {r.threads for r in placed} == {1}
 
 
+def test_share_replicas_take_the_half_core_a_replica_of_two_lends() -> None:
+    # CRAG on 2 cores, the LLM on both with 2 threads, lending half of core 1 to the four light ones
+    replicas = [("cpu", 1), ("cpu", 2 * SHARES_PER_CORE - LENT_SHARES), ("cpu", 2), ("cpu", 1)]
+    placed = assign(replicas, cpus=[0, 1], gpus=[])
+    assert placed[1] == ReplicaResources(cpus=(0, 1), threads=2, gpus=())
+    assert [r.cpus for r in placed[:1] + placed[2:]] == [(1,)] * 3
+    # past the half lent, they would not fit: the replicas float
+    assert assign([*replicas, ("cpu", 1)], cpus=[0, 1], gpus=[])[0].cpus == ()
+
+
 @pytest.mark.parametrize("seed", range(40))
-def test_no_core_runs_more_threads_than_it_has(seed: int) -> None:
-    """Any mix of replicas whose units fit the cores is placed without oversubscription: whole-core
-    replicas alone on cores, one thread each; share replicas one thread each, <= SHARES_PER_CORE shares a core."""
+def test_no_core_is_given_more_shares_than_it_has(seed: int) -> None:
+    """Any mix of replicas whose units fit the cores is placed: replicas of several cores on cores of
+    their own, a thread a core, all of each but the half the last one lends; share replicas one thread
+    each on one core, on what is left. No core is given more than SHARES_PER_CORE shares."""
     rng = random.Random(seed)
     cores = list(range(rng.randint(1, 6)))
-    free, units = len(cores) * SHARES_PER_CORE, []
-    while True:
-        u = rng.choice([*SHARE_SIZES, SHARES_PER_CORE, 2 * SHARES_PER_CORE])
-        if u > free:
+    free, free_cores, units = len(cores) * SHARES_PER_CORE, len(cores), []
+    lending = [t * SHARES_PER_CORE - LENT_SHARES for t in (2, 3)]
+    while True:  # as the MILP allows: units within the cores' shares, cores held within the cores
+        u = rng.choice([*SHARE_SIZES, SHARES_PER_CORE, 2 * SHARES_PER_CORE, *lending])
+        held = 0 if u in SHARE_SIZES else cpu_threads(u)
+        if u > free or held > free_cores:
             break
         units.append(u)
-        free -= u
+        free, free_cores = free - u, free_cores - held
     placed = assign([("cpu", u) for u in units], cpus=cores, gpus=[])
-    whole, shares = Counter(), Counter()
+    given, held = Counter(), Counter()
     for u, r in zip(units, placed):
-        assert r.threads == cpu_threads(u) == (u // SHARES_PER_CORE or 1)
-        if u >= SHARES_PER_CORE:
-            assert len(r.cpus) == r.threads  # a thread a core
-            whole.update(r.cpus)
-        else:
+        assert r.threads == cpu_threads(u) == -(-u // SHARES_PER_CORE)
+        if u in SHARE_SIZES:
             assert len(r.cpus) == 1
-            shares[r.cpus[0]] += u
-    assert all(n == 1 for n in whole.values()) and not set(whole) & set(shares)
-    assert all(n <= SHARES_PER_CORE for n in shares.values())
+            given[r.cpus[0]] += u
+            continue
+        assert len(r.cpus) == r.threads  # a thread a core
+        held.update(r.cpus)
+        given.update(dict.fromkeys(r.cpus, SHARES_PER_CORE))
+        given[r.cpus[-1]] -= r.threads * SHARES_PER_CORE - u
+    assert all(n == 1 for n in held.values())
+    assert all(n <= SHARES_PER_CORE for n in given.values())
 
 
 def test_past_the_machine_cpu_replicas_float_and_gpu_replicas_see_no_gpu() -> None:
     placed = assign([("cpu", SHARES_PER_CORE)] * 3 + [("gpu", 1)] * 2, cpus=[0, 1], gpus=[])
     assert placed[:3] == [ReplicaResources(threads=1, gpus=())] * 3
     assert placed[3:] == [ReplicaResources(threads=1, gpus=())] * 2
-    assert assign([("cpu", 1)] * 5, cpus=[0], gpus=[]) == [ReplicaResources(threads=1, gpus=())] * 5  # 5 shares on 4
+    too_many = SHARES_PER_CORE + 1
+    assert assign([("cpu", 1)] * too_many, cpus=[0], gpus=[]) == [ReplicaResources(threads=1, gpus=())] * too_many
     assert [r.gpus for r in assign([("gpu", 1)] * 3, cpus=[0], gpus=[0, 1])] == [(0,), (1,), (0,)]
 
 

@@ -1,10 +1,18 @@
 """What one replica may use: the cores it is pinned to, its math-library threads, its GPUs.
 
-CPU is counted in shares of a core, `SHARES_PER_CORE` a core. A replica of `units` shares either
-holds whole cores (units a multiple of SHARES_PER_CORE: units / SHARES_PER_CORE cores, one thread
-each) or, with fewer, runs one thread on a core it shares with other such replicas. Share sizes
-divide SHARES_PER_CORE (`SHARE_SIZES`), so share replicas whose shares sum to at most the shares of
-the cores left always pack onto them: no core runs more threads than it has.
+CPU is counted in shares of a core, `SHARES_PER_CORE` a core. A replica of `units` shares is one of:
+
+- a share replica (units in `SHARE_SIZES`, less than a core): one thread on a core it shares with
+  other share replicas;
+- a replica of whole cores (units a multiple of SHARES_PER_CORE): one thread on each of its cores;
+- a replica of t >= 2 cores that lends half of its last one (units t * SHARES_PER_CORE -
+  `LENT_SHARES`): one thread on each, the last core's other half taken by share replicas. An engine
+  that scales with threads then gets every core of a small machine while light replicas (a
+  retriever, a grader forwarding to the engine) take the half it lends.
+
+Share sizes divide LENT_SHARES, which divides SHARES_PER_CORE: placed largest first, share replicas
+whose shares sum to at most the shares left (free cores and lent halves) always fit, and no core
+is given more shares than it has.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "LENT_SHARES",
     "SHARES_PER_CORE",
     "SHARE_SIZES",
     "ReplicaResources",
@@ -23,12 +32,14 @@ __all__ = [
     "available_cpus",
     "available_gpus",
     "cpu_threads",
+    "valid_cpu_units",
     "one_more",
     "spread",
 ]
 
-SHARES_PER_CORE = 4  # CPU units per core: a light replica takes one, a replica of k threads k * 4
-SHARE_SIZES = (1, 2)  # shares a replica on a shared core may take: divisors of SHARES_PER_CORE, so they pack
+SHARES_PER_CORE = 8  # CPU units per core: a light replica takes one, a replica of k whole cores k * 8
+LENT_SHARES = SHARES_PER_CORE // 2  # what a replica of several cores may leave of its last one to share replicas
+SHARE_SIZES = (1, 2, 4)  # shares a replica on a shared core may take: divisors of LENT_SHARES, so they pack
 
 # Math and tokenizer libraries read these once, at import: they are set before a component loads.
 THREAD_VARIABLES = (
@@ -97,8 +108,15 @@ def available_gpus() -> list[int]:
 
 
 def cpu_threads(units: int) -> int:
-    """The threads of a CPU replica of `units` shares: one per whole core it holds, one on a shared core."""
+    """The threads of a CPU replica of `units` shares: one per core it holds (whole or lending half), one on a shared core."""
     return max(1, -(-units // SHARES_PER_CORE))
+
+
+def valid_cpu_units(units: int, threads: int) -> bool:
+    """Whether a CPU replica of `threads` threads may take `units` shares (see the module's docstring)."""
+    if threads == 1 and units in SHARE_SIZES:
+        return True
+    return units == threads * SHARES_PER_CORE or (threads >= 2 and units == threads * SHARES_PER_CORE - LENT_SHARES)
 
 
 def assign(
@@ -107,8 +125,9 @@ def assign(
     """Resources for replicas that each take `units` of a resource type ("cpu" or "gpu"), as a plan says.
 
     Called by the front-end for a planned deployment. CPU units are shares (`SHARES_PER_CORE` a core):
-    replicas of whole cores get disjoint cores, as many as their threads; share replicas are packed
-    onto the cores left, each pinned to one with one thread, at most SHARES_PER_CORE shares a core.
+    replicas of several cores get disjoint cores, as many as their threads; share replicas are packed
+    onto the cores left and the halves lent, each pinned to one core with one thread, never more
+    shares on a core than it has.
     When they do not all fit the machine (a declared pool larger than it), CPU replicas float with
     their threads. GPU replicas get one real GPU each, in turn; where the machine has none (a
     declared, virtual GPU) they see no GPU.
@@ -130,19 +149,22 @@ def assign(
 def _place_cpu(units: Sequence[int], cores: Sequence[int]) -> list[tuple[int, ...]] | None:
     """The cores of each CPU replica, in order; None when they do not fit on `cores`.
 
-    Whole-core replicas first, each on cores of its own; then share replicas, largest first, each on
-    the first core with shares enough left (first fit decreasing: exact for sizes that divide a core).
+    Replicas of several cores first, each on cores of its own (the last one's lent half left to share
+    replicas); then share replicas, largest first, each on the first core with shares enough left
+    (first fit decreasing: exact, as every share size divides every room left).
     """
     placed: list[tuple[int, ...]] = [()] * len(units)
-    free = list(cores)
+    free, left = list(cores), dict[int, int]()
     for i, u in enumerate(units):
-        if u >= SHARES_PER_CORE:
+        if u > max(SHARE_SIZES):
             need = cpu_threads(u)
             if need > len(free):
                 return None
             placed[i], free = tuple(free[:need]), free[need:]
-    left = dict.fromkeys(free, SHARES_PER_CORE)
-    for i in sorted((i for i, u in enumerate(units) if u < SHARES_PER_CORE), key=lambda i: -units[i]):
+            if lent := need * SHARES_PER_CORE - u:
+                left[placed[i][-1]] = lent
+    left.update(dict.fromkeys(free, SHARES_PER_CORE))
+    for i in sorted((i for i, u in enumerate(units) if u <= max(SHARE_SIZES)), key=lambda i: -units[i]):
         core = next((c for c, shares in left.items() if shares >= units[i]), None)
         if core is None:
             return None

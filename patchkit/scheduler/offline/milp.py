@@ -9,6 +9,7 @@ must process its share of requests, and the slowest one sets the rate. Here it r
                 z[i,o,b] <= n[i,o,b] <= min(R_k(o) // r[o], m[o]) * z[i,o,b]
                 sum_{o,b} n[i,o,b] * 1000 b / T_o(b) >= visits_i * L      for each component i
                 sum_{i,o on k,b} n[i,o,b] * r[o] <= R_k                      for each resource type k
+                sum_{i,o on k,b} n[i,o,b] * h[o] <= R_k / d_k                 for each k with options holding cores
                 sum_{i,o,b} visits_i * 2 T_o(b) * z[i,o,b] <= slo_ms         with an SLO
                 z binary, n integer, L >= 0
 
@@ -19,7 +20,8 @@ on one type, differing in units (a CPU replica of 1, 2 or 4 threads, or a share 
 planner's docstring says how CPU units are counted), and m[o] may cap its replicas (a share of a
 core is for a component that needs less than a core: one replica). R_k is the units there are. T_o(b) is the
 fitted milliseconds per batch, so one replica serves 1000 b / T_o(b) calls/s when its queue keeps
-it busy.
+it busy. A CPU replica of several threads holds h[o] cores to itself (d_k units a core): however its
+units compare with the shares others take, the cores held cannot exceed the cores there are.
 
 Candidate batch sizes. Along one linear segment of T, with T(b) = a + s b, the throughput
 b / (a + s b) is monotone in b (rising when a > 0), so without an SLO the best batch of a segment is
@@ -79,6 +81,7 @@ class Option:
     max_batch: int  # memory-bounded largest batch
     threads: int = 1  # threads one replica runs with (what the profile was measured at)
     most_replicas: int | None = None  # at most this many replicas (m[o]); None: as many as the units allow
+    holds: int = 0  # declared units (cores) one replica holds to itself, lent parts included (h[o])
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -88,10 +91,11 @@ class Option:
     def __post_init__(self) -> None:
         if self.most_replicas is not None and self.most_replicas < 1:
             raise ValueError(f"{self.component} on {self.resource}: most_replicas must be >= 1; got {self.most_replicas!r}")
-        for name in ("units", "max_batch", "threads"):
+        for name in ("units", "max_batch", "threads", "holds"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{self.component} on {self.resource}: {name} must be an int >= 1; got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < (name != "holds"):
+                raise ValueError(f"{self.component} on {self.resource}: {name} must be an int >= {int(name != 'holds')}; "
+                                 f"got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -324,6 +328,7 @@ class _Model(LinearModel):
         pick: dict[str, list[int]] = {name: [] for name in problem.visits}
         serve: dict[str, tuple[list[int], list[float]]] = {name: ([0], [-problem.visits[name]]) for name in problem.visits}
         use: dict[str, tuple[list[int], list[float]]] = {}
+        hold: dict[str, tuple[list[int], list[float]]] = {}
         slo: tuple[list[int], list[float]] = ([], [])
         best = dict.fromkeys(problem.visits, 0.0)  # an upper bound on each component's calls/s
         for p, (option, b) in enumerate(pairs):
@@ -344,6 +349,10 @@ class _Model(LinearModel):
             used = use.setdefault(option.resource, ([], []))
             used[0].append(n)
             used[1].append(float(option.units))
+            if option.holds:
+                held = hold.setdefault(option.resource, ([], []))
+                held[0].append(n)
+                held[1].append(float(option.holds))
             slo[0].append(z)
             slo[1].append(problem.visits[option.component] * 2 * option.latency(b))
         upper[0] = min(best[name] / problem.visits[name] for name in problem.visits)
@@ -351,6 +360,8 @@ class _Model(LinearModel):
         rows += [(columns, coefficients, 0.0, math.inf) for columns, coefficients in serve.values()]
         for kind, (columns, coefficients) in use.items():
             rows.append((columns, coefficients, -math.inf, float(problem.capacity[kind])))
+        for kind, (columns, coefficients) in hold.items():
+            rows.append((columns, coefficients, -math.inf, float(problem.capacity[kind] // problem.per_declared.get(kind, 1))))
         if problem.slo_ms is not None:
             rows.append((slo[0], slo[1], -math.inf, problem.slo_ms))
         return cls(lower, upper, integer, rows, pairs, units, problem.visits, most_rows)

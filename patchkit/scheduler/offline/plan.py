@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from patchkit.errors import InputError
-from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE
+from patchkit.orchestrator.resources import LENT_SHARES, SHARE_SIZES, SHARES_PER_CORE, valid_cpu_units
 from patchkit.tables import text_table
 
 __all__ = ["ComponentPlan", "Plan"]
@@ -21,7 +21,8 @@ __all__ = ["ComponentPlan", "Plan"]
 @dataclass(frozen=True)
 class ComponentPlan:
     """One component's part of a plan. On "cpu" a replica either holds `threads` whole cores, one
-    thread each (units = threads * SHARES_PER_CORE), or runs 1 thread on a core it shares with other
+    thread each (units = threads * SHARES_PER_CORE), or as many cores lending half of its last one to
+    share replicas (LENT_SHARES fewer units), or runs 1 thread on a core it shares with other
     replicas, taking `units` of its SHARES_PER_CORE shares (one of SHARE_SIZES)."""
 
     resource: str  # "cpu" | "gpu"
@@ -41,11 +42,12 @@ class ComponentPlan:
                 "a component plan needs replicas, batch_size, units and threads >= 1; "
                 f"got {self.replicas}, {self.batch_size}, {self.units}, {self.threads}"
             )
-        if self.resource == "cpu" and self.units != self.threads * SHARES_PER_CORE and not self.shared:
+        if self.resource == "cpu" and not valid_cpu_units(self.units, self.threads):
+            whole = self.threads * SHARES_PER_CORE
             raise InputError(
-                f"a cpu replica of {self.threads} threads takes {self.threads * SHARES_PER_CORE} units (whole cores, "
-                f"{SHARES_PER_CORE} a core), or with 1 thread {' or '.join(map(str, SHARE_SIZES))} units of a shared core; "
-                f"got units={self.units}"
+                f"a cpu replica of {self.threads} threads takes {whole} units (whole cores, {SHARES_PER_CORE} a core)"
+                + (f" or {whole - LENT_SHARES} (half its last core lent)" if self.threads > 1 else "")
+                + f", or with 1 thread {' or '.join(map(str, SHARE_SIZES))} units of a shared core; got units={self.units}"
             )
 
     @property
@@ -94,9 +96,10 @@ class Plan:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
         """A plan saved with `to_dict()` (as `patchkit plan --json` prints it), or by an older patchkit
-        (no threads: a CPU replica's units were whole cores)."""
+        (no threads: a CPU replica's units were whole cores; or another number of shares a core)."""
         try:
-            components = {name: ComponentPlan(**_current(c)) for name, c in data["components"].items()}
+            per_core = int(data.get("shares_per_core", SHARES_PER_CORE))
+            components = {name: ComponentPlan(**_current(c, per_core)) for name, c in data["components"].items()}
             return cls(
                 components, float(data["throughput"]), str(data["bottleneck"]), str(data.get("solver", "manual")),
                 dict(data.get("capacity", {})), tuple(data.get("virtual", ())), data.get("slo_ms"),
@@ -137,12 +140,17 @@ class Plan:
         return f"<pre>{html.escape(self.table())}</pre>"
 
 
-def _current(component: Mapping[str, Any]) -> dict[str, Any]:
-    """A component's saved plan in today's fields: before `threads`, a CPU replica's units were its cores."""
+def _current(component: Mapping[str, Any], per_core: int) -> dict[str, Any]:
+    """A component's saved plan in today's fields: before `threads`, a CPU replica's units were its cores;
+    a plan counting `per_core` shares a core has its CPU units counted again in today's."""
     fields = dict(component)
-    if "threads" not in fields and fields.get("resource") == "cpu":
+    if fields.get("resource") != "cpu":
+        return fields
+    if "threads" not in fields:
         cores = int(fields.get("units", 1))
         fields.update(threads=cores, units=cores * SHARES_PER_CORE)
+    elif per_core != SHARES_PER_CORE and "units" in fields:
+        fields["units"] = int(fields["units"]) * SHARES_PER_CORE // per_core
     return fields
 
 
@@ -150,4 +158,7 @@ def _threads(c: ComponentPlan) -> str:
     """The table's threads cell: a replica's threads, or its share of a core."""
     if c.resource != "cpu":
         return "-"
-    return f"1 on {c.units}/{SHARES_PER_CORE} core" if c.shared else str(c.threads)
+    if c.shared:
+        return f"1 on {c.units}/{SHARES_PER_CORE} core"
+    lent = c.threads * SHARES_PER_CORE - c.units
+    return f"{c.threads}, {lent}/{SHARES_PER_CORE} core lent" if lent else str(c.threads)
