@@ -263,8 +263,9 @@ class MakeMethod:
         self.fn = fn
         self.batch = batch
         # What a deployment batches this method's calls up to unless deploy() or a Plan says otherwise:
-        # a batch method batches for real; a per-item method runs its calls one by one.
-        self.max_batch_size: int = max_batch_size or (DEFAULT_BATCH_SIZE if batch else 1)
+        # a batch method batches for real; a per-item method runs its calls one by one, or, with
+        # max_concurrency, that many at once (its batch size is its calls in flight per replica).
+        self.max_batch_size: int = max_batch_size or max_concurrency or (DEFAULT_BATCH_SIZE if batch else 1)
         # How long one batch of it may run before its replica counts as stuck; None: the deployment's call_timeout_s.
         self.timeout_s: float | None = None if timeout_s is None else float(timeout_s)
         # Times a call is re-sent to another replica after its replica died or got stuck running it;
@@ -458,19 +459,22 @@ def make(
     With `batch=True` the method is written over lists (one list per parameter, a list of results
     back) while pipeline code still calls it with one item, as Ray Serve's `@serve.batch`.
     `max_batch_size` is the deployed batch size unless deploy() or a Plan sets one (default: 32 for
-    a batch method, 1 for a per-item method).
+    a batch method, 1 for a per-item method, `max_concurrency` where that is given).
 
     When deployed: `timeout_s` bounds how long one batch of the method may run (default: the
-    deployment's `call_timeout_s`); past it the replica is recycled and the batch's calls are retried
-    elsewhere or fail with DeadlineExceeded. `retries` is how many times a call is re-sent to another
-    replica after its replica died or got stuck (default: the deployment's `max_retries`); 0 for a
-    method whose calls must not run twice. `max_concurrency`: the method is safe to run from several
-    threads at once, and a replica takes its calls as they arrive, up to this many in flight, without
-    waiting for the batch ahead to finish (an engine that batches internally, as vLLM's, or a method
-    that mostly waits on others). `stream=True` marks a per-item generator function yielding str
-    chunks (tokens): pipeline code still gets the whole string, while a streaming request to a
-    deployment whose output it makes receives the chunks as they come. All are checked here, when
-    the decorator is applied.
+    deployment's `call_timeout_s`); past it the replica is recycled and the batch's calls are
+    retried elsewhere or fail with DeadlineExceeded. `retries` is how many times a call is re-sent
+    to another replica after its replica died or got stuck (default: the deployment's
+    `max_retries`); 0 for a method whose calls must not run twice. `max_concurrency`: the method is
+    safe to run from several threads at once, and a replica takes its calls as they arrive, up to
+    this many in flight, without waiting for the batch ahead to finish (an engine that batches
+    internally, as vLLM's, or a method that mostly waits on others); its deployed batch size is its
+    calls in flight per replica (at most `max_concurrency`: a Plan or deploy(batch_size=...) that
+    picks c runs c at once), and the profiler measures it at 1 to `max_concurrency` calls at once,
+    not at batch sizes. `stream=True` marks a per-item generator function yielding str chunks
+    (tokens): pipeline code still gets the whole string, while a streaming request to a deployment
+    whose output it makes receives the chunks as they come. All are checked here, when the decorator
+    is applied.
     """
     options: dict[str, Any] = {"batch": batch, "max_batch_size": max_batch_size, "timeout_s": timeout_s, "retries": retries,
                "max_concurrency": max_concurrency, "stream": stream}

@@ -58,7 +58,7 @@ INTERNAL_FIELDS = ("components", "plan", "secret")
 @dataclass(frozen=True)
 class ComponentConfig:
     replicas: int
-    batch_sizes: dict[str, int]  # per @make method
+    batch_sizes: dict[str, int]  # per @make method; of a max_concurrency method, its calls at once per replica
     resource: str = "cpu"  # what each replica takes `units` of, when a plan placed it
     units: int = SHARES_PER_CORE  # shares of a core on "cpu" (SHARES_PER_CORE: one core), GPUs on "gpu"
 

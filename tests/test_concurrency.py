@@ -237,3 +237,47 @@ def test_an_aquery_cancelled_by_its_caller_cancels_the_request_on_the_server() -
     assert stats["requests"]["cancelled"] == 1
     [report] = stats["replica_reports"].values()
     assert report["cancelled"] == 1 and report["component_stats"] == {"closed_early": 1, "finished": 0}
+
+
+class Counted(Component):
+    """Holds each call `pause_s`, counting the most calls its replica ran at once."""
+
+    def __init__(self, pause_s: float) -> None:
+        self.pause_s = pause_s
+
+    def setup(self) -> None:
+        self.lock = threading.Lock()
+        self.running = self.peak = 0
+
+    @make(max_concurrency=8)
+    def hold(self, name: str) -> str:
+        with self.lock:
+            self.running += 1
+            self.peak = max(self.peak, self.running)
+        time.sleep(self.pause_s)
+        with self.lock:
+            self.running -= 1
+        return name
+
+    def stats(self) -> dict[str, Any]:
+        return {"peak": self.peak}
+
+
+def held(counted: Counted, name: str) -> patchkit.Pipeline:
+    with patchkit.capture(run=False) as pipeline:
+        return counted.hold(name)  # type: ignore[no-any-return]
+    return pipeline
+
+
+async def peak_of_six(frontend: Frontend) -> int:
+    await asyncio.gather(*(frontend.query({"name": str(i)}) for i in range(6)))
+    report = next(iter((await frontend.replica_stats()).values()))
+    return int(report["component_stats"]["peak"])
+
+
+def test_the_batch_size_of_a_concurrent_method_bounds_its_calls_at_once() -> None:
+    assert serve(held(Counted(pause_s=0.2), "x"), peak_of_six, batch_size={"counted.hold": 2}) == 2
+
+
+def test_a_concurrent_method_runs_up_to_its_max_concurrency_by_default() -> None:
+    assert serve(held(Counted(pause_s=0.2), "x"), peak_of_six) == 6  # all six at once: its batch size is 8

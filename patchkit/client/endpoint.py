@@ -273,7 +273,8 @@ def deploy(
     tls (on: a certificate made for the deployment unless tls_cert, tls_key, tls_ca, tls_server_name
     name one; tls=False sends in plaintext)). `replicas`: a count for every component, or
     counts by component name; `batch_size`: a size for every method, or sizes by component or
-    "component.method" (default: each method's `@make(max_batch_size=...)`). `plan`: a `Plan` to
+    "component.method" (default: each method's `@make(max_batch_size=...)`; of a `max_concurrency`
+    method, its calls at once per replica, at most that bound). `plan`: a `Plan` to
     apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=, calibration=,
     slo_ms=)`: it sets every component's replicas, batch size and placement. Further options are
     the fields of `patchkit.config.DeploymentConfig` (batch_wait_ms, optional_inputs,

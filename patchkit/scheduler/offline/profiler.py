@@ -7,12 +7,18 @@ the calls the eager runs recorded. Batch sizes are searched as Patchwork (sectio
 largest that fits (halving past a MemoryError), 1, then a binary search towards the knee, going
 lower while the larger batch's throughput gain stays under `threshold`.
 
+A method with `@make(max_concurrency=N)` (an engine batching concurrent calls itself) is not batched
+by the front-end: it runs each call alone, up to N at once per replica. Its sizes are therefore
+concurrency levels c in [1, N]: measuring c sends c one-call batches at once over the channel, and
+T(c) is the time until all c are answered. The search is the same; only how a size runs and its
+upper bound differ. c calls in T(c) is a batch's throughput, so the fit and the MILP read it as one.
+
 On CPU a component is profiled again at 2, 4, ... threads pinned to as many cores (up to the cores
 of the machine and of the pool), in a fresh worker each time, while each count's best calls/s beats
 the previous count's by `threshold` or more: a component that does not scale with threads (a BM25
 search, a sleep) keeps only its 1-thread profile. Results are cached on disk, keyed by the
-component's class and constructor arguments, the method, the resource type, the thread count and
-the inputs.
+component's class and constructor arguments, the method, the resource type, the thread count, the
+inputs, and whether sizes were batches or concurrency levels.
 """
 
 from __future__ import annotations
@@ -34,10 +40,10 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 from patchkit import envs
-from patchkit.component import Call, Component
+from patchkit.component import Call, Component, make_methods
 from patchkit.errors import ComponentError, PlanError
 from patchkit.orchestrator.backend import Replica, ReplicaSpec
-from patchkit.orchestrator.execute import Failure
+from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, available_cpus, available_gpus
 from patchkit.scheduler.offline.pool import ResourcePool
@@ -50,15 +56,15 @@ __all__ = ["ComponentProfile", "MethodProfile", "Profiler", "thread_counts", "vi
 
 logger = logging.getLogger(__name__)
 
-MAX_POINTS = 8  # batch sizes measured per method and resource type
+MAX_POINTS = 8  # batch sizes (or concurrency levels) measured per method and resource type
 INPUTS_PER_METHOD = 64  # recorded calls kept to build batches from (cycled)
 
 
 @dataclass(frozen=True)
 class MethodProfile:
     method: str
-    points: tuple[tuple[int, float], ...]  # (batch size, median ms per batch), ascending
-    max_batch: int  # the largest batch that ran (memory-bounded)
+    points: tuple[tuple[int, float], ...]  # (batch size or calls at once, median ms until all are answered), ascending
+    max_batch: int  # the largest batch (or concurrency level) that ran (memory-bounded)
 
 
 @dataclass(frozen=True)
@@ -201,29 +207,31 @@ class Profiler:
         return ReplicaResources(cpus=tuple(available_cpus()[:threads]), threads=threads, gpus=())
 
     async def _search(self, replica: Replica, job: _Job, method: str, progress: _Progress) -> MethodProfile:
-        """Measure T(b) at the batch sizes the search visits, from the largest that fits downwards."""
+        """Measure T(b) at the sizes the search visits, from the largest that fits downwards.
+
+        A size is a batch of b calls, or, for a `max_concurrency` method, b one-call batches in flight at once."""
         name, calls = job.name, job.calls[method]
+        concurrency = _max_concurrency(job.component, method)
+        unit = "calls at once" if concurrency else "batch"
         measured: dict[int, float] = {}
 
         async def measure(size: int) -> float | None:
             batch = [calls[i % len(calls)] for i in range(size)]
-            progress.note(f"{name}.{method}: batch {size}, {job.threads} thread(s)")
+            progress.note(f"{name}.{method}: {unit} {size}, {job.threads} thread(s)")
             times = []
             for _ in range(self.repeats + 1):  # the first run warms caches up and is not counted
-                started = time.perf_counter()
-                outcomes = await replica.channel.run_batch(method, batch)
-                elapsed = (time.perf_counter() - started) * 1000
+                elapsed, outcomes = await _timed(replica, method, batch, concurrent=concurrency is not None)
                 failed = next((value for ok, value in outcomes if not ok), None)
                 if isinstance(failed, Failure):
                     if _out_of_memory(failed):
                         return None
-                    message = f"failed while being profiled at batch size {size}: {failed.type_name}: {failed.message}"
+                    message = f"failed while being profiled at {unit} {size}: {failed.type_name}: {failed.message}"
                     raise ComponentError(name, method, message, failed.traceback)
                 times.append(elapsed)
             measured[size] = statistics.median(times[1:])
             return measured[size]
 
-        high = job.component.batch_limit(method)
+        high = concurrency or job.component.batch_limit(method)
         while high > 1 and await measure(high) is None:
             high //= 2
         await measure(1)
@@ -244,7 +252,8 @@ class Profiler:
     def _path(self, job: _Job, method: str) -> Path:
         spec = job.component._patchkit_spec
         where = (job.resource, job.threads)
-        identity = (spec.cls.__module__, spec.cls.__qualname__, spec.args, spec.kwargs, method, where, job.calls[method])
+        sizes = ("calls at once", _max_concurrency(job.component, method))  # None: sizes are batches
+        identity = (spec.cls.__module__, spec.cls.__qualname__, spec.args, spec.kwargs, method, where, sizes, job.calls[method])
         key = hashlib.sha256(cloudpickle.dumps((identity, self.repeats, self.threshold))).hexdigest()[:24]
         return self.cache / f"{key}.json"
 
@@ -282,6 +291,23 @@ def _recorded_calls(pipeline: Pipeline) -> dict[tuple[str, str], list[Call]]:
         if len(kept) < INPUTS_PER_METHOD:
             kept.append((record.args, record.kwargs))
     return calls
+
+
+def _max_concurrency(component: Component, method: str) -> int | None:
+    """The method's `@make(max_concurrency=...)`: None for a method the front-end batches."""
+    return make_methods(type(component))[method].max_concurrency
+
+
+async def _timed(replica: Replica, method: str, batch: list[Call], *, concurrent: bool) -> tuple[float, list[Outcome]]:
+    """ms until every call of `batch` is answered, and their outcomes in order. Sent as one batch, or,
+    `concurrent`, as one-call batches all in flight at once: how the front-end sends a `max_concurrency` method."""
+    started = time.perf_counter()
+    if concurrent:
+        replies = await asyncio.gather(*(replica.channel.run_batch(method, [call]) for call in batch))
+        outcomes = [outcome for reply in replies for outcome in reply]
+    else:
+        outcomes = await replica.channel.run_batch(method, batch)
+    return (time.perf_counter() - started) * 1000, outcomes
 
 
 def _out_of_memory(failure: Failure) -> bool:

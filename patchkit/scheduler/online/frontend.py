@@ -113,7 +113,7 @@ class Frontend:
                     batch_wait_s=self.config.batch_wait_ms / 1000,
                     max_retries=self.config.max_retries if made.retries is None else made.retries,
                     timeout_s=made.timeout_s or self.config.call_timeout_s,
-                    concurrency=made.max_concurrency,
+                    concurrency=_concurrency(made.max_concurrency, settings.batch_sizes[method]),
                     clock=self.clock,
                 )
             device = settings.resource if self.config.plan is not None else None
@@ -423,6 +423,12 @@ def _prefix_key(component: Component, method: str, args: tuple[Any, ...], kwargs
     except Exception:
         logger.exception("%r.prefix_key raised; the call is routed to the least-loaded replica", component)
         return None
+
+
+def _concurrency(max_concurrency: int | None, batch_size: int) -> int | None:
+    """Calls in flight per replica of a `max_concurrency` method: its configured batch size, up to that
+    bound, so a plan (or deploy(batch_size=...)) that chose c calls at once runs c; None: batched here."""
+    return None if max_concurrency is None else min(max_concurrency, batch_size)
 
 
 def _size(value: Any) -> int:

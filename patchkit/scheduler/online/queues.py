@@ -13,12 +13,13 @@ up to `max_retries` times. A call whose request ends first (it timed out, its cl
 leaves its queue at once.
 
 A method with `max_concurrency` (an engine batching concurrent calls itself) is not batched here:
-each call leaves as soon as a replica has fewer than that many of its calls in flight, so a call
-arriving while others run joins them at the engine's next step. A call whose component names a
-`prefix_key` (the KV state it reuses) goes to the replica that last ran a call with that key, unless
-that one is busier than the least loaded by more than a quarter of its slots (cache-aware routing).
-A call asking for its chunks (a streaming output) gets them through `on_chunk` as the worker makes
-them; a call whose request ends while it runs is stopped at the worker.
+each call leaves as soon as a replica has fewer than `concurrency` of its calls in flight (its batch
+size, at most `max_concurrency`), so a call arriving while others run joins them at the engine's
+next step. A call whose component names a `prefix_key` (the KV state it reuses) goes to the replica
+that last ran a call with that key, unless that one is busier than the least loaded by more than a
+quarter of its slots (cache-aware routing). A call asking for its chunks (a streaming output) gets
+them through `on_chunk` as the worker makes them; a call whose request ends while it runs is stopped
+at the worker.
 
 Liveness: a batch may run `timeout_s` (the method's `@make(timeout_s=...)`, else the deployment's
 `call_timeout_s`), counted from when its replica starts it, that is once the batches sent there
@@ -214,8 +215,8 @@ class BatchQueue:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`max_retries`: times a call is re-sent after its replica died or got stuck; `timeout_s`: how
-        long one batch may run on a replica (None: no limit); `concurrency`: the method's
-        `max_concurrency`, its calls in flight per replica (None: it is batched here)."""
+        long one batch may run on a replica (None: no limit); `concurrency`: its calls in flight per
+        replica, for a `max_concurrency` method (its batch size, up to that bound; None: it is batched here)."""
         self.replicas = replicas
         self.method = method
         self.concurrency = concurrency
