@@ -367,12 +367,13 @@ def test_an_llm_too_slow_for_the_slo_on_one_thread_gets_two(solver: str) -> None
     solution = solve(crag(800.0, cores=3), solver=solver)
     llm = solution.choices["llm"]
     assert (llm.units, llm.threads, llm.replicas) == (2 * SHARES_PER_CORE, 2, 1)
-    assert {(solution.choices[n].units, solution.choices[n].threads) for n in LIGHT} == {(1, 1)}
+    assert all(solution.choices[n].units in SHARE_SIZES and solution.choices[n].threads == 1 for n in LIGHT)
     assert solution.latency_ms <= 800.0
-    lent = solve(crag(800.0, cores=2), solver=solver).choices["llm"]  # the light ones fit the half it lends
+    # on 2 cores, lending half a core to the light ones: 2 x 349 ms, and 4 x 2 x 16.8 ms on eighths of a core
+    lent = solve(crag(900.0, cores=2), solver=solver).choices["llm"]
     assert (lent.units, lent.threads) == (2 * SHARES_PER_CORE - LENT_SHARES, 2)
     with pytest.raises(PlanError):
-        solve(crag(600.0, cores=2), solver=solver)
+        solve(crag(800.0, cores=2), solver=solver)
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
