@@ -5,12 +5,15 @@ a replica of the plan would be (one GPU, or on CPU one core with one thread), an
 the same gRPC channel the front-end uses, so the numbers include the process hop. Its inputs are
 the calls the eager runs recorded. Batch sizes are searched as Patchwork (section 3.3) does: the
 largest that fits (halving past a MemoryError), 1, then a binary search towards the knee, going
-lower while the larger batch's throughput gain stays under `threshold`.
+lower while the larger batch's throughput gain stays under `threshold`. Every size runs the same
+mix of recorded calls (the first `MIX_CALLS`, or all, in as many batches as it takes) and T(b) is
+the time per batch: calls that differ in cost (an LLM's 4-token grades and 64-token answers) weigh
+the same at every size, rather than batch 1 timing the first call alone.
 
 A method with `@make(max_concurrency=N)` (an engine batching concurrent calls itself) is not batched
 by the front-end: it runs each call alone, up to N at once per replica. Its sizes are therefore
-concurrency levels c in [1, N]: measuring c sends c one-call batches at once over the channel, and
-T(c) is the time until all c are answered. The search is the same; only how a size runs and its
+concurrency levels c in [1, N]: measuring c sends one-call batches over the channel, c in flight at
+a time, and T(c) is the time per c calls. The search is the same; only how a size runs and its
 upper bound differ. c calls in T(c) is a batch's throughput, so the fit and the MILP read it as one.
 
 On CPU a component is profiled again at 2, 4, ... threads pinned to as many cores (up to the cores
@@ -58,6 +61,7 @@ logger = logging.getLogger(__name__)
 
 MAX_POINTS = 8  # batch sizes (or concurrency levels) measured per method and resource type
 INPUTS_PER_METHOD = 64  # recorded calls kept to build batches from (cycled)
+MIX_CALLS = 16  # recorded calls every size runs at least (in as many batches as it takes): the same mix at each size
 
 
 @dataclass(frozen=True)
@@ -216,18 +220,19 @@ class Profiler:
         measured: dict[int, float] = {}
 
         async def measure(size: int) -> float | None:
-            batch = [calls[i % len(calls)] for i in range(size)]
+            rounds = -(-min(len(calls), MIX_CALLS) // size)  # every size runs the same mix of recorded calls
+            batch = [calls[i % len(calls)] for i in range(rounds * size)]
             progress.note(f"{name}.{method}: {unit} {size}, {job.threads} thread(s)")
             times = []
             for _ in range(self.repeats + 1):  # the first run warms caches up and is not counted
-                elapsed, outcomes = await _timed(replica, method, batch, concurrent=concurrency is not None)
+                elapsed, outcomes = await _timed(replica, method, batch, size, concurrent=concurrency is not None)
                 failed = next((value for ok, value in outcomes if not ok), None)
                 if isinstance(failed, Failure):
                     if _out_of_memory(failed):
                         return None
                     message = f"failed while being profiled at {unit} {size}: {failed.type_name}: {failed.message}"
                     raise ComponentError(name, method, message, failed.traceback)
-                times.append(elapsed)
+                times.append(elapsed / rounds)
             measured[size] = statistics.median(times[1:])
             return measured[size]
 
@@ -254,7 +259,7 @@ class Profiler:
         where = (job.resource, job.threads)
         sizes = ("calls at once", _max_concurrency(job.component, method))  # None: sizes are batches
         identity = (spec.cls.__module__, spec.cls.__qualname__, spec.args, spec.kwargs, method, where, sizes, job.calls[method])
-        key = hashlib.sha256(cloudpickle.dumps((identity, self.repeats, self.threshold))).hexdigest()[:24]
+        key = hashlib.sha256(cloudpickle.dumps((identity, self.repeats, self.threshold, MIX_CALLS))).hexdigest()[:24]
         return self.cache / f"{key}.json"
 
     def _load(self, job: _Job, method: str) -> MethodProfile | None:
@@ -298,16 +303,22 @@ def _max_concurrency(component: Component, method: str) -> int | None:
     return make_methods(type(component))[method].max_concurrency
 
 
-async def _timed(replica: Replica, method: str, batch: list[Call], *, concurrent: bool) -> tuple[float, list[Outcome]]:
-    """ms until every call of `batch` is answered, and their outcomes in order. Sent as one batch, or,
-    `concurrent`, as one-call batches all in flight at once: how the front-end sends a `max_concurrency` method."""
+async def _timed(replica: Replica, method: str, calls: list[Call], size: int, *, concurrent: bool) -> tuple[float, list[Outcome]]:
+    """ms until every call of `calls` is answered, and their outcomes in order: sent as batches of `size`,
+    one after another, or, `concurrent`, as one-call batches `size` at a time in flight (how the
+    front-end sends a `max_concurrency` method: the next leaves as one is answered)."""
     started = time.perf_counter()
     if concurrent:
-        replies = await asyncio.gather(*(replica.channel.run_batch(method, [call]) for call in batch))
-        outcomes = [outcome for reply in replies for outcome in reply]
+        slots = asyncio.Semaphore(size)
+
+        async def one(call: Call) -> list[Outcome]:
+            async with slots:
+                return await replica.channel.run_batch(method, [call])
+
+        replies = await asyncio.gather(*(one(call) for call in calls))
     else:
-        outcomes = await replica.channel.run_batch(method, batch)
-    return (time.perf_counter() - started) * 1000, outcomes
+        replies = [await replica.channel.run_batch(method, calls[i : i + size]) for i in range(0, len(calls), size)]
+    return (time.perf_counter() - started) * 1000, [outcome for reply in replies for outcome in reply]
 
 
 def _out_of_memory(failure: Failure) -> bool:
