@@ -185,3 +185,23 @@ def test_seeded_sampling_repeats_and_a_closed_engine_fails_health(llm: Any) -> N
         warm.check_health()
     with pytest.raises(RuntimeError, match="engine"):
         warm.generate("Write a word.")
+
+
+def test_a_finished_prompt_stays_cached_while_others_wait_for_a_slot(llm: Any) -> None:
+    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+
+    # One sequence runs at a time and one more slot caches: B, taking the free slot, leaves A's prompt for C.
+    engine = LlamaEngine(EngineConfig(llm.model_path, n_ctx=512, max_sequences=1, cache_slots=1, threads=1))
+    try:
+        grade, other, answer = (llm.tokens(llm.request(q, docs).messages) for q, docs in (
+            ('Do the documents above answer "How do I catch an exception?"?', DOCS), ("Name three colors.", None),
+            ("How do I catch an exception?", DOCS)))
+        b"".join(engine.submit(grade, 4).pieces())
+        streams = [engine.submit(other, 8), engine.submit(answer, 8)]
+        for tokens in streams:
+            b"".join(tokens.pieces())
+        stats = engine.stats()
+        assert stats["max_active"] == 1 and stats["cache_hits"] == 1
+        assert stats["prompt_tokens_reused"] >= len(llm.tokens(llm.messages("", DOCS))) // 2
+    finally:
+        engine.close()

@@ -10,6 +10,9 @@ over the same cells, in the same order, whether it runs alone or beside others, 
 depend on what else runs. A finished slot keeps its prompt's KV state as a cache entry: a new prompt
 takes the free slot sharing its longest prefix and evaluates only the rest (or, when a running
 sequence shares a longer one, gets that stream copied, `llama_memory_seq_cp`, and cut to the prefix).
+There are `cache_slots` slots beyond the `max_sequences` that may run at once, so that under a full
+load the prompts just finished (a grader's, whose documents the answer reads next) stay cached rather
+than going to the next waiting sequence.
 
 Prompts are evaluated in blocks of `block` tokens aligned to position 0, and a prefix is reused only
 up to a block boundary: every prompt token is then computed in a `llama_decode` of the same tokens at
@@ -38,23 +41,32 @@ _END = None  # the last item of a stream's queue
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """How an engine is sized: `max_sequences` slots of `n_ctx` tokens each (running sequences, and the
-    cached prompts of idle slots), prompts evaluated `n_batch` tokens per step, on `threads` threads;
-    `prefix_cache=False` evaluates every prompt in full."""
+    """How an engine is sized: up to `max_sequences` running at once, in slots of `n_ctx` tokens each, and
+    `cache_slots` more slots that only idle slots' cached prompts fill; prompts evaluated `n_batch` tokens
+    per step, on `threads` threads; `prefix_cache=False` evaluates every prompt in full (and keeps no
+    cache slots)."""
 
     model_path: str
     n_ctx: int = 2048
     max_sequences: int = 16
+    cache_slots: int = 8
     n_batch: int = 512
     threads: int = 1
     prefix_cache: bool = True
     block: int = 64  # prompt tokens per llama_decode, aligned to position 0: the unit of prefix reuse
+
+    @property
+    def slots(self) -> int:
+        """KV streams in the context: the running sequences', and the cache's."""
+        return self.max_sequences + (self.cache_slots if self.prefix_cache else 0)
 
     def __post_init__(self) -> None:
         if self.n_ctx < 16:
             raise ValueError(f"n_ctx ({self.n_ctx}) must be >= 16")
         if self.max_sequences < 1 or self.n_batch < self.max_sequences:
             raise ValueError(f"max_sequences ({self.max_sequences}) must be >= 1 and <= n_batch ({self.n_batch})")
+        if self.cache_slots < 0:
+            raise ValueError(f"cache_slots ({self.cache_slots}) must be >= 0")
         if not 1 <= self.block <= self.n_batch:
             raise ValueError(f"block ({self.block}) must be >= 1 and <= n_batch ({self.n_batch})")
 
@@ -115,7 +127,7 @@ class LlamaEngine:
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
         # Idle slots, least recently used first, each with the prompt tokens its KV stream still holds.
-        self._idle: OrderedDict[int, list[int]] = OrderedDict((slot, []) for slot in range(config.max_sequences))
+        self._idle: OrderedDict[int, list[int]] = OrderedDict((slot, []) for slot in range(config.slots))
         self._counts = dict.fromkeys(
             ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
              "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active"), 0)
@@ -127,7 +139,7 @@ class LlamaEngine:
 
     def _context_params(self) -> Any:
         config, params = self.config, self._lib.llama_context_default_params()
-        params.n_ctx, params.n_seq_max = config.n_ctx * config.max_sequences, config.max_sequences
+        params.n_ctx, params.n_seq_max = config.n_ctx * config.slots, config.slots
         params.n_batch = params.n_ubatch = config.n_batch
         params.kv_unified = False  # a stream per slot: see the module's docstring
         params.n_threads = params.n_threads_batch = config.threads
@@ -234,8 +246,8 @@ class LlamaEngine:
         return True
 
     def _admit(self) -> None:
-        """Move waiting sequences into idle slots, oldest first (lock held)."""
-        while self._waiting and self._idle:
+        """Move waiting sequences into idle slots, oldest first, up to max_sequences running (lock held)."""
+        while self._waiting and self._idle and len(self._running) < self.config.max_sequences:
             sequence = self._waiting.popleft()
             if sequence.aborted:
                 self._counts["aborted"] += 1

@@ -23,7 +23,8 @@ class LlamaCppGenerator(Generator):
     docs=None, max_tokens=None)` answers one prompt, with documents put into it when given, streaming
     its text; a pipeline call gets the whole answer. Up to 16 calls run at once in one engine, decoded
     together step by step; a prompt sharing a prefix with a recent one (the same documents) evaluates
-    only the rest (`prefix_cache=False`: never). `n_ctx` tokens per call. Deterministic for a given `seed`
+    only the rest (`prefix_cache=False`: never), from the running sequences' prompts and 8 more kept
+    (n_ctx of KV cells a sequence or cached prompt). `n_ctx` tokens per call. Deterministic for a given `seed`
     at temperature 0, whatever else runs beside it.
     """
 
