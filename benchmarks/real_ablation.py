@@ -1,7 +1,7 @@
 """The real CRAG and IRCoT examples served under patchkit's plan, with its optimisations switched off one
 at a time, against the same steps as plain sequential code on the same cores, in one run.
 
-    python benchmarks/real_ablation.py [--workloads crag-real,ircot-real] [--seconds 60] [--clients 8]
+    python benchmarks/real_ablation.py [--workloads crag-real,ircot-real] [--seconds 60] [--clients 8] [--skip ARM,...]
 
 The plan is `patchkit.plan()`'s for the workload's pool (2 cores), made once per workload (profiles
 are cached). Arms, each a fresh deployment driven by a closed loop of `--clients` clients for
@@ -10,7 +10,8 @@ are cached). Arms, each a fresh deployment driven by a closed loop of `--clients
 - `patchkit`: the plan: one LLM deployment that CRAG's grader and rewriter share, prefix reuse,
   continuous batching (16 sequences), the LLM's threads as the plan gives them;
 - `- shared engine` (CRAG): the grader and the rewriter each run a private copy of the LLM in place
-  (`Grader()`, `Rewriter()`), planned again for that pipeline;
+  (`Grader()`, `Rewriter()`), planned again for that pipeline (profiling those copies at 1 and 2
+  threads and 1-16 calls at once takes a while on 2 cores);
 - `- prefix reuse`: the plan, with `LlamaCppGenerator(prefix_cache=False)`;
 - `- thread allocation`: no plan: one replica per component, one thread each, where the OS puts
   them (`deploy()`'s default);
@@ -150,13 +151,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--out", default="real-ablation.json")
+    parser.add_argument("--skip", default="", help="arms to leave out, comma-separated (such as '- shared engine')")
     args = parser.parse_args()
+    skipped = {arm.strip() for arm in args.skip.split(",") if arm.strip()}
     results: dict[str, Any] = {}
     rows = []
     for name in args.workloads.split(","):
         workload = WORKLOADS[name]
         found: dict[str, Any] = {}
         for arm, build in arms(workload).items():
+            if arm in skipped:
+                continue
             pipeline, options = build()
             found[arm] = patchkit_arm(workload, pipeline, options, args.clients, args.seconds)
             print(f"{name} {arm}: {found[arm]['throughput']:.3f} req/s", file=sys.stderr)
