@@ -10,9 +10,10 @@ CPU is counted in shares of a core, `SHARES_PER_CORE` a core. A replica of `unit
   that scales with threads then gets every core of a small machine while light replicas (a
   retriever, a grader forwarding to the engine) take the half it lends.
 
-Share sizes divide LENT_SHARES, which divides SHARES_PER_CORE: placed largest first, share replicas
-whose shares sum to at most the shares left (free cores and lent halves) always fit, and no core
-is given more shares than it has.
+Share sizes divide LENT_SHARES, which divides SHARES_PER_CORE: when replicas of several cores hold
+no more cores than there are (the MILP's rule), share replicas placed largest first whose shares sum
+to at most the shares left (free cores and lent halves) always fit, and no core is given more
+shares than it has.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ MIX_CALLS = 16  # recorded calls every size runs at least (in as many batches as
 @dataclass(frozen=True)
 class MethodProfile:
     method: str
-    points: tuple[tuple[int, float], ...]  # (batch size or calls at once, median ms until all are answered), ascending
+    points: tuple[tuple[int, float], ...]  # (batch size or calls at once, median ms per batch of that many), ascending
     max_batch: int  # the largest batch (or concurrency level) that ran (memory-bounded)
 
 
@@ -213,7 +213,7 @@ class Profiler:
     async def _search(self, replica: Replica, job: _Job, method: str, progress: _Progress) -> MethodProfile:
         """Measure T(b) at the sizes the search visits, from the largest that fits downwards.
 
-        A size is a batch of b calls, or, for a `max_concurrency` method, b one-call batches in flight at once."""
+        A size is a batch of b calls, or, for a `max_concurrency` method, b one-call batches in flight at a time."""
         name, calls = job.name, job.calls[method]
         concurrency = _max_concurrency(job.component, method)
         unit = "calls at once" if concurrency else "batch"
