@@ -91,11 +91,10 @@ class Option:
     def __post_init__(self) -> None:
         if self.most_replicas is not None and self.most_replicas < 1:
             raise ValueError(f"{self.component} on {self.resource}: most_replicas must be >= 1; got {self.most_replicas!r}")
-        for name in ("units", "max_batch", "threads", "holds"):
+        for name, least in (("units", 1), ("max_batch", 1), ("threads", 1), ("holds", 0)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < (name != "holds"):
-                raise ValueError(f"{self.component} on {self.resource}: {name} must be an int >= {int(name != 'holds')}; "
-                                 f"got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"{self.component} on {self.resource}: {name} must be an int >= {least}; got {value!r}")
 
 
 @dataclass(frozen=True)
