@@ -19,7 +19,7 @@ import pytest
 import patchkit
 from patchkit.components.testing import Simulated
 from patchkit.orchestrator.local import LocalBackend
-from patchkit.orchestrator.resources import SHARES_PER_CORE, available_cpus
+from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, available_cpus, lent_shares
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 
 pytestmark = pytest.mark.slow
@@ -144,7 +144,7 @@ def placement(endpoint: patchkit.Endpoint) -> dict[str, list[tuple[list[int], st
 @pytest.mark.skipif(CORES < 2 or not hasattr(os, "sched_getaffinity"), reason="needs 2 cores and Linux affinity")
 def test_five_components_plan_and_start_on_two_cores_without_oversubscription() -> None:
     """CRAG's shape: an LLM and four light components on 2 cores. Each planned replica runs pinned,
-    with its threads: whole-core replicas alone on their cores, share replicas <= 4 shares a core."""
+    with its threads: replicas of whole cores alone on their cores, never more shares on a core than it has."""
     cores = available_cpus()[:2]
     llm = Simulated(lambda b: 20.0 * b, work="spin")
     retriever, grader, rewriter, web = (Simulated(lambda b: 0.2 * b) for _ in range(4))
@@ -158,20 +158,21 @@ def test_five_components_plan_and_start_on_two_cores_without_oversubscription() 
         assert endpoint.query(query="hello") == "hello" and answer == "q"
         planned = endpoint.plan()["plan"]["components"]
         placed = placement(endpoint)
-    assert planned["llm"]["units"] == SHARES_PER_CORE and planned["llm"]["threads"] == 1  # the LLM holds a core
-    whole, shares = Counter(), Counter()
+    # the LLM on both cores, a 1-thread replica on each, lending part of it to the light ones
+    assert (planned["llm"]["replicas"], planned["llm"]["threads"]) == (2, 1) and planned["llm"]["units"] < SHARES_PER_CORE
+    given, held = Counter(), Counter()
     for name, replicas in placed.items():
         units, threads = planned[name]["units"], planned[name]["threads"]
         for affinity, omp in replicas:
-            assert omp == str(threads) and set(affinity) <= set(cores)
-            if units >= SHARES_PER_CORE:
-                assert len(affinity) == threads
-                whole.update(affinity)
-            else:
-                assert len(affinity) == 1
-                shares[affinity[0]] += units
-    assert all(n == 1 for n in whole.values()) and not set(whole) & set(shares)
-    assert all(n <= SHARES_PER_CORE for n in shares.values())
+            assert omp == str(threads) and set(affinity) <= set(cores) and len(affinity) == threads
+            if units in SHARE_SIZES:
+                given[affinity[0]] += units
+                continue
+            held.update(affinity)
+            given.update(dict.fromkeys(affinity, SHARES_PER_CORE))
+            given[affinity[-1]] -= lent_shares(units)
+    assert all(n == 1 for n in held.values())
+    assert all(n <= SHARES_PER_CORE for n in given.values())
 
 
 @pytest.mark.skipif(CORES < 2 or not hasattr(os, "sched_getaffinity"), reason="needs 2 cores and Linux affinity")

@@ -9,7 +9,7 @@ import pytest
 
 import patchkit
 from patchkit.orchestrator.resources import (
-    LENT_SHARES,
+    LENT_SIZES,
     SHARE_SIZES,
     SHARES_PER_CORE,
     ReplicaResources,
@@ -58,7 +58,7 @@ def test_share_replicas_pack_onto_the_cores_whole_core_replicas_leave() -> None:
 
 def test_share_replicas_take_the_half_core_a_replica_of_two_lends() -> None:
     # CRAG on 2 cores, the LLM on both with 2 threads, lending half of core 1 to the four light ones
-    replicas = [("cpu", 1), ("cpu", 2 * SHARES_PER_CORE - LENT_SHARES), ("cpu", 2), ("cpu", 1)]
+    replicas = [("cpu", 1), ("cpu", 2 * SHARES_PER_CORE - 4), ("cpu", 2), ("cpu", 1)]
     placed = assign(replicas, cpus=[0, 1], gpus=[])
     assert placed[1] == ReplicaResources(cpus=(0, 1), threads=2, gpus=())
     assert [r.cpus for r in placed[:1] + placed[2:]] == [(1,)] * 3
@@ -66,22 +66,40 @@ def test_share_replicas_take_the_half_core_a_replica_of_two_lends() -> None:
     assert assign([*replicas, ("cpu", 1)], cpus=[0, 1], gpus=[])[0].cpus == ()
 
 
-@pytest.mark.parametrize("seed", range(40))
+def test_one_thread_replicas_lend_parts_of_their_cores() -> None:
+    # two 1-thread engines on a core each, lending 2 and 1 shares: a 2-share replica fits only the 2 lent
+    replicas = [("cpu", 1), ("cpu", SHARES_PER_CORE - 1), ("cpu", SHARES_PER_CORE - 2), ("cpu", 2)]
+    placed = assign(replicas, cpus=[0, 1], gpus=[])
+    assert [r.cpus for r in placed] == [(0,), (0,), (1,), (1,)] and {r.threads for r in placed} == {1}
+
+
+def _fits(units: list[int], cores: int) -> bool:
+    """The MILP's rule, counted here on its own: replicas of whole cores hold no more cores than there are,
+    and for every share size s the share replicas of s or more fit the free cores and the lent parts of s
+    or more."""
+    held = [u for u in units if u not in SHARE_SIZES]
+    free = cores - sum(cpu_threads(u) for u in held)
+    lent = [cpu_threads(u) * SHARES_PER_CORE - u for u in held]
+    shares = [u for u in units if u in SHARE_SIZES]
+    return free >= 0 and all(
+        sum(u for u in shares if u >= s) <= free * SHARES_PER_CORE + sum(part for part in lent if part >= s) for s in SHARE_SIZES
+    )
+
+
+@pytest.mark.parametrize("seed", range(60))
 def test_no_core_is_given_more_shares_than_it_has(seed: int) -> None:
-    """Any mix of replicas whose units fit the cores is placed: replicas of several cores on cores of
-    their own, a thread a core, all of each but the half the last one lends; share replicas one thread
-    each on one core, on what is left. No core is given more than SHARES_PER_CORE shares."""
+    """Any mix of replicas the MILP allows is placed: replicas of whole cores on cores of their own, a
+    thread a core, all of each but the part the last one lends; share replicas one thread each on one
+    core, on what is left. No core is given more than SHARES_PER_CORE shares."""
     rng = random.Random(seed)
     cores = list(range(rng.randint(1, 6)))
-    free, free_cores, units = len(cores) * SHARES_PER_CORE, len(cores), []
-    lending = [t * SHARES_PER_CORE - LENT_SHARES for t in (2, 3)]
-    while True:  # as the MILP allows: units within the cores' shares, cores held within the cores
-        u = rng.choice([*SHARE_SIZES, SHARES_PER_CORE, 2 * SHARES_PER_CORE, *lending])
-        held = 0 if u in SHARE_SIZES else cpu_threads(u)
-        if u > free or held > free_cores:
-            break
-        units.append(u)
-        free, free_cores = free - u, free_cores - held
+    whole = [t * SHARES_PER_CORE for t in (1, 2, 3)]
+    lending = [w - lent for w in whole for lent in LENT_SIZES if w - lent > max(SHARE_SIZES)]
+    units: list[int] = []
+    for i in range(40):  # as the MILP allows, replicas of whole cores first: the lent parts are then small rooms
+        u = rng.choice([*whole, *lending] if i < 10 else SHARE_SIZES)
+        if _fits([*units, u], len(cores)):
+            units.append(u)
     placed = assign([("cpu", u) for u in units], cpus=cores, gpus=[])
     given, held = Counter(), Counter()
     for u, r in zip(units, placed):

@@ -5,15 +5,17 @@ CPU is counted in shares of a core, `SHARES_PER_CORE` a core. A replica of `unit
 - a share replica (units in `SHARE_SIZES`, less than a core): one thread on a core it shares with
   other share replicas;
 - a replica of whole cores (units a multiple of SHARES_PER_CORE): one thread on each of its cores;
-- a replica of t >= 2 cores that lends half of its last one (units t * SHARES_PER_CORE -
-  `LENT_SHARES`): one thread on each, the last core's other half taken by share replicas. An engine
-  that scales with threads then gets every core of a small machine while light replicas (a
-  retriever, a grader forwarding to the engine) take the half it lends.
+- a replica of t cores that lends part of its last one (units t * SHARES_PER_CORE - l, l in
+  `LENT_SIZES`, more units than any share replica takes): one thread on each, the l shares it lends
+  taken by share replicas. An engine that scales with threads then gets every core of a small
+  machine, or several 1-thread engines a core each, while light replicas (a retriever, a grader
+  forwarding to the engine) take what they lend.
 
-Share sizes divide LENT_SHARES, which divides SHARES_PER_CORE: when replicas of several cores hold
-no more cores than there are (the MILP's rule), share replicas placed largest first whose shares sum
-to at most the shares left (free cores and lent halves) always fit, and no core is given more
-shares than it has.
+Share sizes and lent sizes are powers of two below SHARES_PER_CORE, itself one. Placed largest
+first, share replicas then always fit when, for every share size s, the shares of those of size s
+or more fit in the rooms of s shares or more: free cores and lent parts (the MILP's rows).
+In each room, what is left stays a multiple of the size being placed, so first fit wastes nothing,
+and no core is given more shares than it has.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 __all__ = [
-    "LENT_SHARES",
+    "LENT_SIZES",
     "SHARES_PER_CORE",
     "SHARE_SIZES",
     "ReplicaResources",
@@ -33,14 +35,16 @@ __all__ = [
     "available_cpus",
     "available_gpus",
     "cpu_threads",
+    "lending_units",
+    "lent_shares",
     "valid_cpu_units",
     "one_more",
     "spread",
 ]
 
 SHARES_PER_CORE = 8  # CPU units per core: a light replica takes one, a replica of k whole cores k * 8
-LENT_SHARES = SHARES_PER_CORE // 2  # what a replica of several cores may leave of its last one to share replicas
-SHARE_SIZES = (1, 2, 4)  # shares a replica on a shared core may take: divisors of LENT_SHARES, so they pack
+SHARE_SIZES = (1, 2, 4)  # shares a replica on a shared core may take: powers of two, so they pack
+LENT_SIZES = (1, 2, 4)  # shares a replica of whole cores may lend of its last one to share replicas
 
 # Math and tokenizer libraries read these once, at import: they are set before a component loads.
 THREAD_VARIABLES = (
@@ -109,15 +113,26 @@ def available_gpus() -> list[int]:
 
 
 def cpu_threads(units: int) -> int:
-    """The threads of a CPU replica of `units` shares: one per core it holds (whole or lending half), one on a shared core."""
+    """The threads of a CPU replica of `units` shares: one per core it holds (whole or lending part), one on a shared core."""
     return max(1, -(-units // SHARES_PER_CORE))
+
+
+def lent_shares(units: int) -> int:
+    """The shares a CPU replica of `units` lends of its last core (0 for whole cores and share replicas)."""
+    return 0 if units in SHARE_SIZES else cpu_threads(units) * SHARES_PER_CORE - units
+
+
+def lending_units(threads: int) -> list[int]:
+    """The units a replica of `threads` whole cores may take lending part of its last one, most first."""
+    whole = threads * SHARES_PER_CORE
+    return [whole - lent for lent in LENT_SIZES if whole - lent > max(SHARE_SIZES)]
 
 
 def valid_cpu_units(units: int, threads: int) -> bool:
     """Whether a CPU replica of `threads` threads may take `units` shares (see the module's docstring)."""
     if threads == 1 and units in SHARE_SIZES:
         return True
-    return units == threads * SHARES_PER_CORE or (threads >= 2 and units == threads * SHARES_PER_CORE - LENT_SHARES)
+    return units == threads * SHARES_PER_CORE or units in lending_units(threads)
 
 
 def assign(
@@ -127,7 +142,7 @@ def assign(
 
     Called by the front-end for a planned deployment. CPU units are shares (`SHARES_PER_CORE` a core):
     replicas of several cores get disjoint cores, as many as their threads; share replicas are packed
-    onto the cores left and the halves lent, each pinned to one core with one thread, never more
+    onto the cores left and the parts lent, each pinned to one core with one thread, never more
     shares on a core than it has.
     When they do not all fit the machine (a declared pool larger than it), CPU replicas float with
     their threads. GPU replicas get one real GPU each, in turn; where the machine has none (a
@@ -150,9 +165,9 @@ def assign(
 def _place_cpu(units: Sequence[int], cores: Sequence[int]) -> list[tuple[int, ...]] | None:
     """The cores of each CPU replica, in order; None when they do not fit on `cores`.
 
-    Replicas of several cores first, each on cores of its own (the last one's lent half left to share
+    Replicas of whole cores first, each on cores of its own (what the last one lends left to share
     replicas); then share replicas, largest first, each on the first core with shares enough left
-    (first fit decreasing: exact, as every share size divides every room left).
+    (first fit decreasing: exact for sizes in powers of two, see the module's docstring).
     """
     placed: list[tuple[int, ...]] = [()] * len(units)
     free, left = list(cores), dict[int, int]()
@@ -162,7 +177,7 @@ def _place_cpu(units: Sequence[int], cores: Sequence[int]) -> list[tuple[int, ..
             if need > len(free):
                 return None
             placed[i], free = tuple(free[:need]), free[need:]
-            if lent := need * SHARES_PER_CORE - u:
+            if lent := lent_shares(u):
                 left[placed[i][-1]] = lent
     left.update(dict.fromkeys(free, SHARES_PER_CORE))
     for i in sorted((i for i, u in enumerate(units) if u <= max(SHARE_SIZES)), key=lambda i: -units[i]):

@@ -9,7 +9,7 @@ must process its share of requests, and the slowest one sets the rate. Here it r
                 z[i,o,b] <= n[i,o,b] <= min(R_k(o) // r[o], m[o]) * z[i,o,b]
                 sum_{o,b} n[i,o,b] * 1000 b / T_o(b) >= visits_i * L      for each component i
                 sum_{i,o on k,b} n[i,o,b] * r[o] <= R_k                      for each resource type k
-                sum_{i,o on k,b} n[i,o,b] * h[o] <= R_k / d_k                 for each k with options holding cores
+                sum_{i,o on k,b} n[i,o,b] * r_s[o] <= d_k floor(R_k / d_k)   for each k with options holding cores, each s
                 sum_{i,o,b} visits_i * 2 T_o(b) * z[i,o,b] <= slo_ms         with an SLO
                 z binary, n integer, L >= 0
 
@@ -20,8 +20,13 @@ on one type, differing in units (a CPU replica of 1, 2 or 4 threads, or a share 
 planner's docstring says how CPU units are counted), and m[o] may cap its replicas (a share of a
 core is for a component that needs less than a core: one replica). R_k is the units there are. T_o(b) is the
 fitted milliseconds per batch, so one replica serves 1000 b / T_o(b) calls/s when its queue keeps
-it busy. A CPU replica of several threads holds h[o] cores to itself (d_k units a core): however its
-units compare with the shares others take, the cores held cannot exceed the cores there are.
+it busy. A CPU replica of whole cores holds h[o] of them (d_k units a core), lending l[o] = d_k h[o] - r[o]
+units of its last one to share replicas (h[o] = 0 for those). The rows over s (each share size above 1,
+and d_k) say the replicas can be placed: share replicas of s units or more fit the rooms of s or more,
+the free cores and the lent parts; r_s[o] is r[o] for a share replica of s or more (else 0), and
+d_k h[o], less l[o] when l[o] >= s, for a replica holding cores. The row at d_k keeps the cores held
+within the cores there are; the units row is the one at s = 1. With sizes in powers of two, these
+rows hold exactly when first fit decreasing places every replica (orchestrator/resources.py).
 
 Candidate batch sizes. Along one linear segment of T, with T(b) = a + s b, the throughput
 b / (a + s b) is monotone in b (rising when a > 0), so without an SLO the best batch of a segment is
@@ -42,7 +47,9 @@ branch and bound otherwise starts far from the optimum, solves several times fas
 Among plans within a relative 1e-6 of the best L, the one using the fewest resource units in total
 wins, and of those the one with the fewest replicas (each loads its own copy of the component): a
 second solve fixes L and minimises units * (U + 1) + replicas, U the units there are, which no
-count of replicas (each takes a unit or more) can outweigh.
+count of replicas (each takes a unit or more) can outweigh. A replica holding cores counts them
+whole, the part it lends included, and a lending replica counts 1 / (U + 1) more than a replica: a
+part of a core is lent only where the plan's throughput needs it, never to no one.
 
 Solvers (`solvers.py`): gurobipy when importable and its licence takes the model (the pip licence stops
 at 2,000 variables and 2,000 constraints), else HiGHS through highspy; `pip install 'patchkit[sched]'`.
@@ -81,7 +88,7 @@ class Option:
     max_batch: int  # memory-bounded largest batch
     threads: int = 1  # threads one replica runs with (what the profile was measured at)
     most_replicas: int | None = None  # at most this many replicas (m[o]); None: as many as the units allow
-    holds: int = 0  # declared units (cores) one replica holds to itself, lent parts included (h[o])
+    holds: int = 0  # declared units (cores) one replica holds, lent part included (h[o]); 0: it shares them
 
     @property
     def key(self) -> tuple[str, str, int]:
@@ -327,7 +334,6 @@ class _Model(LinearModel):
         pick: dict[str, list[int]] = {name: [] for name in problem.visits}
         serve: dict[str, tuple[list[int], list[float]]] = {name: ([0], [-problem.visits[name]]) for name in problem.visits}
         use: dict[str, tuple[list[int], list[float]]] = {}
-        hold: dict[str, tuple[list[int], list[float]]] = {}
         slo: tuple[list[int], list[float]] = ([], [])
         best = dict.fromkeys(problem.visits, 0.0)  # an upper bound on each component's calls/s
         for p, (option, b) in enumerate(pairs):
@@ -336,7 +342,8 @@ class _Model(LinearModel):
             lower += [0.0, 0.0]
             upper += [1.0, float(most)]
             integer += [True, True]
-            units += [0.0, weight * option.units + 1.0]
+            held = _held(option, problem)
+            units += [0.0, weight * held + 1.0 + (1 / weight if held > option.units else 0.0)]
             rows.append(([n, z], [1.0, -1.0], 0.0, math.inf))
             most_rows.append(len(rows))
             rows.append(([n, z], [1.0, -float(most)], -math.inf, 0.0))
@@ -348,10 +355,6 @@ class _Model(LinearModel):
             used = use.setdefault(option.resource, ([], []))
             used[0].append(n)
             used[1].append(float(option.units))
-            if option.holds:
-                held = hold.setdefault(option.resource, ([], []))
-                held[0].append(n)
-                held[1].append(float(option.holds))
             slo[0].append(z)
             slo[1].append(problem.visits[option.component] * 2 * option.latency(b))
         upper[0] = min(best[name] / problem.visits[name] for name in problem.visits)
@@ -359,11 +362,41 @@ class _Model(LinearModel):
         rows += [(columns, coefficients, 0.0, math.inf) for columns, coefficients in serve.values()]
         for kind, (columns, coefficients) in use.items():
             rows.append((columns, coefficients, -math.inf, float(problem.capacity[kind])))
-        for kind, (columns, coefficients) in hold.items():
-            rows.append((columns, coefficients, -math.inf, float(problem.capacity[kind] // problem.per_declared.get(kind, 1))))
+        rows += _room_rows(problem, pairs)
         if problem.slo_ms is not None:
             rows.append((slo[0], slo[1], -math.inf, problem.slo_ms))
         return cls(lower, upper, integer, rows, pairs, units, problem.visits, most_rows)
+
+
+def _held(option: Option, problem: Problem) -> int:
+    """The units one replica of `option` keeps from others: a replica holding cores holds them whole."""
+    per_declared = problem.per_declared.get(option.resource)
+    return option.units if not option.holds or per_declared is None else option.holds * per_declared
+
+
+def _room_rows(problem: Problem, pairs: Sequence[tuple[Option, int]]) -> list[tuple[list[int], list[float], float, float]]:
+    """The rows r_s (see the module's docstring): per resource type with options holding whole declared
+    units, for each share size s above 1 and the declared unit d, replicas of s units or more within
+    the rooms of s or more."""
+    rows = []
+    for kind, d in problem.per_declared.items():
+        on = [(2 + 2 * p, option) for p, (option, _) in enumerate(pairs) if option.resource == kind]
+        if d <= 1 or not any(option.holds for _, option in on):
+            continue
+        room = float(problem.capacity[kind] // d * d)
+        for s in sorted({o.units for _, o in on if not o.holds and 1 < o.units < d} | {d}):
+            taken = [(n, _taken(o, s, d)) for n, o in on]
+            rows.append(([n for n, r in taken if r], [float(r) for _, r in taken if r], -math.inf, room))
+    return rows
+
+
+def _taken(option: Option, size: int, per_declared: int) -> int:
+    """r_s[o]: the units of rooms of `size` or more one replica of `option` takes. A replica holding cores
+    takes them whole, unless the part it lends is itself such a room."""
+    if not option.holds:
+        return option.units if option.units >= size else 0
+    whole = option.holds * per_declared
+    return option.units if whole - option.units >= size else whole
 
 
 def _run(model: _Model, solver: str) -> tuple[str, list[float] | None]:

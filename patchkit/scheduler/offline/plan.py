@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from patchkit.errors import InputError
-from patchkit.orchestrator.resources import LENT_SHARES, SHARE_SIZES, SHARES_PER_CORE, valid_cpu_units
+from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, lending_units, lent_shares, valid_cpu_units
 from patchkit.tables import text_table
 
 __all__ = ["ComponentPlan", "Plan"]
@@ -21,8 +21,8 @@ __all__ = ["ComponentPlan", "Plan"]
 @dataclass(frozen=True)
 class ComponentPlan:
     """One component's part of a plan. On "cpu" a replica either holds `threads` whole cores, one
-    thread each (units = threads * SHARES_PER_CORE), or as many cores lending half of its last one to
-    share replicas (LENT_SHARES fewer units), or runs 1 thread on a core it shares with other
+    thread each (units = threads * SHARES_PER_CORE), or as many cores lending part of its last one to
+    share replicas (one of LENT_SIZES fewer units), or runs 1 thread on a core it shares with other
     replicas, taking `units` of its SHARES_PER_CORE shares (one of SHARE_SIZES)."""
 
     resource: str  # "cpu" | "gpu"
@@ -46,7 +46,7 @@ class ComponentPlan:
             whole = self.threads * SHARES_PER_CORE
             raise InputError(
                 f"a cpu replica of {self.threads} threads takes {whole} units (whole cores, {SHARES_PER_CORE} a core)"
-                + (f" or {whole - LENT_SHARES} (half its last core lent)" if self.threads > 1 else "")
+                + f" or {' or '.join(map(str, lending_units(self.threads)))} (part of its last core lent)"
                 + f", or with 1 thread {' or '.join(map(str, SHARE_SIZES))} units of a shared core; got units={self.units}"
             )
 
@@ -160,5 +160,5 @@ def _threads(c: ComponentPlan) -> str:
         return "-"
     if c.shared:
         return f"1 on {c.units}/{SHARES_PER_CORE} core"
-    lent = c.threads * SHARES_PER_CORE - c.units
+    lent = lent_shares(c.units)
     return f"{c.threads}, {lent}/{SHARES_PER_CORE} core lent" if lent else str(c.threads)

@@ -4,13 +4,13 @@ Users reach it through `patchkit.plan` (`patchkit.client.planning`), which finds
 
 CPU is divided in shares of a core (`SHARES_PER_CORE` a core), so that five components fit two
 cores and an engine that scales with threads can get several. Each CPU profile at t threads (t
-cores, one thread each) becomes an option of t * SHARES_PER_CORE units, and for t >= 2 one of
-`LENT_SHARES` fewer, lending half of its last core to share replicas, with T(b) scaled by the
-shares it gives up: on 2 cores the LLM's engine then computes on both while the light components
-take the half it lends, where whole cores alone would leave it one. The 1-thread profile also
-becomes share options, 1 thread on a core shared with other light replicas, taking s of its shares
-(s in `SHARE_SIZES`) with T(b) scaled by SHARES_PER_CORE / s: a replica with an eighth of a busy
-core runs about eight times slower. That is pessimistic for a replica whose core-mates are idle
+cores, one thread each) becomes an option of t * SHARES_PER_CORE units, and options of l fewer (l in
+`LENT_SIZES`), lending l shares of its last core to share replicas, with T(b) scaled by the shares
+it gives up: on 2 cores the LLM's engine then computes on both, or two 1-thread engines on a core
+each, while the light components take what they lend, where whole cores alone would leave the
+engine one. The 1-thread profile also becomes share options, 1 thread on a core shared with other
+light replicas, taking s of its shares (s in `SHARE_SIZES`) with T(b) scaled by SHARES_PER_CORE / s:
+a replica with an eighth of a busy core runs about eight times slower. That is pessimistic for a replica whose core-mates are idle
 (a grader waiting on the LLM), which is the safe side. A share option has one replica: shares are
 for components that need less than a core; one that needs more takes whole cores, rather than
 replicas contending for the same cores. A GPU profile is an option of one GPU.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from patchkit.component import make_methods
 from patchkit.errors import InputError, PlanError
-from patchkit.orchestrator.resources import LENT_SHARES, SHARE_SIZES, SHARES_PER_CORE
+from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, lending_units
 from patchkit.scheduler.offline.milp import Option, Problem, solve
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 from patchkit.scheduler.offline.pool import ResourcePool
@@ -84,8 +84,8 @@ def plan(
 
 
 def options_of(profile: ComponentProfile, own: float = 1.0) -> list[Option]:
-    """The MILP's options for one profile: its own units; on CPU, at several threads also lending half a core,
-    at 1 thread the shares of a core.
+    """The MILP's options for one profile: its own units; on CPU also lending part of its last core, and at
+    1 thread the shares of a core.
 
     `own`: the share of the component's time that is its own work (`own_shares`); its profile, run
     with private copies of the shared components it calls, is scaled to that."""
@@ -96,11 +96,11 @@ def options_of(profile: ComponentProfile, own: float = 1.0) -> list[Option]:
         return [Option(profile.component, profile.resource, 1, latency, top)]
     units = profile.threads * SHARES_PER_CORE
     whole = Option(profile.component, "cpu", units, latency, top, profile.threads, holds=profile.threads)
+    lending = [dataclasses.replace(whole, units=u, latency=latency.scaled(units / u)) for u in lending_units(profile.threads)]
     if profile.threads > 1:
-        lending = units - LENT_SHARES
-        return [whole, dataclasses.replace(whole, units=lending, latency=latency.scaled(units / lending))]
+        return [whole, *lending]
     shares = [Option(profile.component, "cpu", s, latency.scaled(SHARES_PER_CORE / s), top, most_replicas=1) for s in SHARE_SIZES]
-    return [whole, *shares]
+    return [whole, *lending, *shares]
 
 
 def own_shares(pipeline: Pipeline) -> dict[str, float]:
