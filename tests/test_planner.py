@@ -193,6 +193,18 @@ def test_a_replica_of_two_threads_runs_on_two_cores_with_omp_num_threads_2() -> 
     assert placed["retriever"] == [(available_cpus()[:2], "2")]
 
 
+def test_a_cpu_replica_may_lend_1_2_or_4_shares_of_its_last_core() -> None:
+    core = SHARES_PER_CORE
+    for units, threads in ((core - 1, 1), (core - 2, 1), (2 * core - 1, 2), (2 * core - 4, 2)):
+        assert ComponentPlan("cpu", 2, 4, units=units, threads=threads).units == units
+    lending = ComponentPlan("cpu", 2, 4, units=core - 2)
+    assert "1, 2/8 core lent" in Plan({"llm": lending}, 0.0, "llm").table()
+    with pytest.raises(patchkit.InputError, match=f"or {core - 1} or {core - 2} \\(part of its last core lent\\)"):
+        ComponentPlan("cpu", 1, 4, units=core - 3)  # 3 lent: not a size share replicas pack into
+    with pytest.raises(patchkit.InputError, match="got units=4"):
+        ComponentPlan("cpu", 1, 4, units=4, threads=2)
+
+
 def test_a_hand_made_plan_deploys_inprocess_and_round_trips_through_json() -> None:
     pipeline = rag(Simulated(1.0))
     hand = Plan(

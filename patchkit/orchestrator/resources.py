@@ -11,7 +11,7 @@ CPU is counted in shares of a core, `SHARES_PER_CORE` a core. A replica of `unit
   machine, or several 1-thread engines a core each, while light replicas (a retriever, a grader
   forwarding to the engine) take what they lend.
 
-Share sizes and lent sizes are powers of two below SHARES_PER_CORE, itself one. Placed largest
+Share sizes and lent sizes are powers of two below SHARES_PER_CORE, itself a power of two. Placed largest
 first, share replicas then always fit when, for every share size s, the shares of those of size s
 or more fit in the rooms of s shares or more: free cores and lent parts (the MILP's rows).
 In each room, what is left stays a multiple of the size being placed, so first fit wastes nothing,
