@@ -10,10 +10,11 @@ it gives up: on 2 cores the LLM's engine then computes on both, or two 1-thread 
 each, while the light components take what they lend, where whole cores alone would leave the
 engine one. The 1-thread profile also becomes share options, 1 thread on a core shared with other
 light replicas, taking s of its shares (s in `SHARE_SIZES`) with T(b) scaled by SHARES_PER_CORE / s:
-a replica with an eighth of a busy core runs about eight times slower. That is pessimistic for a replica whose core-mates are idle
-(a grader waiting on the LLM), which is the safe side. A share option has one replica: shares are
-for components that need less than a core; one that needs more takes whole cores, rather than
-replicas contending for the same cores. A GPU profile is an option of one GPU.
+a replica with an eighth of a busy core runs about eight times slower. That is pessimistic for a
+replica whose core-mates are idle (a grader waiting on the LLM), which is the safe side. A share
+option has one replica: shares are for components that need less than a core; one that needs more
+takes whole cores, rather than replicas contending for the same cores. A GPU profile is an option
+of one GPU.
 The MILP then picks, per component, one option (resource, threads or share), a batch and replicas.
 """
 
