@@ -20,10 +20,12 @@ class HeldChannel:
         self.lost = asyncio.Event()
         self.lost_reason = ""
         self.sent: list[int] = []  # the size of each batch, in the order sent
+        self.values: list[Any] = []  # each call's first argument, in the order sent
         self.held: list[asyncio.Future[None]] = []
 
     async def run_batch(self, method: str, calls: Sequence[Call], **extras: Any) -> list[Outcome]:
         self.sent.append(len(calls))
+        self.values += [args[0] for args, _ in calls]
         done = asyncio.get_running_loop().create_future()
         self.held.append(done)
         await done
@@ -84,3 +86,47 @@ def test_a_full_batch_takes_the_second_slot_of_a_busy_replica() -> None:
         return sent
 
     assert asyncio.run(scenario()) == [2, 2]  # the second slot is used, the third batch waits for one
+
+
+def test_a_call_waits_for_the_full_replica_holding_its_prefix_while_later_calls_go_elsewhere() -> None:
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        channels = [HeldChannel(), HeldChannel()]
+        replicas = ReplicaSet("retriever", max_inflight=2)
+        for i, channel in enumerate(channels):
+            replicas.add(Replica(f"retriever-{i}", ReplicaSpec("retriever", Retriever()), channel))
+        queue = BatchQueue(replicas, "retrieve", batch_size=2, batch_wait_s=0.0, max_retries=0, concurrency=2)
+        calls = []
+        for value, key in (("a1", "a"), ("b1", "b"), ("a2", "a")):  # a1 and a2 on replica 0, b1 on 1
+            calls.append(queue.submit((value,), {}, prefix=key).future)
+            await settle()
+        # replica 0 is full and replica 1 runs one call: a3 waits for replica 0, c1 (no holder) passes it
+        calls += [queue.submit((value,), {}, prefix=key).future for value, key in (("a3", "a"), ("c1", "c"))]
+        await settle()
+        assert (channels[0].values, channels[1].values) == (["a1", "a2"], ["b1", "c1"])
+        channels[0].release()
+        await settle()
+        for channel in channels:
+            while channel.held:
+                channel.release()
+                await settle()
+        await asyncio.gather(*calls)
+        return channels[0].values, channels[1].values
+
+    assert asyncio.run(scenario()) == (["a1", "a2", "a3"], ["b1", "c1"])
+
+
+def test_a_call_at_risk_does_not_wait_for_the_replica_holding_its_prefix() -> None:
+    async def scenario() -> list[Any]:
+        channels = [HeldChannel(), HeldChannel()]
+        replicas = ReplicaSet("retriever", max_inflight=2)
+        for i, channel in enumerate(channels):
+            replicas.add(Replica(f"retriever-{i}", ReplicaSpec("retriever", Retriever()), channel))
+        queue = BatchQueue(replicas, "retrieve", batch_size=2, batch_wait_s=0.0, max_retries=0, concurrency=2)
+        for value, key in (("a1", "a"), ("b1", "b"), ("a2", "a")):
+            queue.submit((value,), {}, prefix=key)
+            await settle()
+        queue.submit(("a3",), {}, slack=0.5, prefix="a")
+        await settle()
+        return channels[1].values
+
+    assert asyncio.run(scenario()) == ["b1", "a3"]

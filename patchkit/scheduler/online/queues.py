@@ -17,9 +17,11 @@ each call leaves as soon as a replica has fewer than `concurrency` of its calls 
 size, at most `max_concurrency`), so a call arriving while others run joins them at the engine's
 next step. A call whose component names a `prefix_key` (the KV state it reuses) goes to the replica
 that last ran a call with that key, unless that one is busier than the least loaded by more than a
-quarter of its slots (cache-aware routing). A call asking for its chunks (a streaming output) gets
-them through `on_chunk` as the worker makes them; a call whose request ends while it runs is stopped
-at the worker.
+quarter of its slots (cache-aware routing). While that replica is full but no busier than that, the
+call waits for its next free slot, and later calls go first where they may: moving the call would
+evaluate its prefix again elsewhere, which costs more than the wait. Calls at risk never wait so.
+A call asking for its chunks (a streaming output) gets them through `on_chunk` as the worker makes
+them; a call whose request ends while it runs is stopped at the worker.
 
 Liveness: a batch may run `timeout_s` (the method's `@make(timeout_s=...)`, else the deployment's
 `call_timeout_s`), counted from when its replica starts it, that is once the batches sent there
@@ -152,6 +154,15 @@ class ReplicaSet:
         if len(self._holders) > PREFIX_MEMORY:
             del self._holders[next(iter(self._holders))]
         return chosen
+
+    def holder_full(self, key: str | None, most: int | None = None) -> bool:
+        """Whether the replica that last ran prefix `key` is full, but busier than the least loaded by at
+        most a quarter of its slots: a call with that key waits for it rather than go elsewhere."""
+        held = self._holders.get(key) if key is not None else None
+        if held is None or held not in self.replicas or not held.alive or self._has_room(held, True, most):
+            return False
+        least = self.least_loaded(most=most)
+        return least is not None and held.inflight <= least.inflight + max(1, (most or self.max_inflight) // 4)
 
     def kick(self) -> None:
         """A slot opened or a replica joined: let the queue with the oldest call go first."""
@@ -291,10 +302,13 @@ class BatchQueue:
             if not full and self._wait_more():
                 return
             self._order()
-            replica = self.replicas.pick(self._pending[0].prefix, full=full, most=self.concurrency)
+            first = self._first_ready()
+            if first is None:
+                return
+            replica = self.replicas.pick(self._pending[first].prefix, full=full, most=self.concurrency)
             if replica is None:
                 return
-            batch = self._take()
+            batch = self._take(first)
             if batch:
                 replica.inflight += 1
                 asyncio.get_running_loop().create_task(self._send(replica, batch))
@@ -317,7 +331,22 @@ class BatchQueue:
         if self._urgent:  # at-risk calls first, least slack first; sorted() keeps the rest in order
             self._pending = deque(sorted(self._pending, key=lambda c: (c.slack is None, c.slack or 0.0)))
 
-    def _take(self) -> list[PendingCall]:
+    def _first_ready(self) -> int | None:
+        """The first pending call that may leave now: batches leave in order; a concurrent method's call
+        waiting for the full replica that holds its prefix lets later calls by (none at risk waits)."""
+        if self.concurrency is None:
+            return 0
+        for i, call in enumerate(self._pending):
+            if call.slack is not None or not self.replicas.holder_full(call.prefix, self.concurrency):
+                return i
+        return None
+
+    def _take(self, first: int = 0) -> list[PendingCall]:
+        """The next batch, from the `first` pending call on (a concurrent method's batch is that one call)."""
+        if first:
+            call = self._pending[first]
+            del self._pending[first]
+            self._pending.appendleft(call)
         batch: list[PendingCall] = []
         now = self.clock()
         while self._pending and len(batch) < self.batch_size:
