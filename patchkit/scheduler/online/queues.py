@@ -142,11 +142,9 @@ class ReplicaSet:
         least = self.least_loaded(full=full, most=most)
         if least is None or key is None:
             return least
-        held = self._holders.get(key)
-        slack = max(1, (most or self.max_inflight) // 4)
+        held = self._near_holder(key, least, most)
         chosen = least
-        near = held is not None and held in self.replicas and held.inflight <= least.inflight + slack
-        if held is not None and near and self._has_room(held, full, most):
+        if held is not None and self._has_room(held, full, most):
             chosen = held
             self.prefix_hits += 1
         self._holders.pop(key, None)
@@ -155,14 +153,19 @@ class ReplicaSet:
             del self._holders[next(iter(self._holders))]
         return chosen
 
-    def holder_full(self, key: str | None, most: int | None = None) -> bool:
-        """Whether the replica that last ran prefix `key` is full, but busier than the least loaded by at
-        most a quarter of its slots: a call with that key waits for it rather than go elsewhere."""
-        held = self._holders.get(key) if key is not None else None
-        if held is None or held not in self.replicas or not held.alive or self._has_room(held, True, most):
-            return False
-        least = self.least_loaded(most=most)
-        return least is not None and held.inflight <= least.inflight + max(1, (most or self.max_inflight) // 4)
+    def holder_full(self, key: str | None, least: Replica, most: int | None = None) -> bool:
+        """Whether the replica that last ran prefix `key` is full, but busier than `least` (the least
+        loaded) by at most a quarter of its slots: a call with that key waits for it rather than go elsewhere."""
+        held = self._near_holder(key, least, most) if key is not None else None
+        return held is not None and not self._has_room(held, True, most)
+
+    def _near_holder(self, key: str, least: Replica, most: int | None) -> Replica | None:
+        """The alive replica that last ran prefix `key`, if it is busier than `least` by at most a quarter of its slots."""
+        held = self._holders.get(key)
+        slack = max(1, (most or self.max_inflight) // 4)
+        if held is None or held not in self.replicas or not held.alive or held.inflight > least.inflight + slack:
+            return None
+        return held
 
     def kick(self) -> None:
         """A slot opened or a replica joined: let the queue with the oldest call go first."""
@@ -336,8 +339,11 @@ class BatchQueue:
         waiting for the full replica that holds its prefix lets later calls by (none at risk waits)."""
         if self.concurrency is None:
             return 0
+        least = self.replicas.least_loaded(most=self.concurrency)
+        if least is None:
+            return 0  # no replica has room: `pick` says so
         for i, call in enumerate(self._pending):
-            if call.slack is not None or not self.replicas.holder_full(call.prefix, self.concurrency):
+            if call.slack is not None or not self.replicas.holder_full(call.prefix, least, self.concurrency):
                 return i
         return None
 
