@@ -8,7 +8,8 @@ generated tokens per second of time spent in decode steps (`decode_s`), the mean
 the tokens each sequence made (64 unless it ended early),
 and tokens per second end to end (prompts included). Part 2 runs a CRAG-style grader call and then the
 answer over the same three documents, and reports each call's prompt tokens evaluated and reused,
-with the prefix cache and without it.
+with the prefix cache and without it, and the tokens per second of its prompt evaluation: the rate
+that batched decoding approaches when it is bound by compute.
 """
 
 from __future__ import annotations
@@ -52,13 +53,16 @@ def decode_rates(llm: LlamaCppGenerator, concurrency: int) -> dict[str, float]:
     }
 
 
-def reuse_pair(llm: LlamaCppGenerator) -> list[tuple[str, Any, Any]]:
+def reuse_pair(llm: LlamaCppGenerator) -> list[tuple[str, Any, Any, float]]:
+    engine = llm.engine
+    assert engine is not None
     rows = []
     for name, call in [("grade", lambda: Grader(llm).grade(QUESTION, DOCS)), ("answer", lambda: llm.generate(QUESTION, DOCS))]:
-        before = llm.stats()
+        before, engine_before = llm.stats(), engine.stats()
         call()
-        after = llm.stats()
-        rows.append((name, *(after[k] - before[k] for k in ("prompt_tokens_evaluated", "prompt_tokens_reused"))))
+        after, engine_after = llm.stats(), engine.stats()
+        evaluated, reused = (after[k] - before[k] for k in ("prompt_tokens_evaluated", "prompt_tokens_reused"))
+        rows.append((name, evaluated, reused, evaluated / (engine_after["prefill_s"] - engine_before["prefill_s"])))
     return rows
 
 
@@ -74,12 +78,12 @@ def main() -> None:
         rates = decode_rates(llm, concurrency)
         print(f"{concurrency:>9} {rates['decode_tok_s']:>12.1f} {rates['mean_active']:>11.2f} "
               f"{rates['tokens_per_sequence']:>10.1f} {rates['end_to_end_tok_s']:>16.1f}")
-    print(f"\n{'cache':>5} {'call':>6} {'evaluated':>9} {'reused':>6}")
+    print(f"\n{'cache':>5} {'call':>6} {'evaluated':>9} {'reused':>6} {'prompt tok/s':>12}")
     for cache in (True, False):
         pair = LlamaCppGenerator(threads=args.threads, prefix_cache=cache)
         pair.setup()
-        for name, evaluated, reused in reuse_pair(pair):
-            print(f"{'on' if cache else 'off':>5} {name:>6} {evaluated:>9} {reused:>6}")
+        for name, evaluated, reused, rate in reuse_pair(pair):
+            print(f"{'on' if cache else 'off':>5} {name:>6} {evaluated:>9} {reused:>6} {rate:>12.1f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ This module imports nothing from patchkit but the leaf `errors` module, so every
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import re
@@ -127,7 +128,9 @@ class Component:
 
     Subclasses write an ordinary `__init__`; its arguments are recorded without the subclass doing
     anything. Heavy state (models, indexes) belongs in `setup()`, which runs once, lazily, in the
-    process that executes the component: the first local call, or a worker at start.
+    process that executes the component: the first local call, or a worker at start. A subclass's
+    `setup` runs once per instance however often it is called (the user's own call included), so
+    calling it ahead of the first call loads nothing twice.
     """
 
     _patchkit_spec: ComponentSpec
@@ -142,9 +145,15 @@ class Component:
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         self = super().__new__(cls)
         self.__dict__["_patchkit_spec"] = ComponentSpec(cls, args, dict(kwargs), uuid.uuid4().hex)
-        self.__dict__["_patchkit_setup_lock"] = threading.Lock()
+        self.__dict__["_patchkit_setup_lock"] = threading.RLock()
         self.__dict__["_patchkit_ready"] = False
+        self.__dict__["_patchkit_in_setup"] = False
         return self
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if inspect.isfunction(own := cls.__dict__.get("setup")):
+            cls.setup = _once(own)  # type: ignore[method-assign,assignment]
 
     def setup(self) -> None:
         """Load heavy state. Called once per process, before the first call runs there."""
@@ -187,15 +196,42 @@ class Component:
         return self._patchkit_spec.describe()
 
 
+def _once(setup: Callable[[Component], None]) -> Callable[[Component], None]:
+    """`setup` run at most once per instance: later calls return at once, and concurrent first calls
+    wait for the one that runs it. A subclass's setup calling `super().setup()` runs the parent's
+    inside its own run; the instance is ready when the outermost returns (not if it raises)."""
+
+    @functools.wraps(setup)
+    def once(self: Component) -> None:
+        state = self.__dict__
+        if state["_patchkit_ready"]:
+            return
+        with state["_patchkit_setup_lock"]:
+            if state["_patchkit_in_setup"]:
+                setup(self)
+                return
+            if state["_patchkit_ready"]:
+                return
+            state["_patchkit_in_setup"] = True
+            try:
+                setup(self)
+            finally:
+                state["_patchkit_in_setup"] = False
+            state["_patchkit_ready"] = True
+
+    return once
+
+
 def ensure_setup(component: Component) -> None:
-    """Run `component.setup()` once in this process; called before any local execution."""
+    """Run `component.setup()` once in this process; called before any local execution. A call the
+    component's own setup makes runs on what that setup has loaded so far."""
     state = component.__dict__
     if state["_patchkit_ready"]:
         return
     with state["_patchkit_setup_lock"]:
-        if not state["_patchkit_ready"]:
+        if not state["_patchkit_in_setup"]:
             component.setup()
-            state["_patchkit_ready"] = True
+            state["_patchkit_ready"] = True  # also where the class keeps the base's empty setup
 
 
 def mark_served_elsewhere(component: Component) -> None:

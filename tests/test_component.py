@@ -36,6 +36,52 @@ def test_setup_runs_once_lazily() -> None:
     assert retriever.loads == 1
 
 
+def test_setup_called_by_hand_is_not_run_again_by_the_first_call() -> None:
+    retriever = Retriever()
+    retriever.setup()
+    retriever.setup()
+    retriever.retrieve("loops")
+    assert retriever.loads == 1
+
+
+class _Base(Component):
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.fail = False
+
+    def setup(self) -> None:
+        self.log.append("base")
+
+    @make
+    def echo(self, x: str) -> str:
+        return x
+
+
+class _Derived(_Base):
+    def setup(self) -> None:
+        super().setup()
+        if self.fail:
+            raise RuntimeError("no model")
+        self.log.append("derived " + self.echo("warm"))  # a call of its own while it sets up
+
+
+def test_setup_chain_runs_each_part_once_and_a_failed_setup_is_tried_again() -> None:
+    import threading
+
+    part = _Derived()
+    part.fail = True
+    with pytest.raises(RuntimeError, match="no model"):
+        part.echo("x")
+    part.fail = False
+    threads = [threading.Thread(target=part.echo, args=("x",)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    part.setup()
+    assert part.log == ["base", "base", "derived warm"]
+
+
 def test_batch_method_is_called_with_one_item_and_batches_underneath() -> None:
     gen = Generator()
     assert gen.rewrite("How do I loop") == "how to loop python"
