@@ -72,7 +72,7 @@ class Plan:
     slo_ms: float | None = None
 
     def used(self) -> dict[str, float]:
-        """Cores and GPUs the plan takes, per type (CPU in quarters of a core, where replicas share one)."""
+        """Cores and GPUs the plan gives its replicas, per type: CPU in eighths of a core, lent parts not counted."""
         used: dict[str, float] = {}
         for c in self.components.values():
             used[c.resource] = used.get(c.resource, 0) + c.replicas * c.cores
