@@ -156,7 +156,7 @@ class Component:
             cls.setup = _once(own)  # type: ignore[method-assign,assignment]
 
     def setup(self) -> None:
-        """Load heavy state. Called once per process, before the first call runs there."""
+        """Load heavy state. Called once per instance in the process that runs it, before its first call there."""
 
     def stats(self) -> dict[str, Any]:
         """The component's own figures (hit rates, bytes moved, seconds spent): called by its worker
@@ -231,7 +231,7 @@ def ensure_setup(component: Component) -> None:
     with state["_patchkit_setup_lock"]:
         if not state["_patchkit_in_setup"]:
             component.setup()
-            state["_patchkit_ready"] = True  # also where the class keeps the base's empty setup
+            state["_patchkit_ready"] = True  # for the base's empty setup, which nothing wraps
 
 
 def mark_served_elsewhere(component: Component) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import threading
 
 import cloudpickle
 import pytest
@@ -66,8 +67,6 @@ class _Derived(_Base):
 
 
 def test_setup_chain_runs_each_part_once_and_a_failed_setup_is_tried_again() -> None:
-    import threading
-
     part = _Derived()
     part.fail = True
     with pytest.raises(RuntimeError, match="no model"):
