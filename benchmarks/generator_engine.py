@@ -58,11 +58,12 @@ def reuse_pair(llm: LlamaCppGenerator) -> list[tuple[str, Any, Any, float]]:
     assert engine is not None
     rows = []
     for name, call in [("grade", lambda: Grader(llm).grade(QUESTION, DOCS)), ("answer", lambda: llm.generate(QUESTION, DOCS))]:
-        before, engine_before = llm.stats(), engine.stats()
+        before = engine.stats()
         call()
-        after, engine_after = llm.stats(), engine.stats()
-        evaluated, reused = (after[k] - before[k] for k in ("prompt_tokens_evaluated", "prompt_tokens_reused"))
-        rows.append((name, evaluated, reused, evaluated / (engine_after["prefill_s"] - engine_before["prefill_s"])))
+        after = engine.stats()
+        counters = ("prompt_tokens_evaluated", "prompt_tokens_reused", "prefill_s")
+        evaluated, reused, seconds = (after[k] - before[k] for k in counters)
+        rows.append((name, evaluated, reused, evaluated / seconds))
     return rows
 
 
