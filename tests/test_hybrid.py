@@ -23,6 +23,7 @@ Array = np.ndarray[Any, Any]
 # The index is FAISS's IVF and the device tier is torch code, here on torch's CPU device.
 needs_faiss = pytest.mark.skipif(find_spec("faiss") is None, reason="builds a FAISS IVF index: pip install -e '.[retrieval]'")
 needs_torch = pytest.mark.skipif(find_spec("torch") is None, reason="the device tier runs torch: pip install -e '.[retrieval]'")
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def engine(vectors: Array, *, nlist: int, nprobe: int, metric: str = "ip", share: float = 1.0, device: str = "cpu",
@@ -50,15 +51,36 @@ def assert_same_topk(d: Array, i: Array, d0: Array, i0: Array, tol: float = 1e-4
         np.testing.assert_array_equal(row_i[distinct], row_i0[:k][distinct])
 
 
-@needs_faiss
-@needs_torch
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
+# Random data, index shapes, metrics, exact ties and resident sets: the cases a search must answer as FAISS does.
+cache_states = given(
     n=st.integers(40, 400), dim=st.integers(2, 12), nlist=st.integers(1, 12), k=st.integers(1, 25),
     metric=st.sampled_from(["ip", "l2"]), duplicates=st.booleans(), seed=st.integers(0, 2**16), data=st.data(),
 )
+
+
+@needs_faiss
+@needs_torch
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@cache_states
 def test_every_cache_state_answers_as_plain_ivf(
     n: int, dim: int, nlist: int, k: int, metric: str, duplicates: bool, seed: int, data: st.DataObject
+) -> None:
+    check_cache_state("cpu", n, dim, nlist, k, metric, duplicates, seed, data)
+
+
+@pytest.mark.gpu
+@needs_faiss
+@needs_torch
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@cache_states
+def test_every_cache_state_on_cuda_answers_as_plain_ivf(
+    n: int, dim: int, nlist: int, k: int, metric: str, duplicates: bool, seed: int, data: st.DataObject
+) -> None:
+    check_cache_state("cuda", n, dim, nlist, k, metric, duplicates, seed, data)
+
+
+def check_cache_state(
+    device: str, n: int, dim: int, nlist: int, k: int, metric: str, duplicates: bool, seed: int, data: st.DataObject
 ) -> None:
     rng = np.random.default_rng(seed)
     vectors = rng.standard_normal((n, dim)).astype(np.float32)
@@ -66,7 +88,7 @@ def test_every_cache_state_answers_as_plain_ivf(
         vectors[n // 2 :] = vectors[: n - n // 2]
     nlist = min(nlist, n // 20)  # FAISS's k-means wants points per centroid
     nprobe = data.draw(st.integers(1, nlist), label="nprobe")
-    raw, hybrid = engine(vectors, nlist=nlist, nprobe=nprobe, metric=metric)
+    raw, hybrid = engine(vectors, nlist=nlist, nprobe=nprobe, metric=metric, device=device)
     try:
         resident = data.draw(st.lists(st.integers(0, nlist - 1), unique=True), label="resident clusters")
         hybrid.tier.install(resident)
@@ -87,8 +109,9 @@ def clustered() -> Array:
 
 @needs_faiss
 @needs_torch
-def test_hot_clusters_become_resident_and_are_hit(clustered: Array) -> None:
-    raw, hybrid = engine(clustered, nlist=40, nprobe=4, share=0.3, refresh_every=2)
+@pytest.mark.parametrize("device", DEVICES)
+def test_hot_clusters_become_resident_and_are_hit(clustered: Array, device: str) -> None:
+    raw, hybrid = engine(clustered, nlist=40, nprobe=4, share=0.3, refresh_every=2, device=device)
     try:
         queries = clustered[np.argsort(-clustered @ clustered[0])[:20]]  # one popular region, again and again
         for _ in range(6):
@@ -105,8 +128,9 @@ def test_hot_clusters_become_resident_and_are_hit(clustered: Array) -> None:
 
 @needs_faiss
 @needs_torch
-def test_a_search_never_waits_for_a_move(clustered: Array) -> None:
-    raw, hybrid = engine(clustered, nlist=40, nprobe=4, share=0.5)
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_search_never_waits_for_a_move(clustered: Array, device: str) -> None:
+    raw, hybrid = engine(clustered, nlist=40, nprobe=4, share=0.5, device=device)
     try:
         queries = clustered[:64]
         hybrid.heat.observe(hybrid.index.assign(queries)[1])
@@ -126,8 +150,9 @@ def test_a_search_never_waits_for_a_move(clustered: Array) -> None:
 
 @needs_faiss
 @needs_torch
-def test_prefetch_makes_the_nearby_query_hit(clustered: Array) -> None:
-    raw, hybrid = engine(clustered, nlist=40, nprobe=4, share=0.4, cache_share=0.0, generation_s=1.0)
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefetch_makes_the_nearby_query_hit(clustered: Array, device: str) -> None:
+    raw, hybrid = engine(clustered, nlist=40, nprobe=4, share=0.4, cache_share=0.0, generation_s=1.0, device=device)
     try:
         rng = np.random.default_rng(1)
         original = clustered[5:6]

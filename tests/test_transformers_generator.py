@@ -125,6 +125,17 @@ def test_cuda_without_a_gpu_is_a_clear_error_at_setup() -> None:
         ensure_setup(TransformersGenerator(device="cuda"))
 
 
+@pytest.mark.gpu
+def test_on_cuda_calls_in_flight_together_answer_as_on_the_cpu() -> None:
+    gpu = TransformersGenerator(device="cuda", max_tokens=12)
+    ensure_setup(gpu)
+    assert gpu.model.device.type == "cuda"
+    with ThreadPoolExecutor(len(QUESTIONS)) as pool:
+        answers = list(pool.map(gpu.generate, QUESTIONS))
+    assert answers == [alone(q) for q in QUESTIONS]  # float32 on either device: the same greedy tokens
+    assert gpu.stats()["batches"] < len(QUESTIONS)
+
+
 def test_deployed_calls_answer_as_local_calls() -> None:
     answers, generate = ask_deployed_together(llm, QUESTIONS)
     assert answers == [alone(q) for q in QUESTIONS]
