@@ -139,7 +139,7 @@ class Component:
     devices: tuple[str, ...] = ("cpu",)
     # Constructor parameters whose components this one uses beyond their @make methods (their index,
     # their model, their state): those are private parts, run inside this component wherever it runs.
-    # A component given through any other parameter is deployed on its own and shared (see README).
+    # A component given through any other parameter is deployed on its own and shared (see docs/deploy.md).
     in_place: tuple[str, ...] = ()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:

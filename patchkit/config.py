@@ -32,15 +32,15 @@ ESTIMATORS = ("average", "xgboost")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 POSITIVE_FIELDS = (
     "max_inflight_batches", "max_inflight_requests", "max_body_bytes", "max_inflight_bytes", "read_timeout_s",
-    "request_timeout_s", "call_timeout_s", "admission_queue_limit", "autoscale_interval_s", "health_check_period_s",
-    "health_check_timeout_s", "health_check_failures",
+    "request_timeout_s", "call_timeout_s", "abandoned_grace_s", "admission_queue_limit", "autoscale_interval_s",
+    "health_check_period_s", "health_check_timeout_s", "health_check_failures",
 )
 # What `describe()` shows (`GET /v1/plan`): the serving options that are numbers, booleans or names
 # of patchkit's own choices. Never the host, paths, addresses, tokens, secrets or environments.
 DESCRIBED_FIELDS = (
     "backend", "slo_ms", "batch_wait_ms", "pipelining", "max_inflight_batches", "max_inflight_requests",
-    "max_body_bytes", "max_inflight_bytes", "read_timeout_s", "request_timeout_s", "call_timeout_s", "max_retries",
-    "health_check_period_s", "health_check_timeout_s", "health_check_failures", "debug", "optional_inputs",
+    "max_body_bytes", "max_inflight_bytes", "read_timeout_s", "request_timeout_s", "call_timeout_s", "abandoned_grace_s",
+    "max_retries", "health_check_period_s", "health_check_timeout_s", "health_check_failures", "debug", "optional_inputs",
     "drain_timeout_s", "prioritize", "pause_admission", "admission_queue_limit", "estimator", "prefetch", "autoscale",
     "autoscale_interval_s", "scale_up_after_s", "scale_down_after_s", "min_replicas", "max_replicas", "plan",
     "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level", "name", "chat_input", "chat_output",
@@ -88,6 +88,11 @@ class DeploymentConfig:
     read_timeout_s: float = 30.0  # a request's headers and body must arrive within this, else 408 and the connection closes
     request_timeout_s: float = 300.0  # a request still running after this gets 504
     call_timeout_s: float = 300.0  # a batch running longer (unless its method says otherwise) recycles its replica
+    # A batch whose every call belongs to a request that has ended, still running this long past the latest of their
+    # deadlines, serves nobody: its replica is recycled as on a call timeout. Long enough for a healthy call to come
+    # back once told its request ended (a stream=True method stops at its next chunk, a call not reached is skipped);
+    # short, since the calls queued behind it wait that long too.
+    abandoned_grace_s: float = 5.0
     max_retries: int = 2  # times a call is re-sent after the replica running it died (unless its method says otherwise)
     # Health checks of every replica (as Ray Serve's): every period, each must answer within the timeout;
     # after `health_check_failures` failures in a row it is recycled.

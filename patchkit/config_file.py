@@ -9,7 +9,8 @@ The schema is a pydantic model: its top-level options are made from `DeploymentC
 types, defaults and ranges), so the file takes every option `deploy()` does; `components` holds a
 `ComponentOptions` per component. YAML, JSON or TOML, by the file's suffix. `load` reports every problem at
 once, one line each, naming the key's path: an unknown key with the closest known one, a value of the
-wrong type or out of range with what is allowed. `describe` renders the keys for `patchkit serve --help`.
+wrong type or out of range with what is allowed. `keys` lists every key with its default and help: `describe`
+renders them for `patchkit serve --help`, `markdown_table` for the documentation's table of options.
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from patchkit.config import BACKENDS, ESTIMATORS, INTERNAL_FIELDS, NON_NEGATIVE_FIELDS, POSITIVE_FIELDS, DeploymentConfig
 from patchkit.errors import ConfigError
 
-__all__ = ["ComponentOptions", "ServeFile", "describe", "deploy_arguments", "given", "load"]
+__all__ = ["ComponentOptions", "ServeFile", "describe", "deploy_arguments", "given", "keys", "load", "markdown_table"]
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-# Each deploy option's line in `patchkit serve --help` and the README (what deploy()'s docstring and
+# Each deploy option's line in `patchkit serve --help` and the documentation (what deploy()'s docstring and
 # DeploymentConfig's comments say, shortened).
 OPTION_HELP = {
     "backend": "'local' (a process per replica), 'inprocess' (a thread of this process) or 'ray' (Ray actors)",
@@ -48,6 +49,7 @@ OPTION_HELP = {
     "read_timeout_s": "a request's headers and body must arrive within this, else 408",
     "request_timeout_s": "a request still running after this gets 504",
     "call_timeout_s": "a batch running longer recycles its replica",
+    "abandoned_grace_s": "a batch serving only ended requests, this long past their deadlines, recycles its replica",
     "max_retries": "times a call is sent again after its replica died",
     "health_check_period_s": "how often every replica is health-checked",
     "health_check_timeout_s": "how long a health check may take",
@@ -267,21 +269,48 @@ def deploy_arguments(values: Mapping[str, Any], components: Iterable[str]) -> di
     return arguments
 
 
+def keys(model: type[BaseModel] = ServeFile) -> list[tuple[str, Any, str]]:
+    """Every key of `model` (the file's top level, or ComponentOptions) but `components`, as (name, default, help),
+    the default the one `patchkit serve` applies (None where there is none). What `describe` and `markdown_table`
+    render, so that `--help`, the documentation and the schema list the same keys."""
+    rows = []
+    for name, info in model.model_fields.items():
+        if name == "components":
+            continue
+        default = SERVE_DEFAULTS.get(name, info.default) if model is ServeFile else info.default
+        rows.append((name, None if default == [] or default == {} else default, str(info.description)))
+    return rows
+
+
 def describe() -> str:
-    """The file's keys, for `patchkit serve --help`: from the models' fields, so that help and schema agree."""
+    """The file's keys, for `patchkit serve --help`."""
     lines = ["config file (--config deploy.yaml, .json or .toml; flags given on the command line win):"]
-    lines += _key_lines(ServeFile, exclude=("components",))
+    lines += _key_lines(keys(ServeFile))
     lines.append("  components: {NAME: {...}}   per component, overriding the keys above of the same name:")
-    lines += _key_lines(ComponentOptions, indent="    ")
+    lines += _key_lines(keys(ComponentOptions), indent="    ")
     return "\n".join(lines)
 
 
-def _key_lines(model: type[BaseModel], indent: str = "  ", exclude: tuple[str, ...] = ()) -> list[str]:
-    rows = []
-    for name, info in model.model_fields.items():
-        if name in exclude:
-            continue
-        default = SERVE_DEFAULTS.get(name, info.default) if model is ServeFile else info.default
-        shown = "" if default is None or default == [] or default == {} else f" (default {json.dumps(default)})"
-        rows.append(f"{indent}{name:<24} {info.description}{shown}")
-    return rows
+def _key_lines(rows: list[tuple[str, Any, str]], indent: str = "  ") -> list[str]:
+    return [f"{indent}{name:<24} {text}{'' if default is None else f' (default {json.dumps(default)})'}"
+            for name, default, text in rows]
+
+
+# The line of a documentation page that the MkDocs hook (docs/hooks/options.py) replaces with `markdown_table()`.
+TABLE_MARKER = "<!-- the options table, made from patchkit/config_file.py -->"
+
+
+def markdown_table() -> str:
+    """The file's keys as a Markdown table (key, default, what it sets): the documentation's table of options,
+    made when the site is built. Each top-level key but the sizing ones is also a `deploy()` argument."""
+    lines = ["| key | default | what it sets |", "| --- | --- | --- |"]
+    lines += [_table_row(f"`{name}`", default, text) for name, default, text in keys(ServeFile)]
+    lines += [_table_row(f"`components.NAME.{name}`", default, f"per component, over the top-level key: {text}")
+              for name, default, text in keys(ComponentOptions)]
+    return "\n".join(lines)
+
+
+def _table_row(key: str, default: Any, text: str) -> str:
+    shown = "" if default is None else f"`{json.dumps(default)}`"
+    escaped = text.replace("|", "\\|")  # a bar would end the cell
+    return f"| {key} | {shown} | {escaped} |"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import patchkit
 from patchkit import Component, make
@@ -93,6 +95,43 @@ class Slow(Component):
         return [t[::-1] for t in text]
 
 
+class Hanger(Component):
+    """Answers at once, except when asked to hang: then it never returns, as a wedged model call."""
+
+    @make
+    def echo(self, text: str) -> str:
+        if text == "hang":
+            time.sleep(10**6)
+        return text.upper()
+
+
+class Streamer(Component):
+    """Streams an answer a word at a time, as a generator streams tokens.
+
+    With `ack_dir`, it proves the stream reaches its reader while the answer is still being made:
+    before its last word it waits (up to `wait_s`) for the reader to create the file `ack_dir/<prompt>`
+    on reading the first word, and the last word says whether it did: "read", else "unread"."""
+
+    def __init__(self, ack_dir: str | None = None, wait_s: float = 20.0) -> None:
+        self.ack_dir = ack_dir
+        self.wait_s = wait_s
+
+    @make(stream=True)
+    def generate(self, prompt: str) -> Iterator[str]:
+        yield "Answer"
+        for word in ("to", prompt, "is"):
+            yield " " + word
+        yield " " + self._last_word(prompt)
+
+    def _last_word(self, prompt: str) -> str:
+        if self.ack_dir is None:
+            return "ready"
+        ack, deadline = Path(self.ack_dir) / prompt, time.monotonic() + self.wait_s
+        while not ack.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return "read" if ack.exists() else "unread"
+
+
 class BrokenSetup(Component):
     """A component whose setup() fails, as when a model file is missing."""
 
@@ -104,4 +143,4 @@ class BrokenSetup(Component):
         return text
 
 
-__all__ = ["CORPUS", "BrokenSetup", "Flaky", "Generator", "Grader", "Retriever", "Slow", "patchkit"]
+__all__ = ["CORPUS", "BrokenSetup", "Flaky", "Generator", "Grader", "Hanger", "Retriever", "Slow", "Streamer", "patchkit"]

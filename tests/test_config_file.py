@@ -308,11 +308,3 @@ def test_serve_with_a_config_file_end_to_end(app_dir: Path) -> None:
             server.wait()
         if server.stdout is not None:
             server.stdout.close()
-
-
-def test_the_readme_documents_every_key() -> None:
-    readme = (ROOT / "README.md").read_text()
-    for key in cf.ServeFile.model_fields:
-        if key != "components":
-            assert f"| `{key}` |" in readme, key
-    assert "| `components.NAME.*` |" in readme

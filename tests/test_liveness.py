@@ -1,7 +1,8 @@
 """Failures between the front-end and its workers, each put where it belongs, and no request left hanging.
 
 A call whose arguments do not pickle fails alone, and a reply the front-end cannot unpickle fails its
-own call, the replica serving on; a batch past its call timeout gets its replica recycled; a replica
+own call, the replica serving on; a batch past its call timeout gets its replica recycled, and so does
+one that runs on past the deadline of every request it serves, while one live request keeps it; a replica
 that fails its health checks (a frozen process, a `check_health()` that raises) shows in `/healthz`
 and stats, and is recycled; a request that times out takes its queued calls with it; a method with
 `retries=0` never runs a call twice; what a component's `setup()` starts stops with its worker.
@@ -11,8 +12,10 @@ Unit tests on fakes and the inprocess backend; the failures between processes on
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -20,12 +23,12 @@ import sys
 import textwrap
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from components import Slow
+from components import Hanger, Slow
 from serving import run_frontend
 from test_deploy_local import _in_threads, _join, _running, _wait_until
 from test_queues import HeldChannel, settle
@@ -33,7 +36,9 @@ from wire_components import Checked, Journal, Replier, Sleeper, Spawner, argumen
 
 import patchkit
 from patchkit import Component, DeadlineExceeded, MakeError, WorkerDiedError, make
-from patchkit.errors import CallError
+from patchkit.component import Call
+from patchkit.config import DeploymentConfig
+from patchkit.errors import CallError, ConfigError
 from patchkit.orchestrator.backend import STUCK, Replica, ReplicaSpec
 from patchkit.orchestrator.execute import Outcome
 from patchkit.orchestrator.rpc import GrpcChannel
@@ -192,6 +197,164 @@ def test_a_batch_s_call_timeout_starts_when_its_replica_starts_it() -> None:
     assert outcomes == [(True, 0), (True, 1)] and recycled == []
 
 
+# -- a batch that serves nobody: every request it serves has ended, and their deadlines have passed -----
+class _Wedged:
+    """A replica's channel that runs one batch at a time (`serial`, as a worker runs a method without
+    max_concurrency) or all at once: a call whose value starts with "hang" returns only when the test releases
+    it, the others at once; once killed (as a recycled replica's process is), its batches fail with WorkerDiedError."""
+
+    def __init__(self, *, serial: bool) -> None:
+        self.lost = asyncio.Event()
+        self.lost_reason = ""
+        self.sizes: list[int] = []  # each batch's size, in the order sent
+        self.values: list[Any] = []  # each call's first argument, in the order sent
+        self._held: dict[Any, asyncio.Future[None]] = {}
+        self._turn = asyncio.Lock() if serial else None
+
+    async def run_batch(self, method: str, calls: Sequence[Call], **extras: Any) -> list[Outcome]:
+        self.sizes.append(len(calls))
+        self.values += [args[0] for args, _ in calls]
+        async with self._turn or contextlib.nullcontext():
+            if self.lost.is_set():
+                raise WorkerDiedError("the replica was killed")
+            loop = asyncio.get_running_loop()
+            hung = [args[0] for args, _ in calls if str(args[0]).startswith("hang")]
+            await asyncio.gather(*(self._held.setdefault(value, loop.create_future()) for value in hung))
+        return [(True, args[0]) for args, _ in calls]
+
+    def release(self, value: Any) -> None:
+        self._held.pop(value).set_result(None)
+
+    def kill(self) -> None:
+        self.lost_reason = "killed"
+        self.lost.set()
+        for held in self._held.values():
+            if not held.done():
+                held.set_exception(WorkerDiedError("the replica was killed"))
+
+    async def stats(self) -> dict[str, Any]:
+        return {}
+
+    async def close(self) -> None:
+        return None
+
+
+class _Recycled:
+    """One queue of `llm.generate` on its replicas, a stuck one recycled as the supervisor does: killed,
+    and another started in its place on the next turn of the loop."""
+
+    def __init__(self, *, batch_size: int = 1, concurrency: int | None = None, grace_s: float = 0.05) -> None:
+        self.recycled: list[tuple[str, str, str]] = []
+        self.channels: list[_Wedged] = []
+        self.queue_concurrency = concurrency
+        self.set = ReplicaSet("llm", max_inflight=2, recycle=self._recycle, abandoned_grace_s=grace_s)
+        self._start()
+        self.queue = BatchQueue(self.set, "generate", batch_size=batch_size, batch_wait_s=0.0, max_retries=0,
+                                concurrency=concurrency)
+
+    def _start(self) -> None:
+        self.channels.append(_Wedged(serial=self.queue_concurrency is None))
+        self.set.add(Replica(f"llm#{len(self.channels) - 1}", ReplicaSpec("llm", Slow()), self.channels[-1]))
+
+    def _recycle(self, replica: Replica, state: str, why: str) -> None:
+        self.recycled.append((replica.id, state, why))
+        self.channels[int(replica.id.split("#")[1])].kill()
+        asyncio.get_running_loop().call_soon(self._start)
+
+
+ABANDONED = r"a batch of llm\.generate ran 0\.\d s past the deadline of every request it served"
+
+
+def test_a_batch_that_serves_only_ended_requests_past_their_deadlines_recycles_its_replica() -> None:
+    """No call timeout at all: the batch's request ended, so past its deadline and the grace the replica is
+    stuck, and the batch sent there behind it, never started, goes to the replacement."""
+
+    async def scenario() -> tuple[_Recycled, Outcome]:
+        pool = _Recycled()
+        now = asyncio.get_running_loop().time()
+        hung = pool.queue.submit(("hang",), {}, expires=now + 0.1)
+        behind = pool.queue.submit(("next",), {}, expires=now + 60)  # a live request, lined up on the same replica
+        await asyncio.sleep(0.1)
+        hung.future.cancel()  # its request timed out
+        return pool, await asyncio.wait_for(behind.future, 10)
+
+    pool, outcome = asyncio.run(scenario())
+    [(replica, state, why)] = pool.recycled
+    assert (replica, state) == ("llm#0", STUCK) and re.fullmatch(ABANDONED, why), why
+    assert outcome == (True, "next")  # with max_retries=0: it never ran on the stuck replica, so it was sent again
+    assert [c.values for c in pool.channels] == [["hang", "next"], ["next"]]  # answered by the replacement
+
+
+def test_a_batch_with_a_live_request_keeps_its_replica_until_that_request_ends_too() -> None:
+    async def scenario() -> tuple[list[Any], list[Any]]:
+        pool = _Recycled(batch_size=2)
+        now = asyncio.get_running_loop().time()
+        first = pool.queue.submit(("hang-1",), {}, expires=now + 0.05)
+        second = pool.queue.submit(("hang-2",), {}, expires=now + 0.3)
+        await asyncio.sleep(0.05)
+        assert pool.channels[0].sizes == [2]  # one batch
+        first.future.cancel()
+        await asyncio.sleep(0.2)  # well past the first's deadline and the grace
+        while_the_second_waits = list(pool.recycled)
+        second.future.cancel()
+        await asyncio.sleep(0.2)  # past the second's deadline and the grace
+        return while_the_second_waits, pool.recycled
+
+    while_live, after = asyncio.run(scenario())
+    assert while_live == []
+    [(replica, state, why)] = after
+    assert replica == "llm#0" and re.fullmatch(ABANDONED, why), why
+
+
+def test_a_batch_its_replica_reaches_after_its_requests_ended_gets_the_grace_to_come_back() -> None:
+    """Its deadlines passed while it waited behind another batch: the grace counts from when it starts."""
+
+    async def scenario() -> list[Any]:
+        pool = _Recycled(grace_s=0.2)
+        now = asyncio.get_running_loop().time()
+        running = pool.queue.submit(("hang-1",), {}, expires=now + 60)
+        behind = pool.queue.submit(("hang-2",), {}, expires=now + 0.05)
+        await asyncio.sleep(0.05)
+        behind.future.cancel()  # its request timed out while it waited
+        await asyncio.sleep(0.35)  # past its deadline and the grace
+        pool.channels[0].release("hang-1")
+        await running.future
+        await settle()  # the replica starts the batch behind: the worker finds its call cancelled
+        pool.channels[0].release("hang-2")
+        await asyncio.sleep(0.3)
+        return pool.recycled
+
+    assert asyncio.run(scenario()) == []
+
+
+def test_a_replica_running_a_live_call_beside_an_abandoned_one_serves_on_until_the_live_one_is_back() -> None:
+    """A `max_concurrency` method: recycling the replica would fail the live call to end one nobody waits for."""
+
+    async def scenario() -> tuple[list[Any], Outcome, list[Any]]:
+        pool = _Recycled(batch_size=2, concurrency=2)
+        now = asyncio.get_running_loop().time()
+        abandoned = pool.queue.submit(("hang-1",), {}, expires=now + 0.05)
+        live = pool.queue.submit(("hang-2",), {}, expires=now + 60)
+        await asyncio.sleep(0.05)
+        abandoned.future.cancel()
+        await asyncio.sleep(0.2)
+        beside_a_live_call = list(pool.recycled)
+        pool.channels[0].release("hang-2")
+        outcome = await live.future
+        await settle()
+        return beside_a_live_call, outcome, pool.recycled
+
+    beside_a_live_call, outcome, after = asyncio.run(scenario())
+    assert beside_a_live_call == [] and outcome == (True, "hang-2")
+    [(replica, state, why)] = after  # once back, only the abandoned call runs there
+    assert replica == "llm#0" and re.fullmatch(ABANDONED, why), why
+
+
+def test_abandoned_grace_s_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="abandoned_grace_s must be > 0; got 0"):
+        DeploymentConfig.check_options({"abandoned_grace_s": 0})
+
+
 # -- the stream's reader: whatever ends it, the replica is lost with the reason, never silently ------
 class _GarbledStream:
     """A worker's stream that answers with a message that is not a reply at all."""
@@ -347,6 +510,40 @@ def test_a_call_past_its_timeout_recycles_its_replica_and_the_calls_behind_it_ar
         assert _pid(endpoint, "sleeper") != pid
         _wait_until(lambda: not _running(pid), "the stuck worker was killed")
         assert _get(endpoint.url + "/healthz")[0] == 200
+
+
+hanger = Hanger()
+ATTEMPTS = 20  # requests of 2 s at most: 40 s in all, well under the 300 s of call_timeout_s
+
+
+@pytest.mark.slow
+def test_a_call_that_outlives_its_request_recycles_the_only_replica_and_later_requests_are_answered() -> None:
+    def body(text: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return hanger.echo(text)  # type: ignore[no-any-return]
+        return pipeline
+
+    with patchkit.deploy(_capture(body), request_timeout_s=2, autoscale=False) as endpoint:
+        pid = _pid(endpoint, "hanger")
+        with pytest.raises(DeadlineExceeded):
+            endpoint.query(text="hang")
+        timed_out = 0
+        for _ in range(ATTEMPTS):  # queued behind the hung call until its replica is replaced
+            try:
+                first = endpoint.query(text="after")
+            except DeadlineExceeded:
+                timed_out += 1
+            else:
+                break
+        assert timed_out < ATTEMPTS, "every request after the hung one timed out"
+        assert first == "AFTER" and [endpoint.query(text=f"then {i}") for i in range(3)] == [f"THEN {i}" for i in range(3)]
+        stats = endpoint.stats()
+        assert stats["restarts"] == 1 and _pid(endpoint, "hanger") != pid
+        [replaced] = stats["components"]["hanger"]["replaced"]
+        assert replaced["state"] == "stuck"
+        why = r"a batch of hanger\.echo ran \d+\.\d s past the deadline of every request it served"
+        assert re.fullmatch(why, replaced["why"]), replaced
+        _wait_until(lambda: not _running(pid), "the stuck worker was killed")
 
 
 @pytest.mark.slow

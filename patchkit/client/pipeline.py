@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import copy
+import io
+import marshal
+import pickle
 import threading
+import types
+from collections import ChainMap
 from collections.abc import Mapping
 from typing import Any
+
+import cloudpickle
 
 from patchkit.capture.assemble import Program
 from patchkit.capture.graph import Graph
@@ -31,8 +38,9 @@ class Pipeline:
     Pipeline is bound by identity like a component, its components are the outer pipeline's too,
     and its calls go where the outer pipeline's calls go.
 
-    A Pipeline pickles with cloudpickle (components travel as specs) and answers the same in the
-    process that loads it: this is how the front-end receives it.
+    A Pipeline pickles (with pickle or cloudpickle; components travel as specs) and answers the same
+    in the process that loads it, its calls at the same call sites: this is how the front-end
+    receives it, and how it knows which calls stream the output.
     """
 
     def __init__(
@@ -97,20 +105,47 @@ class Pipeline:
             room = MAX_RECORDED_CALLS - len(self.recorded)
             self.recorded.extend(calls[:room])
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Whatever pickles it, the pipeline's state travels as `_dumps` bytes, so the code it runs
+        keeps the call sites its graph names; inputs recorded for profiling stay in this process."""
         state = self.__dict__.copy()
         del state["_lock"]
-        state["recorded"] = []  # inputs recorded for profiling stay with the user's process
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
+        state["recorded"] = []
+        return (_load_pipeline, (_dumps(state),))
 
     def __repr__(self) -> str:
         inputs = ", ".join(self._defaults)
         names = ", ".join(self.components)
         return f"<Pipeline inputs=({inputs}) output={self.output!r} components=({names})>"
+
+
+def _marshal_code(code: types.CodeType) -> tuple[Any, ...]:
+    return (marshal.loads, (marshal.dumps(code),))
+
+
+class _SitePickler(cloudpickle.Pickler):
+    """cloudpickle, except that code objects travel whole (marshalled, as a .pyc file holds them).
+
+    A call's site (`CallSite`) is its code's filename and position, and the front-end finds the
+    calls that stream the output, or feed a prefetch, by their sites in the graph. cloudpickle
+    (3.1) names every code object it pickles by value "<dynamic-code>": the captured body always,
+    and the functions and classes of a script's `__main__`; then no call in the front-end is at
+    the site its node has. The front-end runs on the interpreter that pickled it, as marshal needs."""
+
+    dispatch_table = ChainMap({types.CodeType: _marshal_code}, cloudpickle.Pickler.dispatch_table)
+
+
+def _dumps(state: dict[str, Any]) -> bytes:
+    buffer = io.BytesIO()
+    _SitePickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(state)
+    return buffer.getvalue()
+
+
+def _load_pipeline(payload: bytes) -> Pipeline:
+    pipeline = Pipeline.__new__(Pipeline)
+    pipeline.__dict__.update(pickle.loads(payload))  # noqa: S301 - a pipeline this interpreter pickled
+    pipeline._lock = threading.Lock()
+    return pipeline
 
 
 _last: Pipeline | None = None

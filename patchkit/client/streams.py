@@ -8,6 +8,7 @@ a last chunk.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
@@ -39,9 +40,10 @@ class _Events:
 
 
 def sse_data(lines: Iterator[str]) -> Iterator[str]:
-    """The `data` of each server-sent event in `lines` (multi-line data joined by newlines)."""
+    """The `data` of each server-sent event in `lines` (multi-line data joined by newlines), each
+    as soon as the line that ends it is read: `Stream` hands on chunks while the output is made."""
     events = _Events()
-    for line in [*lines, ""]:
+    for line in itertools.chain(lines, [""]):
         if (data := events.feed(line)) is not None:
             yield data
 

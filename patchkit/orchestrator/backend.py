@@ -63,7 +63,7 @@ class Channel(Protocol):
 
 # A replica's state (`Replica.state`): serving, or being recycled (stopped, another started in its place).
 SERVING = "serving"
-STUCK = "stuck"  # a batch ran past its call timeout
+STUCK = "stuck"  # a batch ran past its call timeout, or what runs on it serves nobody
 UNHEALTHY = "unhealthy"  # it failed `health_check_failures` health checks in a row
 DEAD = "dead"  # its process or its stream ended
 

@@ -1,14 +1,17 @@
 """The `inprocess` backend: replicas run the user's own objects on the front-end's event loop.
 
-For unit tests and pdb: nothing is pickled, no process or thread is started, and a batch runs to
-completion before the loop goes on, so runs are deterministic and a breakpoint in a component
-stops the whole deployment where it is. (Batching and the pipeline's control flow are the same
-as on the process backends; only components never overlap one another.)
+For unit tests and pdb: nothing is pickled, no process is started, and a batch runs to completion
+before the loop goes on, so runs are deterministic and a breakpoint in a component stops the whole
+deployment where it is. (Batching and the pipeline's control flow are the same as on the process
+backends; only components never overlap one another.) The one exception: a batch whose chunks a
+streaming client waits for runs on a thread, so that the loop sends each chunk as it is made, as
+a worker does; its replica runs no other batch meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,7 +25,7 @@ __all__ = ["InProcessBackend"]
 
 
 class DirectChannel:
-    """Runs each batch inline, on the calling event loop."""
+    """Runs each batch inline, on the calling event loop; a streamed one on a thread."""
 
     def __init__(self, component: Component, name: str) -> None:
         self.component = component
@@ -31,6 +34,7 @@ class DirectChannel:
         self.lost_reason = ""
         self.batches = 0
         self.calls = 0
+        self._running = asyncio.Lock()  # one batch at a time, as a worker runs them
 
     async def run_batch(
         self,
@@ -41,22 +45,52 @@ class DirectChannel:
         ended: Sequence[asyncio.Future[Any]] | None = None,
         traces: Sequence[dict[str, str] | None] | None = None,
     ) -> list[Outcome]:
-        """Run the batch now, a streaming call's chunks handed to its `on_chunk` as they are made, in an
-        execution span per traced call, as a worker does (`expires_in` and `ended` do not apply: no call
-        waits here, nor runs while its request ends)."""
+        """Run the batch now, in an execution span per traced call, as a worker does; a streaming call's
+        chunks handed to its `on_chunk` on this loop as they are made (`expires_in` does not apply: no
+        call waits here). `ended` applies to a streamed batch only: a call whose request ended stops at
+        its next chunk."""
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
-
-        def sink(index: int, text: str) -> None:
-            target = on_chunk[index] if on_chunk is not None else None
-            if target is not None:
-                target(text)
-
-        with telemetry.execution(self.name, method, traces):
-            outcomes = run_calls(self.component, method, calls, sink if on_chunk is not None else None)
+        async with self._running:
+            with telemetry.execution(self.name, method, traces):
+                if on_chunk is None or all(target is None for target in on_chunk):
+                    outcomes = run_calls(self.component, method, calls)
+                else:
+                    outcomes = await self._streamed(method, calls, on_chunk, ended)
         self.batches += 1
         self.calls += len(calls)
         return outcomes
+
+    async def _streamed(
+        self,
+        method: str,
+        calls: Sequence[Call],
+        on_chunk: Sequence[Callable[[str], None] | None],
+        ended: Sequence[asyncio.Future[Any]] | None,
+    ) -> list[Outcome]:
+        """A batch whose chunks are wanted, on a thread: the loop sends each chunk while the next is made.
+        Once the batch is given up on (its replica recycled) or a call's request ends, the call stops
+        at its next chunk."""
+        loop = asyncio.get_running_loop()
+        stops = [threading.Event() for _ in calls]
+
+        def sink(index: int, text: str) -> None:
+            target = on_chunk[index]
+            if target is not None:
+                loop.call_soon_threadsafe(target, text)
+
+        watched = [(end, lambda future, stop=stop: future.cancelled() and stop.set()) for end, stop in zip(ended or (), stops)]
+        for end, stop_on_end in watched:
+            end.add_done_callback(stop_on_end)
+        try:
+            return await asyncio.to_thread(run_calls, self.component, method, calls, sink, stops)
+        except asyncio.CancelledError:
+            for stop in stops:
+                stop.set()
+            raise
+        finally:
+            for end, stop_on_end in watched:
+                end.remove_done_callback(stop_on_end)
 
     async def health(self, timeout_s: float) -> None:
         """The component's `check_health()`, run here on the loop."""

@@ -16,14 +16,15 @@ import asyncio
 import contextlib
 import itertools
 import logging
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, TypeVar
 
 from patchkit.orchestrator.backend import DEAD, UNHEALTHY, Backend, Replica, ReplicaSpec
 
-__all__ = ["HealthChecks", "Supervisor"]
+__all__ = ["HealthChecks", "Replacement", "Supervisor"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ T = TypeVar("T")
 
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 DRAIN_POLL_S = 0.01  # how often a retiring replica is checked for batches still in flight
+REPLACED_MEMORY = 64  # replacements remembered for stats, the latest kept
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,21 @@ class HealthChecks:
     period_s: float = 10.0
     timeout_s: float = 30.0
     failures: int = 3
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A replica taken out of service and replaced: dead, stuck or unhealthy (`state`), and why."""
+
+    id: str
+    component: str
+    state: str
+    why: str
+    at: float  # when, as time.time()
+
+    def describe(self) -> dict[str, str | float]:
+        """As stats report it, under its component."""
+        return {key: value for key, value in asdict(self).items() if key != "component"}
 
 
 class Supervisor:
@@ -66,6 +83,7 @@ class Supervisor:
         self._busy: set[asyncio.Task[Any]] = set()
         self._closing = asyncio.Event()
         self.restarts = 0
+        self.replaced: deque[Replacement] = deque(maxlen=REPLACED_MEMORY)  # the latest last; retired replicas are not
 
     def replicas(self, component: str | None = None) -> list[Replica]:
         return [r for r in self._keepers if component is None or r.component == component]
@@ -131,9 +149,10 @@ class Supervisor:
         """Take a stuck or unhealthy replica out of dispatch, stop it (its process is killed, its batches
         in flight fail with WorkerDiedError and are retried elsewhere) and start another in its place.
 
-        Called by a batching queue when a batch runs past its call timeout (`state` STUCK) and by the
-        health checks (UNHEALTHY); `why` is logged and shown in stats. Does nothing for a replica that
-        is not kept here (already dying, retired, or the supervisor is closing).
+        Called by a batching queue when a batch runs past its call timeout or what runs on the replica
+        serves nobody (`state` STUCK), and by the health checks (UNHEALTHY); `why` is logged, and shown in
+        stats (in `replaced` after the replica is gone). Does nothing for a replica that is not kept here
+        (already dying, retired, or the supervisor is closing).
         """
         keeper = None if self._closing.is_set() else self._keepers.pop(replica, None)
         if keeper is None:
@@ -144,6 +163,7 @@ class Supervisor:
 
     def _replace(self, replica: Replica, state: str, why: str) -> None:
         replica.state, replica.why = state, why
+        self.replaced.append(Replacement(replica.id, replica.component, state, why, time.time()))
         self._replacing.append(replica)
         self._on_down(replica, why)
         self._track(self._restart(replica))

@@ -103,7 +103,8 @@ class Frontend:
         handles = await self._start_handles()
         for name, component in self.components.items():
             settings = self.config.components[name]
-            replica_set = self.sets[name] = ReplicaSet(name, self.config.max_inflight_batches, self.supervisor.recycle)
+            replica_set = self.sets[name] = ReplicaSet(name, self.config.max_inflight_batches, self.supervisor.recycle,
+                                                       abandoned_grace_s=self.config.abandoned_grace_s)
             uid = component._patchkit_spec.uid
             for method, made in make_methods(type(component)).items():
                 self.queues[uid, method] = BatchQueue(
@@ -374,10 +375,12 @@ class Frontend:
         )
 
     def stats(self) -> dict[str, Any]:
-        """Per component: replicas, and per method batch size, throughput and queue; called by /v1/stats."""
+        """Per component: replicas, per method batch size, throughput and queue, and the replicas replaced
+        lately (dead, stuck, unhealthy) with why; called by /v1/stats."""
         snapshot = self.snapshot()
         components: dict[str, dict[str, Any]] = {
-            name: {"class": type(component).__name__, "replicas": self._replicas(name), "methods": {}}
+            name: {"class": type(component).__name__, "replicas": self._replicas(name), "methods": {},
+                   "replaced": [r.describe() for r in self.supervisor.replaced if r.component == name]}
             for name, component in self.components.items()
         }
         for method in snapshot.methods:

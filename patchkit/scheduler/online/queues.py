@@ -27,7 +27,12 @@ Liveness: a batch may run `timeout_s` (the method's `@make(timeout_s=...)`, else
 `call_timeout_s`), counted from when its replica starts it, that is once the batches sent there
 before it are back. Past that the replica is stuck: it is recycled (the `recycle` callback of its
 ReplicaSet: stopped, another started in its place) and the batch's calls are re-queued like those
-of a dead replica, or fail with DeadlineExceeded once out of retries.
+of a dead replica, or fail with DeadlineExceeded once out of retries. A replica is stuck too when
+what runs on it serves nobody: every call of its running batch (of every call running there, for a
+`max_concurrency` method) belongs to a request that has ended, and it has run `abandoned_grace_s`
+past the latest of those requests' deadlines. It is recycled in the same way, and the batches sent
+there behind it, which it never started, go to another replica or to its replacement. One live call
+running there keeps it serving: recycling it would fail that call to end one nobody waits for.
 """
 
 from __future__ import annotations
@@ -98,19 +103,30 @@ class QueueStats:
 class ReplicaSet:
     """The live replicas of one component, shared by its methods' queues.
 
-    `recycle(replica, state, why)`: called when a replica is stuck (a batch past its call timeout);
-    the front-end hands it to the supervisor. By default the replica is only taken out of dispatch.
+    `recycle(replica, state, why)`: called when a replica is stuck (a batch past its call timeout, or
+    serving nobody); the front-end hands it to the supervisor. By default the replica is only taken out
+    of dispatch. `abandoned_grace_s`: how long past the deadline of every request it serves a batch may
+    run before its replica counts as stuck (None: only call timeouts make a replica stuck).
     """
 
-    def __init__(self, component: str, max_inflight: int, recycle: Callable[[Replica, str, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        component: str,
+        max_inflight: int,
+        recycle: Callable[[Replica, str, str], None] | None = None,
+        *,
+        abandoned_grace_s: float | None = None,
+    ) -> None:
         self.component = component
         self.max_inflight = max_inflight
         self.replicas: list[Replica] = []
         self.queues: list[BatchQueue] = []
         self._recycle = recycle
+        self.abandoned_grace_s = abandoned_grace_s
         # Per replica, its batches sent and not back, in the order it runs them: the first one runs,
         # and its call timeout runs with it; the others' start as the ones before them come back.
         self._lines: dict[Replica, list[_Turn]] = {}
+        self._beside: dict[Replica, list[_Turn]] = {}  # per replica, the calls of max_concurrency methods running there
         self._holders: dict[str, Replica] = {}  # prefix key -> the replica that last ran it, least recent first
         self.prefix_hits = 0  # calls sent to the replica holding their prefix rather than the least loaded
 
@@ -176,12 +192,30 @@ class ReplicaSet:
         """A batch was sent to `replica`: its clock starts now if nothing runs there, else when its turn comes."""
         line = self._lines.setdefault(replica, [])
         line.append(turn)
+        self._watch(replica, turn)
         if len(line) == 1:
             turn.start()
 
+    def run_beside(self, replica: Replica, turn: _Turn) -> None:
+        """A call of a `max_concurrency` method was sent to `replica`: it runs at once, beside the others."""
+        self._beside.setdefault(replica, []).append(turn)
+        self._watch(replica, turn)
+        turn.start()
+
+    def _watch(self, replica: Replica, turn: _Turn) -> None:
+        if self.abandoned_grace_s is not None:
+            turn.watch(self.abandoned_grace_s, lambda: self._check_abandoned(replica))
+
     def leave(self, replica: Replica, turn: _Turn) -> None:
         """A batch came back (or was given up on): the next one in its replica's line starts running,
-        unless the replica is stuck (nothing runs there any more)."""
+        unless the replica is stuck (nothing runs there any more); if what still runs there serves
+        nobody, the replica is stuck now."""
+        turn.close()
+        beside = self._beside.get(replica, [])
+        if turn in beside:
+            beside.remove(turn)
+        if not beside:
+            self._beside.pop(replica, None)
         line = self._lines.get(replica, [])
         if turn in line:
             line.remove(turn)
@@ -189,9 +223,19 @@ class ReplicaSet:
             line[0].start()
         else:
             self._lines.pop(replica, None)
+        self._check_abandoned(replica)
+
+    def _check_abandoned(self, replica: Replica) -> None:
+        """Called when a batch on `replica` has run its grace past the deadline of every request it serves,
+        and when a batch leaves it: once every batch running there is such a batch, the replica is stuck."""
+        running = [*self._lines.get(replica, [])[:1], *self._beside.get(replica, [])]
+        if replica.state != SERVING or not running or not all(turn.abandoned for turn in running):
+            return
+        self.stuck(replica, _abandoned_why(self.component, running, asyncio.get_running_loop().time()))
 
     def stuck(self, replica: Replica, why: str) -> None:
-        """A batch ran past its call timeout on `replica`: take it out of dispatch and have it recycled."""
+        """A batch ran past its call timeout on `replica`, or what runs there serves nobody: take it out of
+        dispatch and have it recycled."""
         if replica.state == STUCK:
             return  # another batch of it said so already
         replica.state, replica.why = STUCK, why
@@ -201,18 +245,79 @@ class ReplicaSet:
 
 
 class _Turn:
-    """One batch's call timeout on its replica, which starts when the replica starts the batch."""
+    """One batch on its replica, from when it is sent until it is back (or given up on).
 
-    def __init__(self, scope: asyncio.Timeout, timeout_s: float | None) -> None:
+    Its call timeout starts when the replica starts it (the `scope` of its sender). Watched by its
+    ReplicaSet (`watch`), it also lapses once every call of it belongs to a request that has ended
+    and it has run the grace past the latest of those requests' deadlines: it then serves nobody.
+    """
+
+    def __init__(self, scope: asyncio.Timeout, timeout_s: float | None, method: str, calls: list[PendingCall]) -> None:
         self.scope = scope
         self.timeout_s = timeout_s
+        self.method = method
+        self.calls = calls
         self.started: float | None = None
+        self.deadline: float | None = None  # the latest deadline of its calls' requests, once they have all ended
+        self.abandoned = False  # it lapsed: nobody waits for it
+        self._grace_s = 0.0
+        self._on_lapse: Callable[[], None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
 
     def start(self) -> None:
         if self.started is None:
             self.started = asyncio.get_running_loop().time()
             if self.timeout_s is not None:
                 self.scope.reschedule(self.started + self.timeout_s)
+            self._arm()
+
+    def watch(self, grace_s: float, on_lapse: Callable[[], None]) -> None:
+        """Call `on_lapse` if the turn lapses. A call with no deadline (a held component's, a prefetch)
+        keeps it from lapsing: then its call timeout alone bounds it."""
+        if any(call.expires is None for call in self.calls):
+            return
+        self._grace_s, self._on_lapse = grace_s, on_lapse
+        for call in self.calls:
+            call.future.add_done_callback(self._ended)
+
+    def _ended(self, _: asyncio.Future[Outcome]) -> None:
+        """A call's future is done; once all are cancelled (their requests ended: nothing else settles a call
+        while its batch runs), the turn serves nobody."""
+        if all(call.future.cancelled() for call in self.calls):
+            self.deadline = max(call.expires for call in self.calls if call.expires is not None)
+            self._arm()
+
+    def _arm(self) -> None:
+        """Once it runs and serves nobody: lapse the grace after the latest deadline, or after it started,
+        if later (a batch the worker reaches after its requests ended gets the grace to come back)."""
+        if self._closed or self._timer is not None or self._on_lapse is None or self.started is None or self.deadline is None:
+            return
+        lapse = max(self.deadline, self.started) + self._grace_s
+        self._timer = asyncio.get_running_loop().call_at(lapse, self._lapse)
+
+    def _lapse(self) -> None:
+        self.abandoned = True
+        if self._on_lapse is not None:
+            self._on_lapse()
+
+    def close(self) -> None:
+        """It is back, or given up on: it no longer lapses."""
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+        for call in self.calls:
+            call.future.remove_done_callback(self._ended)
+
+
+def _abandoned_why(component: str, running: list[_Turn], now: float) -> str:
+    """What a replica running only batches that serve nobody is told: how far past every deadline they ran."""
+    past = now - max((turn.deadline for turn in running if turn.deadline is not None), default=now)
+    if len(running) == 1:
+        return f"a batch of {component}.{running[0].method} ran {past:.1f} s past the deadline of every request it served"
+    methods = ", ".join(sorted({f"{component}.{turn.method}" for turn in running}))
+    return (f"its {len(running)} running batches ({methods}) ran {past:.1f} s or more past the deadline of every request "
+            "they served")
 
 
 class BatchQueue:
@@ -378,11 +483,11 @@ class BatchQueue:
         turn: _Turn | None = None
         try:
             async with asyncio.timeout(None) as scope:
-                turn = _Turn(scope, self.timeout_s)
+                turn = _Turn(scope, self.timeout_s, self.method, batch)
                 if self.concurrency is None:
                     self.replicas.line_up(replica, turn)
-                else:  # it runs at once, beside the others
-                    turn.start()
+                else:
+                    self.replicas.run_beside(replica, turn)
                 outcomes = await replica.channel.run_batch(self.method, calls, **extras)
         except WorkerDiedError as exc:
             # Behind a stuck batch on its replica, a batch never ran (a replica runs one at a time): sent
