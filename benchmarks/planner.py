@@ -1,7 +1,8 @@
 """Offline planner benchmarks: plan accuracy and quality on a CRAG-shaped pipeline of Simulated
-components, profiling wall time, and MILP solve time.
+components, profiling wall time, MILP solve time, and planning the real examples cold and warm.
 
     python benchmarks/planner.py --seconds 10 --json planner.json
+    python benchmarks/planner.py --real crag,ircot --questions 2 --json planning.json
 
 - achieved / predicted: the pipeline deployed under its plan, driven to saturation by a closed loop
   of clients, against the throughput the plan predicts.
@@ -9,6 +10,12 @@ components, profiling wall time, and MILP solve time.
   sizes, same resources, same run.
 - profiling: `patchkit.plan()` wall time for the five components with an empty profile cache.
 - solve: `milp.solve` on ten components with two resource types each, per solver.
+- `--real`: `patchkit.plan()` of examples/crag.py and examples/ircot.py (SmolLM2, MiniLM, FAISS)
+  with their first `--questions` questions as calibration, each in a fresh process: cold (an empty
+  profile cache; the corpus embeddings, which are no part of planning, copied in or built first and
+  timed apart), then warm (the same cache, a new process: what `patchkit serve --plan auto` does
+  after `patchkit plan`); the cost model's error against measured whole calls; the machine's load.
+  `--patchkit DIR` plans with the patchkit in DIR instead (an older checkout, for the figures before).
 
 Every component sleeps its batch time (as a GPU or a remote store would), so a 2-core machine can
 host a declared pool of 8 CPUs and 2 GPUs; the front-end's own CPU is the only real cost.
@@ -16,9 +23,12 @@ host a declared pool of 8 CPUs and 2 GPUs; the front-end's own CPU is the only r
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
+import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from runtime import arguments, load, report  # noqa: E402
+from runtime import load, report  # noqa: E402
 
 import patchkit  # noqa: E402
 from patchkit.components.testing import Simulated  # noqa: E402
@@ -113,8 +123,82 @@ def bench_solve(components: int = 10) -> dict:
     return times
 
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+# Run in a fresh process: imports the example, plans it with its first N questions, then again in the same
+# process (as deploy(plan="auto") after plan() does), and prints both times and the plan.
+PLAN_SCRIPT = """
+import json, sys, time
+sys.path.insert(0, {examples!r})
+started = time.perf_counter()
+import patchkit, {example} as example
+calibration = [{{"question": q}} for q in example.QUESTIONS[:{questions}]]
+plan = patchkit.plan(example.pipeline, calibration=calibration)
+first = time.perf_counter() - started
+again = patchkit.plan(example.pipeline, calibration=calibration)
+second = time.perf_counter() - started - first
+print(json.dumps({{"seconds": first, "again_in_process_s": second, "same_plan_again": again.to_dict() == plan.to_dict(),
+                  "plan": plan.to_dict()}}))
+"""
+
+
+def plan_in_process(example: str, questions: int, cache: str, patchkit_dir: str | None) -> dict:
+    """Plan examples/EXAMPLE.py in a new process with PATCHKIT_CACHE_DIR=cache; its seconds, plan, stderr's
+    profiling lines and the load average before and after."""
+    env = {**os.environ, "PATCHKIT_CACHE_DIR": cache}
+    if patchkit_dir:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [patchkit_dir, env.get("PYTHONPATH")]))
+    script = PLAN_SCRIPT.format(examples=str(EXAMPLES), example=example, questions=questions)
+    load_before = os.getloadavg()[0]
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)  # noqa: S603
+    if done.returncode != 0:
+        raise RuntimeError(f"planning {example} failed: {done.stderr[-3000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    lines = [line.strip() for line in done.stderr.replace("\r", "\n").splitlines()]
+    result["profiled"] = [line for line in lines if line.startswith(("profiled [", "profiling took"))]
+    result["load_average_1min"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    result["model_error"] = {name: c.get("model_error") for name, c in result["plan"]["components"].items()
+                             if c.get("model_error") is not None}
+    return result
+
+
+def seed_vectors(cache: str) -> dict:
+    """The corpus embeddings the examples' retrievers need, in `cache`: copied from the user's cache, or
+    built there (timed: building them is no part of planning)."""
+    mine = Path(os.environ.get("PATCHKIT_CACHE_DIR", Path.home() / ".cache" / "patchkit")).expanduser() / "vectors"
+    if mine.is_dir() and any(mine.iterdir()):
+        shutil.copytree(mine, Path(cache) / "vectors")
+        return {"vectors": f"copied from {mine}"}
+    started = time.perf_counter()
+    build = "from patchkit.components import FaissRetriever; FaissRetriever('pydoc').setup()"
+    subprocess.run([sys.executable, "-c", build], check=True, env={**os.environ, "PATCHKIT_CACHE_DIR": cache})  # noqa: S603
+    return {"vectors": "built", "embedding_build_s": time.perf_counter() - started}
+
+
+def bench_real_planning(examples: list[str], questions: int, patchkit_dir: str | None) -> dict:
+    results: dict = {"cores": len(os.sched_getaffinity(0)), "questions": questions}
+    for example in examples:
+        with tempfile.TemporaryDirectory() as cache:
+            seeded = seed_vectors(cache)
+            cold = plan_in_process(example, questions, cache, patchkit_dir)
+            print(f"{example} cold: {cold['seconds']:.1f} s", *cold["profiled"], sep="\n  ", file=sys.stderr)
+            warm = plan_in_process(example, questions, cache, patchkit_dir)
+            print(f"{example} warm: {warm['seconds']:.1f} s in a new process, {cold['again_in_process_s']:.1f} s again in "
+                  "the first", file=sys.stderr)
+        results[example] = {**seeded, "cold": cold, "warm": warm, "same_plan": cold["plan"] == warm["plan"]}
+    return results
+
+
 def main() -> None:
-    args = arguments()
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--real", default=None, help="plan these examples instead, cold and warm: crag,ircot")
+    parser.add_argument("--questions", type=int, default=2, help="with --real: calibration questions")
+    parser.add_argument("--patchkit", default=None, help="with --real: plan with the patchkit package in this folder")
+    args = parser.parse_args()
+    if args.real:
+        report(bench_real_planning(args.real.split(","), args.questions, args.patchkit), args.json)
+        return
     with tempfile.TemporaryDirectory() as cache:
         os.environ["PATCHKIT_CACHE_DIR"] = cache  # profile from scratch: the wall time is part of the result
         results = {"crag_simulated": bench_plan(args.seconds), "solve_10_components_2_types": bench_solve()}

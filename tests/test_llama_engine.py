@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from serving import metric
 
+import patchkit
 from patchkit.components.documents import Hit
 from patchkit.components.generators import Generator
 from patchkit.components.generators.streaming import decoded, stripped
@@ -205,3 +208,160 @@ def test_a_finished_prompt_stays_cached_while_others_wait_for_a_slot(llm: Any) -
         assert stats["prompt_tokens_reused"] >= len(llm.tokens(llm.messages("", DOCS))) // 2
     finally:
         engine.close()
+
+
+# -- the document KV cache --------------------------------------------------------------------------------
+
+LONG_DOCS = [Hit(f"module:{name}#0", name, text, score) for name, text, score in [
+    ("json", "The json module encodes Python objects as JSON text and decodes JSON text into Python objects. "
+             "json.dumps returns a string, json.dump writes to a file object, json.loads parses a string and json.load "
+             "reads a file. Dictionaries become objects, lists and tuples become arrays, None becomes null. Keys must be "
+             "strings; sort_keys and indent control the layout of the output.", 0.9),
+    ("csv", "The csv module reads and writes tabular data in comma-separated values format. csv.reader iterates over "
+            "the rows of a file as lists of strings, csv.writer writes sequences as delimited rows, and DictReader and "
+            "DictWriter map rows to dictionaries keyed by the header line. A dialect sets the delimiter, the quote "
+            "character and how quotes inside fields are escaped.", 0.8),
+    ("pathlib", "The pathlib module represents filesystem paths as objects. Path joins parts with the slash "
+                "operator, Path.read_text and Path.write_text read and write whole files, Path.glob finds files by "
+                "pattern, and Path.exists, is_file and is_dir test what a path names. Pure paths compute names, "
+                "suffixes and parents without touching the filesystem.", 0.7),
+    ("logging", "The logging module records events from libraries and applications. Loggers are named in a "
+                "hierarchy, handlers send records to files, streams or sockets, formatters lay them out, and levels "
+                "from DEBUG to CRITICAL filter them. logger.exception logs a message at ERROR level with the traceback "
+                "of the exception being handled.", 0.6),
+    ("heapq", "The heapq module implements a priority queue on a plain list. heappush adds an item and heappop removes "
+              "the smallest, both in logarithmic time; heapify turns a list into a heap in linear time; nlargest and "
+              "nsmallest return the top items of an iterable. The smallest item is always at index zero.", 0.5),
+]]
+
+
+def small_engines(llm: Any, kv_cache_bytes: int) -> tuple[Any, Any]:
+    """Two engines of one running slot and none to cache in, so that any other prompt takes the slot's
+    prefix away: one with a document cache of `kv_cache_bytes`, one without."""
+    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+
+    config = {"n_ctx": 1024, "max_sequences": 1, "cache_slots": 0, "threads": 1}
+    return (LlamaEngine(EngineConfig(llm.model_path, kv_cache_bytes=kv_cache_bytes, **config)),
+            LlamaEngine(EngineConfig(llm.model_path, **config)))
+
+
+def answer(llm: Any, engine: Any, question: str, docs: list[Any]) -> str:
+    """A greedy answer of `engine` to `question` over `docs`, its prompt and pieces built by `llm`."""
+    tokens, pieces = llm.prompt(llm.messages(question, docs), docs)
+    return b"".join(engine.submit(tokens, 24, pieces=pieces).pieces()).decode()
+
+
+def test_a_prompt_names_its_system_prompt_and_documents_as_pieces(llm: Any) -> None:
+    tokens, pieces = llm.prompt(llm.messages("Why?", DOCS), DOCS)
+    text = [llm.engine.model.detokenize(tokens[a:b], special=True).decode() for a, b in zip([0, *pieces], pieces)]
+    assert len(text) == 1 + len(DOCS) and text[0].startswith("<|im_start|>system\n") and text[0].endswith("Documents:\n")
+    assert text[1:] == [f"[{i}] {d.title}: {d.text}\n" for i, d in enumerate(DOCS, 1)]
+    assert llm.prompt(llm.messages("Why?"))[1] == []
+    assert llm.stats()["kv_cache_budget_bytes"] == 512 << 20
+
+
+@pytest.mark.slow
+def test_the_document_cache_restores_documents_the_slots_lost_and_changes_no_answer(llm: Any) -> None:
+    cached, plain = small_engines(llm, 64 << 20)
+    try:
+        a, b, c, d, e = LONG_DOCS
+        calls = [("What does json.dumps return?", [a, b, c]), ("How do I push onto a heap?", [e, d]),
+                 ("How do I read a CSV file?", [a, b, e]),  # a, b after the system prompt: from the cache
+                 ("Name three colors.", []), ("How do I join paths?", [c, a]),
+                 ("Which module writes JSON?", [a, b, c])]  # the whole documents of the first call
+        for question, docs in calls:
+            assert answer(llm, cached, question, docs) == answer(llm, plain, question, docs)
+        # The last prompt's KV cells, restored and then evaluated, are the bytes a fresh evaluation wrote.
+        assert bytes(cached._state(0)) == bytes(plain._state(0))
+        found, baseline = cached.stats(), plain.stats()
+        assert found["kv_cache_hits"] == 2 and found["kv_cache_misses"] == 3
+        # The shared documents, in whole blocks: the system prompt, a and b; then all but the question.
+        restored = [llm.prompt(llm.messages(q, docs), docs)[1][n] for q, docs, n in ((*calls[2], 2), (*calls[5], 3))]
+        assert found["kv_cache_tokens_saved"] == sum(end - end % 64 for end in restored)
+        assert found["prompt_tokens_evaluated"] == baseline["prompt_tokens_evaluated"] - found["kv_cache_tokens_saved"]
+        assert 0 < found["kv_cache_bytes_held"] <= 64 << 20 and found["kv_cache_entries"] >= 8
+        assert found["kv_cache_evictions"] == 0 and baseline["kv_cache_hits"] == baseline["kv_cache_entries"] == 0
+    finally:
+        cached.close()
+        plain.close()
+
+
+@pytest.mark.slow
+def test_the_document_cache_holds_its_byte_budget(llm: Any) -> None:
+    budget = 5 << 20  # about 220 tokens of SmolLM2's cells: two or three documents
+    cached, plain = small_engines(llm, budget)
+    try:
+        a, b, c, d, e = LONG_DOCS
+        for question, docs in [("Which is first?", [a, b]), ("Which is first?", [c, d]), ("Which is first?", [e, a]),
+                               ("Which is first?", [a, b, c]), ("Which is first?", [d, e])]:
+            assert answer(llm, cached, question, docs) == answer(llm, plain, question, docs)
+            assert cached.stats()["kv_cache_bytes_held"] <= budget
+        found = cached.stats()
+        assert found["kv_cache_evictions"] >= 3 and found["kv_cache_entries"] >= 2 and found["kv_cache_bytes_held"] > budget // 2
+    finally:
+        cached.close()
+        plain.close()
+
+
+@pytest.mark.slow
+def test_documents_ordered_for_reuse_put_the_cached_path_first(llm: Any) -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    reordering = LlamaCppGenerator(max_tokens=32, threads=1, n_ctx=1024, reorder_docs=True)
+    reordering.setup()
+    try:
+        a, b, c, d, e = LONG_DOCS
+        reordering.generate("What does json.dumps return?", [a, b, c])
+        assert reordering.reuse_order("Q?", [c, a, b]) == [a, b, c]
+        assert reordering.reuse_order("Q?", [d, b, a]) == [a, b, d]
+        assert reordering.reuse_order("Q?", [e, d]) == [e, d]  # nothing held: the given order
+        before = reordering.stats()
+        # The call answers as over the reordered documents, whose leading ones it evaluates no more.
+        assert reordering.generate("How do I read a CSV file?", [d, b, a]) == llm.generate("How do I read a CSV file?", [a, b, d])
+        _, pieces = reordering.prompt(reordering.messages("How do I read a CSV file?", [a, b, d]), [a, b, d])
+        assert reordering.stats()["prompt_tokens_reused"] - before["prompt_tokens_reused"] >= pieces[2] - pieces[2] % 64 > 0
+    finally:
+        assert reordering.engine is not None
+        reordering.engine.close()
+
+
+def test_with_a_document_cache_calls_are_routed_by_their_first_document() -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    try:
+        cached, whole = LlamaCppGenerator(), LlamaCppGenerator(kv_cache_bytes=0)
+    except FileNotFoundError as exc:
+        pytest.skip(f"the bundled model is absent: {exc}")
+    a, b, c = LONG_DOCS[:3]
+    key = cached.prefix_key("generate", ("Why?", [a, b]), {})
+    assert key is not None and key == cached.prefix_key("generate", ("How?",), {"docs": [a, c]})
+    assert key != cached.prefix_key("generate", ("Why?", [b, a]), {})
+    assert whole.prefix_key("generate", ("Why?", [a, b]), {}) != whole.prefix_key("generate", ("Why?", [a, c]), {})
+    assert cached.prefix_key("generate", ("Why?",), {}) is None
+    with pytest.raises(ValueError, match=r"kv_cache_bytes \(-1\) must be >= 0"):
+        LlamaCppGenerator(kv_cache_bytes=-1)
+
+
+@pytest.mark.slow
+def test_a_deployed_generator_reports_its_document_cache_in_metrics() -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    pytest.importorskip("llama_cpp", reason="the engine needs llama-cpp-python: pip install -e '.[llm]'")
+    llm = LlamaCppGenerator(max_tokens=8, threads=1, n_ctx=1024)
+    texts = [f"{d.title}: {d.text}" for d in LONG_DOCS[:2]]
+
+    def answer(question: str, docs: list[str]) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return llm.generate(question, docs)  # type: ignore[no-any-return]
+        return pipeline
+
+    answer("x", texts)
+    with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
+        assert endpoint.query(question="What does json.dumps return?", docs=texts)
+        with urllib.request.urlopen(endpoint.url + "/metrics", timeout=30) as reply:  # noqa: S310 - a local test server
+            text = reply.read().decode()
+        [replica] = endpoint.stats()["replica_reports"]
+    held = metric(text, "patchkit_component_stat", component="llm", replica=replica, stat="kv_cache_bytes_held")
+    assert 0 < held <= metric(text, "patchkit_component_stat", component="llm", replica=replica, stat="kv_cache_budget_bytes")
+    assert metric(text, "patchkit_component_stat", component="llm", replica=replica, stat="kv_cache_entries") >= 2
+    assert metric(text, "patchkit_component_stat", component="llm", replica=replica, stat="kv_cache_misses") == 1

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from typing import Any
 
 import patchkit
@@ -116,35 +115,3 @@ def test_a_parameter_the_holder_runs_in_place_stays_a_private_part() -> None:
     with patchkit.deploy(pipeline) as endpoint:
         _, loaded_in, ran_in = endpoint.query(text="y").split("@")
     assert loaded_in == ran_in  # the engine was set up in the wrapper's own worker
-
-
-class Sleeper(Component):
-    @make
-    def nap(self, text: str) -> str:
-        time.sleep(0.2)
-        return text
-
-
-class Napper(Component):
-    def __init__(self, sleeper: Sleeper) -> None:
-        self.sleeper = sleeper
-
-    @make
-    def ask(self, text: str) -> str:
-        return self.sleeper.nap(text) + "!"
-
-
-def test_a_holders_plan_counts_its_own_work_not_the_shared_calls() -> None:
-    from patchkit.scheduler.offline.planner import own_shares
-
-    napper = Napper(Sleeper())
-
-    def napped(text: str) -> Any:
-        with patchkit.capture() as pipeline:
-            return napper.ask(text)
-        return pipeline
-
-    assert napped("x") == "x!"
-    shares = own_shares(patchkit.last_pipeline())
-    assert set(shares) == {"napper"}  # the sleeper calls nothing shared: its own profile stands
-    assert 0.0 <= shares["napper"] < 0.2  # nearly all of the napper's time was the sleeper's

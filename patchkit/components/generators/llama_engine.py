@@ -19,10 +19,21 @@ up to a block boundary: every prompt token is then computed in a `llama_decode` 
 the same positions over the same KV cells, whether its prefix came from the cache or not. A matrix
 product over another number of rows rounds differently, and at a near-tie the greedy answer would
 follow; so reuse saves the work and changes no answer.
+
+Beyond the slots, a document KV cache (`kv_cache_bytes`) keeps in host memory the KV states of the
+prompt pieces a caller names (the system prompt, then each document in order) in a `KnowledgeTree`,
+evicted by frequency x recompute cost / size. Once a prompt is evaluated, the engine saves the pieces
+the tree lacks (`llama_state_seq_get_data`, cut per piece at the block boundary at or before its end);
+a new prompt whose pieces the tree holds further than any slot gets their states restored into its
+slot (`llama_state_seq_set_data`), so it evaluates only the rest. A restored prefix is the cells a
+fresh evaluation of the same blocks wrote, at the same positions and cells, so it changes no answer
+either.
 """
 
 from __future__ import annotations
 
+import ctypes
+import itertools
 import logging
 import queue
 import threading
@@ -31,6 +42,9 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from patchkit.components.generators.kv_state import Cells, StateLayout, StateLayoutError
+from patchkit.components.generators.kv_tree import KnowledgeTree, Node
 
 __all__ = ["EngineConfig", "LlamaEngine", "TokenStream"]
 
@@ -44,7 +58,8 @@ class EngineConfig:
     """How an engine is sized: up to `max_sequences` running at once, in slots of `n_ctx` tokens each, and
     `cache_slots` more slots that only idle slots' cached prompts fill; prompts evaluated `n_batch` tokens
     per step, on `threads` threads; `prefix_cache=False` evaluates every prompt in full (and keeps no
-    cache slots)."""
+    cache slots, nor a document cache). `kv_cache_bytes`: the host memory the document KV cache may hold
+    (0: none)."""
 
     model_path: str
     n_ctx: int = 2048
@@ -54,6 +69,7 @@ class EngineConfig:
     threads: int = 1
     prefix_cache: bool = True
     block: int = 64  # prompt tokens per llama_decode, aligned to position 0: the unit of prefix reuse
+    kv_cache_bytes: int = 0
 
     @property
     def slots(self) -> int:
@@ -69,6 +85,8 @@ class EngineConfig:
             raise ValueError(f"cache_slots ({self.cache_slots}) must be >= 0")
         if not 1 <= self.block <= self.n_batch:
             raise ValueError(f"block ({self.block}) must be >= 1 and <= n_batch ({self.n_batch})")
+        if self.kv_cache_bytes < 0:
+            raise ValueError(f"kv_cache_bytes ({self.kv_cache_bytes}) must be >= 0 (0 keeps no document KV cache)")
 
 
 @dataclass(eq=False)
@@ -78,6 +96,7 @@ class _Sequence:
     prompt: list[int]
     max_tokens: int
     sampler: Any  # a llama_sampler chain, owned by this sequence
+    pieces: list[tuple[int, ...]] = field(default_factory=list)  # the prompt's leading pieces, for the document cache
     out: queue.SimpleQueue[bytes | BaseException | None] = field(default_factory=queue.SimpleQueue)
     slot: int = -1
     evaluated: int = 0  # prompt tokens in the slot's KV state, reused ones included
@@ -130,8 +149,15 @@ class LlamaEngine:
         self._idle: OrderedDict[int, list[int]] = OrderedDict((slot, []) for slot in range(config.slots))
         self._counts = dict.fromkeys(
             ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
-             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active"), 0)
-        self._seconds = {"prefill_s": 0.0, "decode_s": 0.0}  # time inside llama_decode, per kind of batch
+             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active",
+             "kv_cache_hits", "kv_cache_misses", "kv_cache_tokens_saved"), 0)
+        # Time inside llama_decode, per kind of batch; and saving and restoring document KV states.
+        self._seconds = {"prefill_s": 0.0, "decode_s": 0.0, "kv_cache_s": 0.0}
+        self._tree: KnowledgeTree[Cells] | None = None
+        if config.prefix_cache and config.kv_cache_bytes:
+            self._tree = KnowledgeTree(config.kv_cache_bytes)
+        self._layout: StateLayout | None = None  # the sequence states' layout, read from the first one saved
+        self._span = self._attention_span()
         self._stopping = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
@@ -146,6 +172,14 @@ class LlamaEngine:
         # As Llama(flash_attn=False), so that answers equal create_chat_completion's.
         params.flash_attn_type = self._lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         return params
+
+    def _attention_span(self) -> float:
+        """The cached positions whose attention costs a prompt token as much as its dense layers: the scale of
+        the document cache's recompute cost, which grows with a piece's position."""
+        lib, model = self._lib, self.model.model
+        n_embd, n_layer = lib.llama_model_n_embd(model), lib.llama_model_n_layer(model)
+        dense = 2 * max(1, lib.llama_model_n_params(model) - lib.llama_vocab_n_tokens(self.model.vocab) * n_embd)
+        return float(dense / n_layer / (4 * n_embd))  # per position and layer: a query-key product and a value sum
 
     def _chain(self, temperature: float, seed: int) -> Any:
         """A sampler chain as llama-cpp-python's completion builds it: greedy at temperature 0, else top-k 40,
@@ -169,13 +203,21 @@ class LlamaEngine:
     def piece(self, token: int) -> bytes:
         return bytes(self.model.token_to_piece(token)).rstrip(b"\0")
 
-    def submit(self, prompt: Sequence[int], max_tokens: int, *, temperature: float = 0.0, seed: int = 0) -> TokenStream:
+    def submit(
+        self, prompt: Sequence[int], max_tokens: int, *, temperature: float = 0.0, seed: int = 0, pieces: Sequence[int] = ()
+    ) -> TokenStream:
         """Queue a prompt for generation of at most `max_tokens` tokens; called by any thread. The engine
-        admits it at its next step when a slot and KV cells are free."""
+        admits it at its next step when a slot and KV cells are free. `pieces`: where the prompt's leading
+        pieces end (increasing token offsets: the system prompt's, then each document's), whose KV states
+        the document cache keeps and restores; none, and the prompt reuses only the slots' prefixes."""
         if not prompt or len(prompt) + max_tokens > self.config.n_ctx:
             raise ValueError(f"{len(prompt)} prompt tokens + max_tokens {max_tokens} must fit n_ctx ({self.config.n_ctx})")
+        ends = [0, *pieces]
+        if any(not 0 < end <= len(prompt) for end in pieces) or any(a >= b for a, b in zip(ends, ends[1:])):
+            raise ValueError(f"pieces ({list(pieces)}) must be increasing token offsets within the prompt's {len(prompt)}")
         sampler = self._greedy if temperature == 0 else self._chain(temperature, seed)
-        sequence = _Sequence(list(prompt), max_tokens, sampler)
+        cut = [tuple(prompt[a:b]) for a, b in zip(ends, ends[1:])]
+        sequence = _Sequence(list(prompt), max_tokens, sampler, cut)
         with self._lock:
             self.check()
             if self._stopping:
@@ -191,12 +233,27 @@ class LlamaEngine:
                 sequence.aborted = True
                 self._lock.notify()
 
+    def cached_pieces(self, prompt: Sequence[int], pieces: Sequence[int]) -> int:
+        """How many of the prompt's leading pieces (ending where `pieces` say, as for `submit`) the document
+        cache holds; called by any thread, to order documents for reuse."""
+        ends = [0, *pieces]
+        cut = [tuple(prompt[a:b]) for a, b in zip(ends, ends[1:])]
+        with self._lock:
+            return len(self._tree.match(cut)) if self._tree is not None else 0
+
     def stats(self) -> dict[str, float]:
-        """Counters since start, read under the engine's lock so they agree with each other."""
+        """Counters since start, read under the engine's lock so they agree with each other. The document
+        cache's: `kv_cache_hits` (prompts whose prefix it restored), `kv_cache_misses` (prompts with pieces
+        it restored nothing of: it held none of them, or a slot held as much), `kv_cache_tokens_saved`
+        (prompt tokens restored from it), `kv_cache_bytes_held` (within `kv_cache_budget_bytes`),
+        `kv_cache_entries` (pieces held), `kv_cache_evictions`."""
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
             cached = sum(bool(kept) for kept in self._idle.values())
             counts.update(self._seconds, running=len(self._running), waiting=len(self._waiting), cache_entries=cached)
+            tree = self._tree
+            counts.update(kv_cache_bytes_held=tree.bytes if tree else 0, kv_cache_entries=tree.entries if tree else 0,
+                          kv_cache_evictions=tree.evictions if tree else 0, kv_cache_budget_bytes=tree.budget if tree else 0)
         counts["mean_active_per_step"] = counts["decoded_sequences"] / max(1, counts["decode_steps"])
         return counts
 
@@ -258,21 +315,30 @@ class LlamaEngine:
 
     def _place(self, sequence: _Sequence) -> None:
         """Give the sequence the idle slot holding the longest prefix of its prompt (the least recently used
-        one when none does), or a copy of a running slot's stream where that shares more; drop the slot's
-        KV past the shared prefix, cut to a block boundary. The last prompt token is always evaluated
-        again, for the logits the first sampled token comes from."""
+        one when none does), or a copy of a running slot's stream, or the least recently used slot with
+        the document cache's states restored, whichever holds most; drop the slot's KV past the shared
+        prefix, cut to a block boundary. The last prompt token is always evaluated again, for the logits
+        the first sampled token comes from."""
         limit = len(sequence.prompt) - 1 if self.config.prefix_cache else 0
         limit -= limit % self.config.block
         slot, reused = next(iter(self._idle)), 0
         for idle, kept in self._idle.items():
-            if (common := self._aligned(min(limit, _common_prefix(kept, sequence.prompt)))) > reused:
+            if (common := self._aligned(min(limit, common_prefix(kept, sequence.prompt)))) > reused:
                 slot, reused = idle, common
-        shared = {s.slot: self._aligned(min(limit, _common_prefix(s.prompt[: s.evaluated], sequence.prompt)))
+        shared = {s.slot: self._aligned(min(limit, common_prefix(s.prompt[: s.evaluated], sequence.prompt)))
                   for s in self._running}
         source = max(shared, key=shared.__getitem__, default=-1)
+        path = self._documents_cached(sequence, limit)
+        restore = bool(path) and path[-1].kept > max(reused, shared.get(source, 0))
+        if restore:
+            slot = next(iter(self._idle))
         del self._idle[slot]
         memory = self._ctx.memory
-        if shared.get(source, 0) > reused:
+        if sequence.pieces and self._tree is not None:
+            self._counts["kv_cache_hits" if restore else "kv_cache_misses"] += 1
+        if restore:
+            reused = self._restore(slot, path)
+        elif shared.get(source, 0) > reused:
             # Across streams llama.cpp copies whole streams; the prefix cells never change while the source runs.
             self._lib.llama_memory_seq_rm(memory, slot, -1, -1)
             self._lib.llama_memory_seq_cp(memory, source, slot, -1, -1)
@@ -285,6 +351,80 @@ class LlamaEngine:
 
     def _aligned(self, tokens: int) -> int:
         return tokens - tokens % self.config.block
+
+    def _documents_cached(self, sequence: _Sequence, limit: int) -> list[Node[Cells]]:
+        """The document cache's longest path along the sequence's pieces that ends within `limit` tokens;
+        every piece of it found counts as used, whoever serves the prompt (lock held)."""
+        if self._tree is None or not sequence.pieces:
+            return []
+        path = self._tree.match(sequence.pieces)
+        self._tree.use(path)
+        while path and path[-1].kept > limit:
+            path.pop()
+        return path
+
+    def _restore(self, slot: int, path: list[Node[Cells]]) -> int:
+        """Load the KV states along `path` into `slot`; the prompt tokens restored, 0 where llama.cpp
+        refused them (the slot is empty then). Engine thread, lock held."""
+        began = time.perf_counter()
+        assert self._layout is not None  # the tree holds states only once one was read
+        state = self._layout.join([node.state for node in path if node.state is not None])
+        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        self._lib.llama_memory_seq_rm(self._ctx.memory, slot, -1, -1)
+        loaded = self._lib.llama_state_seq_set_data(self._ctx.ctx, buffer, len(state), slot)
+        self._seconds["kv_cache_s"] += time.perf_counter() - began
+        if not loaded:
+            logger.warning("llama.cpp did not restore a cached prefix of %d tokens; evaluating it instead", path[-1].kept)
+            return 0
+        self._counts["kv_cache_tokens_saved"] += path[-1].kept
+        return path[-1].kept
+
+    def _save(self, sequence: _Sequence) -> None:
+        """Keep in the document cache the pieces of a just-evaluated prompt that it lacks, each as the KV
+        cells from its parent's end to the block boundary at or before its own end, as far as the budget
+        allows. Engine thread: the tree changes only here and in `_place`."""
+        tree = self._tree
+        if tree is None or not sequence.pieces:
+            return
+        with self._lock:
+            path = tree.match(sequence.pieces)
+        kept = [self._aligned(end) for end in itertools.accumulate(map(len, sequence.pieces))]
+        depth, known = len(path), path[-1].kept if path else 0
+        if kept[-1] <= known:
+            return  # nothing new past a block boundary
+        last = kept.index(kept[-1])  # the pieces after it would hold no cells
+        began = time.perf_counter()
+        try:
+            layout, cells = StateLayout.read(self._state(sequence.slot), self._lib.llama_model_n_layer(self.model.model))
+        except StateLayoutError as exc:
+            logger.warning("the document KV cache is off: %s", exc)
+            with self._lock:
+                self._tree = None
+            return
+        runs = [layout.cut(cells, kept[j - 1] if j else 0, kept[j]) for j in range(depth, last + 1)]
+        with self._lock:
+            self._layout, node = layout, path[-1] if path else tree.root
+            for piece, end, run in zip(sequence.pieces[depth:], kept[depth:], runs):
+                child = tree.insert(node, piece, end, run, run.nbytes, self._cost(run.start, run.end))
+                if child is None:
+                    break
+                node = child
+            tree.prune(node)
+            self._seconds["kv_cache_s"] += time.perf_counter() - began
+
+    def _state(self, slot: int) -> memoryview:
+        """The slot's sequence state, as llama.cpp saves it."""
+        size = self._lib.llama_state_seq_get_size(self._ctx.ctx, slot)
+        buffer = (ctypes.c_uint8 * size)()
+        written = self._lib.llama_state_seq_get_data(self._ctx.ctx, buffer, size, slot)
+        if written != size:
+            raise StateLayoutError(f"llama.cpp wrote {written} bytes of a {size}-byte sequence state")
+        return memoryview(buffer)
+
+    def _cost(self, start: int, end: int) -> float:
+        """What evaluating prompt positions [start, end) costs, in tokens at position 0: attention over the
+        positions before each one adds to its dense layers' work."""
+        return (end - start) * (1 + (start + end - 1) / (2 * self._span))
 
     def _prefill(self) -> None:
         """Evaluate up to n_batch prompt tokens this turn, a block per llama_decode, oldest sequence first; a
@@ -300,6 +440,8 @@ class LlamaEngine:
             self._llama_decode("prefill_s")
             self._batch.batch.n_tokens = 0
             budget -= end - start
+            if end == len(sequence.prompt):
+                self._save(sequence)
             with self._lock:
                 sequence.evaluated = end
                 self._counts["prompt_tokens_evaluated"] += end - start
@@ -376,7 +518,8 @@ class LlamaEngine:
             self._waiting.clear()
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
     n = min(len(a), len(b))
     for i in range(n):
         if a[i] != b[i]:

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from patchkit.component import make
-from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, default_gguf_path, replica_threads
-from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+from patchkit.components.generators.base import (
+    DEFAULT_SYSTEM_PROMPT,
+    RAG_TEMPLATE,
+    Generator,
+    default_gguf_path,
+    render_context,
+    replica_threads,
+)
+from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine, common_prefix
 from patchkit.components.generators.streaming import decoded, stripped
 
 __all__ = ["LlamaCppGenerator"]
 
 MAX_CONCURRENCY = 16  # calls one replica runs at once: the engine's sequence slots
+KV_CACHE_BYTES = 512 << 20  # the document KV cache's default budget: about 23,000 tokens of SmolLM2-135M (23 KB each)
 
 
 class LlamaCppGenerator(Generator):
@@ -26,6 +34,16 @@ class LlamaCppGenerator(Generator):
     only the rest (`prefix_cache=False`: never), from the running sequences' prompts and 8 more kept
     (n_ctx of KV cells a sequence or cached prompt). `n_ctx` tokens per call. Deterministic for a given `seed`
     at temperature 0, whatever else runs beside it.
+
+    Beyond those, a document KV cache keeps the KV states of the prompts' pieces (the system prompt, then
+    each document in order) in host memory, up to `kv_cache_bytes` (default 512 MiB; 0, or
+    `prefix_cache=False`, keeps none): a call whose leading documents an earlier call had, in the same
+    order, restores their states and evaluates only the rest, with the same answer. The pieces used
+    most, costing most to evaluate again per byte, stay (RAGCache's PGDSF eviction). A deployment then
+    routes calls by their system prompt and first document (`prefix_key`), so those sharing it meet
+    the replica holding it. `reorder_docs=True` puts first the documents the cache holds (in an order
+    it holds), the others after in their given order: more reuse, but the model reads the documents
+    in another order, which may change its answer. `stats()` counts hits, tokens saved, bytes held.
     """
 
     def __init__(
@@ -39,14 +57,19 @@ class LlamaCppGenerator(Generator):
         threads: int | None = None,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
         prefix_cache: bool = True,
+        kv_cache_bytes: int = KV_CACHE_BYTES,
+        reorder_docs: bool = False,
     ) -> None:
         path = Path(model).expanduser() if model is not None else default_gguf_path()
         if not path.is_file():
             raise FileNotFoundError(f"model file {path} does not exist; pass the path of a .gguf file")
         if n_ctx < 16:
             raise ValueError(f"n_ctx ({n_ctx}) must be >= 16")
+        if kv_cache_bytes < 0:
+            raise ValueError(f"kv_cache_bytes ({kv_cache_bytes}) must be >= 0 (0 keeps no document KV cache)")
         super().__init__(max_tokens=max_tokens, temperature=temperature, seed=seed, system_prompt=system_prompt)
         self.model_path, self.n_ctx, self.threads, self.prefix_cache = str(path), n_ctx, threads, prefix_cache
+        self.kv_cache_bytes, self.reorder_docs = kv_cache_bytes, reorder_docs
         self.engine: LlamaEngine | None = None
 
     def setup(self) -> None:
@@ -54,7 +77,8 @@ class LlamaCppGenerator(Generator):
 
         # Prompt evaluation too: llama.cpp's own default is every core, which oversubscribes a replica's share.
         config = EngineConfig(self.model_path, n_ctx=self.n_ctx, max_sequences=MAX_CONCURRENCY,
-                              threads=self.threads or replica_threads(), prefix_cache=self.prefix_cache)
+                              threads=self.threads or replica_threads(), prefix_cache=self.prefix_cache,
+                              kv_cache_bytes=self.kv_cache_bytes)
         self.engine = engine = LlamaEngine(config)
         model = engine.model
         # The model's chat template, as Llama.create_chat_completion applies it.
@@ -64,12 +88,55 @@ class LlamaCppGenerator(Generator):
             bos_token=model.token_get_text(model.token_bos()),
         )
 
+    @property
+    def document_cache(self) -> bool:
+        """Whether this generator keeps a document KV cache."""
+        return self.prefix_cache and self.kv_cache_bytes > 0
+
     def tokens(self, messages: list[dict[str, str]]) -> list[int]:
         """The chat-templated prompt of `messages`, tokenized as create_chat_completion does."""
+        return self.prompt(messages)[0]
+
+    def prompt(self, messages: list[dict[str, str]], docs: Sequence[Any] | None = None) -> tuple[list[int], list[int]]:
+        """The tokens of `messages` (built by `messages(prompt, docs)`), and where in them the pieces the
+        document cache keeps end: the system prompt with the template's head, then each document (none
+        without documents or a document cache). A piece ends at the last token the text up to its end
+        tokenizes to alike alone and in the whole prompt, so the pieces are the prompt's own tokens."""
         assert self.engine is not None
         chat: Any = messages  # llama-cpp-python types each message as its own TypedDict
         formatted = self.chat(messages=chat)
-        return self.engine.tokenize(formatted.prompt, add_bos=not formatted.added_special)
+        text, add_bos = formatted.prompt, not formatted.added_special
+        tokens = self.engine.tokenize(text, add_bos=add_bos)
+        content = text.find(messages[-1]["content"])
+        if not docs or not self.document_cache or content < 0:
+            return tokens, []
+        context = content + RAG_TEMPLATE.index("{context}")
+        # Each document's line with the newline after it: the next one starts a piece at "[".
+        cuts = [context] + [context + len(render_context(docs[:i])) + 1 for i in range(1, len(docs) + 1)]
+        ends: list[int] = []
+        for cut in cuts:
+            end = common_prefix(self.engine.tokenize(text[:cut], add_bos=add_bos), tokens)
+            if end > (ends[-1] if ends else 0):
+                ends.append(end)
+        return tokens, ends
+
+    def reuse_order(self, prompt: str, docs: Sequence[Any]) -> list[Any]:
+        """`docs` with those the document cache holds after the system prompt first, in an order it holds
+        them (each time the first in `docs` that continues a held path), then the rest in their order."""
+        assert self.engine is not None
+        order: list[Any] = []
+        rest = list(docs)
+        while rest:
+            for doc in rest:
+                trial = [*order, doc, *(d for d in rest if d is not doc)]
+                tokens, ends = self.prompt(self.messages(prompt, trial), trial)
+                if self.engine.cached_pieces(tokens, ends[: len(order) + 2]) == len(order) + 2:
+                    order.append(doc)
+                    rest.remove(doc)
+                    break
+            else:
+                return [*order, *rest]
+        return order
 
     # A stream=True method yields chunks; its callers get their concatenation, the str of Generator.generate.
     @make(stream=True, max_concurrency=MAX_CONCURRENCY)
@@ -79,19 +146,44 @@ class LlamaCppGenerator(Generator):
         """Yield the answer's text as the engine makes it, stripped as a whole; closing the generator
         early aborts the call's sequence in the engine. Called from the worker's threads, many at once."""
         assert self.engine is not None
+        if docs and self.reorder_docs and self.document_cache:
+            docs = self.reuse_order(prompt, docs)
         request = self.request(prompt, docs, max_tokens)
-        tokens = self.tokens(request.messages)
+        tokens, pieces = self.prompt(request.messages, docs)
         self.check_length(len(tokens), request.max_tokens, self.n_ctx, "raise n_ctx")
         sampling = self.sampling
-        stream = self.engine.submit(tokens, request.max_tokens, temperature=sampling.temperature, seed=sampling.seed)
+        stream = self.engine.submit(
+            tokens, request.max_tokens, temperature=sampling.temperature, seed=sampling.seed, pieces=pieces)
         try:
             yield from stripped(decoded(stream.pieces()))
         finally:
             stream.close()
 
+    def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+        """With a document cache: the key of the system prompt and the first document alone, so that calls
+        whose documents start alike (those the cache can serve) go to the replica that holds them; calls
+        over the same documents share it too. Without: the key of all the documents."""
+        docs = args[1] if len(args) > 1 else kwargs.get("docs")
+        if not self.document_cache or not docs:
+            return super().prefix_key(method, args, kwargs)
+        return super().prefix_key(method, (), {"docs": list(docs[:1])})
+
+    def profile_call(self, method: str, call: tuple[tuple[Any, ...], dict[str, Any]], max_tokens: int) -> tuple[
+            tuple[Any, ...], dict[str, Any]]:
+        """`call` of `generate` (its args and kwargs) answering at most `max_tokens` tokens. The planner fits
+        this engine's cost model from such short calls and the counters of `stats()`: a component whose
+        engine batches by itself opts into the cost model with this method. Called in the planning process;
+        loads nothing."""
+        if method != "generate":
+            raise ValueError(f"LlamaCppGenerator has no engine method {method!r}; its engine runs generate")
+        args, kwargs = call
+        given = {**dict(zip(("prompt", "docs", "max_tokens"), args)), **kwargs}
+        return (), {**given, "max_tokens": min(given.get("max_tokens") or self.sampling.max_tokens, max_tokens)}
+
     def stats(self) -> dict[str, Any]:
         """The engine's counters: requests, prompt tokens evaluated and reused, generated tokens, decode steps,
-        mean sequences per step, aborted calls; empty before setup."""
+        mean sequences per step, aborted calls, and the document cache's hits, misses, tokens saved, bytes
+        held, entries and evictions (see `LlamaEngine.stats`); empty before setup."""
         return dict(self.engine.stats()) if self.engine is not None else {}
 
     def check_health(self) -> None:

@@ -33,6 +33,7 @@ class ComponentPlan:
     visits: float = 1.0  # calls per request, measured on the calibration inputs
     default_batch_size: int | None = None  # what the component's own @make declares
     threads: int = 1  # per replica: its math-library threads (OMP_NUM_THREADS)
+    model_error: float | None = None  # planned from a cost model: its largest relative error against measured calls
 
     def __post_init__(self) -> None:
         if self.units == 0:
@@ -129,6 +130,9 @@ class Plan:
         ]
         if self.virtual:
             lines.append(f"virtual devices (this machine has too few): {', '.join(self.virtual)}")
+        for name, c in self.components.items():
+            if c.model_error is not None:
+                lines.append(f"{name}: planned from its cost model, within {100 * c.model_error:.1f}% of measured whole calls")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -33,12 +33,11 @@ from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 from patchkit.scheduler.offline.pool import ResourcePool
 
 if TYPE_CHECKING:
+    from patchkit.capture.recorder import CallRecord
     from patchkit.client.pipeline import Pipeline
-    from patchkit.scheduler.offline.profiler import ComponentProfile
+    from patchkit.scheduler.offline.profiles import ComponentProfile
 
-__all__ = ["options_of", "own_shares", "plan"]
-
-MIN_OWN_SHARE = 0.02  # a holder's profile is never scaled below this: its own code and the hop still cost
+__all__ = ["options_of", "plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -55,27 +54,29 @@ def plan(
     batch size that maximise the pipeline's throughput on `resources` (default: this machine).
 
     `calibration`: inputs to run the pipeline on first, eagerly and locally, as `pipeline(**inputs)`;
-    their calls become the profiler's inputs and give each component's visits per request. Without
-    them, the capture's own eager run is used. `slo_ms`: plans only batch sizes whose latency fits it.
+    their calls (and theirs only) become the profiler's inputs, and they count in each component's
+    visits per request. Without them, every call the pipeline recorded is used. Profiles are cached:
+    planning the same pipeline with the same calibration again profiles nothing. `slo_ms`: plans only
+    batch sizes whose latency fits it.
     """
     from patchkit.scheduler.offline.profiler import Profiler, visits_by_component  # starts workers: gRPC loads only here
 
     pool = ResourcePool.resolve(resources)
-    _calibrate(pipeline, calibration)
+    records = _calibrate(pipeline, calibration)
     visits = {name: sum(methods.values()) for name, methods in visits_by_component(pipeline).items()}
     idle = {name: pipeline.components[name] for name, v in visits.items() if not v}
     capacity = pool.units()
     fixed = {name: _idle_plan(name, component, capacity) for name, component in idle.items()}
-    profiles = Profiler(pool, progress=progress).run(pipeline)
-    own = own_shares(pipeline)
-    options = tuple(option for p in profiles for option in options_of(p, own.get(p.component, 1.0)))
+    profiles = Profiler(pool, progress=progress).run(pipeline, records)
+    errors = _model_errors(profiles)
+    options = tuple(option for p in profiles for option in options_of(p))
     called = {n: v for n, v in visits.items() if v}
     solution = solve(Problem(options, called, capacity, slo_ms, per_declared={"cpu": SHARES_PER_CORE}))
     logger.info("planned with %s: %.1f requests/s, bottleneck %s", solution.solver, solution.throughput, solution.bottleneck)
     planned = {
         name: ComponentPlan(
             c.resource, c.replicas, c.batch_size, c.throughput, c.units, visits[name],
-            _default_batch(pipeline.components[name]), c.threads,
+            _default_batch(pipeline.components[name]), c.threads, errors.get(name),
         )
         for name, c in solution.choices.items()
     }
@@ -84,15 +85,10 @@ def plan(
     return Plan(components, solution.throughput, solution.bottleneck, solution.solver, dict(pool.capacity), virtual, slo_ms)
 
 
-def options_of(profile: ComponentProfile, own: float = 1.0) -> list[Option]:
+def options_of(profile: ComponentProfile) -> list[Option]:
     """The MILP's options for one profile: its own units; on CPU also lending part of its last core, and at
-    1 thread the shares of a core.
-
-    `own`: the share of the component's time that is its own work (`own_shares`); its profile, run
-    with private copies of the shared components it calls, is scaled to that."""
+    1 thread the shares of a core."""
     latency, top = profile.latency(), profile.max_batch
-    if own < 1.0:
-        latency = latency.scaled(max(own, MIN_OWN_SHARE))
     if profile.resource != "cpu":
         return [Option(profile.component, profile.resource, 1, latency, top)]
     units = profile.threads * SHARES_PER_CORE
@@ -104,34 +100,23 @@ def options_of(profile: ComponentProfile, own: float = 1.0) -> list[Option]:
     return [whole, *lending, *shares]
 
 
-def own_shares(pipeline: Pipeline) -> dict[str, float]:
-    """Per component that calls shared components (ones given to its constructor, deployed on their own),
-    the share of its calls' time in the calibration runs not spent in those calls: deployed, that is
-    all its replicas do, the shared calls running on the shared component's replicas (which count
-    them in their visits). Components that call none are left out (their share is 1)."""
-    spent: dict[tuple[str, str], float] = {}  # (class, method) -> seconds of its calls
-    inner: dict[tuple[str, str], float] = {}  # (class, method) -> seconds of the shared calls they made
-    names: dict[tuple[str, str], set[str]] = {}
-    for record in pipeline.recorded:
-        site = record.site
-        if site is not None and site.filename.startswith("<") and site.filename.endswith(">"):
-            cls, _, method = site.filename[1:-1].partition(".")
-            inner[cls, method] = inner.get((cls, method), 0.0) + record.seconds
-            continue
-        key = (type(record.component).__name__, record.method)
-        spent[key] = spent.get(key, 0.0) + record.seconds
-        name = pipeline.graph.name_of(record.component)
-        if name is not None:
-            names.setdefault(key, set()).add(name)
-    shares: dict[str, float] = {}
-    for key, seconds in inner.items():
-        if spent.get(key):
-            for name in names.get(key, ()):
-                shares[name] = max(0.0, 1.0 - seconds / spent[key])
-    return shares
+def _model_errors(profiles: Sequence[ComponentProfile]) -> dict[str, float]:
+    """Per component profiled through a cost model, its largest error against measured whole calls, logged."""
+    errors: dict[str, float] = {}
+    for profile in profiles:
+        if profile.model_error is not None:
+            errors[profile.component] = max(errors.get(profile.component, 0.0), profile.model_error)
+    for name, error in errors.items():
+        logger.info("%s: planned from its cost model, within %.1f%% of measured whole calls", name, 100 * error)
+    return errors
 
 
-def _calibrate(pipeline: Pipeline, calibration: Sequence[Mapping[str, Any]] | None) -> None:
+def _calibrate(pipeline: Pipeline, calibration: Sequence[Mapping[str, Any]] | None) -> list[CallRecord]:
+    """Run the calibration inputs; the calls to profile with: theirs, or without any, all the pipeline recorded.
+
+    Only theirs: a plan made again with the same calibration then profiles the same calls (and reads the
+    profiler's cache), however often the pipeline ran before."""
+    already = len(pipeline.recorded)
     if calibration is not None:
         if isinstance(calibration, Mapping) or not all(isinstance(inputs, Mapping) for inputs in calibration):
             raise InputError("calibration takes a list of input dicts, such as [{'query': 'What is a generator?'}, ...]")
@@ -142,6 +127,8 @@ def _calibrate(pipeline: Pipeline, calibration: Sequence[Mapping[str, Any]] | No
             "the pipeline has never run, so there is nothing to profile it with: capture it with capture(run=True) "
             "or pass calibration=[{...}, ...] inputs"
         )
+    fresh = pipeline.recorded[already:]
+    return fresh if calibration is not None and fresh else list(pipeline.recorded)  # none: the record was full
 
 
 def _idle_plan(name: str, component: Any, capacity: dict[str, int]) -> ComponentPlan:

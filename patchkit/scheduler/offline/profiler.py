@@ -3,54 +3,58 @@
 Called by `plan()`. Each (component, resource type) runs in a worker process of its own, pinned as
 a replica of the plan would be (one GPU, or on CPU one core with one thread), and is driven through
 the same gRPC channel the front-end uses, so the numbers include the process hop. Its inputs are
-the calls the eager runs recorded. Batch sizes are searched as Patchwork (section 3.3) does: the
-largest that fits (halving past a MemoryError), 1, then a binary search towards the knee, going
-lower while the larger batch's throughput gain stays under `threshold`. Every size runs the same
-mix of recorded calls (the first `MIX_CALLS`, or all, in as many batches as it takes) and T(b) is
-the time per batch: calls that differ in cost (an LLM's 4-token grades and 64-token answers) weigh
-the same at every size, rather than batch 1 timing the first call alone.
+the distinct calls the calibration runs recorded. Batch sizes are searched as Patchwork (section
+3.3) does: the largest that fits (halving past a MemoryError), 1, then a binary search towards the
+knee, going lower while the larger batch's throughput gain stays under `threshold`. Every size runs
+the same mix of recorded calls (the first `MIX_CALLS`, or all, in as many batches as it takes) and
+T(b) is the time per batch: calls that differ in cost weigh the same at every size.
 
-A method with `@make(max_concurrency=N)` (an engine batching concurrent calls itself) is not batched
-by the front-end: it runs each call alone, up to N at once per replica. Its sizes are therefore
-concurrency levels c in [1, N]: measuring c sends one-call batches over the channel, c in flight at
-a time, and T(c) is the time per c calls. The search is the same; only how a size runs and its
-upper bound differ. c calls in T(c) is a batch's throughput, so the fit and the MILP read it as one.
+A method with `@make(max_concurrency=N)` is not batched by the front-end: it runs each call alone,
+up to N at once per replica. Its sizes are therefore concurrency levels c in [1, N]: measuring c
+sends one-call batches over the channel, c in flight at a time, and T(c) is the time per c calls.
+An engine that batches by itself and opts into its cost model (`engine_profile`) is not searched:
+a few short calls fit the model, whole calls check it, and the model predicts T(c) at every level.
 
-On CPU a component is profiled again at 2, 4, ... threads pinned to as many cores (up to the cores
-of the machine and of the pool), in a fresh worker each time, while each count's best calls/s beats
-the previous count's by `threshold` or more: a component that does not scale with threads (a BM25
-search, a sleep) keeps only its 1-thread profile. Results are cached on disk, keyed by the
-component's class and constructor arguments, the method, the resource type, the thread count, the
-inputs, and whether sizes were batches or concurrency levels.
+A component that holds others (a Grader given the pipeline's `llm`) calls them, deployed, on their
+own replicas; profiled, its calls of them are answered with what they answered in calibration
+(`replay`), so that its profile is its own work.
+
+On CPU every component is profiled at 1 thread first. One that could be the bottleneck (at 1
+thread it serves fewer requests/s than the slowest component could on the whole pool) is then
+profiled again at 2, 4, ... threads pinned to as many cores (up to the cores of the machine and of
+the pool), in a fresh worker each time, while each count's best calls/s beats the previous count's
+by `threshold` or more. The others keep their 1-thread profile: more threads for them could never
+raise the pipeline's throughput. Profiles are cached on disk (`cache`): a second plan of the same
+pipeline and calibration starts no worker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 import secrets
 import statistics
-import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import cloudpickle
-
-from patchkit import envs
+from patchkit.capture.holders import constructor_components
+from patchkit.capture.recorder import CallRecord
 from patchkit.component import Call, Component, make_methods
-from patchkit.errors import ComponentError, PlanError
+from patchkit.errors import PlanError
 from patchkit.orchestrator.backend import Replica, ReplicaSpec
-from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, available_cpus, available_gpus
+from patchkit.scheduler.offline.cache import ProfileCache, digest
+from patchkit.scheduler.offline.engine_profile import EngineProfile, opts_in
 from patchkit.scheduler.offline.pool import ResourcePool
-from patchkit.scheduler.offline.pwl import PiecewiseLinear
+from patchkit.scheduler.offline.profiles import ComponentProfile, MethodProfile
+from patchkit.scheduler.offline.progress import Progress
+from patchkit.scheduler.offline.replay import Replay
+from patchkit.scheduler.offline.runs import check_outcomes, timed
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
@@ -60,47 +64,12 @@ __all__ = ["ComponentProfile", "MethodProfile", "Profiler", "thread_counts", "vi
 logger = logging.getLogger(__name__)
 
 MAX_POINTS = 8  # batch sizes (or concurrency levels) measured per method and resource type
-INPUTS_PER_METHOD = 64  # recorded calls kept to build batches from (cycled)
+INPUTS_PER_METHOD = 64  # distinct recorded calls kept to build batches from (cycled)
 MIX_CALLS = 16  # recorded calls every size runs at least (in as many batches as it takes): the same mix at each size
-
-
-@dataclass(frozen=True)
-class MethodProfile:
-    method: str
-    points: tuple[tuple[int, float], ...]  # (batch size or calls at once, median ms per batch of that many), ascending
-    max_batch: int  # the largest batch (or concurrency level) that ran (memory-bounded)
-
-
-@dataclass(frozen=True)
-class ComponentProfile:
-    """One component on one resource type at one thread count: its methods' curves and their share of its calls."""
-
-    component: str
-    resource: str
-    methods: dict[str, MethodProfile]
-    visits: dict[str, float]  # calls per request, per method
-    threads: int = 1  # threads the replica ran with, pinned to as many cores (on "gpu": 1)
-
-    @property
-    def max_batch(self) -> int:
-        return min(m.max_batch for m in self.methods.values())
-
-    def latency(self) -> PiecewiseLinear:
-        """ms per batch of the component's call mix: its methods' fitted curves weighted by their visits."""
-        curves = {name: PiecewiseLinear.fit(m.points) for name, m in self.methods.items()}
-        total = sum(self.visits[name] for name in curves)
-        sizes = sorted({b for curve in curves.values() for b in curve.breakpoints} | {1, self.max_batch})
-        sizes = [b for b in sizes if 1 <= b <= self.max_batch]
-        values = [sum(self.visits[name] / total * curve(b) for name, curve in curves.items()) for b in sizes]
-        return PiecewiseLinear(tuple(float(b) for b in sizes), tuple(values))
-
-    def best_rate(self) -> float:
-        """Calls/s of one replica at its best batch size: what more threads must raise to be worth profiling."""
-        curve = self.latency()
-        return max(b / curve(b) for b in curve.breakpoints if curve(b) > 0) * 1000 if any(curve.values) else math.inf
-
-    def to_dict(self) -> dict[str, Any]:
-        return {name: {"points": [list(p) for p in m.points], "max_batch": m.max_batch} for name, m in self.methods.items()}
+START_S = 4.0  # a worker's start, estimated until one has been timed
+HELD_CALL_S = 0.002  # a holder's own work per call, estimated (its held calls are replayed)
+SEARCH_CALLS = 256  # calls a batch-size search runs, about, for the estimate of the time left
+ENGINE_CALLS = 2.0  # an engine's profile runs each distinct call about this many times, in time
 
 
 def visits_by_component(pipeline: Pipeline) -> dict[str, dict[str, float]]:
@@ -115,7 +84,7 @@ def visits_by_component(pipeline: Pipeline) -> dict[str, dict[str, float]]:
 
 @dataclass(frozen=True)
 class _Job:
-    """One component on one resource type, with the recorded calls and visits of the methods it runs."""
+    """One component on one resource type, with the distinct recorded calls and visits of the methods it runs."""
 
     name: str
     component: Component
@@ -123,6 +92,14 @@ class _Job:
     calls: dict[str, list[Call]]
     visits: dict[str, float]
     threads: int = 1
+    holds: bool = False  # it calls components of the pipeline that it was given: replayed
+    seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # its calls' in the eager runs
+
+    @property
+    def label(self) -> str:
+        if self.resource != "cpu":
+            return f"{self.name} on {self.resource}"
+        return f"{self.name} on cpu, {self.threads} thread{'s' * (self.threads > 1)}"
 
 
 class Profiler:
@@ -132,19 +109,27 @@ class Profiler:
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1; got {repeats}")
         self.pool, self.repeats, self.threshold, self.progress = pool, repeats, threshold, progress
-        self.cache = envs.cache_dir() / "profiles"
+        self.cache = ProfileCache()
+        self._start_times: list[float] = []
 
-    def run(self, pipeline: Pipeline) -> list[ComponentProfile]:
-        """Profile every component the eager runs called; blocks (on an event loop of its own).
+    def run(self, pipeline: Pipeline, records: Sequence[CallRecord] | None = None) -> list[ComponentProfile]:
+        """Profile every component the calibration called; blocks (on an event loop of its own).
 
-        One profile per (component, resource type), and on CPU one more per thread count that paid off.
+        `records`: the calls to profile with (default: every call the pipeline recorded). One profile
+        per (component, resource type), and on CPU one more per thread count that paid off.
         """
-        jobs = self._jobs(pipeline)
-        with _Progress(len(jobs), enabled=self.progress) as progress:
-            return _run_async(self._profile_all(jobs, progress))
+        records = list(pipeline.recorded if records is None else records)
+        jobs = self._jobs(pipeline, records)
+        progress = Progress(enabled=self.progress)
+        try:
+            profiles: list[ComponentProfile] = _run_async(self._profile_all(pipeline, jobs, records, progress))
+        finally:
+            progress.close()
+        return profiles
 
-    def _jobs(self, pipeline: Pipeline) -> list[_Job]:
-        calls = _recorded_calls(pipeline)
+    def _jobs(self, pipeline: Pipeline, records: list[CallRecord]) -> list[_Job]:
+        calls, seconds = _recorded_calls(pipeline, records)
+        shared = {c._patchkit_spec.uid for c in pipeline.components.values()}
         jobs = []
         for name, methods in visits_by_component(pipeline).items():
             called = {method: v for method, v in methods.items() if v}
@@ -157,51 +142,99 @@ class Profiler:
                     "or pass calibration=[{...}, ...] inputs to plan() or deploy()"
                 )
             component = pipeline.components[name]
+            holds = any(inner._patchkit_spec.uid in shared for _, inner in constructor_components(component))
+            eager = {m: [HELD_CALL_S] * len(seconds[name, m]) if holds else seconds[name, m] for m in called}
             for kind in component.devices:
                 if self.pool.capacity.get(kind, 0) > 0:
-                    jobs.append(_Job(name, component, kind, {m: calls[name, m] for m in called}, called))
+                    jobs.append(_Job(name, component, kind, {m: calls[name, m] for m in called}, called, 1, holds, eager))
         return jobs
 
-    async def _profile_all(self, jobs: list[_Job], progress: _Progress) -> list[ComponentProfile]:
-        backend = LocalBackend(secrets.token_urlsafe(16))
+    async def _profile_all(
+        self, pipeline: Pipeline, jobs: list[_Job], records: list[CallRecord], progress: Progress
+    ) -> list[ComponentProfile]:
+        """Every job at 1 thread, then more threads for those that could be the bottleneck."""
+        secret = secrets.token_urlsafe(16)
+        backend = LocalBackend(secret)
+        held = {c._patchkit_spec.uid: c for c in pipeline.components.values()}
+        replay = Replay(records, held, secret)
         try:
-            return [profile for job in jobs for profile in await self._profile_threads(backend, job, progress)]
+            for job in jobs:
+                progress.expect(job.label, self._estimate(job))
+            first = [await self._profile(backend, replay, job, progress) for job in jobs]
+            bound = _throughput_bound(first, self.pool)
+            profiles = []
+            for job, profile in zip(jobs, first):
+                profiles.append(profile)
+                if job.resource == "cpu" and _could_bottleneck(profile, bound, self.threshold):
+                    profiles += await self._more_threads(backend, replay, job, profile, progress)
+            if replay.ran:
+                logger.info("held calls replayed: %d; run here (not recorded): %d", replay.replayed, replay.ran)
+            return profiles
         finally:
+            await replay.close()
             await backend.close()
 
-    async def _profile_threads(self, backend: LocalBackend, job: _Job, progress: _Progress) -> list[ComponentProfile]:
-        """The job at 1 thread, then, on CPU, at each further count while it speeds up by `threshold`."""
-        profiles = [await self._profile(backend, job, progress)]
-        if job.resource != "cpu":
-            progress.done(f"{job.name} on {job.resource}")
-            return profiles
+    async def _more_threads(
+        self, backend: LocalBackend, replay: Replay, job: _Job, first: ComponentProfile, progress: Progress
+    ) -> list[ComponentProfile]:
+        """The job at each further thread count while it speeds up by `threshold`."""
+        profiles, previous = [], first
         for threads in thread_counts(min(len(available_cpus()), self.pool.capacity.get("cpu", 0)))[1:]:
-            profile = await self._profile(backend, dataclasses.replace(job, threads=threads), progress)
-            gain = profile.best_rate() / profiles[-1].best_rate() - 1
+            more = dataclasses.replace(job, threads=threads)
+            progress.expect(more.label, self._estimate(more, previous))
+            profile = await self._profile(backend, replay, more, progress, previous)
+            gain = profile.best_rate() / previous.best_rate() - 1
             if not gain >= self.threshold:  # nan too: no rate to compare
                 logger.info("%s: %d threads serve %.2fx the calls/s of %d; profiled no further", job.name, threads,
-                            1 + gain, profiles[-1].threads)
+                            1 + gain, previous.threads)
                 break
             profiles.append(profile)
-        progress.done(f"{job.name} on cpu, up to {profiles[-1].threads} threads")
+            previous = profile
         return profiles
 
-    async def _profile(self, backend: LocalBackend, job: _Job, progress: _Progress) -> ComponentProfile:
-        found = {method: self._load(job, method) for method in job.calls}
+    async def _profile(
+        self, backend: LocalBackend, replay: Replay, job: _Job, progress: Progress, fewer: ComponentProfile | None = None
+    ) -> ComponentProfile:
+        """One job's profile: from the cache, or measured in a worker started for it. `fewer`: the
+        component's profile at the previous thread count, when this one is at more threads."""
+        progress.begin(job.label)
+        found = {method: self.cache.load(self._key(job, method), method) for method in job.calls}
+        measured = any(profile is None for profile in found.values())
         replica = None
         try:
             for method, profile in found.items():
                 if profile is None:
                     if replica is None:
-                        spec = ReplicaSpec(job.name, job.component, self._resources(job.resource, job.threads))
-                        replica = await backend.start(spec, f"profile-{job.name}")
-                    found[method] = profile = await self._search(replica, job, method, progress)
-                    self._store(job, method, profile)
+                        replica = await self._start(backend, replay, job, progress)
+                    found[method] = profile = await self._measure(replica, job, method, progress, fewer)
+                    self.cache.store(self._key(job, method), profile)
         finally:
             if replica is not None:
                 await backend.stop(replica)
         methods = {m: p for m, p in found.items() if p is not None}
-        return ComponentProfile(job.name, job.resource, methods, job.visits, job.threads)
+        result = ComponentProfile(job.name, job.resource, methods, job.visits, job.threads)
+        progress.done(job.label, f"{job.label}: {_summary(result)}", measured=measured)
+        return result
+
+    async def _start(self, backend: LocalBackend, replay: Replay, job: _Job, progress: Progress) -> Replica:
+        progress.note(f"{job.label}: starting a worker")
+        handles = await replay.handles() if job.holds else None
+        spec = ReplicaSpec(job.name, job.component, self._resources(job.resource, job.threads), handles=handles)
+        began = time.perf_counter()
+        replica = await backend.start(spec, f"profile-{job.name}")
+        self._start_times.append(time.perf_counter() - began)
+        return replica
+
+    async def _measure(
+        self, replica: Replica, job: _Job, method: str, progress: Progress, fewer: ComponentProfile | None
+    ) -> MethodProfile:
+        concurrency = _max_concurrency(job.component, method)
+        if concurrency is not None and opts_in(job.component, concurrency):
+            engine = EngineProfile(replica, job.name, job.component, method, job.calls[method], concurrency, progress.note)
+            profile = await engine.run(fewer.methods.get(method) if fewer is not None else None, self.threshold)
+            _log_model(job, profile)
+            return profile
+        return await self._search(replica, job, method, progress)
 
     def _resources(self, kind: str, threads: int) -> ReplicaResources:
         """One GPU, or `threads` cores with a thread each, as a replica of the plan gets them."""
@@ -210,7 +243,7 @@ class Profiler:
             return ReplicaResources(threads=1, gpus=tuple(gpus[:1]))  # none: a virtual GPU
         return ReplicaResources(cpus=tuple(available_cpus()[:threads]), threads=threads, gpus=())
 
-    async def _search(self, replica: Replica, job: _Job, method: str, progress: _Progress) -> MethodProfile:
+    async def _search(self, replica: Replica, job: _Job, method: str, progress: Progress) -> MethodProfile:
         """Measure T(b) at the sizes the search visits, from the largest that fits downwards.
 
         A size is a batch of b calls, or, for a `max_concurrency` method, b one-call batches in flight at a time."""
@@ -225,13 +258,9 @@ class Profiler:
             progress.note(f"{name}.{method}: {unit} {size}, {job.threads} thread(s)")
             times = []
             for _ in range(self.repeats + 1):  # the first run warms caches up and is not counted
-                elapsed, outcomes = await _timed(replica, method, batch, size, concurrent=concurrency is not None)
-                failed = next((value for ok, value in outcomes if not ok), None)
-                if isinstance(failed, Failure):
-                    if _out_of_memory(failed):
-                        return None
-                    message = f"failed while being profiled at {unit} {size}: {failed.type_name}: {failed.message}"
-                    raise ComponentError(name, method, message, failed.traceback)
+                elapsed, outcomes = await timed(replica, method, batch, size, concurrent=concurrency is not None)
+                if check_outcomes(name, method, outcomes, f"at {unit} {size}") is not None:
+                    return None
                 times.append(elapsed / rounds)
             measured[size] = statistics.median(times[1:])
             return measured[size]
@@ -253,29 +282,29 @@ class Profiler:
         top = max(measured)
         return MethodProfile(method, tuple(sorted(measured.items())), top)
 
-    # -- the on-disk cache -----------------------------------------------------------------------
-    def _path(self, job: _Job, method: str) -> Path:
-        spec = job.component._patchkit_spec
-        where = (job.resource, job.threads)
-        sizes = ("calls at once", _max_concurrency(job.component, method))  # None: sizes are batches
-        identity = (spec.cls.__module__, spec.cls.__qualname__, spec.args, spec.kwargs, method, where, sizes, job.calls[method])
-        key = hashlib.sha256(cloudpickle.dumps((identity, self.repeats, self.threshold, MIX_CALLS))).hexdigest()[:24]
-        return self.cache / f"{key}.json"
+    def _key(self, job: _Job, method: str) -> tuple[Any, ...]:
+        """What a method's profile depends on: see `cache`."""
+        concurrency = _max_concurrency(job.component, method)
+        if concurrency is not None and opts_in(job.component, concurrency):
+            how: tuple[Any, ...] = ("cost model", 5)
+        else:
+            how = ("search", self.repeats, self.threshold, MIX_CALLS, MAX_POINTS)
+        where = (job.resource, job.threads, "held calls replayed" if job.holds else "")
+        return (job.component, method, where, ("calls at once", concurrency), how, job.calls[method])
 
-    def _load(self, job: _Job, method: str) -> MethodProfile | None:
-        path = self._path(job, method)
-        try:
-            data = json.loads(path.read_text())
-            return MethodProfile(method, tuple((int(b), float(ms)) for b, ms in data["points"]), int(data["max_batch"]))
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-
-    def _store(self, job: _Job, method: str, profile: MethodProfile) -> None:
-        self.cache.mkdir(parents=True, exist_ok=True)
-        path = self._path(job, method)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"points": [list(p) for p in profile.points], "max_batch": profile.max_batch}))
-        tmp.replace(path)
+    def _estimate(self, job: _Job, fewer: ComponentProfile | None = None) -> float:
+        """Seconds the job's profile may take, for the time left: 0 when the cache has it. From its calls'
+        eager times: a search runs about SEARCH_CALLS of its quickest; an engine runs each distinct call
+        about ENGINE_CALLS times (half as often at a further thread count)."""
+        if all(self.cache.path(self._key(job, m)).exists() for m in job.calls):
+            return 0.0
+        total = statistics.mean(self._start_times) if self._start_times else START_S
+        for method, seconds in job.seconds.items():
+            if opts_in(job.component, _max_concurrency(job.component, method)):
+                total += ENGINE_CALLS * len(seconds) * statistics.median(seconds) * (0.5 if fewer is not None else 1.0)
+            else:  # the first call's time may hold the component's setup: the quickest is the call's own
+                total += SEARCH_CALLS * min(seconds)
+        return total
 
 
 def thread_counts(cores: int) -> list[int]:
@@ -286,43 +315,77 @@ def thread_counts(cores: int) -> list[int]:
     return counts + [cores] if cores > 1 else counts
 
 
-def _recorded_calls(pipeline: Pipeline) -> dict[tuple[str, str], list[Call]]:
+Calls = dict[tuple[str, str], list[Call]]  # per (component, method)
+
+
+def _recorded_calls(pipeline: Pipeline, records: list[CallRecord]) -> tuple[Calls, dict[tuple[str, str], list[float]]]:
+    """Per (component, method), its distinct recorded calls in order (at most INPUTS_PER_METHOD), and their seconds."""
     calls: dict[tuple[str, str], list[Call]] = {}
-    for record in pipeline.recorded:
+    seconds: dict[tuple[str, str], list[float]] = {}
+    seen: set[str] = set()
+    for record in records:
         name = pipeline.graph.name_of(record.component)
         if name is None:
             continue
         kept = calls.setdefault((name, record.method), [])
-        if len(kept) < INPUTS_PER_METHOD:
+        key = digest((name, record.method, record.args, record.kwargs))
+        if len(kept) < INPUTS_PER_METHOD and key not in seen:
+            seen.add(key)
             kept.append((record.args, record.kwargs))
-    return calls
+            seconds.setdefault((name, record.method), []).append(record.seconds)
+    return calls, seconds
+
+
+def _throughput_bound(profiles: list[ComponentProfile], pool: ResourcePool) -> float:
+    """Requests/s no plan on `pool` can pass: the slowest component's, with every unit of its resource
+    type running 1-thread replicas of it (more threads per replica speed a component up less than
+    more replicas on as many cores)."""
+    best: dict[str, float] = {}
+    for profile in profiles:
+        visits = sum(profile.visits.values())
+        rate = pool.capacity.get(profile.resource, 0) * profile.best_rate() / visits if visits else math.inf
+        best[profile.component] = max(best.get(profile.component, 0.0), rate)
+    return min(best.values(), default=math.inf)
+
+
+def _could_bottleneck(profile: ComponentProfile, bound: float, threshold: float) -> bool:
+    """Whether one 1-thread replica of the component serves fewer requests/s than `bound`, by more than `threshold`."""
+    visits = sum(profile.visits.values())
+    return visits > 0 and profile.best_rate() / visits < bound * (1 + threshold)
+
+
+def _summary(profile: ComponentProfile) -> str:
+    parts = []
+    for method, m in profile.methods.items():
+        sizes = f"{m.points[0][0]}-{m.points[-1][0]}"
+        if m.model is not None and "stopped" in m.model:
+            parts.append(f"{method}: {m.model['stopped']}")
+        elif m.model is not None:
+            costs = m.model["costs"]
+            parts.append(f"{method}: cost model, {costs['prompt_tokens_per_s']:.0f} prompt tokens/s, "
+                         f"within {100 * m.model['error']:.1f}% of measured whole calls")
+        else:
+            parts.append(f"{method}: {sizes} measured")
+    return "; ".join(parts)
+
+
+def _log_model(job: _Job, profile: MethodProfile) -> None:
+    assert profile.model is not None
+    if "stopped" in profile.model:
+        logger.info("%s.%s, %d threads: %s", job.name, profile.method, job.threads, profile.model["stopped"])
+        return
+    costs, checked = profile.model["costs"], profile.model["checks"]
+    steps = ", ".join(f"{ms:.1f} ms at {k:.1f}" for k, ms in costs["step_ms"])
+    checks = ", ".join(f"{what}: {c['predicted_ms']:.0f} ms predicted, {c['measured_ms']:.0f} measured"
+                       for what, c in checked.items())
+    logger.info("%s.%s, %d thread(s): prompt %.0f tokens/s, decode step %s, %.1f ms a call beyond the engine; "
+                "whole calls %s", job.name, profile.method, job.threads, costs["prompt_tokens_per_s"],
+                steps, costs["call_ms"], checks)
 
 
 def _max_concurrency(component: Component, method: str) -> int | None:
     """The method's `@make(max_concurrency=...)`: None for a method the front-end batches."""
     return make_methods(type(component))[method].max_concurrency
-
-
-async def _timed(replica: Replica, method: str, calls: list[Call], size: int, *, concurrent: bool) -> tuple[float, list[Outcome]]:
-    """ms until every call of `calls` is answered, and their outcomes in order: sent as batches of `size`,
-    one after another, or, `concurrent`, as one-call batches `size` at a time in flight (how the
-    front-end sends a `max_concurrency` method: the next leaves as one is answered)."""
-    started = time.perf_counter()
-    if concurrent:
-        slots = asyncio.Semaphore(size)
-
-        async def one(call: Call) -> list[Outcome]:
-            async with slots:
-                return await replica.channel.run_batch(method, [call])
-
-        replies = await asyncio.gather(*(one(call) for call in calls))
-    else:
-        replies = [await replica.channel.run_batch(method, calls[i : i + size]) for i in range(0, len(calls), size)]
-    return (time.perf_counter() - started) * 1000, [outcome for reply in replies for outcome in reply]
-
-
-def _out_of_memory(failure: Failure) -> bool:
-    return failure.type_name in ("MemoryError", "OutOfMemoryError") or "out of memory" in failure.message.lower()
 
 
 def _run_async(coroutine: Any) -> Any:
@@ -335,29 +398,3 @@ def _run_async(coroutine: Any) -> Any:
 
     with ThreadPoolExecutor(1, thread_name_prefix="patchkit-profile") as pool:
         return pool.submit(asyncio.run, coroutine).result()
-
-
-class _Progress:
-    """One status line on stderr (rewritten in place on a terminal) while profiling runs."""
-
-    def __init__(self, total: int, *, enabled: bool) -> None:
-        self.total, self.finished, self.enabled = total, 0, enabled and total > 0
-        self.tty = sys.stderr.isatty()
-
-    def __enter__(self) -> _Progress:
-        return self
-
-    def note(self, what: str) -> None:
-        if self.enabled and self.tty:
-            print(f"\rprofiling [{self.finished}/{self.total}] {what:<60}", end="", file=sys.stderr, flush=True)
-
-    def done(self, what: str) -> None:
-        self.finished += 1
-        if self.enabled:
-            end = "" if self.tty and self.finished < self.total else "\n"
-            prefix = "\r" if self.tty else ""
-            print(f"{prefix}profiling [{self.finished}/{self.total}] {what:<60}", end=end, file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled and self.tty and self.finished < self.total:
-            print(file=sys.stderr)

@@ -1,0 +1,115 @@
+"""Profiles are cached by what they were measured on: a second plan of the same pipeline and calibration
+starts no worker, in the same process or with components built again; a holder's profile is its own work."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import patchkit
+from patchkit import Component, make
+from patchkit.components.testing import Simulated
+from patchkit.orchestrator.local import LocalBackend
+from patchkit.scheduler.offline.cache import digest
+from patchkit.scheduler.offline.pool import ResourcePool
+from patchkit.scheduler.offline.profiler import Profiler
+
+pytestmark = pytest.mark.slow
+
+POOL = {"cpu": 2, "gpu": 0}
+NAP_S = 0.2
+
+
+@pytest.fixture(autouse=True)
+def profile_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path))
+    return tmp_path / "profiles"
+
+
+@pytest.fixture
+def workers_started(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The replica ids of every worker started from here on."""
+    started: list[str] = []
+    start = LocalBackend.start
+
+    async def counted(self: LocalBackend, spec: object, replica_id: str) -> object:
+        started.append(replica_id)
+        return await start(self, spec, replica_id)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LocalBackend, "start", counted)
+    return started
+
+
+class Sleeper(Component):
+    @make
+    def nap(self, text: str) -> str:
+        time.sleep(NAP_S)
+        return text.upper()
+
+
+class Napper(Component):
+    """Holds a Sleeper, deployed on its own: its calls of it are the sleeper's work, not its own."""
+
+    def __init__(self, sleeper: Sleeper, mark: str = "!") -> None:
+        self.sleeper, self.mark = sleeper, mark
+
+    @make
+    def ask(self, text: str) -> str:
+        return self.sleeper.nap(text) + self.mark
+
+
+def crag_shaped() -> patchkit.Pipeline:
+    """Built anew at each call: new components (new uids), alike."""
+    retriever, sleeper = Simulated(lambda b: 1.0 + 0.1 * b), Sleeper()
+    napper = Napper(sleeper)
+    question = "q"
+    with patchkit.capture(run=False) as pipeline:
+        docs = retriever.run(question)
+        answer = napper.ask(docs)  # noqa: F841 - the pipeline's output
+    return pipeline
+
+
+CALIBRATION = [{"question": "a"}, {"question": "b"}]
+
+
+def test_a_second_plan_with_the_same_calibration_profiles_nothing(workers_started: list[str]) -> None:
+    pipeline = crag_shaped()
+    first = patchkit.plan(pipeline, resources=POOL, calibration=CALIBRATION, progress=False)
+    assert workers_started  # the first plan profiled
+    workers_started.clear()
+    again = patchkit.plan(pipeline, resources=POOL, calibration=CALIBRATION, progress=False)
+    assert workers_started == []  # the calibration ran again; its calls are the same, and so are the profiles
+    assert again.to_dict() == first.to_dict()
+
+
+def test_a_pipeline_built_again_alike_plans_from_the_cache(workers_started: list[str]) -> None:
+    patchkit.plan(crag_shaped(), resources=POOL, calibration=CALIBRATION, progress=False)
+    workers_started.clear()
+    patchkit.plan(crag_shaped(), resources=POOL, calibration=CALIBRATION, progress=False)  # as a new process would
+    assert workers_started == []
+
+
+def test_other_calibration_inputs_are_profiled(workers_started: list[str]) -> None:
+    patchkit.plan(crag_shaped(), resources=POOL, calibration=CALIBRATION, progress=False)
+    workers_started.clear()
+    patchkit.plan(crag_shaped(), resources=POOL, calibration=[{"question": "c"}], progress=False)
+    assert workers_started
+
+
+def test_the_cache_key_reads_components_by_their_arguments_not_their_identity() -> None:
+    sleeper = Sleeper()
+    assert digest(Napper(sleeper)) == digest(Napper(Sleeper()))
+    assert digest(Napper(sleeper, "?")) != digest(Napper(sleeper))
+    assert digest({"b", "a", "c"}) == digest({"c", "a", "b"})
+
+
+def test_a_holders_profile_is_its_own_work_not_the_calls_it_makes_of_what_it_holds() -> None:
+    pipeline = crag_shaped()
+    pipeline(question="a")
+    profiles = {p.component: p for p in Profiler(ResourcePool({"cpu": 1}), progress=False).run(pipeline)}
+    own = dict(profiles["napper"].methods["ask"].points)[1]
+    held = dict(profiles["napper_sleeper"].methods["nap"].points)[1]
+    assert held >= NAP_S * 1000  # the sleeper is profiled on its own, as it is deployed
+    assert own < NAP_S * 1000 / 4  # the napper's calls of it were answered from the calibration run
