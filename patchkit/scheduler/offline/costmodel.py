@@ -189,7 +189,8 @@ def fit(
 
     A decode step costs what its run took beyond the calls' prompts and their cost beyond the engine,
     per step, at the run's mean sequences per step: more than the engine's own decode time, since
-    sampling each sequence's token and handing it over count too (never less).
+    sampling each sequence's token and handing it over count too (never less). Runs without a decode
+    step (calls limited to one token) leave steps at 0 ms.
     """
     evaluated = sum(c.prompt_tokens_evaluated for c, _ in prompts)
     if not prompts or evaluated == 0:
@@ -200,9 +201,9 @@ def fit(
         (c.decoded_sequences / c.decode_steps, max(c.decode_s * 1000, ms - call_ms - c.prefill_s * 1000) / c.decode_steps)
         for c, ms in steps if c.decode_steps
     ]
-    if not points:
-        raise ValueError("the cost model needs at least one run that took decode steps")
-    return EngineCosts(prompt_ms, PiecewiseLinear.fit(points), call_ms, prompt_tokens_per_turn)
+    # No decode step in any run: the calls answer in the token their prompt gives, and steps cost nothing of theirs.
+    step = PiecewiseLinear.fit(points) if points else PiecewiseLinear((1.0,), (0.0,))
+    return EngineCosts(prompt_ms, step, call_ms, prompt_tokens_per_turn)
 
 
 def relative_error(predicted: float, measured: float) -> float:

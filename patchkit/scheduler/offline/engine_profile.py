@@ -16,10 +16,11 @@ that each step finds the engine's cache as it needs it):
    the model fitted on 1 and 3.
 
 The distinct calls' token counts do not depend on the thread count: at further thread counts they
-are taken from the first one, step 1 evaluates only `PROMPT_TOKENS_AGAIN` tokens and step 2 is left
-out; and when step 1 finds prompts evaluated no faster than with fewer threads (by the profiler's
-threshold), the profile stops there. The T(c) curve the MILP reads is predicted for the calls as step 1 found
-them, at each concurrency level: see `costmodel` for what the model assumes.
+are taken from the first one, step 1 evaluates only `PROMPT_TOKENS_AGAIN` tokens (the call step 3
+uses first) and step 2 is left out; and when step 1 finds prompts evaluated no faster than with
+fewer threads (by the profiler's threshold), the profile stops there. The T(c) curve the MILP reads
+is predicted for the calls as step 1 found them, at each concurrency level: see `costmodel` for
+what the model assumes.
 """
 
 from __future__ import annotations
@@ -112,7 +113,10 @@ class EngineProfile:
         whole = await self._one_at_a_time() if known is None else []
         known = known or Workload.measured(prompts, whole)
         steps = [await self._steps(self.calls[known.stepper()], k) for k in STEP_LEVELS if k <= self.concurrency]
-        costs = fit(prompts, steps)
+        try:
+            costs = fit(prompts, steps)
+        except ValueError as exc:
+            raise PlanError(f"{self.name}.{self.method}: {exc}") from None
         checks = await self._checks(costs, known, whole, sorted(evaluated))
         errors = {what: relative_error(*check) for what, check in checks.items()}
         model = {
