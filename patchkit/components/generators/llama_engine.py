@@ -212,12 +212,10 @@ class LlamaEngine:
         the document cache keeps and restores; none, and the prompt reuses only the slots' prefixes."""
         if not prompt or len(prompt) + max_tokens > self.config.n_ctx:
             raise ValueError(f"{len(prompt)} prompt tokens + max_tokens {max_tokens} must fit n_ctx ({self.config.n_ctx})")
-        ends = [0, *pieces]
-        if any(not 0 < end <= len(prompt) for end in pieces) or any(a >= b for a, b in zip(ends, ends[1:])):
+        if any(not 0 < end <= len(prompt) for end in pieces) or any(a >= b for a, b in zip([0, *pieces], pieces)):
             raise ValueError(f"pieces ({list(pieces)}) must be increasing token offsets within the prompt's {len(prompt)}")
         sampler = self._greedy if temperature == 0 else self._chain(temperature, seed)
-        cut = [tuple(prompt[a:b]) for a, b in zip(ends, ends[1:])]
-        sequence = _Sequence(list(prompt), max_tokens, sampler, cut)
+        sequence = _Sequence(list(prompt), max_tokens, sampler, _cut(prompt, pieces))
         with self._lock:
             self.check()
             if self._stopping:
@@ -236,10 +234,8 @@ class LlamaEngine:
     def cached_pieces(self, prompt: Sequence[int], pieces: Sequence[int]) -> int:
         """How many of the prompt's leading pieces (ending where `pieces` say, as for `submit`) the document
         cache holds; called by any thread, to order documents for reuse."""
-        ends = [0, *pieces]
-        cut = [tuple(prompt[a:b]) for a, b in zip(ends, ends[1:])]
         with self._lock:
-            return len(self._tree.match(cut)) if self._tree is not None else 0
+            return len(self._tree.match(_cut(prompt, pieces))) if self._tree is not None else 0
 
     def stats(self) -> dict[str, float]:
         """Counters since start, read under the engine's lock so they agree with each other. The document
@@ -516,6 +512,12 @@ class LlamaEngine:
                 sequence.out.put(error)
             self._running.clear()
             self._waiting.clear()
+
+
+def _cut(prompt: Sequence[int], pieces: Sequence[int]) -> list[tuple[int, ...]]:
+    """The prompt's leading pieces, ending at the token offsets `pieces` (as `submit` takes them)."""
+    ends = [0, *pieces]
+    return [tuple(prompt[a:b]) for a, b in zip(ends, ends[1:])]
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
