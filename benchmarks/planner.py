@@ -40,7 +40,8 @@ from runtime import load, report  # noqa: E402
 
 import patchkit  # noqa: E402
 from patchkit.components.testing import Simulated  # noqa: E402
-from patchkit.scheduler.offline.milp import Option, Problem, solve  # noqa: E402
+from patchkit.scheduler.offline.milp import solve  # noqa: E402
+from patchkit.scheduler.offline.problem import Option, Problem  # noqa: E402
 from patchkit.scheduler.offline.pwl import PiecewiseLinear  # noqa: E402
 
 POOL = {"cpu": 8, "gpu": 2}

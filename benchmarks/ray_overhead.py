@@ -31,6 +31,7 @@ from typing import Any
 import patchkit
 from patchkit import Component, make
 from patchkit.orchestrator.backend import Backend, ReplicaSpec
+from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.ray_backend import RayBackend
 from patchkit.orchestrator.ray_options import RayOptions
@@ -56,11 +57,11 @@ async def _hop(backend: Backend, calls: int) -> dict[str, float]:
     replica = await backend.start(ReplicaSpec("echo", Echo()), "echo#0")
     try:
         for _ in range(50):  # warm the channel
-            await replica.channel.run_batch("echo", [((payload,), {})])
+            await replica.channel.run_batch("echo", [CallEnvelope((payload,), {})])
         samples = []
         for _ in range(calls):
             start = time.perf_counter()
-            [(ok, value)] = await replica.channel.run_batch("echo", [((payload,), {})])
+            [(ok, value)] = await replica.channel.run_batch("echo", [CallEnvelope((payload,), {})])
             samples.append(time.perf_counter() - start)
             assert ok and value == payload
         return _summary(samples)

@@ -38,9 +38,11 @@ from patchkit import Component, make
 from patchkit.bench import BenchResult
 from patchkit.config import DeploymentConfig
 from patchkit.orchestrator.backend import ReplicaSpec
+from patchkit.orchestrator.backends import make_backend
+from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.rpc import HEALTH, SECRET_KEY
-from patchkit.scheduler.online.frontend import Frontend, make_backend
+from patchkit.scheduler.online.frontend import Frontend
 
 
 class Stage(Component):
@@ -214,7 +216,7 @@ async def _hop(calls: int) -> dict:
         hop, bare = [], []
         for _ in range(calls):
             start = time.perf_counter()
-            outcomes = await channel.run_batch("echo", [((payload,), {})])
+            outcomes = await channel.run_batch("echo", [CallEnvelope((payload,), {})])
             hop.append((time.perf_counter() - start) * 1000)
             assert outcomes[0] == (True, payload)
             start = time.perf_counter()

@@ -21,9 +21,6 @@ if TYPE_CHECKING:
 
 __all__ = ["main", "parser", "serve_settings"]
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
 def _load(command: str, target: str) -> Pipeline | None:
     """The pipeline a `FILE.py` script's last capture made, or the one `module:attribute` names; None after
     printing why not. Raises ConfigError for a module or attribute that is not there."""
@@ -111,8 +108,25 @@ def _resources(text: str | None) -> dict[str, int] | None:
     return dict(ResourcePool.parse(text).capacity) if text else None
 
 
-# `patchkit serve`'s flags, each overriding the config file's key of the same name.
-SERVE_FLAGS = ("host", "port", "backend", "replicas", "batch_size", "batch_wait_ms", "slo_ms", "plan", "log_level")
+# The deploy options `patchkit serve` takes as flags (each made from the option's metadata), then all its flags;
+# a flag overrides the config file's key of the same name.
+OPTION_FLAGS = ("host", "port", "backend", "batch_wait_ms", "slo_ms", "log_level")
+SERVE_FLAGS = (*OPTION_FLAGS, "replicas", "batch_size", "plan")
+
+
+def _option_flag(command: argparse.ArgumentParser, name: str) -> None:
+    """A deploy option's flag: its type, choices and help from the option's metadata, its default `patchkit
+    serve`'s (None: the file's key, else that default, applies)."""
+    from patchkit.config import OPTIONS
+    from patchkit.config.options import simple_type
+    from patchkit.config_file import SERVE_DEFAULTS
+
+    spec = OPTIONS[name]
+    kind, choices = simple_type(spec), spec.option.choices or None
+    default = SERVE_DEFAULTS.get(name, spec.default)
+    shown = "" if default is None else f" (default {default})"
+    command.add_argument(f"--{name.replace('_', '-')}", default=None, choices=choices, help=f"{spec.option.help}{shown}",
+                         type=str.lower if spec.option.any_case else kind)
 
 
 def serve_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -184,18 +198,12 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("target", metavar="FILE.py|module:attribute",
                        help="a Python script with a `with patchkit.capture():` block, or a module's Pipeline object")
     serve.add_argument("--config", default=None, metavar="FILE", help="deploy options from a YAML, JSON or TOML file (below)")
-    serve.add_argument("--host", default=None, help="the address to listen on (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=None, help="the port (default 8000)")
-    serve.add_argument("--backend", default=None, choices=["local", "inprocess", "ray"],
-                       help="where replicas run (default local)")
+    for name in OPTION_FLAGS:
+        _option_flag(serve, name)
     serve.add_argument("--replicas", type=int, default=None, help="replicas of every component (default 1)")
     serve.add_argument("--batch-size", type=int, default=None, help="batch size of every method (default: the method's own)")
-    serve.add_argument("--batch-wait-ms", type=float, default=None, help="how long a partial batch waits for more calls")
-    serve.add_argument("--slo-ms", type=float, default=None, help="the latency target of every request")
     serve.add_argument("--plan", default=None, help="'auto' to plan first, or a plan saved by `patchkit plan --json`")
     serve.add_argument("--resources", default=None, help="with --plan auto: the pool, as cpu=5,gpu=2 (default: this machine)")
-    serve.add_argument("--log-level", type=str.lower, default=None, choices=LOG_LEVELS,
-                       help="what the server, its front-end and its workers log (default: info)")
     planner = commands.add_parser("plan", help="profile a script's pipeline and print the plan that maximises its throughput")
     planner.add_argument("target", metavar="FILE.py|module:attribute",
                          help="a Python script with a `with patchkit.capture():` block that runs eagerly, or a Pipeline object")

@@ -5,8 +5,9 @@
     components:
       llm: {replicas: 2, batch_size: {generate: 8}, min_replicas: 1, max_replicas: 4}
 
-The schema is a pydantic model: its top-level options are made from `DeploymentConfig`'s fields (their
-types, defaults and ranges), so the file takes every option `deploy()` does; `components` holds a
+The schema is a pydantic model: its top-level options are made from the options' field metadata
+(patchkit/config/options.py: their types, defaults, bounds, choices and help), so the file takes every option
+`deploy()` does and checks each as deploy() does; `components` holds a
 `ComponentOptions` per component. YAML, JSON or TOML, by the file's suffix. `load` reports every problem at
 once, one line each, naming the key's path: an unknown key with the closest known one, a value of the
 wrong type or out of range with what is allowed. `keys` lists every key with its default and help: `describe`
@@ -16,85 +17,28 @@ renders them for `patchkit serve --help`, `markdown_table` for the documentation
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
-from dataclasses import MISSING, fields
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_type_hints
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from patchkit.config import BACKENDS, ESTIMATORS, INTERNAL_FIELDS, NON_NEGATIVE_FIELDS, POSITIVE_FIELDS, DeploymentConfig
+from patchkit.config import OPTIONS, OptionSpec
+from patchkit.config.options import check_value
 from patchkit.errors import ConfigError
 
-__all__ = ["ComponentOptions", "ServeFile", "describe", "deploy_arguments", "given", "keys", "load", "markdown_table"]
+__all__ = ["ComponentOptions", "ServeFile", "describe", "deploy_arguments", "given", "keys", "load", "markdown_table", "schema"]
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-# Each deploy option's line in `patchkit serve --help` and the documentation (what deploy()'s docstring and
-# DeploymentConfig's comments say, shortened).
-OPTION_HELP = {
-    "backend": "'local' (a process per replica), 'inprocess' (a thread of this process) or 'ray' (Ray actors)",
-    "host": "the address the HTTP server listens on",
-    "port": "its port (0: any free port)",
-    "slo_ms": "the latency target of every request that brings none",
-    "batch_wait_ms": "a partial batch leaves once its oldest call waited this long",
-    "pipelining": "false: requests run in waves, each waiting for the one before",
-    "max_inflight_batches": "batches per replica at once: one running, one on the wire",
-    "max_inflight_requests": "requests in flight; beyond it, 503 with Retry-After",
-    "max_body_bytes": "the largest request body (decoded)",
-    "max_inflight_bytes": "request body bytes in flight; beyond it, 503",
-    "read_timeout_s": "a request's headers and body must arrive within this, else 408",
-    "request_timeout_s": "a request still running after this gets 504",
-    "call_timeout_s": "a batch running longer recycles its replica",
-    "abandoned_grace_s": "a batch serving only ended requests, this long past their deadlines, recycles its replica",
-    "max_retries": "times a call is sent again after its replica died",
-    "health_check_period_s": "how often every replica is health-checked",
-    "health_check_timeout_s": "how long a health check may take",
-    "health_check_failures": "failed checks in a row that recycle a replica",
-    "debug": "error replies carry tracebacks",
-    "log_level": "what the front-end and the workers log: debug, info, warning or error",
-    "auth_token": "a bearer token for every route but /healthz (default: PATCHKIT_AUTH_TOKEN)",
-    "optional_inputs": "inputs a request may leave out (they keep their captured value)",
-    "drain_timeout_s": "how long stopping waits for requests in flight",
-    "prioritize": "calls of requests at risk of missing their SLO jump their queues",
-    "pause_admission": "while a request is at risk, new ones wait in a bounded queue",
-    "admission_queue_limit": "that queue's length; beyond it, 503",
-    "estimator": "of a request's remaining time: 'average' or 'xgboost'",
-    "prefetch": "send a retriever's prefetch as the call its query comes from starts",
-    "autoscale": "add replicas to the bottleneck while requests stay at risk; remove idle ones",
-    "autoscale_interval_s": "how often the autoscaler looks",
-    "scale_up_after_s": "requests at risk this long: one more replica",
-    "scale_down_after_s": "a component idle this long loses a replica",
-    "min_replicas": "the fewest replicas autoscaling leaves: one number, or by component",
-    "max_replicas": "the most replicas autoscaling gives: one number, or by component",
-    "ray_address": "the Ray cluster to join (backend: ray)",
-    "ray_max_restarts": "Ray's restarts of a dead actor",
-    "ray_placement_timeout_s": "how long a replica may wait for cluster resources",
-    "ray_actor_options": "Ray actor options by component (num_cpus, num_gpus, memory, resources, runtime_env)",
-    "tls": "TLS between the front-end and Ray workers (false: plaintext)",
-    "tls_cert": "the workers' certificate file (default: one made for the deployment)",
-    "tls_key": "its private key file",
-    "tls_ca": "the CA file that signed it",
-    "tls_server_name": "the name the certificate is checked against",
-    "name": "the model name /v1/models lists and chat completions answer as",
-    "chat_input": "the pipeline input the chat API's last user message fills (needed with several inputs)",
-    "chat_output": "the field of a dict output the chat API answers with",
-}
 # The keys that are no deploy() option.
 FILE_ONLY = ("replicas", "batch_size", "plan", "resources", "components")
 # The command line's own defaults where they differ from deploy()'s.
 SERVE_DEFAULTS = {"port": 8000, "log_level": "info"}
-
-
-def _counts(value: Any) -> Any:
-    """min_replicas, max_replicas: an integer >= 1, or such integers by component name."""
-    items = value.items() if isinstance(value, Mapping) else [(None, value)]
-    if not all((key is None or isinstance(key, str)) and _is_count(count) for key, count in items):
-        raise ValueError(f"must be an integer >= 1, or such integers by component name; got {value!r}")
-    return value
 
 
 def _batch_sizes(value: Any) -> Any:
@@ -135,33 +79,34 @@ class _FileOnly(BaseModel):
     components: dict[str, ComponentOptions] = Field({}, description="options by component name (see below)")
 
 
-def _option_field(name: str, hint: Any, default: Any) -> tuple[Any, Any]:
-    """A DeploymentConfig field as a pydantic field: its type made strict, its range and choices enforced."""
-    described = OPTION_HELP.get(name, "see deploy()")
-    if name in ("min_replicas", "max_replicas"):
-        hint = Annotated[Any, AfterValidator(_counts)]
-    elif name == "optional_inputs":
-        hint, default = list[str], list(default)  # YAML and JSON have lists, not tuples
-    elif name == "backend":
-        hint = Literal[BACKENDS]
-    elif name == "estimator":
-        hint = Literal[ESTIMATORS]
-    gt = 0 if name in POSITIVE_FIELDS else None
-    ge = 0 if name in NON_NEGATIVE_FIELDS or name == "port" else None
-    le = 65535 if name == "port" else None
-    return hint, Field(default, description=described, gt=gt, ge=ge, le=le)
+def _option_field(spec: OptionSpec) -> tuple[Any, Any]:
+    """A deploy option as a pydantic field, from its metadata: its type made strict, its bounds and choices
+    enforced, then the check deploy() runs (for the rules a type cannot say: text that is not blank, a list of
+    names, counts by component)."""
+    meta, hint, default = spec.option, spec.hint, spec.default
+    if meta.check is not None:
+        hint = Any  # a compound value: its check says what it may be, as deploy() does
+    elif meta.choices and not meta.any_case:
+        hint = Literal[meta.choices] | None if type(None) in get_args(hint) else Literal[meta.choices]
+    if isinstance(default, tuple):
+        default = list(default)  # YAML and JSON have lists, not tuples
+    checked = Annotated[hint, AfterValidator(functools.partial(_deploy_check, spec))]  # type: ignore[valid-type]
+    return checked, Field(default, description=meta.help, gt=meta.gt, ge=meta.ge, le=meta.le)
 
 
-def _options() -> dict[str, Any]:
-    hints = get_type_hints(DeploymentConfig)
-    return {
-        f.name: _option_field(f.name, hints[f.name], None if f.default is MISSING else f.default)
-        for f in fields(DeploymentConfig)
-        if f.name not in INTERNAL_FIELDS
-    }
+def _deploy_check(spec: OptionSpec, value: Any) -> Any:
+    check_value(spec, value)  # a ConfigError is a ValueError: pydantic reports it as the key's problem
+    return value
 
 
-ServeFile = create_model("ServeFile", __base__=_FileOnly, __doc__="The whole config file.", **_options())
+def schema(options: Mapping[str, OptionSpec]) -> type[BaseModel]:
+    """The whole config file's model: the file-only keys, and a key per option (by flat name) made from its
+    metadata. `ServeFile` is DeploymentConfig's."""
+    fields: dict[str, Any] = {name: _option_field(spec) for name, spec in options.items()}
+    return create_model("ServeFile", __base__=_FileOnly, __doc__="The whole config file.", **fields)
+
+
+ServeFile = schema(OPTIONS)
 
 
 # -- loading -------------------------------------------------------------------------------------------------------
@@ -211,6 +156,8 @@ def _problem(error: Mapping[str, Any]) -> str:
         place = f"in {'.'.join(parent)}" if parent else "at the top level"
         return f"unknown key {loc[-1]!r} {place}{hint}"
     message = str(error["msg"]).removeprefix("Value error, ").removeprefix("Input ")
+    if error["type"] == "value_error" and message.startswith(loc[-1]):  # deploy()'s own check: it names the key
+        return ".".join([*loc[:-1], message])
     if error["type"] == "literal_error":
         choices = re.findall(r"'([^']*)'", str(error.get("ctx", {}).get("expected", "")))
         close = difflib.get_close_matches(str(error["input"]), choices, n=1)
@@ -218,7 +165,8 @@ def _problem(error: Mapping[str, Any]) -> str:
         return f"{where} {message}; got {error['input']!r}{hint}"
     if message.startswith("must be"):
         return f"{where} {message}"
-    return f"{where} {message}; got {error['input']!r}"
+    secret = len(loc) == 1 and loc[0] in OPTIONS and OPTIONS[loc[0]].option.secret
+    return f"{where} {message}" if secret else f"{where} {message}; got {error['input']!r}"
 
 
 def _keys_at(loc: list[str]) -> set[str]:
@@ -277,15 +225,15 @@ def keys(model: type[BaseModel] = ServeFile) -> list[tuple[str, Any, str]]:
     for name, info in model.model_fields.items():
         if name == "components":
             continue
-        default = SERVE_DEFAULTS.get(name, info.default) if model is ServeFile else info.default
+        default = info.default if model is ComponentOptions else SERVE_DEFAULTS.get(name, info.default)
         rows.append((name, None if default == [] or default == {} else default, str(info.description)))
     return rows
 
 
-def describe() -> str:
+def describe(model: type[BaseModel] = ServeFile) -> str:
     """The file's keys, for `patchkit serve --help`."""
     lines = ["config file (--config deploy.yaml, .json or .toml; flags given on the command line win):"]
-    lines += _key_lines(keys(ServeFile))
+    lines += _key_lines(keys(model))
     lines.append("  components: {NAME: {...}}   per component, overriding the keys above of the same name:")
     lines += _key_lines(keys(ComponentOptions), indent="    ")
     return "\n".join(lines)
@@ -300,11 +248,11 @@ def _key_lines(rows: list[tuple[str, Any, str]], indent: str = "  ") -> list[str
 TABLE_MARKER = "<!-- the options table, made from patchkit/config_file.py -->"
 
 
-def markdown_table() -> str:
+def markdown_table(model: type[BaseModel] = ServeFile) -> str:
     """The file's keys as a Markdown table (key, default, what it sets): the documentation's table of options,
     made when the site is built. Each top-level key but the sizing ones is also a `deploy()` argument."""
     lines = ["| key | default | what it sets |", "| --- | --- | --- |"]
-    lines += [_table_row(f"`{name}`", default, text) for name, default, text in keys(ServeFile)]
+    lines += [_table_row(f"`{name}`", default, text) for name, default, text in keys(model)]
     lines += [_table_row(f"`components.NAME.{name}`", default, f"per component, over the top-level key: {text}")
               for name, default, text in keys(ComponentOptions)]
     return "\n".join(lines)

@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import patchkit
 from patchkit.config import DeploymentConfig
-from patchkit.scheduler.online.frontend import Frontend, make_backend
+from patchkit.orchestrator.backends import make_backend
+from patchkit.scheduler.online.frontend import Frontend
 
 ROOT = Path(__file__).resolve().parent.parent
 

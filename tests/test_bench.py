@@ -21,6 +21,7 @@ from components import Generator, Retriever, Slow
 import patchkit
 from patchkit import bench
 from patchkit.bench import BenchResult, Schedule, run_bench, run_closed
+from patchkit.bench.report import RequestRecord
 
 ROOT = Path(__file__).resolve().parent.parent
 QUESTIONS = [{"query": "How do I catch an exception?"}, {"query": "What is a generator?"}]
@@ -92,6 +93,22 @@ def test_arrivals_repeat_with_the_seed_and_follow_each_steps_rate() -> None:
     assert 900 <= slow <= 1100 and 9_500 <= fast <= 10_500  # Poisson counts: mean 1,000 and 10,000
 
 
+def test_throughput_counts_the_answers_within_the_run_per_second_of_it() -> None:
+    """Records on a clock of the test's own: sent at `sent_s`, answered `latency_ms` later."""
+    records = [
+        RequestRecord(0.1, 0.0, 100.0, 200),  # answered at 0.2 s
+        RequestRecord(0.5, 2.0, 400.0, 200),  # sent 2 ms after its arrival, answered at 0.9 s
+        RequestRecord(1.0, 0.0, 10.0, 503, "Overloaded"),  # an error: not throughput
+        RequestRecord(1.2, 0.0, 700.0, 200),  # answered at 1.9 s
+        RequestRecord(1.8, 30.0, 500.0, 200),  # answered at 2.3 s, after the run's 2 s: not in it
+    ]
+    summary = BenchResult("http://127.0.0.1:1", 2.0, Schedule.constant(2.5), None, 0, 2.3, records).summary()
+    assert (summary["requests"], summary["ok"], summary["errors"]) == (5, 4, 1)
+    assert summary["offered_rate"] == 5 / 2.0 and summary["throughput"] == 3 / 2.0
+    assert summary["send_lag_ms"]["max"] == 30.0
+    assert summary["latency_ms"]["max"] == 700.0  # of the answered requests only
+
+
 def test_arguments_it_cannot_run_fail_before_any_load() -> None:
     url = _closed_port_url()
     with pytest.raises(patchkit.PatchkitError, match="rate must be > 0 requests/s; got 0"):
@@ -160,7 +177,8 @@ def test_counts_add_up_and_throughput_follows_the_offered_rate(steady: tuple[Ben
     assert summary["requests"] == len(result.requests) == len(arrivals)  # one record per arrival, none lost
     assert summary["ok"] + summary["errors"] == summary["requests"]
     assert summary["errors"] == 0 and summary["errors_by_status"] == {}
-    assert 0.6 * RATE <= summary["throughput"] <= 1.4 * RATE
+    # each request was sent for its own arrival of the seeded schedule (its send time less its lag): the offered rate
+    assert [r.sent_s - r.lag_ms / 1000 for r in result.requests] == pytest.approx(arrivals)
     assert summary["offered_rate"] == len(arrivals) / SECONDS
     assert [r.sent_s for r in result.requests] == sorted(r.sent_s for r in result.requests)
     assert all(r.server_ms is not None and 0 < r.server_ms <= r.latency_ms for r in result.requests)
@@ -274,7 +292,10 @@ def test_a_closed_loop_keeps_its_clients_busy_and_never_more(endpoint: patchkit.
     result = run_closed(endpoint.url, concurrency=3, seconds=1, inputs=QUESTIONS)
     summary = result.summary()
     assert summary["requests"] > 3 and summary["errors"] == 0  # each client sent again once answered
-    assert summary["send_lag_ms"]["max"] < 10  # a request arrives when its client sends it
+    # A request arrives when its client is free: past the first 3, the k-th arrival comes after k - 3 replies.
+    arrivals = sorted(r.sent_s - r.lag_ms / 1000 for r in result.requests)
+    replies = sorted(r.sent_s + r.latency_ms / 1000 for r in result.requests)
+    assert all(arrival >= reply for arrival, reply in zip(arrivals[3:], replies))
     assert all(r.server_ms is not None and 0 < r.server_ms <= r.latency_ms for r in result.requests)
     intervals = [(r.sent_s, r.sent_s + r.latency_ms / 1000) for r in result.requests]
     busiest = max(sum(start <= t < end for start, end in intervals) for t, _ in intervals)

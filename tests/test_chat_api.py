@@ -131,6 +131,7 @@ def test_a_missing_chat_output_field_is_a_server_error() -> None:
         assert caught.value.body["type"] == "server_error"  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_the_openai_sdk_streams_a_real_generators_tokens_from_its_worker() -> None:
     """SmolLM2 through llama.cpp on a worker process: the chunks arrive as the engine makes them, and
     join to the answer the same request gets without streaming."""

@@ -181,4 +181,9 @@ def test_public_names() -> None:
         "plan",
     ]
     assert all(hasattr(patchkit, name) for name in patchkit.__all__)
-    assert callable(patchkit.capture)
+    # `patchkit.capture` stays the function users call, though importing the subpackage patchkit/capture/
+    # binds the same name on the package
+    gen = Generator()
+    with patchkit.capture(run=False) as pipeline:
+        out = gen.generate("q")  # noqa: F841 - the block's output
+    assert isinstance(pipeline, patchkit.Pipeline) and list(pipeline.components) == ["gen"]

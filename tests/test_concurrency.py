@@ -18,6 +18,8 @@ import patchkit
 from patchkit import Component, make
 from patchkit.scheduler.online.frontend import Frontend
 
+pytestmark = pytest.mark.slow  # every test here starts worker processes
+
 
 class Meeting(Component):
     """Each call waits until `parties` calls are running on its replica at once."""

@@ -15,7 +15,6 @@ import subprocess
 import sys
 import textwrap
 import urllib.request
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ import patchkit
 from patchkit import Component, ConfigError, make
 from patchkit import config_file as cf
 from patchkit.cli import _import, main, parser, serve_settings
-from patchkit.config import INTERNAL_FIELDS, DeploymentConfig
+from patchkit.config import OPTIONS, DeploymentConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -92,10 +91,11 @@ FULL = """\
 
 def test_every_kind_of_key_reaches_the_deployment(tmp_path: Path) -> None:
     config = _config(_write(tmp_path, FULL))
-    assert (config.backend, config.host, config.port, config.slo_ms, config.batch_wait_ms) == ("inprocess", "127.0.0.2", 0,
-                                                                                                  1500, 2.5)
-    assert (config.pipelining, config.max_inflight_requests, config.request_timeout_s, config.debug) == (False, 100, 20, True)
-    assert (config.log_level, config.optional_inputs, config.pause_admission) == ("WARNING", ("query",), True)
+    assert (config.backend, config.server.host, config.server.port, config.slo.slo_ms, config.limits.batch_wait_ms) == (
+        "inprocess", "127.0.0.2", 0, 1500, 2.5)
+    assert (config.limits.pipelining, config.limits.max_inflight_requests, config.liveness.request_timeout_s,
+            config.server.debug) == (False, 100, 20, True)
+    assert (config.server.log_level, config.server.optional_inputs, config.slo.pause_admission) == ("WARNING", ("query",), True)
     assert config.components["llm"].replicas == 3 and config.components["retriever"].replicas == 2  # own, else everyone's
     assert config.components["llm"].batch_sizes == {"generate": 8}
     assert config.components["retriever"].batch_sizes == {"retrieve": 16, "lookup": 16}
@@ -117,7 +117,7 @@ def test_ray_actor_options_by_component(tmp_path: Path) -> None:
           llm: {ray_actor_options: {num_gpus: 1, num_cpus: 1}}
     """
     config = _config(_write(tmp_path, text))
-    assert config.ray_actor_options == {"retriever": {"num_cpus": 2}, "llm": {"num_gpus": 1, "num_cpus": 1}}
+    assert config.ray.actor_options == {"retriever": {"num_cpus": 2}, "llm": {"num_gpus": 1, "num_cpus": 1}}
 
 
 def test_json_and_toml_read_as_yaml_does(tmp_path: Path) -> None:
@@ -127,13 +127,12 @@ def test_json_and_toml_read_as_yaml_does(tmp_path: Path) -> None:
     made = [_config(_write(tmp_path, json.dumps(data), "d.json")), _config(_write(tmp_path, toml, "d.toml")),
             _config(_write(tmp_path, yaml_text, "d.yml"))]
     assert made[0] == made[1] == made[2]
-    assert made[0].slo_ms == 900 and made[0].components["llm"].replicas == 2
+    assert made[0].slo.slo_ms == 900 and made[0].components["llm"].replicas == 2
 
 
 def test_every_deploy_option_is_a_key_with_help() -> None:
-    options = {f.name for f in fields(DeploymentConfig)} - set(INTERNAL_FIELDS)
-    assert options <= set(cf.ServeFile.model_fields)
-    assert options <= set(cf.OPTION_HELP)  # each documented, not the "see deploy()" fallback
+    assert set(OPTIONS) <= set(cf.ServeFile.model_fields)
+    assert all(cf.ServeFile.model_fields[name].description == spec.option.help for name, spec in OPTIONS.items())
     text = cf.describe()
     for key in [*cf.ServeFile.model_fields, *cf.ComponentOptions.model_fields]:
         assert re.search(rf"^\s+{key}[\s:]+\S", text, re.MULTILINE), key
@@ -162,8 +161,10 @@ def test_serve_help_lists_the_config_keys(capsys: pytest.CaptureFixture[str]) ->
         ("request_timeout_s: .nan\n", "request_timeout_s should be a finite number; got nan"),
         ("debug: maybe\n", "debug should be a valid boolean; got 'maybe'"),
         ("backend: lokal\n", "backend should be 'local', 'inprocess' or 'ray'; got 'lokal'; did you mean 'local'?"),
-        ("optional_inputs: query\n", "optional_inputs should be a valid list; got 'query'"),
-        ("max_replicas: {llm: 0}\n", "max_replicas must be an integer >= 1, or such integers by component name; got"),
+        ("optional_inputs: query\n", "optional_inputs must be a list of input names, such as ['topk']; got 'query'"),
+        ("max_replicas: {llm: 0}\n", "max_replicas['llm'] must be >= 1; got 0"),
+        ("host: ' '\n", "host must be an address to listen on, such as '127.0.0.1' or '0.0.0.0'; got ' '"),
+        ("log_level: loud\n", "log_level must be one of 'debug', 'info', 'warning', 'error', 'critical'; got 'loud'"),
         ("components:\n  llm: {replicas: 0}\n", "components.llm.replicas should be greater than or equal to 1; got 0"),
         ("components:\n  llm: {batch_size: {generate: two}}\n", "components.llm.batch_size must be an integer >= 1, or such"),
         ("components:\n  llm: {ray_actor_options: 3}\n", "components.llm.ray_actor_options should be a valid dictionary"),
@@ -199,14 +200,15 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
     path = _write(tmp_path, FULL)
     config = _config(path, "--replicas", "2", "--batch-size", "2", "--port", "9", "--slo-ms", "700", "--log-level", "error",
                      "--backend", "inprocess")
-    assert (config.port, config.slo_ms, config.log_level) == (9, 700, "ERROR")
+    assert (config.server.port, config.slo.slo_ms, config.server.log_level) == (9, 700, "ERROR")
     assert {c.replicas for c in config.components.values()} == {2}  # the flag beats the components' own too
     assert config.components["llm"].batch_sizes == {"generate": 2}
-    assert config.max_replicas_of("retriever") == 5 and config.request_timeout_s == 20  # the rest as the file says
+    assert config.max_replicas_of("retriever") == 5 and config.liveness.request_timeout_s == 20  # the rest as the file says
     config = _config(_write(tmp_path, "slo_ms: 100\n"))
-    assert (config.port, config.log_level, config.host) == (8000, "INFO", "127.0.0.1")  # serve's own defaults
+    assert (config.server.port, config.server.log_level, config.server.host) == (8000, "INFO", "127.0.0.1")  # serve's own
 
 
+@pytest.mark.slow
 def test_problems_print_one_line_each_and_exit_2(tmp_path: Path) -> None:
     path = _write(tmp_path, "slo: 1\ncomponents:\n  llm: {replica: 2, batch_size: 0}\n")
     done = subprocess.run([sys.executable, "-m", "patchkit.cli", "serve", "nowhere.py", "--config", str(path)],
@@ -279,6 +281,7 @@ def test_a_module_missing_a_dependency_raises_as_python_does(app_dir: Path) -> N
         _import("broken:pipeline")
 
 
+@pytest.mark.slow
 def test_serve_with_a_config_file_end_to_end(app_dir: Path) -> None:
     """`patchkit serve shoutapp.main:pipeline --config deploy.yaml` on worker processes, queried, then stopped."""
     _write(app_dir, "port: 0\nslo_ms: 5000\ncomponents:\n  shout: {replicas: 2, batch_size: 4}\n")

@@ -107,9 +107,9 @@ def test_two_thousand_requests_wait_in_flight_without_a_thread_each() -> None:
 
     async def body(frontend: Frontend) -> list[Any]:
         tasks = [asyncio.ensure_future(frontend.query({"query": str(i)})) for i in range(2000)]
-        while frontend.inflight < 2000:
+        while frontend.runner.inflight < 2000:
             await asyncio.sleep(0.01)
-        seen["inflight"], seen["threads"] = frontend.inflight, threading.active_count()
+        seen["inflight"], seen["threads"] = frontend.runner.inflight, threading.active_count()
         return await asyncio.gather(*tasks)
 
     results = run_frontend(pipeline, body, batch_size=2000, batch_wait_ms=60_000)
@@ -196,13 +196,15 @@ def get(url: str, path: str) -> tuple[int, bytes]:
 
 
 def test_query_answers_like_the_pipeline(endpoint: patchkit.Endpoint) -> None:
-    pipeline = patchkit.last_pipeline()
+    crag("How do I catch an exception?")
+    pipeline = patchkit.last_pipeline()  # what the `with patchkit.capture():` block just run made: the deployed one
+    assert sorted(pipeline.components) == ["grader", "llm", "retriever"]
+    assert pipeline(query="What is a generator?") == crag_reference("What is a generator?")
     assert endpoint.query(query="What is a generator?") == crag_reference("What is a generator?")
     status, reply, _ = post(endpoint.url, "/v1/query", b'{"inputs": {"query": "What is a generator?"}}')
     assert status == 200 and reply["output"] == endpoint.query(query="What is a generator?")
     assert isinstance(reply["request_id"], str) and reply["latency_ms"] >= 0
     assert asyncio.run(endpoint.aquery(query="What is a generator?")) == reply["output"]
-    assert pipeline is not None
 
 
 def crag_reference(query: str) -> str:

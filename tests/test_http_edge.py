@@ -22,13 +22,13 @@ from typing import Any
 
 import pytest
 from components import Flaky, Generator, Slow
-from serving import run_frontend, start_serve
+from serving import start_serve
 
 import patchkit
 from patchkit import Component, make
 from patchkit.config import DeploymentConfig
 from patchkit.errors import ConfigError
-from patchkit.scheduler.online.frontend import Frontend
+from patchkit.server.bodies import BodyBudget
 from patchkit.server.inputs import MAX_JSON_DEPTH, MAX_SLO_MS, InputSchema
 
 
@@ -314,20 +314,18 @@ def test_headers_trickled_in_slowly_get_the_connection_closed(impatient: patchki
 
 # -- 7. bytes in flight ----------------------------------------------------------------------------
 def test_bodies_past_max_inflight_bytes_get_503() -> None:
-    pipeline = echo_pipeline()
-
-    async def body(frontend: Frontend) -> None:
-        held = frontend.hold_body(60)
-        with pytest.raises(patchkit.Overloaded, match=r"max_inflight_bytes \(100\)") as overloaded:
-            frontend.hold_body(50)
-        assert (overloaded.value.queue_length, overloaded.value.limit) == (60, 100)
-        held = frontend.hold_body(40, held)  # its decoded size, smaller
-        assert frontend.hold_body(50) == 50 and frontend.inflight_bytes == 90
-        frontend.release_body(held)
-        frontend.release_body(50)
-        assert frontend.inflight_bytes == 0
-
-    run_frontend(pipeline, body, max_body_bytes=100, max_inflight_bytes=100)
+    refused: list[patchkit.Overloaded] = []
+    bodies = BodyBudget(100, refused.append)
+    held = bodies.hold(60)
+    with pytest.raises(patchkit.Overloaded, match=r"max_inflight_bytes \(100\)") as overloaded:
+        bodies.hold(50)
+    assert (overloaded.value.queue_length, overloaded.value.limit) == (60, 100)
+    assert refused == [overloaded.value]  # the front-end counts the refusal as the request's outcome
+    held = bodies.hold(40, held)  # its decoded size, smaller
+    assert bodies.hold(50) == 50 and bodies.held == 90
+    bodies.release(held)
+    bodies.release(50)
+    assert bodies.held == 0
 
 
 def test_a_full_endpoint_refuses_bodies_by_their_bytes_over_http() -> None:

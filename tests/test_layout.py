@@ -1,14 +1,18 @@
-"""The package map holds: no import cycle between packages, and the one-way rules of the design.
+"""The package map holds: every import the table of docs/architecture.md allows, and no cycle.
 
-Imports are read with `ast` from every module, those inside functions included; only the ones under
-`if TYPE_CHECKING:` are left out, since they never run. A unit is a subpackage (`patchkit.capture`,
-`patchkit.scheduler.online`, ...) or a top-level module (`patchkit.errors`, `patchkit.config`, ...).
+The rules are written once, as the table between the two marker comments of docs/architecture.md's
+"Which way the imports go"; this file parses it. Imports are read with `ast` from every module,
+those inside functions included; only the ones under `if TYPE_CHECKING:` are left out, since they
+never run. A unit is a subpackage (`patchkit.capture`, `patchkit.scheduler.online`, ...) or a
+top-level module (`patchkit.errors`, `patchkit.config_file`, ...).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -16,6 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "patchkit"
 NESTED = ("patchkit.scheduler.offline", "patchkit.scheduler.online")  # units one level deeper
+RULES_DOC = ROOT / "docs" / "architecture.md"
+BEGIN, END = "<!-- import rules: read by tests/test_layout.py -->", "<!-- end of import rules -->"
 
 
 def _module_name(path: Path) -> str:
@@ -103,7 +109,59 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+@dataclass(frozen=True)
+class Rule:
+    """One row of the table: a unit, whether it is a leaf, what it may import and what never."""
+
+    unit: str
+    leaf: bool
+    may: frozenset[str]
+    never: frozenset[str]
+
+
+def _names(cell: str) -> frozenset[str]:
+    return frozenset(re.findall(r"`(patchkit(?:\.\w+)*)`", cell))
+
+
+def read_rules(text: str) -> dict[str, Rule]:
+    """The rows of the table between BEGIN and END: unit | kind | may import | never."""
+    if BEGIN not in text or END not in text:
+        raise AssertionError(f"{RULES_DOC} lost its import table: keep the lines {BEGIN!r} and {END!r} around it")
+    rows = [line for line in text.split(BEGIN, 1)[1].split(END, 1)[0].splitlines() if line.startswith("|")]
+    rules = {}
+    for row in rows[2:]:  # the header and the line under it
+        cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+        if len(cells) != 4 or len(_names(cells[0])) != 1:
+            raise AssertionError(f"a row of the import table needs `unit` | kind | may import | never; got {row!r}")
+        [unit] = _names(cells[0])
+        rules[unit] = Rule(unit, cells[1] == "leaf", _names(cells[2]), _names(cells[3]))
+    return rules
+
+
+def _within(module: str, names: frozenset[str]) -> bool:
+    return any(module == name or module.startswith(name + ".") for name in names)
+
+
+def broken_rules(unit: str, rules: dict[str, Rule]) -> list[str]:
+    """Every run-time import of a module of `unit` that its row does not allow, as "module imports other"."""
+    rule, leaves = rules[unit], frozenset(u for u, r in rules.items() if r.leaf)
+    broken = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        module = _module_name(path)
+        if module == "patchkit" or unit_of(module) != unit:
+            continue
+        for imported in sorted(set(_imports(ast.parse(path.read_text(), str(path)), module))):
+            target = unit_of(imported)
+            if imported == "patchkit" or target == unit:
+                continue
+            allowed = target in leaves if rule.leaf else target in leaves or _within(imported, rule.may)
+            if not allowed or _within(imported, rule.never):
+                broken.append(f"{module} imports {imported}")
+    return broken
+
+
 GRAPH = unit_graph()
+RULES = read_rules(RULES_DOC.read_text())
 
 
 def test_the_graph_sees_the_units() -> None:
@@ -121,29 +179,37 @@ def test_the_cycle_finder_finds_one() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-@pytest.mark.parametrize("leaf", ["patchkit.errors", "patchkit.component", "patchkit.envs", "patchkit.telemetry"])
+def test_every_unit_has_a_row_in_the_table() -> None:
+    missing = sorted(set(GRAPH) - set(RULES))
+    assert not missing, f"place {missing} in the import table of {RULES_DOC.relative_to(ROOT)}: what may each import?"
+
+
+def test_what_a_row_forbids_is_a_module_that_exists() -> None:
+    """A misspelt "never" would forbid nothing; a misspelt "may import" only forbids more, and fails."""
+    unknown = sorted(name for rule in RULES.values() for name in rule.never if name not in RULES and not _exists(name))
+    assert not unknown, unknown
+
+
+@pytest.mark.parametrize("leaf", sorted(u for u, rule in RULES.items() if rule.leaf))
 def test_leaves_import_only_leaves(leaf: str) -> None:
-    assert GRAPH[leaf] <= {"patchkit.errors"}, GRAPH[leaf]
+    assert not RULES[leaf].may, f"{leaf} is a leaf: it may import only leaves"
+    broken = broken_rules(leaf, RULES)
+    assert not broken, "; ".join(broken)
 
 
-@pytest.mark.parametrize(
-    ("unit", "never"),
-    [
-        ("patchkit.capture", ("patchkit.scheduler", "patchkit.orchestrator", "patchkit.client", "patchkit.server")),
-        ("patchkit.components", ("patchkit.scheduler", "patchkit.orchestrator", "patchkit.client", "patchkit.server")),
-        ("patchkit.orchestrator", ("patchkit.scheduler", "patchkit.client", "patchkit.server", "patchkit.config")),
-        ("patchkit.scheduler.offline", ("patchkit.scheduler.online", "patchkit.server", "patchkit.client")),
-        ("patchkit.scheduler.online", ("patchkit.server", "patchkit.client")),
-    ],
-)
-def test_one_way_imports(unit: str, never: tuple[str, ...]) -> None:
-    bad = sorted(target for target in GRAPH[unit] if target.startswith(never))
-    assert not bad, f"{unit} imports {bad}"
+@pytest.mark.parametrize("unit", sorted(u for u, rule in RULES.items() if not rule.leaf))
+def test_imports_follow_the_table(unit: str) -> None:
+    assert not RULES[unit].may & RULES[unit].never, f"{unit}: a name both allowed and forbidden"
+    broken = broken_rules(unit, RULES)
+    assert not broken, f"not allowed by the import table of {RULES_DOC.relative_to(ROOT)}: " + "; ".join(broken)
 
 
-def test_online_reads_only_the_plan_of_offline() -> None:
-    offline = set()
-    for path in (PACKAGE / "scheduler" / "online").rglob("*.py"):
-        module = _module_name(path)
-        offline |= {m for m in _imports(ast.parse(path.read_text()), module) if m.startswith("patchkit.scheduler.offline")}
-    assert offline <= {"patchkit.scheduler.offline.plan"}, offline
+def test_the_table_parses_and_the_check_finds_an_import_it_does_not_allow() -> None:
+    row = f"{BEGIN}\n| unit | kind | may | never |\n|-|-|-|-|\n| `patchkit.x` | leaf | | the `patchkit.y` module |\n{END}"
+    assert read_rules(row) == {"patchkit.x": Rule("patchkit.x", True, frozenset(), frozenset({"patchkit.y"}))}
+    online = RULES["patchkit.scheduler.online"]
+    stricter = {**RULES, online.unit: Rule(online.unit, False, online.may, online.never | {"patchkit.orchestrator.backend"})}
+    assert any(b.endswith(" imports patchkit.orchestrator.backend") for b in broken_rules(online.unit, stricter))
+    client = RULES["patchkit.client"]
+    narrower = {**RULES, client.unit: Rule(client.unit, False, client.may - {"patchkit.capture"}, client.never)}
+    assert any(" imports patchkit.capture" in b for b in broken_rules(client.unit, narrower))

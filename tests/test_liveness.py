@@ -31,19 +31,20 @@ import pytest
 from components import Hanger, Slow
 from serving import run_frontend
 from test_deploy_local import _in_threads, _join, _running, _wait_until
-from test_queues import HeldChannel, settle
+from test_queues import HeldChannel, mark_stuck, settle
 from wire_components import Checked, Journal, Replier, Sleeper, Spawner, argument
 
 import patchkit
 from patchkit import Component, DeadlineExceeded, MakeError, WorkerDiedError, make
-from patchkit.component import Call
 from patchkit.config import DeploymentConfig
 from patchkit.errors import CallError, ConfigError
-from patchkit.orchestrator.backend import STUCK, Replica, ReplicaSpec
+from patchkit.orchestrator.backend import Replica, ReplicaSpec, ReplicaState
+from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Outcome
 from patchkit.orchestrator.rpc import GrpcChannel
 from patchkit.scheduler.online.frontend import Frontend
-from patchkit.scheduler.online.queues import BatchQueue, ReplicaSet
+from patchkit.scheduler.online.queues import BatchQueue
+from patchkit.scheduler.online.replicas import ReplicaSet
 
 TESTS = Path(__file__).parent
 
@@ -117,19 +118,23 @@ class _Lines:
 
     def __init__(self, *, timeout_s: float | None = None, max_retries: int = 0) -> None:
         self.channel = HeldChannel()
-        self.recycled: list[tuple[Replica, str, str]] = []
-        self.set = ReplicaSet("retriever", max_inflight=2, recycle=lambda *args: self.recycled.append(args))
+        self.recycled: list[tuple[Replica, str]] = []
+        self.set = ReplicaSet("retriever", 2, self._mark_stuck)
         self.replica = Replica("retriever#0", ReplicaSpec("retriever", Slow()), self.channel)
         self.set.add(self.replica)
         self.queue = BatchQueue(self.set, "retrieve", batch_size=1, batch_wait_s=0.0, max_retries=max_retries,
                                 timeout_s=timeout_s)
 
+    def _mark_stuck(self, replica: Replica, why: str) -> None:
+        mark_stuck(replica, why)
+        self.recycled.append((replica, why))
+
 
 def test_a_cancelled_call_leaves_its_queue_at_once() -> None:
     async def scenario() -> tuple[int, int, list[int]]:
         lines = _Lines()
-        running = [lines.queue.submit((i,), {}).future for i in range(2)]  # both slots of the replica
-        queued = [lines.queue.submit((i,), {}) for i in range(2, 6)]
+        running = [lines.queue.submit(CallEnvelope((i,), {})).future for i in range(2)]  # both slots of the replica
+        queued = [lines.queue.submit(CallEnvelope((i,), {})) for i in range(2, 6)]
         await settle()
         before = len(lines.queue)
         for call in queued[:3]:
@@ -150,7 +155,7 @@ def test_a_cancelled_call_leaves_its_queue_at_once() -> None:
 def test_a_batch_past_its_call_timeout_recycles_its_replica_and_fails_its_call() -> None:
     async def scenario() -> tuple[_Lines, Outcome]:
         lines = _Lines(timeout_s=0.05)
-        call = lines.queue.submit(("hangs",), {})
+        call = lines.queue.submit(CallEnvelope(("hangs",), {}))
         return lines, await call.future
 
     lines, (ok, failure) = asyncio.run(scenario())
@@ -158,8 +163,8 @@ def test_a_batch_past_its_call_timeout_recycles_its_replica_and_fails_its_call()
     assert isinstance(failure.error, DeadlineExceeded)
     assert "retriever.retrieve ran past its call timeout of 0.05 s" in failure.message
     assert "replica retriever#0 was recycled" in failure.message
-    [(replica, state, why)] = lines.recycled
-    assert replica is lines.replica and state == STUCK and replica.state == STUCK
+    [(replica, why)] = lines.recycled
+    assert replica is lines.replica and replica.state is ReplicaState.STUCK
     assert "ran past its call timeout" in why
     assert lines.set.replicas == []  # out of dispatch at once
 
@@ -167,7 +172,7 @@ def test_a_batch_past_its_call_timeout_recycles_its_replica_and_fails_its_call()
 def test_a_stuck_batch_is_retried_on_another_replica_when_its_method_allows() -> None:
     async def scenario() -> tuple[Outcome, _Lines, HeldChannel]:
         lines = _Lines(timeout_s=0.05, max_retries=1)
-        call = lines.queue.submit(("first",), {})
+        call = lines.queue.submit(CallEnvelope(("first",), {}))
         await asyncio.sleep(0.2)  # past the timeout: the replica is recycled, the call waits for another
         assert not call.future.done()
         other = HeldChannel()
@@ -186,7 +191,7 @@ def test_a_batch_s_call_timeout_starts_when_its_replica_starts_it() -> None:
 
     async def scenario() -> tuple[list[Outcome], list[Any]]:
         lines = _Lines(timeout_s=2.5)
-        calls = [lines.queue.submit((i,), {}).future for i in range(2)]
+        calls = [lines.queue.submit(CallEnvelope((i,), {})).future for i in range(2)]
         await settle()
         for _ in range(2):
             await asyncio.sleep(1.5)  # each batch runs 1.5 s: the second is back 3 s after it was sent
@@ -211,16 +216,16 @@ class _Wedged:
         self._held: dict[Any, asyncio.Future[None]] = {}
         self._turn = asyncio.Lock() if serial else None
 
-    async def run_batch(self, method: str, calls: Sequence[Call], **extras: Any) -> list[Outcome]:
+    async def run_batch(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
         self.sizes.append(len(calls))
-        self.values += [args[0] for args, _ in calls]
+        self.values += [call.args[0] for call in calls]
         async with self._turn or contextlib.nullcontext():
             if self.lost.is_set():
                 raise WorkerDiedError("the replica was killed")
             loop = asyncio.get_running_loop()
-            hung = [args[0] for args, _ in calls if str(args[0]).startswith("hang")]
+            hung = [call.args[0] for call in calls if str(call.args[0]).startswith("hang")]
             await asyncio.gather(*(self._held.setdefault(value, loop.create_future()) for value in hung))
-        return [(True, args[0]) for args, _ in calls]
+        return [(True, call.args[0]) for call in calls]
 
     def release(self, value: Any) -> None:
         self._held.pop(value).set_result(None)
@@ -244,10 +249,10 @@ class _Recycled:
     and another started in its place on the next turn of the loop."""
 
     def __init__(self, *, batch_size: int = 1, concurrency: int | None = None, grace_s: float = 0.05) -> None:
-        self.recycled: list[tuple[str, str, str]] = []
+        self.recycled: list[tuple[str, str]] = []
         self.channels: list[_Wedged] = []
         self.queue_concurrency = concurrency
-        self.set = ReplicaSet("llm", max_inflight=2, recycle=self._recycle, abandoned_grace_s=grace_s)
+        self.set = ReplicaSet("llm", 2, self._recycle, abandoned_grace_s=grace_s)
         self._start()
         self.queue = BatchQueue(self.set, "generate", batch_size=batch_size, batch_wait_s=0.0, max_retries=0,
                                 concurrency=concurrency)
@@ -256,8 +261,9 @@ class _Recycled:
         self.channels.append(_Wedged(serial=self.queue_concurrency is None))
         self.set.add(Replica(f"llm#{len(self.channels) - 1}", ReplicaSpec("llm", Slow()), self.channels[-1]))
 
-    def _recycle(self, replica: Replica, state: str, why: str) -> None:
-        self.recycled.append((replica.id, state, why))
+    def _recycle(self, replica: Replica, why: str) -> None:
+        mark_stuck(replica, why)
+        self.recycled.append((replica.id, why))
         self.channels[int(replica.id.split("#")[1])].kill()
         asyncio.get_running_loop().call_soon(self._start)
 
@@ -272,15 +278,15 @@ def test_a_batch_that_serves_only_ended_requests_past_their_deadlines_recycles_i
     async def scenario() -> tuple[_Recycled, Outcome]:
         pool = _Recycled()
         now = asyncio.get_running_loop().time()
-        hung = pool.queue.submit(("hang",), {}, expires=now + 0.1)
-        behind = pool.queue.submit(("next",), {}, expires=now + 60)  # a live request, lined up on the same replica
+        hung = pool.queue.submit(CallEnvelope(("hang",), {}, expires=now + 0.1))
+        behind = pool.queue.submit(CallEnvelope(("next",), {}, expires=now + 60))  # a live request, lined up on the same replica
         await asyncio.sleep(0.1)
         hung.future.cancel()  # its request timed out
         return pool, await asyncio.wait_for(behind.future, 10)
 
     pool, outcome = asyncio.run(scenario())
-    [(replica, state, why)] = pool.recycled
-    assert (replica, state) == ("llm#0", STUCK) and re.fullmatch(ABANDONED, why), why
+    [(replica, why)] = pool.recycled
+    assert replica == "llm#0" and re.fullmatch(ABANDONED, why), why
     assert outcome == (True, "next")  # with max_retries=0: it never ran on the stuck replica, so it was sent again
     assert [c.values for c in pool.channels] == [["hang", "next"], ["next"]]  # answered by the replacement
 
@@ -289,8 +295,8 @@ def test_a_batch_with_a_live_request_keeps_its_replica_until_that_request_ends_t
     async def scenario() -> tuple[list[Any], list[Any]]:
         pool = _Recycled(batch_size=2)
         now = asyncio.get_running_loop().time()
-        first = pool.queue.submit(("hang-1",), {}, expires=now + 0.05)
-        second = pool.queue.submit(("hang-2",), {}, expires=now + 0.3)
+        first = pool.queue.submit(CallEnvelope(("hang-1",), {}, expires=now + 0.05))
+        second = pool.queue.submit(CallEnvelope(("hang-2",), {}, expires=now + 0.3))
         await asyncio.sleep(0.05)
         assert pool.channels[0].sizes == [2]  # one batch
         first.future.cancel()
@@ -302,7 +308,7 @@ def test_a_batch_with_a_live_request_keeps_its_replica_until_that_request_ends_t
 
     while_live, after = asyncio.run(scenario())
     assert while_live == []
-    [(replica, state, why)] = after
+    [(replica, why)] = after
     assert replica == "llm#0" and re.fullmatch(ABANDONED, why), why
 
 
@@ -312,8 +318,8 @@ def test_a_batch_its_replica_reaches_after_its_requests_ended_gets_the_grace_to_
     async def scenario() -> list[Any]:
         pool = _Recycled(grace_s=0.2)
         now = asyncio.get_running_loop().time()
-        running = pool.queue.submit(("hang-1",), {}, expires=now + 60)
-        behind = pool.queue.submit(("hang-2",), {}, expires=now + 0.05)
+        running = pool.queue.submit(CallEnvelope(("hang-1",), {}, expires=now + 60))
+        behind = pool.queue.submit(CallEnvelope(("hang-2",), {}, expires=now + 0.05))
         await asyncio.sleep(0.05)
         behind.future.cancel()  # its request timed out while it waited
         await asyncio.sleep(0.35)  # past its deadline and the grace
@@ -333,8 +339,8 @@ def test_a_replica_running_a_live_call_beside_an_abandoned_one_serves_on_until_t
     async def scenario() -> tuple[list[Any], Outcome, list[Any]]:
         pool = _Recycled(batch_size=2, concurrency=2)
         now = asyncio.get_running_loop().time()
-        abandoned = pool.queue.submit(("hang-1",), {}, expires=now + 0.05)
-        live = pool.queue.submit(("hang-2",), {}, expires=now + 60)
+        abandoned = pool.queue.submit(CallEnvelope(("hang-1",), {}, expires=now + 0.05))
+        live = pool.queue.submit(CallEnvelope(("hang-2",), {}, expires=now + 60))
         await asyncio.sleep(0.05)
         abandoned.future.cancel()
         await asyncio.sleep(0.2)
@@ -346,7 +352,7 @@ def test_a_replica_running_a_live_call_beside_an_abandoned_one_serves_on_until_t
 
     beside_a_live_call, outcome, after = asyncio.run(scenario())
     assert beside_a_live_call == [] and outcome == (True, "hang-2")
-    [(replica, state, why)] = after  # once back, only the abandoned call runs there
+    [(replica, why)] = after  # once back, only the abandoned call runs there
     assert replica == "llm#0" and re.fullmatch(ABANDONED, why), why
 
 
@@ -379,7 +385,7 @@ def test_a_stream_reader_that_fails_loses_its_channel_with_the_reason() -> None:
         channel._call = _GarbledStream()
         channel._reader = asyncio.get_running_loop().create_task(channel._read())
         try:
-            await asyncio.wait_for(channel.run_batch("echo", [(("x",), {})]), 10)
+            await asyncio.wait_for(channel.run_batch("echo", [CallEnvelope(("x",), {})]), 10)
         except (WorkerDiedError, TimeoutError) as exc:  # a silent death: the batch would wait forever
             error: BaseException | None = exc
         else:
@@ -419,15 +425,15 @@ def test_a_replica_failing_its_health_checks_is_reported_then_recycled() -> None
     async def scenario(frontend: Frontend) -> tuple[bool, dict[str, Any], bool, int]:
         assert frontend.healthy()
         moody.unwell = True
-        while not frontend.supervisor.replicas()[0].failed_checks:
+        while not frontend.deployment.supervisor.replicas()[0].failed_checks:
             await asyncio.sleep(0.01)
         failing = frontend.healthy(), frontend.stats()["components"]["moody"]["replicas"][0]
-        while frontend.supervisor.restarts == 0:  # the third failure in a row recycles it
+        while frontend.deployment.supervisor.restarts == 0:  # the third failure in a row recycles it
             await asyncio.sleep(0.01)
         moody.unwell = False
         while not frontend.healthy():
             await asyncio.sleep(0.01)
-        return *failing, frontend.healthy(), frontend.supervisor.restarts
+        return *failing, frontend.healthy(), frontend.deployment.supervisor.restarts
 
     healthy, described, recovered, restarts = run_frontend(
         _capture(body), scenario, health_check_period_s=0.02, health_check_timeout_s=1, health_check_failures=3

@@ -272,7 +272,7 @@ def test_the_document_cache_restores_documents_the_slots_lost_and_changes_no_ans
         for question, docs in calls:
             assert answer(llm, cached, question, docs) == answer(llm, plain, question, docs)
         # The last prompt's KV cells, restored and then evaluated, are the bytes a fresh evaluation wrote.
-        assert bytes(cached._state(0)) == bytes(plain._state(0))
+        assert bytes(cached._documents.state(0)) == bytes(plain._documents.state(0))
         found, baseline = cached.stats(), plain.stats()
         assert found["kv_cache_hits"] == 2 and found["kv_cache_misses"] == 3
         # The shared documents, in whole blocks: the system prompt, a and b; then all but the question.

@@ -7,7 +7,7 @@ values with newlines and quotes escaped, a registry per deployment, and the even
 from __future__ import annotations
 
 import asyncio
-import time
+import selectors
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -112,18 +112,57 @@ def test_each_deployment_has_a_registry_of_its_own(served: patchkit.Endpoint) ->
     assert metric(_scrape(served.url), "patchkit_requests_total", outcome="ok") == before
 
 
+class VirtualClock:
+    """A loop's time in seconds, moved by the loop as it waits and by the test."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+
+class SkippingSelector(selectors.DefaultSelector):
+    """Waits for nothing: a wait for the next timer moves the clock to it at once."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+        if timeout is not None and timeout > 0:
+            self.clock.now += timeout
+            timeout = 0
+        return list(super().select(timeout))
+
+
+class VirtualTimeLoop(asyncio.SelectorEventLoop):
+    """An event loop on a clock of its own, which only moves on to the next timer, or when a test moves it."""
+
+    def __init__(self, clock: VirtualClock) -> None:
+        super().__init__(SkippingSelector(clock))
+        self.clock = clock
+
+    def time(self) -> float:
+        return self.clock.now
+
+
 def test_loop_lag_sees_a_blocked_loop() -> None:
+    clock = VirtualClock()
+
     async def main() -> tuple[float, float]:
         lag = LoopLag(interval_s=0.01)
         lag.start()
         await asyncio.sleep(0.05)
-        time.sleep(0.3)  # what a blocking call in pipeline code does to every request on the loop
+        clock.now += 0.3  # a blocking call in pipeline code: the loop's time runs on while no task runs
         await asyncio.sleep(0.05)
         await lag.stop()
         return lag.last_s, lag.max_s
 
-    last, largest = asyncio.run(main())
-    assert largest >= 0.25 and last < largest
+    loop = VirtualTimeLoop(clock)
+    try:
+        last, largest = loop.run_until_complete(main())
+    finally:
+        loop.close()
+    assert largest == pytest.approx(0.3, abs=0.01)  # the tick due during the block ran 0.3 s late, less its interval
+    assert last == pytest.approx(0.0, abs=1e-9)  # the ticks after it ran on time
 
 
 def test_loop_lag_forgets_past_its_window() -> None:
@@ -135,6 +174,7 @@ def test_loop_lag_forgets_past_its_window() -> None:
     assert (lag.last_s, lag.max_s) == (0.02, 0.02)
 
 
+@pytest.mark.slow
 def test_metrics_of_a_deployment_on_worker_processes() -> None:
     with patchkit.deploy(_pipeline(), replicas=2) as endpoint:
         for text in ("a", "b", "c", "d"):

@@ -17,8 +17,9 @@ import pytest
 
 from patchkit.errors import PlanError
 from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, assign, lending_units, lent_shares
-from patchkit.scheduler.offline.milp import Option, Problem, Solution, solve
+from patchkit.scheduler.offline.milp import solve
 from patchkit.scheduler.offline.planner import options_of
+from patchkit.scheduler.offline.problem import Option, Problem, Solution
 from patchkit.scheduler.offline.profiler import ComponentProfile, MethodProfile
 from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
@@ -162,7 +163,7 @@ def exhaustive(problem: Problem, batches: dict[tuple[str, str, int], tuple[int, 
 
 
 def documented_candidates(problem: Problem) -> dict[tuple[str, str, int], tuple[int, ...]]:
-    """The candidate batch sizes as milp's docstring states them, before it prunes dominated ones:
+    """The candidate batch sizes as candidates.py's docstring states them, before it prunes dominated ones:
     1, the breakpoints rounded both ways and max_batch; with an SLO, also the largest batch that meets
     it while every other component runs at its fastest, and only sizes that can meet it."""
     usable = [o for o in problem.options if problem.capacity.get(o.resource, 0) >= o.units]

@@ -80,7 +80,7 @@ def test_a_second_plan_with_the_same_calibration_profiles_nothing(workers_starte
     assert workers_started  # the first plan profiled
     workers_started.clear()
     again = patchkit.plan(pipeline, resources=POOL, calibration=CALIBRATION, progress=False)
-    assert workers_started == []  # the calibration ran again; its calls are the same, and so are the profiles
+    assert workers_started == []  # the calibration's calls are the same, and so are the profiles
     assert again.to_dict() == first.to_dict()
 
 
@@ -89,6 +89,42 @@ def test_a_pipeline_built_again_alike_plans_from_the_cache(workers_started: list
     workers_started.clear()
     patchkit.plan(crag_shaped(), resources=POOL, calibration=CALIBRATION, progress=False)  # as a new process would
     assert workers_started == []
+
+
+EAGER_CALLS: list[str] = []
+
+
+class Tally(Component):
+    """Counts the calls it runs in this process: the calibration's eager runs (profiling runs it in workers)."""
+
+    @make
+    def note(self, text: str) -> str:
+        EAGER_CALLS.append(text)
+        return text + "."
+
+
+def tallied() -> patchkit.Pipeline:
+    tally, sleeper = Tally(), Sleeper()
+    question = "q"
+    with patchkit.capture(run=False) as pipeline:
+        noted = tally.note(question)
+        answer = sleeper.nap(noted)  # noqa: F841 - the pipeline's output
+    return pipeline
+
+
+def test_a_plan_made_again_reads_its_calibration_runs_back_and_runs_nothing_here(workers_started: list[str]) -> None:
+    """As `patchkit plan` run again in a new process: no model loads and no call runs for the calibration."""
+    EAGER_CALLS.clear()
+    first = patchkit.plan(tallied(), resources=POOL, calibration=CALIBRATION, progress=False)
+    assert EAGER_CALLS == ["a", "b"]
+    workers_started.clear()
+    again = tallied()
+    second = patchkit.plan(again, resources=POOL, calibration=CALIBRATION, progress=False)
+    assert EAGER_CALLS == ["a", "b"] and workers_started == []  # nothing ran, here or in a worker
+    assert second.to_dict() == first.to_dict()
+    assert again.graph.runs == 2 and [c.args for c in again.recorded] == [("a",), ("a.",), ("b",), ("b.",)]
+    patchkit.plan(tallied(), resources=POOL, calibration=[{"question": "c"}], progress=False)
+    assert EAGER_CALLS == ["a", "b", "c"]  # a new input runs
 
 
 def test_other_calibration_inputs_are_profiled(workers_started: list[str]) -> None:

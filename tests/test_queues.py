@@ -8,9 +8,11 @@ from typing import Any
 
 from components import Retriever
 
-from patchkit.orchestrator.backend import Call, Replica, ReplicaSpec
+from patchkit.orchestrator.backend import Replica, ReplicaSpec, ReplicaState
+from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Outcome
-from patchkit.scheduler.online.queues import BatchQueue, ReplicaSet
+from patchkit.scheduler.online.queues import BatchQueue
+from patchkit.scheduler.online.replicas import ReplicaSet
 
 
 class HeldChannel:
@@ -23,13 +25,13 @@ class HeldChannel:
         self.values: list[Any] = []  # each call's first argument, in the order sent
         self.held: list[asyncio.Future[None]] = []
 
-    async def run_batch(self, method: str, calls: Sequence[Call], **extras: Any) -> list[Outcome]:
+    async def run_batch(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
         self.sent.append(len(calls))
-        self.values += [args[0] for args, _ in calls]
+        self.values += [call.args[0] for call in calls]
         done = asyncio.get_running_loop().create_future()
         self.held.append(done)
         await done
-        return [(True, args[0]) for args, _ in calls]
+        return [(True, call.args[0]) for call in calls]
 
     def release(self) -> None:
         self.held.pop(0).set_result(None)
@@ -43,9 +45,14 @@ class HeldChannel:
 
 def queue_on_one_replica(batch_size: int) -> tuple[BatchQueue, HeldChannel]:
     channel = HeldChannel()
-    replicas = ReplicaSet("retriever", max_inflight=2)
+    replicas = ReplicaSet("retriever", 2, mark_stuck)
     replicas.add(Replica("retriever-0", ReplicaSpec("retriever", Retriever()), channel))
     return BatchQueue(replicas, "retrieve", batch_size=batch_size, batch_wait_s=0.0, max_retries=0), channel
+
+
+def mark_stuck(replica: Replica, why: str) -> None:
+    """As the supervisor does first when a replica's set reports it stuck: it is STUCK from now on."""
+    replica.state, replica.why = ReplicaState.STUCK, why
 
 
 async def settle() -> None:
@@ -56,9 +63,9 @@ async def settle() -> None:
 def test_a_busy_replica_gets_no_partial_batch_so_later_calls_join_the_next() -> None:
     async def scenario() -> tuple[list[int], list[Any]]:
         queue, channel = queue_on_one_replica(batch_size=8)
-        first = [queue.submit((i,), {}).future for i in range(2)]
+        first = [queue.submit(CallEnvelope((i,), {})).future for i in range(2)]
         await settle()
-        later = [queue.submit((i,), {}).future for i in range(2, 5)]  # arrive while the first batch runs
+        later = [queue.submit(CallEnvelope((i,), {})).future for i in range(2, 5)]  # arrive while the first batch runs
         await settle()
         assert channel.sent == [2]  # held in the queue: the replica is busy and 3 < 8
         channel.release()
@@ -74,9 +81,9 @@ def test_a_busy_replica_gets_no_partial_batch_so_later_calls_join_the_next() -> 
 def test_a_full_batch_takes_the_second_slot_of_a_busy_replica() -> None:
     async def scenario() -> list[int]:
         queue, channel = queue_on_one_replica(batch_size=2)
-        calls = [queue.submit((i,), {}).future for i in range(2)]
+        calls = [queue.submit(CallEnvelope((i,), {})).future for i in range(2)]
         await settle()
-        calls += [queue.submit((i,), {}).future for i in range(2, 6)]  # two full batches while the first runs
+        calls += [queue.submit(CallEnvelope((i,), {})).future for i in range(2, 6)]  # two full batches while the first runs
         await settle()
         sent = list(channel.sent)
         for _ in range(3):
@@ -91,16 +98,16 @@ def test_a_full_batch_takes_the_second_slot_of_a_busy_replica() -> None:
 def test_a_call_waits_for_the_full_replica_holding_its_prefix_while_later_calls_go_elsewhere() -> None:
     async def scenario() -> tuple[list[Any], list[Any]]:
         channels = [HeldChannel(), HeldChannel()]
-        replicas = ReplicaSet("retriever", max_inflight=2)
+        replicas = ReplicaSet("retriever", 2, mark_stuck)
         for i, channel in enumerate(channels):
             replicas.add(Replica(f"retriever-{i}", ReplicaSpec("retriever", Retriever()), channel))
         queue = BatchQueue(replicas, "retrieve", batch_size=2, batch_wait_s=0.0, max_retries=0, concurrency=2)
         calls = []
         for value, key in (("a1", "a"), ("b1", "b"), ("a2", "a")):  # a1 and a2 on replica 0, b1 on 1
-            calls.append(queue.submit((value,), {}, prefix=key).future)
+            calls.append(queue.submit(CallEnvelope((value,), {}), prefix=key).future)
             await settle()
         # replica 0 is full and replica 1 runs one call: a3 waits for replica 0, c1 (no holder) passes it
-        calls += [queue.submit((value,), {}, prefix=key).future for value, key in (("a3", "a"), ("c1", "c"))]
+        calls += [queue.submit(CallEnvelope((value,), {}), prefix=key).future for value, key in (("a3", "a"), ("c1", "c"))]
         await settle()
         assert (channels[0].values, channels[1].values) == (["a1", "a2"], ["b1", "c1"])
         channels[0].release()
@@ -118,14 +125,14 @@ def test_a_call_waits_for_the_full_replica_holding_its_prefix_while_later_calls_
 def test_a_call_at_risk_does_not_wait_for_the_replica_holding_its_prefix() -> None:
     async def scenario() -> list[Any]:
         channels = [HeldChannel(), HeldChannel()]
-        replicas = ReplicaSet("retriever", max_inflight=2)
+        replicas = ReplicaSet("retriever", 2, mark_stuck)
         for i, channel in enumerate(channels):
             replicas.add(Replica(f"retriever-{i}", ReplicaSpec("retriever", Retriever()), channel))
         queue = BatchQueue(replicas, "retrieve", batch_size=2, batch_wait_s=0.0, max_retries=0, concurrency=2)
         for value, key in (("a1", "a"), ("b1", "b"), ("a2", "a")):
-            queue.submit((value,), {}, prefix=key)
+            queue.submit(CallEnvelope((value,), {}), prefix=key)
             await settle()
-        queue.submit(("a3",), {}, slack=0.5, prefix="a")
+        queue.submit(CallEnvelope(("a3",), {}), slack=0.5, prefix="a")
         await settle()
         return channels[1].values
 

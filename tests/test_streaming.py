@@ -17,8 +17,8 @@ from components import Flaky, Streamer
 import patchkit
 from patchkit.client.streams import sse_data
 from patchkit.errors import ComponentError
-from patchkit.scheduler.online.request_ids import REQUEST_ID, RequestIdFilter, check_request_id
 from patchkit.server.events import pump
+from patchkit.server.request_ids import REQUEST_ID, RequestIdFilter, check_request_id
 
 llm = Streamer()
 flaky = Flaky()

@@ -37,8 +37,7 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import make
-from patchkit.capture.recorder import site_of
-from patchkit.component import Component, MakeMethod, call_hook
+from patchkit.component import CallSite, Component, MakeMethod, call_hook
 from patchkit.scheduler.online.frontend import Frontend
 
 TESTS = Path(__file__).parent
@@ -152,8 +151,10 @@ def test_a_pickled_pipeline_calls_at_the_sites_its_graph_names(form: str) -> Non
     pipeline = pickle.loads(cloudpickle.dumps(FORMS[form][0]()))
     sites = []
 
-    def hook(component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        sites.append(site_of(sys._getframe(2)))  # frame 1 is the call's BoundMake.__call__, 2 the pipeline's code
+    def hook(
+        component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any], site: CallSite | None
+    ) -> str:
+        sites.append(site)
         return "text"
 
     with call_hook(hook):

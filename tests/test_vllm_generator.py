@@ -98,6 +98,7 @@ def test_a_prompt_past_the_context_is_a_clear_error_and_fails_alone(llm: VLLMGen
     assert [outcomes[0][1], outcomes[2][1]] == [alone(llm, QUESTIONS[1]), alone(llm, QUESTIONS[2])]
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_deployed_calls_answer_as_local_calls(llm: VLLMGenerator) -> None:
     answers, generate = ask_deployed_together(llm, QUESTIONS)

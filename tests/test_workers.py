@@ -15,6 +15,7 @@ from components import Generator, Grader
 
 from patchkit import ComponentError, WorkerDiedError
 from patchkit.orchestrator.backend import ReplicaSpec
+from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, spread
 from patchkit.orchestrator.rpc import BATCHES, SECRET_KEY
@@ -57,7 +58,8 @@ def test_a_worker_runs_pinned_and_answers_batches() -> None:
         replica = await backend.start(ReplicaSpec("llm", Generator(prefix="W"), resources), "llm#0")
         try:
             assert backend.replicas() == [replica]
-            outcomes = await replica.channel.run_batch("rewrite", [(("How do I loop",), {}), (("What is x",), {})])
+            outcomes = await replica.channel.run_batch("rewrite", [CallEnvelope(("How do I loop",), {}),
+                                                                        CallEnvelope(("What is x",), {})])
             return outcomes, await replica.channel.stats()
         finally:
             await backend.stop(replica)
@@ -111,7 +113,7 @@ def test_a_killed_worker_fails_its_batches_in_flight() -> None:
         backend = LocalBackend("s")
         replica = await backend.start(ReplicaSpec("slow", Slow(seconds=5.0)), "slow#0")
         try:
-            pending = asyncio.ensure_future(replica.channel.run_batch("nap", [(("x",), {})]))
+            pending = asyncio.ensure_future(replica.channel.run_batch("nap", [CallEnvelope(("x",), {})]))
             await asyncio.sleep(0.3)
             assert replica.pid is not None
             os.kill(replica.pid, 9)

@@ -4,6 +4,7 @@ from patchkit.capture import (
     analysis,
     assemble,
     compat,
+    control,
     dataflow,
     extract,
     frame,
@@ -15,12 +16,14 @@ from patchkit.capture import (
     rewrite,
     skip,
     stack,
+    values,
 )
 
 __all__ = [
     "analysis",
     "assemble",
     "compat",
+    "control",
     "dataflow",
     "extract",
     "frame",
@@ -32,4 +35,5 @@ __all__ = [
     "rewrite",
     "skip",
     "stack",
+    "values",
 ]

@@ -7,27 +7,14 @@ inputs, and the graph counts visits per call site.
 from __future__ import annotations
 
 import functools
-import sys
 import time
-import types
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 from patchkit.capture.holders import constructor_components
-from patchkit.component import Component, MakeMethod
+from patchkit.component import CallSite, Component, MakeMethod
 
-__all__ = ["CallRecord", "CallSite", "Recorder", "site_of"]
-
-
-@dataclass(frozen=True)
-class CallSite:
-    """Where in the user's source a component method is called: the key of a graph node."""
-
-    filename: str
-    lineno: int
-    col: int
-    end_col: int
+__all__ = ["CallRecord", "Recorder"]
 
 
 @dataclass(frozen=True)
@@ -41,31 +28,16 @@ class CallRecord:
     site: CallSite | None
 
 
-_POSITIONS: weakref.WeakKeyDictionary[types.CodeType, list[Any]] = weakref.WeakKeyDictionary()
-
-
-def site_of(frame: types.FrameType) -> CallSite | None:
-    """The call site of the instruction `frame` is executing (a CALL), from the code's positions."""
-    code = frame.f_code
-    positions = _POSITIONS.get(code)
-    if positions is None:
-        positions = _POSITIONS[code] = list(code.co_positions())
-    index = frame.f_lasti // 2
-    if index >= len(positions) or positions[index][0] is None:
-        return None
-    line, _, col, end_col = positions[index]
-    return CallSite(code.co_filename, line, col or 0, end_col or 0)
-
-
 class Recorder:
     """A CallHook that runs each call locally and records it. One per eager run."""
 
     def __init__(self) -> None:
         self.calls: list[CallRecord] = []
 
-    def __call__(self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        # Frame 0 is this method, 1 is BoundMake.__call__, 2 the user's code making the call.
-        return self._record(component, method, args, kwargs, site_of(sys._getframe(2)))
+    def __call__(
+        self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any], site: CallSite | None
+    ) -> Any:
+        return self._record(component, method, args, kwargs, site)
 
     def _record(
         self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any], site: CallSite | None
@@ -79,7 +51,7 @@ class Recorder:
 
     def _inner(
         self, shared: set[str], where: str, component: Component, method: MakeMethod, args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        kwargs: dict[str, Any], site: CallSite | None,
     ) -> Any:
         """A call a component makes: recorded (at a site named after its caller) when it calls a component
         passed to its constructor, which a deployment serves on its own; any other runs in place, unrecorded."""

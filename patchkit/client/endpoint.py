@@ -18,10 +18,11 @@ import httpx
 from patchkit import envs
 from patchkit.client.pipeline import Pipeline, last_pipeline
 from patchkit.client.streams import AsyncStream, Stream
+from patchkit.config import OPTIONS, DeploymentConfig
+from patchkit.config.options import reference
 from patchkit.errors import ConfigError, DeadlineExceeded, PatchkitError, error_from_json
 
 if TYPE_CHECKING:
-    from patchkit.config import DeploymentConfig
     from patchkit.scheduler.offline.plan import Plan
     from patchkit.scheduler.online.traces import Trace
 
@@ -267,25 +268,21 @@ def deploy(
 
     `backend`: "local" (a front-end process and one worker process per replica) or "inprocess"
     (a thread of this process running your own component objects, for tests and pdb) or "ray" (one
-    Ray actor per replica, placed across a Ray cluster: `ray_address` names it; default: the cluster
-    this process is connected to, else the one `RAY_ADDRESS` names, else a local Ray instance started
-    for the deployment; further options ray_max_restarts, ray_placement_timeout_s, ray_actor_options,
-    tls (on: a certificate made for the deployment unless tls_cert, tls_key, tls_ca, tls_server_name
-    name one; tls=False sends in plaintext)). `replicas`: a count for every component, or
+    Ray actor per replica, placed across a Ray cluster: `ray_address` names it; the options of its
+    group `ray` below take it further). `replicas`: a count for every component, or
     counts by component name; `batch_size`: a size for every method, or sizes by component or
     "component.method" (default: each method's `@make(max_batch_size=...)`; of a `max_concurrency`
     method, its calls at once per replica, at most that bound). `plan`: a `Plan` to
     apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=, calibration=,
-    slo_ms=)`: it sets every component's replicas, batch size and placement. Further options are
-    the fields of `patchkit.config.DeploymentConfig` (batch_wait_ms, optional_inputs,
-    max_inflight_requests, max_body_bytes, request_timeout_s, max_retries, drain_timeout_s, log_level,
-    the SLO policies' prioritize, pause_admission, autoscale, min_replicas, max_replicas).
+    slo_ms=)`: it sets every component's replicas, batch size and placement.
 
     Every argument is checked before anything is planned or started: a ConfigError names an unknown
     option (with the closest known name), a value out of range, or two options that conflict.
-    """
-    from patchkit.config import DeploymentConfig
 
+    The options, each a keyword argument, by the group of `patchkit.config.DeploymentConfig` that holds it
+    (`patchkit serve` takes the same as config-file keys):
+
+    """
     pipeline = pipeline if pipeline is not None else last_pipeline()
     if not isinstance(pipeline, Pipeline):
         raise ConfigError(f"deploy() serves a Pipeline, as `with patchkit.capture() as pipeline:` makes; got {pipeline!r:.100}")
@@ -318,12 +315,16 @@ def deploy(
         from patchkit.server.process import ServerThread
 
         thread = ServerThread(pipeline, config)
-        return Endpoint(thread.start(), thread.close, timeout_s=config.request_timeout_s, headers=_auth_header(config))
+        return Endpoint(thread.start(), thread.close, timeout_s=config.liveness.request_timeout_s, headers=_auth_header(config))
     return _deploy_local(pipeline, config)
 
 
+if deploy.__doc__ is not None:  # None under `python -OO`
+    deploy.__doc__ = deploy.__doc__.rstrip(" ") + reference(OPTIONS.values()) + "\n"
+
+
 def _auth_header(config: DeploymentConfig) -> dict[str, str]:
-    return {"Authorization": f"Bearer {config.auth_token}"} if config.auth_token is not None else {}
+    return {"Authorization": f"Bearer {config.server.auth_token}"} if config.server.auth_token is not None else {}
 
 
 def _ray_address(given: str | None) -> str | None:
@@ -356,9 +357,9 @@ def _deploy_local(pipeline: Pipeline, config: DeploymentConfig) -> Endpoint:
         if child.alive():
             child.process.terminate()  # SIGTERM: drain, stop the workers, exit
             try:  # with the lifeline open: cutting it makes the front-end exit at once, undrained
-                child.process.wait(config.drain_timeout_s + envs.worker_stop_timeout_s() + 5)
+                child.process.wait(config.liveness.drain_timeout_s + envs.worker_stop_timeout_s() + 5)
             except subprocess.TimeoutExpired:
                 pass
         child.stop(envs.worker_stop_timeout_s())
 
-    return Endpoint(child.report["url"], close, timeout_s=config.request_timeout_s, headers=_auth_header(config))
+    return Endpoint(child.report["url"], close, timeout_s=config.liveness.request_timeout_s, headers=_auth_header(config))

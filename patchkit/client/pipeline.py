@@ -92,11 +92,16 @@ class Pipeline:
         here and are counted in this pipeline's graph."""
         if active_call_hook() is not None:
             return self.run(self.variables(overrides))
+        return self.recorded_run(overrides)[0]
+
+    def recorded_run(self, overrides: Mapping[str, Any]) -> tuple[Any, list[CallRecord]]:
+        """Run here, eagerly, on `overrides` of the inputs: counted in the graph and kept for profiling
+        (`absorb`). Returns the output and the run's calls, all of them (the kept record is bounded)."""
         recorder = Recorder()
         with call_hook(recorder):
             result = self.run(self.variables(overrides))
         self.absorb(recorder.calls)
-        return result
+        return result, recorder.calls
 
     def absorb(self, calls: list[CallRecord]) -> None:
         """Count one eager run's calls in the graph and keep them for profiling."""

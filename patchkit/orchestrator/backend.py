@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from patchkit.component import Call, Component
+from patchkit.component import Component
+from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Outcome
 from patchkit.orchestrator.handles import Handles
-from patchkit.orchestrator.resources import SHARES_PER_CORE, ReplicaResources
+from patchkit.orchestrator.resources import SHARES_PER_CORE, ReplicaResources, assign, cpu_threads, one_more, spread
 
-__all__ = ["DEAD", "SERVING", "STUCK", "UNHEALTHY", "Backend", "Channel", "Replica", "ReplicaSpec"]
+__all__ = ["Backend", "Channel", "Replica", "ReplicaSpec", "ReplicaState"]
 
 
 @dataclass(frozen=True)
@@ -39,19 +41,9 @@ class Channel(Protocol):
     lost: asyncio.Event
     lost_reason: str
 
-    async def run_batch(
-        self,
-        method: str,
-        calls: Sequence[Call],
-        expires_in: Sequence[float | None] | None = None,
-        on_chunk: Sequence[Callable[[str], None] | None] | None = None,
-        ended: Sequence[asyncio.Future[Any]] | None = None,
-        traces: Sequence[dict[str, str] | None] | None = None,
-    ) -> list[Outcome]:
-        """Run a batch there: an outcome per call. `expires_in`: per call, the seconds its request has left;
-        `on_chunk`: per call, where a streaming call's chunks go; `ended`: per call, a future cancelled
-        when its request ends, which stops the call there; `traces`: per call, its span's context
-        (patchkit.telemetry), which the replica's execution span continues (see `GrpcChannel.run_batch`)."""
+    async def run_batch(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
+        """Run a batch there: an outcome per call, in order. Each call's envelope says until when it may
+        start, where its chunks go, what stops it, and its trace (see `CallEnvelope`)."""
 
     async def health(self, timeout_s: float) -> None:
         """Return if the replica answers within `timeout_s` and its component's `check_health()` passes; else raise."""
@@ -61,20 +53,26 @@ class Channel(Protocol):
     async def close(self) -> None: ...
 
 
-# A replica's state (`Replica.state`): serving, or being recycled (stopped, another started in its place).
-SERVING = "serving"
-STUCK = "stuck"  # a batch ran past its call timeout, or what runs on it serves nobody
-UNHEALTHY = "unhealthy"  # it failed `health_check_failures` health checks in a row
-DEAD = "dead"  # its process or its stream ended
+class ReplicaState(enum.Enum):
+    """Where a replica is in its life: serving, or out of service until another replaces it.
+
+    Written by the `Supervisor` alone, which keeps every component at its replica count; the queues
+    read it and report what they see (`Supervisor.mark_stuck`)."""
+
+    SERVING = "serving"
+    STUCK = "stuck"  # a batch ran past its call timeout, or what runs on it serves nobody
+    UNHEALTHY = "unhealthy"  # it failed `health_check_failures` health checks in a row
+    DEAD = "dead"  # its process or its stream ended
 
 
 @dataclass(eq=False)
 class Replica:
-    """A running replica. `inflight` counts the batches the front-end has sent it and not had back.
+    """A running replica. `inflight` counts the batches the front-end has sent it and not had back
+    (kept by the component's `ReplicaSet`, which sends them).
 
     `state` is SERVING until the supervisor recycles it (STUCK, UNHEALTHY) or it dies (DEAD); `why`
-    then says what happened. `failed_checks` counts its health checks failed in a row, `check_error`
-    the last one's error.
+    then says what happened. Both are the supervisor's to write. `failed_checks` counts its health
+    checks failed in a row, `check_error` the last one's error.
     """
 
     id: str
@@ -84,7 +82,7 @@ class Replica:
     address: str | None = None
     handle: Any = None  # the backend's own: a child process, an executor, an actor
     inflight: int = 0
-    state: str = SERVING
+    state: ReplicaState = ReplicaState.SERVING
     why: str = ""
     failed_checks: int = 0
     check_error: str = ""
@@ -100,7 +98,7 @@ class Replica:
     @property
     def healthy(self) -> bool:
         """Alive, serving, and its last health check passed: what `/healthz` asks of one replica per component."""
-        return self.alive and self.state == SERVING and self.failed_checks == 0
+        return self.alive and self.state is ReplicaState.SERVING and self.failed_checks == 0
 
     def describe(self) -> dict[str, Any]:
         health = "ok" if not self.failed_checks else f"failing: {self.failed_checks} checks in a row ({self.check_error})"
@@ -109,7 +107,7 @@ class Replica:
             "pid": self.pid,
             "address": self.address,
             "alive": self.alive,
-            "state": self.state,
+            "state": self.state.value,
             "health": health,
             "inflight_batches": self.inflight,
             "resources": self.spec.resources.describe(),
@@ -127,6 +125,9 @@ class Backend(ABC):
     """
 
     name: ClassVar[str]
+    # Whether a replica's component reaches the deployed components it holds through the front-end
+    # (a worker process calling back over gRPC); else it runs them in place (a Ray actor, the user's objects).
+    calls_held_through_frontend: ClassVar[bool] = False
 
     @abstractmethod
     async def start(self, spec: ReplicaSpec, replica_id: str) -> Replica:
@@ -143,6 +144,20 @@ class Backend(ABC):
     @abstractmethod
     def replicas(self) -> list[Replica]:
         """The replicas this backend started and has not stopped, dead or alive."""
+
+    def place(self, placed: Sequence[tuple[str, int]], planned: bool) -> list[ReplicaResources]:
+        """Each replica's pinning, in order, for replicas taking `placed` (their resource type, "cpu" or
+        "gpu", and units of it): on the cores and GPUs a plan gave them when `planned`, else the machine
+        shared evenly. Called by the deployment once, for the replicas it starts."""
+        return assign(list(placed)) if planned else spread(len(placed))
+
+    def place_one(self, resource: str, units: int, planned: bool, running: Sequence[Replica]) -> ReplicaResources:
+        """The pinning of one more replica (the autoscaler's), beside the `running` ones: placed like its
+        siblings on the plan's resource type, or, placed by nobody, seeing this process's GPUs as they do."""
+        if not planned:
+            return ReplicaResources(threads=cpu_threads(units) if resource == "cpu" else 1)
+        held = {gpu for replica in running for gpu in (replica.spec.resources.gpus or ())}
+        return one_more(resource, units, held)
 
     def capacity(self) -> dict[str, int] | None:
         """Units per resource type ("cpu", "gpu") the replicas may share; None: this machine's.

@@ -23,7 +23,7 @@ import grpc
 import grpc.aio
 
 from patchkit.capture.holders import constructor_components
-from patchkit.component import Component, MakeMethod, mark_served_elsewhere
+from patchkit.component import CallSite, Component, MakeMethod, mark_served_elsewhere
 from patchkit.errors import CallError
 from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.rpc import OPTIONS, SECRET_KEY, decode, encode
@@ -102,7 +102,9 @@ class HandleHook:
         self._metadata = ((SECRET_KEY, secret),)
         self._timeout_s = timeout_s
 
-    def __call__(self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def __call__(
+        self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any], site: CallSite | None
+    ) -> Any:
         uid = component._patchkit_spec.uid
         if uid not in self.uids:
             return method.run_local(component, args, kwargs)

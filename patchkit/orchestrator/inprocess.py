@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from patchkit import telemetry
-from patchkit.component import Call, Component, ensure_setup
+from patchkit.component import Component, ensure_setup
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
+from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Outcome, component_stats, run_calls, setup_error
+from patchkit.orchestrator.resources import ReplicaResources
 
 __all__ = ["InProcessBackend"]
 
@@ -36,38 +38,25 @@ class DirectChannel:
         self.calls = 0
         self._running = asyncio.Lock()  # one batch at a time, as a worker runs them
 
-    async def run_batch(
-        self,
-        method: str,
-        calls: Sequence[Call],
-        expires_in: Sequence[float | None] | None = None,
-        on_chunk: Sequence[Callable[[str], None] | None] | None = None,
-        ended: Sequence[asyncio.Future[Any]] | None = None,
-        traces: Sequence[dict[str, str] | None] | None = None,
-    ) -> list[Outcome]:
+    async def run_batch(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
         """Run the batch now, in an execution span per traced call, as a worker does; a streaming call's
-        chunks handed to its `on_chunk` on this loop as they are made (`expires_in` does not apply: no
-        call waits here). `ended` applies to a streamed batch only: a call whose request ended stops at
-        its next chunk."""
+        chunks handed to its `on_chunk` on this loop as they are made (`expires` does not apply: no call
+        waits here). `ended` applies to a streamed batch only: a call whose request ended stops at its
+        next chunk."""
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
+        traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
         async with self._running:
             with telemetry.execution(self.name, method, traces):
-                if on_chunk is None or all(target is None for target in on_chunk):
-                    outcomes = run_calls(self.component, method, calls)
+                if all(call.on_chunk is None for call in calls):
+                    outcomes = run_calls(self.component, method, [call.call for call in calls])
                 else:
-                    outcomes = await self._streamed(method, calls, on_chunk, ended)
+                    outcomes = await self._streamed(method, calls)
         self.batches += 1
         self.calls += len(calls)
         return outcomes
 
-    async def _streamed(
-        self,
-        method: str,
-        calls: Sequence[Call],
-        on_chunk: Sequence[Callable[[str], None] | None],
-        ended: Sequence[asyncio.Future[Any]] | None,
-    ) -> list[Outcome]:
+    async def _streamed(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
         """A batch whose chunks are wanted, on a thread: the loop sends each chunk while the next is made.
         Once the batch is given up on (its replica recycled) or a call's request ends, the call stops
         at its next chunk."""
@@ -75,15 +64,16 @@ class DirectChannel:
         stops = [threading.Event() for _ in calls]
 
         def sink(index: int, text: str) -> None:
-            target = on_chunk[index]
+            target = calls[index].on_chunk
             if target is not None:
                 loop.call_soon_threadsafe(target, text)
 
-        watched = [(end, lambda future, stop=stop: future.cancelled() and stop.set()) for end, stop in zip(ended or (), stops)]
+        watched = [(call.ended, lambda future, stop=stop: future.cancelled() and stop.set())
+                   for call, stop in zip(calls, stops) if call.ended is not None]
         for end, stop_on_end in watched:
             end.add_done_callback(stop_on_end)
         try:
-            return await asyncio.to_thread(run_calls, self.component, method, calls, sink, stops)
+            return await asyncio.to_thread(run_calls, self.component, method, [call.call for call in calls], sink, stops)
         except asyncio.CancelledError:
             for stop in stops:
                 stop.set()
@@ -107,6 +97,13 @@ class DirectChannel:
 
 class InProcessBackend(Backend):
     name = "inprocess"
+
+    def place(self, placed: Sequence[tuple[str, int]], planned: bool) -> list[ReplicaResources]:
+        """Nothing is pinned: every replica is an object of this process."""
+        return [ReplicaResources() for _ in placed]
+
+    def place_one(self, resource: str, units: int, planned: bool, running: Sequence[Replica]) -> ReplicaResources:
+        return ReplicaResources()
 
     def __init__(self) -> None:
         self._started: list[Replica] = []

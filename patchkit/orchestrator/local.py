@@ -7,7 +7,7 @@ import pickle
 import threading
 
 from patchkit import envs
-from patchkit.orchestrator.backend import STUCK, UNHEALTHY, Backend, Replica, ReplicaSpec
+from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec, ReplicaState
 from patchkit.orchestrator.process import Child, spawn
 from patchkit.orchestrator.rpc import GrpcChannel
 from patchkit.orchestrator.worker import WorkerBootstrap
@@ -17,6 +17,7 @@ __all__ = ["LocalBackend"]
 
 class LocalBackend(Backend):
     name = "local"
+    calls_held_through_frontend = True
 
     def __init__(self, secret: str, host: str = "127.0.0.1") -> None:
         self._secret = secret
@@ -64,7 +65,7 @@ class LocalBackend(Backend):
         killed at once when it is being recycled (stuck or unhealthy: it may never exit by itself)."""
         await replica.channel.close()
         child: Child = replica.handle
-        grace = 0.0 if replica.state in (STUCK, UNHEALTHY) else envs.worker_stop_timeout_s()
+        grace = 0.0 if replica.state in (ReplicaState.STUCK, ReplicaState.UNHEALTHY) else envs.worker_stop_timeout_s()
         await asyncio.to_thread(child.stop, grace)
         self._exits.pop(replica, None)
 

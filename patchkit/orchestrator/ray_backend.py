@@ -23,7 +23,7 @@ import signal
 import socket
 import threading
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from patchkit.errors import ConfigError, PatchkitError, WorkerDiedError, error_f
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.ray_actor import KEEPALIVE_CHANNEL_OPTIONS, ReplicaActor
 from patchkit.orchestrator.ray_options import RayOptions
-from patchkit.orchestrator.resources import SHARES_PER_CORE, available_cpus, available_gpus
+from patchkit.orchestrator.resources import SHARES_PER_CORE, ReplicaResources, available_cpus, available_gpus, cpu_threads
 from patchkit.orchestrator.rpc import GrpcChannel
 from patchkit.orchestrator.worker import WorkerBootstrap
 
@@ -92,6 +92,13 @@ class RayBackend(Backend):
         self._capacity = _capacity(ray.nodes())
         self._remote = ray.remote(ReplicaActor)
         logger.info("ray backend: cluster of %d nodes, %s", len(_alive(ray.nodes())), self._capacity)
+
+    def place(self, placed: Sequence[tuple[str, int]], planned: bool) -> list[ReplicaResources]:
+        """Ray places the replicas and sets their GPUs; only their thread counts are ours."""
+        return [self.place_one(resource, units, planned, ()) for resource, units in placed]
+
+    def place_one(self, resource: str, units: int, planned: bool, running: Sequence[Replica]) -> ReplicaResources:
+        return ReplicaResources(threads=cpu_threads(units) if resource == "cpu" else 1)
 
     def capacity(self) -> dict[str, int] | None:
         return dict(self._capacity) if self._capacity else None

@@ -28,8 +28,9 @@ import json
 import logging
 import pickle
 import struct
+import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cloudpickle
@@ -38,10 +39,12 @@ import grpc.aio
 
 from patchkit.component import Call
 from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
+from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Failure, Outcome
 
 __all__ = [
     "Batch",
+    "WireCall",
     "GrpcChannel",
     "decode",
     "decode_message",
@@ -68,10 +71,11 @@ OPTIONS = [
 SERVER_OPTIONS = [*OPTIONS, ("grpc.so_reuseport", 0)]
 
 # A batch: its id, how its calls are pickled, how many there are, the length of its method's name;
-# then the name, then the payload. WHOLE: one pickle of (expires_in, streamed, traces, calls). PER_CALL
-# (when the whole did not pickle): a pickle of (expires_in, streamed, traces, [one pickle per call]), so
-# the worker unpickles each alone. `traces`: None, or per call its span's context (W3C headers,
-# patchkit.telemetry). CANCEL: the call at index `count` of the batch is to stop; nothing follows.
+# then the name, then the payload: a list with one (expires_in, streamed, trace, call) per call.
+# WHOLE: one pickle of that list. PER_CALL (when the whole did not pickle): the same list pickled
+# with each call pickled alone inside it, so the worker unpickles each alone. `trace`: None, or the
+# call's span's context (W3C headers, patchkit.telemetry). CANCEL: the call at index `count` of the
+# batch is to stop; nothing follows.
 _BATCH = struct.Struct(">QBIH")
 WHOLE, PER_CALL, CANCEL = 0, 1, 2
 # A reply: its batch's id and kind. OUTCOMES: one pickle of the batch's outcomes follows. CHUNK: the
@@ -90,58 +94,63 @@ def decode(data: bytes | memoryview) -> Any:
     return pickle.loads(data)  # noqa: S301
 
 
+@dataclass(eq=False)
+class WireCall:
+    """One call of a batch as the worker reads it: its arguments (or the Failure they are, when they did
+    not unpickle here), the seconds its request had left when sent (None: no limit), whether its chunks
+    are wanted as they are made, its span's context (None: not traced), and `cancelled`, set when the
+    front-end stops it (its request ended) or its stream ends."""
+
+    call: Call | Failure
+    expires_in: float | None = None
+    streamed: bool = False
+    trace: dict[str, str] | None = None
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def deadline(self, arrived: float) -> float | None:
+        """When, on the clock `arrived` was read from, its request runs out of time; None: never."""
+        return None if self.expires_in is None else arrived + self.expires_in
+
+
 @dataclass
 class Batch:
-    """A batch as the worker reads it: its calls (or the Failure a call's arguments are, when they did
-    not unpickle here), per call the seconds its request had left when sent (None: no limit) and
-    whether its chunks are wanted as they are made, and their trace contexts (None: none traced)."""
+    """A batch as the worker reads it: its id, its method, and its calls in order."""
 
     batch_id: int
     method: str
-    calls: list[Call | Failure]
-    expires_in: list[float | None]
-    streamed: list[bool]
-    traces: list[dict[str, str] | None] | None = None
+    calls: list[WireCall]
 
 
 def encode_batch(
-    batch_id: int,
-    method: str,
-    calls: Sequence[Call],
-    expires_in: Sequence[float | None] | None = None,
-    streamed: Sequence[bool] | None = None,
-    traces: Sequence[dict[str, str] | None] | None = None,
+    batch_id: int, method: str, calls: Sequence[CallEnvelope], now: float
 ) -> tuple[bytes | None, dict[int, Failure]]:
     """The message for a batch, and the calls left out of it because their arguments do not pickle (by index).
 
-    Called by the front-end for every batch it sends. `expires_in`: per call, the seconds its request
-    has left (None: no limit); the worker skips a call whose time ran out while it waited there.
-    `streamed`: per call, whether the worker sends its chunks as they are made. `traces`: per call, its
-    span's context, which the worker's execution span continues. The message is None when no call pickles.
+    Called by the front-end for every batch it sends, at the event loop's time `now`. From each call's
+    envelope it sends the seconds its request has left (the worker skips a call whose time ran out while
+    it waited there), whether the worker sends its chunks as they are made, and its span's context,
+    which the worker's execution span continues. The message is None when no call pickles.
     """
-    expiries = list(expires_in) if expires_in is not None else [None] * len(calls)
-    streams = list(streamed) if streamed is not None else [False] * len(calls)
-    contexts = list(traces) if traces is not None else None
     failed: dict[int, Failure] = {}
     try:
-        mode, payload = WHOLE, encode((expiries, streams, contexts, list(calls)))
+        mode, payload = WHOLE, encode([_wire(call, call.call, now) for call in calls])
     except Exception:  # find the calls that do not pickle: they fail alone, the others are sent
-        parts: list[bytes] = []
-        kept: list[int] = []
+        parts: list[tuple[Any, ...]] = []
         for i, call in enumerate(calls):
             try:
-                parts.append(encode(call))
+                parts.append(_wire(call, encode(call.call), now))
             except Exception as exc:
                 failed[i] = Failure.on_wire("its arguments cannot be sent to the worker: they do not pickle", exc)
-            else:
-                kept.append(i)
         if not parts:
             return None, failed
-        kept_contexts = None if contexts is None else [contexts[i] for i in kept]
-        extras = ([expiries[i] for i in kept], [streams[i] for i in kept], kept_contexts)
-        mode, payload = PER_CALL, pickle.dumps((*extras, parts), protocol=pickle.HIGHEST_PROTOCOL)
+        mode, payload = PER_CALL, pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
     name = method.encode()
     return _BATCH.pack(batch_id, mode, len(calls) - len(failed), len(name)) + name + payload, failed
+
+
+def _wire(call: CallEnvelope, arguments: Any, now: float) -> tuple[Any, ...]:
+    """What travels of a call: the seconds its request has left, whether its chunks are wanted, its trace, its arguments."""
+    return (call.expires_in(now), call.on_chunk is not None, call.trace, arguments)
 
 
 def encode_cancel(batch_id: int, index: int) -> bytes:
@@ -161,19 +170,23 @@ def decode_message(message: bytes) -> Batch | tuple[int, int]:
     method = message[_BATCH.size : _BATCH.size + length].decode()
     payload = memoryview(message)[_BATCH.size + length :]
     try:
-        expires_in, streamed, traces, items = decode(payload)
+        items = decode(payload)
     except Exception as exc:
         failure = Failure.on_wire("the worker cannot unpickle the arguments of its batch", exc)
-        return Batch(batch_id, method, [failure] * count, [None] * count, [False] * count)
-    if mode == PER_CALL:
-        calls: list[Call | Failure] = []
-        for item in items:
-            try:
-                calls.append(decode(item))
-            except Exception as exc:
-                calls.append(Failure.on_wire("the worker cannot unpickle its arguments", exc))
-        return Batch(batch_id, method, calls, expires_in, streamed, traces)
-    return Batch(batch_id, method, items, expires_in, streamed, traces)
+        return Batch(batch_id, method, [WireCall(failure) for _ in range(count)])
+    calls = [WireCall(_arguments(arguments, mode), expires_in, streamed, trace)
+             for expires_in, streamed, trace, arguments in items]
+    return Batch(batch_id, method, calls)
+
+
+def _arguments(arguments: Any, mode: int) -> Call | Failure:
+    """A call's arguments as sent: unpickled already (WHOLE), or unpickled now, alone (PER_CALL)."""
+    if mode != PER_CALL:
+        return arguments
+    try:
+        return decode(arguments)
+    except Exception as exc:
+        return Failure.on_wire("the worker cannot unpickle its arguments", exc)
 
 
 def encode_outcomes(batch_id: int, outcomes: list[Outcome]) -> bytes:
@@ -242,37 +255,28 @@ class GrpcChannel:
         self._call = self._channel.stream_stream(BATCHES)(metadata=self._metadata)
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
-    async def run_batch(
-        self,
-        method: str,
-        calls: Sequence[Call],
-        expires_in: Sequence[float | None] | None = None,
-        on_chunk: Sequence[Callable[[str], None] | None] | None = None,
-        ended: Sequence[asyncio.Future[Any]] | None = None,
-        traces: Sequence[dict[str, str] | None] | None = None,
-    ) -> list[Outcome]:
+    async def run_batch(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
         """Send a batch and return an outcome per call, in order; raises WorkerDiedError when the replica is lost.
 
-        `expires_in`: per call, the seconds its request has left (None: no limit): the worker does not
-        run a call it reaches later than that. `on_chunk`: per call, where the chunks of a `stream=True`
-        method go as the worker makes them (None: the call's outcome only). `ended`: per call, a future
-        whose cancellation (its request ended) stops the call at the worker. `traces`: per call, its span's
-        context, for the worker. A call whose arguments do not pickle is not sent: its outcome says so,
-        and the others go.
+        From each call's envelope: the worker does not start a call it reaches after its `expires`; the
+        chunks of a `stream=True` method go to its `on_chunk` as the worker makes them; its `ended` future's
+        cancellation (its request ended) stops it at the worker; its `trace` goes to the worker. A call
+        whose arguments do not pickle is not sent: its outcome says so, and the others go.
         """
         if self.lost.is_set():
             raise WorkerDiedError(f"replica at {self.address} is gone: {self.lost_reason}")
         batch_id = next(self._ids)
-        streamed = [sink is not None for sink in on_chunk] if on_chunk is not None else None
-        message, failed = encode_batch(batch_id, method, calls, expires_in, streamed, traces)
+        loop = asyncio.get_running_loop()
+        message, failed = encode_batch(batch_id, method, calls, loop.time())
         if message is None:
             return [(False, failed[i]) for i in range(len(calls))]
-        sent = [i for i in range(len(calls)) if i not in failed]  # the worker numbers the calls it got
-        future: asyncio.Future[list[Outcome] | Failure] = asyncio.get_running_loop().create_future()
+        sent = [call for i, call in enumerate(calls) if i not in failed]  # the worker numbers the calls it got
+        future: asyncio.Future[list[Outcome] | Failure] = loop.create_future()
         self._pending[batch_id] = future
-        if on_chunk is not None:
-            self._sinks[batch_id] = [on_chunk[i] for i in sent]
-        watched = [(ended[i], lambda f, k=k: self._cancel(batch_id, k, f)) for k, i in enumerate(sent)] if ended else []
+        if any(call.on_chunk is not None for call in sent):
+            self._sinks[batch_id] = [call.on_chunk for call in sent]
+        watched = [(call.ended, lambda f, k=k: self._cancel(batch_id, k, f)) for k, call in enumerate(sent)
+                   if call.ended is not None]
         for end, stop in watched:
             end.add_done_callback(stop)
         try:

@@ -24,7 +24,7 @@ from patchkit import telemetry
 from patchkit.component import Call, CallHook, Component, make_methods
 from patchkit.errors import Cancelled, DeadlineExceeded
 from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_calls
-from patchkit.orchestrator.rpc import CHECK, SECRET_KEY, SERVICE, Batch, decode_message, encode_chunk, encode_outcomes
+from patchkit.orchestrator.rpc import CHECK, SECRET_KEY, SERVICE, Batch, WireCall, decode_message, encode_chunk, encode_outcomes
 
 __all__ = ["WorkerService"]
 
@@ -85,46 +85,34 @@ class WorkerService:
         threading.Thread(target=stream.receive, args=(requests,), name="patchkit-stream", daemon=True).start()
         yield from stream.replies()
 
-    def run(
-        self,
-        method: str,
-        calls: Sequence[Call | Failure],
-        deadlines: Sequence[float | None] | None = None,
-        on_chunk: Callable[[int, str], None] | None = None,
-        cancelled: Sequence[threading.Event] | None = None,
-        traces: Sequence[dict[str, str] | None] | None = None,
-    ) -> list[Outcome]:
+    def run(self, method: str, calls: Sequence[WireCall], arrived: float, on_chunk: Callable[[int, str], None] | None = None
+            ) -> list[Outcome]:
         """Run a batch's calls: those already failed (their arguments did not unpickle), past their deadline
-        (`time.monotonic()`; their request has been answered) or cancelled are not run.
+        (their request had run out of time by then: counted from `arrived`, the `time.monotonic()` when
+        the batch arrived) or cancelled are not run.
 
         `on_chunk(index, text)`: where the chunks of a `stream=True` method's calls go as they are made
-        (None: nowhere, each call's outcome is their concatenation). `cancelled`: per call, set when its
-        request ended. `traces`: per call, its span's context: the calls that run do so in execution
-        spans continuing them. A method without `max_concurrency` waits for the replica's batch before it.
+        (None: nowhere, each call's outcome is their concatenation); a call whose `cancelled` is set stops
+        at its next chunk. The calls that run do so in execution spans continuing their traces. A method
+        without `max_concurrency` waits for the replica's batch before it.
         """
         if method in self.concurrency:
-            return self._run(method, calls, deadlines, on_chunk, cancelled, traces)
+            return self._run(method, calls, arrived, on_chunk)
         with self._lock:
-            return self._run(method, calls, deadlines, on_chunk, cancelled, traces)
+            return self._run(method, calls, arrived, on_chunk)
 
     def _run(
-        self,
-        method: str,
-        calls: Sequence[Call | Failure],
-        deadlines: Sequence[float | None] | None,
-        on_chunk: Callable[[int, str], None] | None,
-        cancelled: Sequence[threading.Event] | None,
-        traces: Sequence[dict[str, str] | None] | None,
+        self, method: str, calls: Sequence[WireCall], arrived: float, on_chunk: Callable[[int, str], None] | None
     ) -> list[Outcome]:
         start, now = time.perf_counter(), time.monotonic()
         outcomes: list[Outcome | None] = [None] * len(calls)
-        runnable: dict[int, Call] = {}
+        runnable: dict[int, WireCall] = {}
         skipped = stopped = 0
         for i, call in enumerate(calls):
-            deadline = deadlines[i] if deadlines is not None else None
-            if isinstance(call, Failure):
-                outcomes[i] = (False, call)
-            elif cancelled is not None and cancelled[i].is_set():
+            deadline = call.deadline(arrived)
+            if isinstance(call.call, Failure):
+                outcomes[i] = (False, call.call)
+            elif call.cancelled.is_set():
                 outcomes[i] = (False, Failure.verdict(Cancelled("its request ended before the worker reached it")))
                 stopped += 1
             elif deadline is not None and now >= deadline:
@@ -136,13 +124,15 @@ class WorkerService:
         if runnable:
             index = list(runnable)
             sink = (lambda k, text: on_chunk(index[k], text)) if on_chunk is not None else None
-            flags = [cancelled[i] for i in index] if cancelled is not None else None
-            contexts = None if traces is None else [traces[i] for i in index]
+            flags = [call.cancelled for call in runnable.values()]
+            traced = [call.trace for call in runnable.values()]
+            contexts = traced if any(trace is not None for trace in traced) else None
+            arguments: list[Call] = [call.call for call in runnable.values()]  # type: ignore[misc]  # failures are out
             with telemetry.execution(self.name, method, contexts):
-                ran = run_calls(self.component, method, list(runnable.values()), sink, flags, self.hook)
+                ran = run_calls(self.component, method, arguments, sink, flags, self.hook)
             for i, outcome in zip(index, ran):
                 outcomes[i] = outcome
-            stopped += sum(flag.is_set() for flag in flags or ())
+            stopped += sum(flag.is_set() for flag in flags)
         with self._stats_lock:
             self.batches += bool(runnable)
             self.calls += len(runnable)
@@ -182,7 +172,7 @@ class _Stream:
         self.service = service
         self.outbox: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self.serial: queue.SimpleQueue[tuple[Batch, float] | None] = queue.SimpleQueue()
-        self.running: dict[int, list[threading.Event]] = {}  # batch id -> per call, set when cancelled
+        self.running: dict[int, Batch] = {}  # batch id -> the batch, while it runs
         self.lock = threading.Lock()
 
     def receive(self, requests: Iterator[bytes]) -> None:
@@ -195,9 +185,9 @@ class _Stream:
             pass
         finally:
             with self.lock:  # whatever still runs is for nobody now
-                for flags in self.running.values():
-                    for flag in flags:
-                        flag.set()
+                for batch in self.running.values():
+                    for call in batch.calls:
+                        call.cancelled.set()
             self.serial.put(None)
 
     def replies(self) -> Iterator[bytes]:
@@ -209,12 +199,12 @@ class _Stream:
         if not isinstance(decoded, Batch):
             batch_id, index = decoded
             with self.lock:
-                flags = self.running.get(batch_id)
-                if flags is not None and index < len(flags):
-                    flags[index].set()
+                batch = self.running.get(batch_id)
+                if batch is not None and index < len(batch.calls):
+                    batch.calls[index].cancelled.set()
             return
         with self.lock:
-            self.running[decoded.batch_id] = [threading.Event() for _ in decoded.calls]
+            self.running[decoded.batch_id] = decoded
         if decoded.method in self.service.concurrency:
             self.service.pool.submit(self._run, decoded, arrived)
         else:
@@ -226,18 +216,13 @@ class _Stream:
         self.outbox.put(None)
 
     def _run(self, batch: Batch, arrived: float) -> None:
-        deadlines = [None if left is None else arrived + left for left in batch.expires_in]
-        streamed = batch.streamed
-
         def send(index: int, text: str) -> None:
-            if streamed[index]:
+            if batch.calls[index].streamed:
                 self.outbox.put(encode_chunk(batch.batch_id, index, text))
 
-        with self.lock:
-            flags = self.running[batch.batch_id]
         try:
-            sink = send if any(streamed) else None
-            outcomes = self.service.run(batch.method, batch.calls, deadlines, sink, flags, batch.traces)
+            sink = send if any(call.streamed for call in batch.calls) else None
+            outcomes = self.service.run(batch.method, batch.calls, arrived, sink)
         finally:
             with self.lock:
                 self.running.pop(batch.batch_id, None)

@@ -1,6 +1,6 @@
 """Keeps every component at its replica count: starts replicas, watches them, checks their health,
 restarts the dead, recycles the stuck and the unhealthy, and adds or retires replicas when the
-autoscaler asks.
+autoscaler asks. The one owner of each replica's `ReplicaState`: others report (`mark_stuck`), it writes.
 
 Owned by the front-end, on its event loop. The front-end hears of replicas through two callbacks:
 `on_up(replica)` once one takes calls, `on_down(replica, reason)` once one takes no more: it is
@@ -19,10 +19,10 @@ import logging
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Coroutine
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from patchkit.orchestrator.backend import DEAD, UNHEALTHY, Backend, Replica, ReplicaSpec
+from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec, ReplicaState
 
 __all__ = ["HealthChecks", "Replacement", "Supervisor"]
 
@@ -51,13 +51,13 @@ class Replacement:
 
     id: str
     component: str
-    state: str
+    state: ReplicaState
     why: str
     at: float  # when, as time.time()
 
     def describe(self) -> dict[str, str | float]:
         """As stats report it, under its component."""
-        return {key: value for key, value in asdict(self).items() if key != "component"}
+        return {"id": self.id, "state": self.state.value, "why": self.why, "at": self.at}
 
 
 class Supervisor:
@@ -123,7 +123,7 @@ class Supervisor:
         if self._closing.is_set() or self._keepers.pop(replica, None) is None:
             return
         logger.warning("replica %s died (%s); restarting it", replica.id, reason)
-        self._replace(replica, DEAD, reason)
+        self._replace(replica, ReplicaState.DEAD, reason)
 
     async def _check(self, replica: Replica) -> None:
         """Check the replica's health every period, until it is recycled or its keeper ends."""
@@ -139,29 +139,35 @@ class Supervisor:
                 logger.warning("replica %s failed a health check (%d in a row): %s", replica.id, replica.failed_checks,
                                replica.check_error)
                 if replica.failed_checks >= checks.failures:
-                    self.recycle(replica, UNHEALTHY, f"it failed {replica.failed_checks} health checks in a row; the last: "
-                                 f"{replica.check_error}")
+                    why = f"it failed {replica.failed_checks} health checks in a row; the last: {replica.check_error}"
+                    self.recycle(replica, ReplicaState.UNHEALTHY, why)
                     return
             else:
                 replica.failed_checks, replica.check_error = 0, ""
 
-    def recycle(self, replica: Replica, state: str, why: str) -> None:
+    def mark_stuck(self, replica: Replica, why: str) -> None:
+        """A replica's `ReplicaSet` saw a batch run past its call timeout there, or what runs there serves
+        nobody: it is STUCK from now on, and recycled (see `recycle`)."""
+        self.recycle(replica, ReplicaState.STUCK, why)
+
+    def recycle(self, replica: Replica, state: ReplicaState, why: str) -> None:
         """Take a stuck or unhealthy replica out of dispatch, stop it (its process is killed, its batches
         in flight fail with WorkerDiedError and are retried elsewhere) and start another in its place.
 
-        Called by a batching queue when a batch runs past its call timeout or what runs on the replica
-        serves nobody (`state` STUCK), and by the health checks (UNHEALTHY); `why` is logged, and shown in
-        stats (in `replaced` after the replica is gone). Does nothing for a replica that is not kept here
-        (already dying, retired, or the supervisor is closing).
+        Called through `mark_stuck` (STUCK) and by the health checks (UNHEALTHY); `why` is logged, and shown
+        in stats (in `replaced` after the replica is gone). A replica that is not kept here (already dying,
+        retired, or the supervisor is closing) is only marked, so that its set stops dispatching to it.
         """
         keeper = None if self._closing.is_set() else self._keepers.pop(replica, None)
         if keeper is None:
+            if replica.state is ReplicaState.SERVING:
+                replica.state, replica.why = state, why
             return
         keeper.cancel()
-        logger.warning("replica %s is %s (%s); recycling it", replica.id, state, why)
+        logger.warning("replica %s is %s (%s); recycling it", replica.id, state.value, why)
         self._replace(replica, state, why)
 
-    def _replace(self, replica: Replica, state: str, why: str) -> None:
+    def _replace(self, replica: Replica, state: ReplicaState, why: str) -> None:
         replica.state, replica.why = state, why
         self.replaced.append(Replacement(replica.id, replica.component, state, why, time.time()))
         self._replacing.append(replica)

@@ -58,7 +58,7 @@ class ChatRoutes:
         self.config = frontend.config
         self.read_body = read_body
         inputs = frontend.pipeline.inputs
-        self.chat_input = self.config.chat_input or (next(iter(inputs)) if len(inputs) == 1 else None)
+        self.chat_input = self.config.chat.input or (next(iter(inputs)) if len(inputs) == 1 else None)
         self._inputs = sorted(inputs)
 
     def add_to(self, router: web.UrlDispatcher) -> None:
@@ -66,7 +66,8 @@ class ChatRoutes:
         router.add_post("/v1/chat/completions", self.completions)
 
     async def models(self, request: web.Request) -> web.Response:
-        model = {"id": self.config.name, "object": "model", "created": int(self.frontend.started), "owned_by": "patchkit"}
+        model = {"id": self.config.chat.name, "object": "model", "created": int(self.frontend.collector.started),
+                 "owned_by": "patchkit"}
         return json_reply(200, {"object": "list", "data": [model]})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -88,7 +89,7 @@ class ChatRoutes:
             except ChatError as exc:
                 return self._error_reply(request, exc.status, str(exc), exc.param, exc.code)
             except Exception as exc:
-                status, payload = error_reply(exc, debug=self.config.debug)
+                status, payload = error_reply(exc, debug=self.config.server.debug)
                 return self._error_reply(request, status, payload["error"]["message"], None, payload["error"]["type"])
         return guarded
 
@@ -101,9 +102,9 @@ class ChatRoutes:
         if not isinstance(chat, dict):
             raise ChatError('the body must be a JSON object: {"model": ..., "messages": [...]}')
         model = chat.get("model")
-        if model is not None and model != self.config.name:
-            raise ChatError(f"the model {model!r} does not exist: this endpoint serves {self.config.name!r} (GET /v1/models)",
-                            status=404, param="model", code="model_not_found")
+        if model is not None and model != self.config.chat.name:
+            raise ChatError(f"the model {model!r} does not exist: this endpoint serves {self.config.chat.name!r} "
+                            "(GET /v1/models)", status=404, param="model", code="model_not_found")
         if chat.get("n", 1) != 1:
             raise ChatError("n must be 1: the pipeline answers once", param="n")
         if not isinstance(chat.get("stream", False), bool):
@@ -131,7 +132,7 @@ class _Completion:
 
     def _answer(self, output: Any) -> str:
         """The assistant's message in the pipeline's output."""
-        field = self.routes.config.chat_output
+        field = self.routes.config.chat.output
         if isinstance(output, dict):
             if field is None:
                 raise ChatError(f"the pipeline's output is a dict (fields {', '.join(sorted(map(str, output)))}): deploy "
@@ -146,7 +147,8 @@ class _Completion:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _head(self, kind: str) -> dict[str, Any]:
-        return {"id": f"chatcmpl-{self.request_id}", "object": kind, "created": self.created, "model": self.routes.config.name}
+        model = self.routes.config.chat.name
+        return {"id": f"chatcmpl-{self.request_id}", "object": kind, "created": self.created, "model": model}
 
     async def whole(self) -> web.Response:
         answer = self._answer((await self._query()).output)
@@ -177,7 +179,7 @@ class _Completion:
         except Exception as exc:
             if not events.started:
                 raise
-            status, payload = error_reply(exc, debug=self.routes.config.debug)
+            status, payload = error_reply(exc, debug=self.routes.config.server.debug)
             error = openai_error(status, payload["error"]["message"], None, payload["error"]["type"])
             await events.send(json.dumps(error).encode())
             return await events.finish()

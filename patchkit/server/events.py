@@ -1,7 +1,7 @@
 """Server-sent events: a reply streamed as `data: ...` events while the pipeline produces text.
 
 A route runs its request through `pump`, which hands each text chunk the front-end reports
-(`Frontend.query(on_delta=...)`) to the route as it comes, then returns the request's result. The
+(`RequestRunner.query(on_delta=...)`) to the route as it comes, then returns the request's result. The
 `EventStream` starts the reply (200, `text/event-stream`) with its first event only, so that a
 request that fails before producing anything still gets its plain JSON error and status.
 """

@@ -41,13 +41,15 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from patchkit.errors import InputError
 from patchkit.scheduler.online.frontend import Frontend, RequestResult
-from patchkit.scheduler.online.request_ids import REQUEST_ID, check_request_id, new_request_id
+from patchkit.scheduler.online.runner import outcome_of
+from patchkit.server.bodies import BodyBudget
 from patchkit.server.chat import ChatRoutes
 from patchkit.server.events import EventStream, pump
 from patchkit.server.inputs import InputSchema, output_json
 from patchkit.server.loop_lag import LoopLag
 from patchkit.server.metrics import CONTENT_TYPE, DeploymentMetrics
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of, set_request_id
+from patchkit.server.request_ids import REQUEST_ID, check_request_id, new_request_id
 
 __all__ = ["build_app", "error_reply"]
 
@@ -61,6 +63,7 @@ _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflat
 _FRONTEND = web.AppKey("frontend", Frontend)
 _SCHEMA = web.AppKey("schema", InputSchema)
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
+_BODIES = web.AppKey("bodies", BodyBudget)
 _ROUTES = ("POST /v1/query, POST /v1/chat/completions, GET /healthz, /metrics, /v1/graph, /v1/plan, /v1/stats, "
            "/v1/traces, /v1/models")
 
@@ -78,7 +81,7 @@ def _refuse(request: web.Request, status: int, error: dict[str, Any], headers: d
 
 
 def _error(request: web.Request, error: BaseException) -> web.Response:
-    status, payload = error_reply(error, debug=request.app[_FRONTEND].config.debug)
+    status, payload = error_reply(error, debug=request.app[_FRONTEND].config.server.debug)
     return _refuse(request, status, payload["error"], {"Retry-After": "1"} if status == 503 else None)
 
 
@@ -108,7 +111,7 @@ async def _edge(request: web.Request, handler: Callable[[web.Request], Awaitable
 
 
 async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    token = request.app[_FRONTEND].config.auth_token
+    token = request.app[_FRONTEND].config.server.auth_token
     if token is not None and request.path != "/healthz" and not _authorized(request, token):
         message = "this endpoint needs the deployment's token: send the header 'Authorization: Bearer <auth_token>'"
         challenge = {"WWW-Authenticate": 'Bearer realm="patchkit"'}
@@ -142,20 +145,20 @@ async def read_body(request: web.Request, run: Callable[[bytes], Awaitable[web.S
 
     Used by every route that takes a body: a body too large or too slow raises the HTTP error `_edge`
     answers; `run`'s own errors are its to answer."""
-    frontend = request.app[_FRONTEND]
-    limit = frontend.config.max_body_bytes
+    frontend, bodies = request.app[_FRONTEND], request.app[_BODIES]
+    limit = frontend.config.limits.max_body_bytes
     held = 0  # the body's bytes counted in flight, from its headers until the request ends
     try:
-        held = frontend.hold_body(_announced_size(request, limit))
-        body = _decode(request, await _read(request, frontend.config.read_timeout_s, limit), limit)
-        held = frontend.hold_body(len(body), held)
+        held = bodies.hold(_announced_size(request, limit))
+        body = _decode(request, await _read(request, frontend.config.server.read_timeout_s, limit), limit)
+        held = bodies.hold(len(body), held)
         return await run(body)
     except (web.HTTPException, ConnectionResetError):
         raise  # a 408, 413 or 415: `_edge` replies; or the client of a stream went away
     except Exception as exc:
         return _error(request, exc)
     finally:
-        frontend.release_body(held)
+        bodies.release(held)
 
 
 async def query(request: web.Request) -> web.StreamResponse:
@@ -194,7 +197,7 @@ async def _stream_query(request: web.Request, inputs: dict[str, Any], slo_ms: fl
     except Exception as exc:
         if not stream.started:
             raise
-        _, payload = error_reply(exc, debug=frontend.config.debug)
+        _, payload = error_reply(exc, debug=frontend.config.server.debug)
         final = json.dumps({**payload, "request_id": request_id}).encode()
     await stream.send(final)
     return await stream.finish()
@@ -249,7 +252,8 @@ def _decode(request: web.Request, body: bytes, limit: int) -> bytes:
 async def healthz(request: web.Request) -> web.Response:
     frontend = request.app[_FRONTEND]
     healthy = frontend.healthy()
-    reply = {"status": "ok" if healthy else "degraded", "inflight": frontend.inflight, "inflight_bytes": frontend.inflight_bytes}
+    reply = {"status": "ok" if healthy else "degraded", "inflight": frontend.runner.inflight,
+             "inflight_bytes": request.app[_BODIES].held}
     return _json(200 if healthy else 503, reply)
 
 
@@ -281,10 +285,12 @@ async def traces(request: web.Request) -> web.Response:
 
 def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Application:
     """The routes over `frontend`; `/metrics` shows `loop_lag` too when the server measures it."""
-    app = web.Application(client_max_size=frontend.config.max_body_bytes, middlewares=[_edge])
+    app = web.Application(client_max_size=frontend.config.limits.max_body_bytes, middlewares=[_edge])
     app[_FRONTEND] = frontend
+    count = frontend.collector.count
+    app[_BODIES] = BodyBudget(frontend.config.limits.max_inflight_bytes, lambda refused: count(outcome_of(refused)))
     app[_METRICS] = DeploymentMetrics(frontend.snapshot, frontend.replica_stats, loop_lag)
-    app[_SCHEMA] = InputSchema(frontend.pipeline.inputs, frontend.config.optional_inputs)
+    app[_SCHEMA] = InputSchema(frontend.pipeline.inputs, frontend.config.server.optional_inputs)
     app.router.add_post("/v1/query", query)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics)

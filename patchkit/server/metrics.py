@@ -36,8 +36,8 @@ METHOD_LABELS = ["component", "method"]
 class FrontendCollector:
     """A `prometheus_client` collector: every `collect()` (one per scrape) reads a fresh snapshot.
 
-    `snapshot` is `Frontend.snapshot`; `reports` is what the replicas last reported about themselves
-    (`Frontend.replica_stats`, asked by `DeploymentMetrics.scrape` right before), None to leave the
+    `snapshot` is `StatsCollector.snapshot`; `reports` is what the replicas last reported about themselves
+    (`StatsCollector.replica_stats`, asked by `DeploymentMetrics.scrape` right before), None to leave the
     per-replica component figures out; `lag` is the front-end loop's lag monitor, if one runs.
     """
 

@@ -22,12 +22,13 @@ from aiohttp import web
 
 from patchkit import telemetry
 from patchkit.config import DeploymentConfig
+from patchkit.orchestrator.backends import make_backend
 from patchkit.orchestrator.process import ChildSide
-from patchkit.scheduler.online.frontend import Frontend, make_backend
-from patchkit.scheduler.online.request_ids import RequestIdFilter
+from patchkit.scheduler.online.frontend import Frontend
 from patchkit.server.connections import EdgeRunner
 from patchkit.server.http import build_app
 from patchkit.server.loop_lag import LoopLag
+from patchkit.server.request_ids import RequestIdFilter
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
@@ -57,7 +58,7 @@ class FrontendServer:
         await self.frontend.start()
         self.loop_lag.start()
         try:
-            read_timeout_s = self.config.read_timeout_s
+            read_timeout_s = self.config.server.read_timeout_s
             self._runner = EdgeRunner(
                 build_app(self.frontend, self.loop_lag),
                 access_log=None,
@@ -69,7 +70,7 @@ class FrontendServer:
                 handler_cancellation=True,  # a client that goes away cancels its request
             )
             await self._runner.setup()
-            site = web.TCPSite(self._runner, self.config.host, self.config.port)
+            site = web.TCPSite(self._runner, self.config.server.host, self.config.server.port)
             await site.start()
         except BaseException:
             await self.close()
@@ -179,7 +180,7 @@ def main() -> None:
     boot = side.start(FrontendBootstrap)
     # At the deploying process's level (the config carries it), so that what its user asked to see, such as the
     # autoscaler's INFO decisions, reaches its stderr, which this process shares.
-    logging.basicConfig(level=boot.config.log_level or logging.WARNING, format=LOG_FORMAT, force=True)
+    logging.basicConfig(level=boot.config.server.log_level or logging.WARNING, format=LOG_FORMAT, force=True)
     _stamp_request_ids()
     try:
         pipeline = pickle.loads(boot.pipeline)  # noqa: S301 - from our parent, over a private pipe

@@ -1,9 +1,9 @@
 """`LlamaEngine`: continuous batching of many sequences in one llama.cpp context, with a prefix cache.
 
 One engine thread owns the context. Callers on any thread `submit` a tokenized prompt and read its
-tokens from the returned `TokenStream`. Each turn of the engine's loop admits waiting sequences into
-free sequence slots, evaluates up to `n_batch` prompt tokens, then decodes one token for every running
-sequence in a single `llama_decode`.
+tokens from the returned `TokenStream` (`llama_sequence.py`). Each turn of the engine's loop admits
+waiting sequences into free sequence slots, evaluates up to `n_batch` prompt tokens, then decodes one
+token for every running sequence in a single `llama_decode`.
 
 Each slot is its own KV stream of `n_ctx` cells (`kv_unified=False`): a sequence's attention then runs
 over the same cells, in the same order, whether it runs alone or beside others, so greedy answers do not
@@ -20,38 +20,28 @@ the same positions over the same KV cells, whether its prefix came from the cach
 product over another number of rows rounds differently, and at a near-tie the greedy answer would
 follow; so reuse saves the work and changes no answer.
 
-Beyond the slots, a document KV cache (`kv_cache_bytes`) keeps in host memory the KV states of the
-prompt pieces a caller names (the system prompt, then each document in order) in a `KnowledgeTree`,
-evicted by frequency x recompute cost / size. Once a prompt is evaluated, the engine saves the pieces
-the tree lacks (`llama_state_seq_get_data`, cut per piece at the block boundary at or before its end);
-a new prompt whose pieces the tree holds further than any slot gets their states restored into its
-slot (`llama_state_seq_set_data`), so it evaluates only the rest. A restored prefix is the cells a
-fresh evaluation of the same blocks wrote, at the same positions and cells, so it changes no answer
-either.
+Beyond the slots, a document KV cache (`kv_cache_bytes`, `document_cache.py`) keeps in host memory
+the KV states of the prompt pieces a caller names (the system prompt, then each document in order):
+a new prompt whose pieces it holds further than any slot gets their states restored into its slot,
+so it evaluates only the rest, and changes no answer either.
 """
 
 from __future__ import annotations
 
-import ctypes
-import itertools
 import logging
-import queue
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from patchkit.components.generators.kv_state import Cells, StateLayout, StateLayoutError
-from patchkit.components.generators.kv_tree import KnowledgeTree, Node
+from patchkit.components.generators.document_cache import DocumentCache
+from patchkit.components.generators.llama_sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
 
-__all__ = ["EngineConfig", "LlamaEngine", "TokenStream"]
+__all__ = ["EngineConfig", "LlamaEngine"]
 
 logger = logging.getLogger(__name__)
-
-_END = None  # the last item of a stream's queue
-
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -89,43 +79,6 @@ class EngineConfig:
             raise ValueError(f"kv_cache_bytes ({self.kv_cache_bytes}) must be >= 0 (0 keeps no document KV cache)")
 
 
-@dataclass(eq=False)
-class _Sequence:
-    """One submitted prompt, from waiting to finished; its fields are the engine thread's, but `aborted`."""
-
-    prompt: list[int]
-    max_tokens: int
-    sampler: Any  # a llama_sampler chain, owned by this sequence
-    pieces: list[tuple[int, ...]] = field(default_factory=list)  # the prompt's leading pieces, for the document cache
-    out: queue.SimpleQueue[bytes | BaseException | None] = field(default_factory=queue.SimpleQueue)
-    slot: int = -1
-    evaluated: int = 0  # prompt tokens in the slot's KV state, reused ones included
-    generated: int = 0
-    last: int = -1  # the token sampled last, fed to the next decode step
-    aborted: bool = False
-
-
-class TokenStream:
-    """The byte pieces of one sequence's generated tokens, as the engine makes them. Iterate it on one
-    thread; `close()` (or leaving a for loop over `pieces()` early) aborts the sequence: the engine drops
-    it from the running batch and frees its slot at its next step."""
-
-    def __init__(self, engine: LlamaEngine, sequence: _Sequence) -> None:
-        self._engine, self._sequence = engine, sequence
-
-    def pieces(self) -> Iterator[bytes]:
-        try:
-            while (item := self._sequence.out.get()) is not _END:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            self.close()
-
-    def close(self) -> None:
-        self._engine.abort(self._sequence)
-
-
 class LlamaEngine:
     """Continuous batching over one llama.cpp context; see the module's docstring. Thread-safe: `submit`,
     `stats` and `check` may be called from any thread."""
@@ -143,21 +96,16 @@ class LlamaEngine:
         self._batch = _internals.LlamaBatch(n_tokens=config.n_batch, embd=0, n_seq_max=1, verbose=False)
         self._greedy = self._chain(0.0, 0)
         self._lock = threading.Condition()
-        self._waiting: deque[_Sequence] = deque()
-        self._running: list[_Sequence] = []
+        self._waiting: deque[LlamaSequence] = deque()
+        self._running: list[LlamaSequence] = []
         # Idle slots, least recently used first, each with the prompt tokens its KV stream still holds.
         self._idle: OrderedDict[int, list[int]] = OrderedDict((slot, []) for slot in range(config.slots))
         self._counts = dict.fromkeys(
             ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
-             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active",
-             "kv_cache_hits", "kv_cache_misses", "kv_cache_tokens_saved"), 0)
-        # Time inside llama_decode, per kind of batch; and saving and restoring document KV states.
-        self._seconds = {"prefill_s": 0.0, "decode_s": 0.0, "kv_cache_s": 0.0}
-        self._tree: KnowledgeTree[Cells] | None = None
-        if config.prefix_cache and config.kv_cache_bytes:
-            self._tree = KnowledgeTree(config.kv_cache_bytes)
-        self._layout: StateLayout | None = None  # the sequence states' layout, read from the first one saved
-        self._span = self._attention_span()
+             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active"), 0)
+        self._seconds = {"prefill_s": 0.0, "decode_s": 0.0}  # time inside llama_decode, per kind of batch
+        budget = config.kv_cache_bytes if config.prefix_cache else 0
+        self._documents = DocumentCache(llama_cpp, self._ctx, self.model, budget, config.block, self._lock)
         self._stopping = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
@@ -172,14 +120,6 @@ class LlamaEngine:
         # As Llama(flash_attn=False), so that answers equal create_chat_completion's.
         params.flash_attn_type = self._lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         return params
-
-    def _attention_span(self) -> float:
-        """The cached positions whose attention costs a prompt token as much as its dense layers: the scale of
-        the document cache's recompute cost, which grows with a piece's position."""
-        lib, model = self._lib, self.model.model
-        n_embd, n_layer = lib.llama_model_n_embd(model), lib.llama_model_n_layer(model)
-        dense = 2 * max(1, lib.llama_model_n_params(model) - lib.llama_vocab_n_tokens(self.model.vocab) * n_embd)
-        return float(dense / n_layer / (4 * n_embd))  # per position and layer: a query-key product and a value sum
 
     def _chain(self, temperature: float, seed: int) -> Any:
         """A sampler chain as llama-cpp-python's completion builds it: greedy at temperature 0, else top-k 40,
@@ -215,7 +155,7 @@ class LlamaEngine:
         if any(not 0 < end <= len(prompt) for end in pieces) or any(a >= b for a, b in zip([0, *pieces], pieces)):
             raise ValueError(f"pieces ({list(pieces)}) must be increasing token offsets within the prompt's {len(prompt)}")
         sampler = self._greedy if temperature == 0 else self._chain(temperature, seed)
-        sequence = _Sequence(list(prompt), max_tokens, sampler, _cut(prompt, pieces))
+        sequence = LlamaSequence(list(prompt), max_tokens, sampler, cut_pieces(prompt, pieces))
         with self._lock:
             self.check()
             if self._stopping:
@@ -223,9 +163,9 @@ class LlamaEngine:
             self._waiting.append(sequence)
             self._counts["requests"] += 1
             self._lock.notify()
-        return TokenStream(self, sequence)
+        return TokenStream(sequence, self.abort)
 
-    def abort(self, sequence: _Sequence) -> None:
+    def abort(self, sequence: LlamaSequence) -> None:
         with self._lock:
             if not sequence.aborted:
                 sequence.aborted = True
@@ -235,21 +175,19 @@ class LlamaEngine:
         """How many of the prompt's leading pieces (ending where `pieces` say, as for `submit`) the document
         cache holds; called by any thread, to order documents for reuse."""
         with self._lock:
-            return len(self._tree.match(_cut(prompt, pieces))) if self._tree is not None else 0
+            return self._documents.held(cut_pieces(prompt, pieces))
 
     def stats(self) -> dict[str, float]:
         """Counters since start, read under the engine's lock so they agree with each other. The document
         cache's: `kv_cache_hits` (prompts whose prefix it restored), `kv_cache_misses` (prompts with pieces
         it restored nothing of: it held none of them, or a slot held as much), `kv_cache_tokens_saved`
         (prompt tokens restored from it), `kv_cache_bytes_held` (within `kv_cache_budget_bytes`),
-        `kv_cache_entries` (pieces held), `kv_cache_evictions`."""
+        `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring)."""
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
             cached = sum(bool(kept) for kept in self._idle.values())
             counts.update(self._seconds, running=len(self._running), waiting=len(self._waiting), cache_entries=cached)
-            tree = self._tree
-            counts.update(kv_cache_bytes_held=tree.bytes if tree else 0, kv_cache_entries=tree.entries if tree else 0,
-                          kv_cache_evictions=tree.evictions if tree else 0, kv_cache_budget_bytes=tree.budget if tree else 0)
+            counts.update(self._documents.stats())
         counts["mean_active_per_step"] = counts["decoded_sequences"] / max(1, counts["decode_steps"])
         return counts
 
@@ -309,7 +247,7 @@ class LlamaEngine:
             self._running.append(sequence)
             self._counts["max_active"] = max(self._counts["max_active"], len(self._running))
 
-    def _place(self, sequence: _Sequence) -> None:
+    def _place(self, sequence: LlamaSequence) -> None:
         """Give the sequence the idle slot holding the longest prefix of its prompt (the least recently used
         one when none does), or a copy of a running slot's stream, or the least recently used slot with
         the document cache's states restored, whichever holds most; drop the slot's KV past the shared
@@ -324,16 +262,15 @@ class LlamaEngine:
         shared = {s.slot: self._aligned(min(limit, common_prefix(s.prompt[: s.evaluated], sequence.prompt)))
                   for s in self._running}
         source = max(shared, key=shared.__getitem__, default=-1)
-        path = self._documents_cached(sequence, limit)
+        path = self._documents.longest(sequence.pieces, limit)
         restore = bool(path) and path[-1].kept > max(reused, shared.get(source, 0))
         if restore:
             slot = next(iter(self._idle))
         del self._idle[slot]
         memory = self._ctx.memory
-        if sequence.pieces and self._tree is not None:
-            self._counts["kv_cache_hits" if restore else "kv_cache_misses"] += 1
+        self._documents.count(sequence.pieces, hit=restore)
         if restore:
-            reused = self._restore(slot, path)
+            reused = self._documents.restore(slot, path)
         elif shared.get(source, 0) > reused:
             # Across streams llama.cpp copies whole streams; the prefix cells never change while the source runs.
             self._lib.llama_memory_seq_rm(memory, slot, -1, -1)
@@ -347,80 +284,6 @@ class LlamaEngine:
 
     def _aligned(self, tokens: int) -> int:
         return tokens - tokens % self.config.block
-
-    def _documents_cached(self, sequence: _Sequence, limit: int) -> list[Node[Cells]]:
-        """The document cache's longest path along the sequence's pieces that ends within `limit` tokens;
-        every piece of it found counts as used, whoever serves the prompt (lock held)."""
-        if self._tree is None or not sequence.pieces:
-            return []
-        path = self._tree.match(sequence.pieces)
-        self._tree.use(path)
-        while path and path[-1].kept > limit:
-            path.pop()
-        return path
-
-    def _restore(self, slot: int, path: list[Node[Cells]]) -> int:
-        """Load the KV states along `path` into `slot`; the prompt tokens restored, 0 where llama.cpp
-        refused them (the slot is empty then). Engine thread, lock held."""
-        began = time.perf_counter()
-        assert self._layout is not None  # the tree holds states only once one was read
-        state = self._layout.join([node.state for node in path if node.state is not None])
-        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        self._lib.llama_memory_seq_rm(self._ctx.memory, slot, -1, -1)
-        loaded = self._lib.llama_state_seq_set_data(self._ctx.ctx, buffer, len(state), slot)
-        self._seconds["kv_cache_s"] += time.perf_counter() - began
-        if not loaded:
-            logger.warning("llama.cpp did not restore a cached prefix of %d tokens; evaluating it instead", path[-1].kept)
-            return 0
-        self._counts["kv_cache_tokens_saved"] += path[-1].kept
-        return path[-1].kept
-
-    def _save(self, sequence: _Sequence) -> None:
-        """Keep in the document cache the pieces of a just-evaluated prompt that it lacks, each as the KV
-        cells from its parent's end to the block boundary at or before its own end, as far as the budget
-        allows. Engine thread: the tree changes only here and in `_place`."""
-        tree = self._tree
-        if tree is None or not sequence.pieces:
-            return
-        with self._lock:
-            path = tree.match(sequence.pieces)
-        kept = [self._aligned(end) for end in itertools.accumulate(map(len, sequence.pieces))]
-        depth, known = len(path), path[-1].kept if path else 0
-        if kept[-1] <= known:
-            return  # nothing new past a block boundary
-        last = kept.index(kept[-1])  # the pieces after it would hold no cells
-        began = time.perf_counter()
-        try:
-            layout, cells = StateLayout.read(self._state(sequence.slot), self._lib.llama_model_n_layer(self.model.model))
-        except StateLayoutError as exc:
-            logger.warning("the document KV cache is off: %s", exc)
-            with self._lock:
-                self._tree = None
-            return
-        runs = [layout.cut(cells, kept[j - 1] if j else 0, kept[j]) for j in range(depth, last + 1)]
-        with self._lock:
-            self._layout, node = layout, path[-1] if path else tree.root
-            for piece, end, run in zip(sequence.pieces[depth:], kept[depth:], runs):
-                child = tree.insert(node, piece, end, run, run.nbytes, self._cost(run.start, run.end))
-                if child is None:
-                    break
-                node = child
-            tree.prune(node)
-            self._seconds["kv_cache_s"] += time.perf_counter() - began
-
-    def _state(self, slot: int) -> memoryview:
-        """The slot's sequence state, as llama.cpp saves it."""
-        size = self._lib.llama_state_seq_get_size(self._ctx.ctx, slot)
-        buffer = (ctypes.c_uint8 * size)()
-        written = self._lib.llama_state_seq_get_data(self._ctx.ctx, buffer, size, slot)
-        if written != size:
-            raise StateLayoutError(f"llama.cpp wrote {written} bytes of a {size}-byte sequence state")
-        return memoryview(buffer)
-
-    def _cost(self, start: int, end: int) -> float:
-        """What evaluating prompt positions [start, end) costs, in tokens at position 0: attention over the
-        positions before each one adds to its dense layers' work."""
-        return (end - start) * (1 + (start + end - 1) / (2 * self._span))
 
     def _prefill(self) -> None:
         """Evaluate up to n_batch prompt tokens this turn, a block per llama_decode, oldest sequence first; a
@@ -437,7 +300,7 @@ class LlamaEngine:
             self._batch.batch.n_tokens = 0
             budget -= end - start
             if end == len(sequence.prompt):
-                self._save(sequence)
+                self._documents.save(sequence.slot, sequence.pieces)
             with self._lock:
                 sequence.evaluated = end
                 self._counts["prompt_tokens_evaluated"] += end - start
@@ -478,7 +341,7 @@ class LlamaEngine:
             self._batch.batch.n_tokens = 0
             raise RuntimeError(f"llama_decode returned {status}")
 
-    def _sample(self, sequence: _Sequence, row: int) -> None:
+    def _sample(self, sequence: LlamaSequence, row: int) -> None:
         """Sample the sequence's next token from `row`'s logits; stream it, or end the sequence (lock held)."""
         if sequence.aborted:
             self._finish(sequence, aborted=True)
@@ -494,7 +357,7 @@ class LlamaEngine:
         if sequence.generated >= sequence.max_tokens:
             self._finish(sequence)
 
-    def _finish(self, sequence: _Sequence, *, aborted: bool = False) -> None:
+    def _finish(self, sequence: LlamaSequence, *, aborted: bool = False) -> None:
         """End a running sequence; its slot goes idle keeping the prompt's KV state for reuse (lock held)."""
         kept = sequence.prompt[: sequence.evaluated]
         self._lib.llama_memory_seq_rm(self._ctx.memory, sequence.slot, len(kept), -1)
@@ -503,7 +366,7 @@ class LlamaEngine:
         if sequence.sampler is not self._greedy:
             self._lib.llama_sampler_free(sequence.sampler)
         self._counts["aborted" if aborted else "finished"] += 1
-        sequence.out.put(_END)
+        sequence.out.put(END)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._lock:
@@ -512,18 +375,3 @@ class LlamaEngine:
                 sequence.out.put(error)
             self._running.clear()
             self._waiting.clear()
-
-
-def _cut(prompt: Sequence[int], pieces: Sequence[int]) -> list[tuple[int, ...]]:
-    """The prompt's leading pieces, ending at the token offsets `pieces` (as `submit` takes them)."""
-    ends = [0, *pieces]
-    return [tuple(prompt[a:b]) for a, b in zip(ends, ends[1:])]
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

@@ -28,17 +28,11 @@ d_k h[o], less l[o] when l[o] >= s, for a replica holding cores. The row at d_k 
 within the cores there are; the units row is the one at s = 1. With sizes in powers of two, these
 rows hold exactly when first fit decreasing places every replica (orchestrator/resources.py).
 
-Candidate batch sizes. Along one linear segment of T, with T(b) = a + s b, the throughput
-b / (a + s b) is monotone in b (rising when a > 0), so without an SLO the best batch of a segment is
-one of its ends: the candidates are 1, the breakpoints (rounded both ways) and max_batch, all within
-[1, max_batch], and the plan is optimal over every integer batch size. With an SLO the per-request
-latency is estimated as visits_i * 2 T_i(b_i) summed over components (a call waits for the batch in
-progress, then runs in the next); each option also gets the largest batch that meets the SLO when
-every other component runs at its fastest, and candidates that cannot meet it are dropped. The plan
-is then optimal among these candidates.
-
-A candidate that another beats on both latency and calls/s is left out of the model (without an SLO
-only the batch of most calls/s stays, the smallest where they tie): it could not serve a plan better.
+The `Problem` it is given and the `Solution` it returns are `problem.py`'s. Candidate batch sizes
+(`candidates.py`): the ends of T's linear pieces, and with an SLO the largest batch that meets it;
+without an SLO the plan is then optimal over every integer batch size, with one among these
+candidates. The checks that name, before solving, the resource or SLO no plan can meet are
+`feasibility.py`'s.
 
 Before branching, the LP relaxation bounds L, and each pair's replicas by what reaches that bound
 (a few rounds, each relaxation tighter than the last): no optimal plan is cut off, and HiGHS, whose
@@ -63,107 +57,20 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from patchkit.errors import PlanError
-from patchkit.scheduler.offline.pwl import PiecewiseLinear
+from patchkit.scheduler.offline.candidates import candidate_batches, usable
+from patchkit.scheduler.offline.feasibility import check_feasible, infeasible_message
+from patchkit.scheduler.offline.problem import Choice, Option, Problem, Solution
 from patchkit.scheduler.offline.solvers import GurobiUnavailable, LinearModel, Solver, solve_gurobi, solve_highs
 
-__all__ = ["Choice", "Option", "Problem", "Solution", "candidate_batches", "solve"]
+__all__ = ["solve"]
 
 logger = logging.getLogger(__name__)
 
 SOLVERS = ("auto", "gurobi", "highs")
 UNITS_SLACK = 1e-6  # relative throughput given up, at most, to use fewer resource units
-
-
-@dataclass(frozen=True)
-class Option:
-    """One way to run a component: on one resource type, with `units` of it a replica, and its latency curve so."""
-
-    component: str
-    resource: str  # "cpu" | "gpu" (any key of Problem.capacity)
-    units: int  # resource units one replica takes (r[o])
-    latency: PiecewiseLinear  # ms per batch as a function of batch size, on that resource with those units
-    max_batch: int  # memory-bounded largest batch
-    threads: int = 1  # threads one replica runs with (what the profile was measured at)
-    most_replicas: int | None = None  # at most this many replicas (m[o]); None: as many as the units allow
-    holds: int = 0  # declared units (cores) one replica holds, lent part included (h[o]); 0: it shares them
-
-    @property
-    def key(self) -> tuple[str, str, int]:
-        """(component, resource, units): what tells a component's options apart."""
-        return self.component, self.resource, self.units
-
-    def __post_init__(self) -> None:
-        if self.most_replicas is not None and self.most_replicas < 1:
-            raise ValueError(f"{self.component} on {self.resource}: most_replicas must be >= 1; got {self.most_replicas!r}")
-        for name, least in (("units", 1), ("max_batch", 1), ("threads", 1), ("holds", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise ValueError(f"{self.component} on {self.resource}: {name} must be an int >= {least}; got {value!r}")
-
-
-@dataclass(frozen=True)
-class Problem:
-    """What the planner knows: the options of every component, their visits, and the resources."""
-
-    options: tuple[Option, ...]
-    visits: Mapping[str, float]  # calls per request of each component (branches, loops), > 0
-    capacity: Mapping[str, int]  # units available per resource type, e.g. {"cpu": 5, "gpu": 2}
-    slo_ms: float | None = None
-    # units per unit a user declares, where they differ (the planner's {"cpu": SHARES_PER_CORE}): errors say what to declare
-    per_declared: Mapping[str, int] = field(default_factory=dict)
-
-    def declared(self, kind: str, units: int) -> int:
-        """The declared units (cores, GPUs) that hold `units` of `kind`."""
-        return -(-units // self.per_declared.get(kind, 1))
-
-    def __post_init__(self) -> None:
-        for name, visits in self.visits.items():
-            if not (math.isfinite(visits) and visits > 0):
-                raise ValueError(f"visits of {name} must be a finite number > 0; got {visits!r}")
-        for kind, units in self.capacity.items():
-            if isinstance(units, bool) or not isinstance(units, int) or units < 0:
-                raise ValueError(f"capacity of {kind} must be an int >= 0; got {units!r}")
-        if self.slo_ms is not None and not (math.isfinite(self.slo_ms) and self.slo_ms > 0):
-            raise ValueError(f"slo_ms must be a finite number > 0; got {self.slo_ms!r}")
-        seen = set()
-        for option in self.options:
-            if option.component not in self.visits:
-                raise ValueError(f"an option runs {option.component}, which has no visits entry")
-            if option.key in seen:
-                raise ValueError(
-                    f"{option.component} has two options on {option.resource} of {option.units} units a replica; "
-                    "options on one resource type must differ in units"
-                )
-            seen.add(option.key)
-
-
-@dataclass(frozen=True)
-class Choice:
-    """The plan of one component."""
-
-    component: str
-    resource: str
-    replicas: int
-    batch_size: int
-    throughput: float  # calls/s of all its replicas
-    units: int = 1  # units of `resource` one replica takes
-    batch_ms: float = 0.0  # T(batch_size): milliseconds one batch takes
-    threads: int = 1  # threads one replica runs with
-
-
-@dataclass(frozen=True)
-class Solution:
-    """The plan of every component, the pipeline's predicted throughput and what limits it."""
-
-    choices: Mapping[str, Choice]
-    throughput: float  # requests/s of the pipeline
-    bottleneck: str  # the component whose throughput / visits is smallest
-    solver: str  # "gurobi" | "highs"
-    used: Mapping[str, int] = field(default_factory=dict)  # units taken per resource type
-    latency_ms: float = 0.0  # per-request latency estimate: sum of visits * 2 * T(batch)
 
 
 def solve(problem: Problem, *, solver: str = "auto") -> Solution:
@@ -175,13 +82,13 @@ def solve(problem: Problem, *, solver: str = "auto") -> Solution:
     """
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {', '.join(map(repr, SOLVERS))}; got {solver!r}")
-    _check_feasible(problem)
+    check_feasible(problem)
     candidates = candidate_batches(problem)
     model = _Model.build(problem, candidates)
     started = time.perf_counter()
     name, values = _run(model, solver)
     if values is None:
-        raise PlanError(_infeasible_message(problem))
+        raise PlanError(infeasible_message(problem))
     choices = _read(problem, model, values)
     solution = _solution(problem, choices, name)
     logger.info(
@@ -189,124 +96,6 @@ def solve(problem: Problem, *, solver: str = "auto") -> Solution:
         name, time.perf_counter() - started, model.columns, len(model.rows), solution.throughput, solution.bottleneck,
     )
     return solution
-
-
-def candidate_batches(problem: Problem) -> dict[tuple[str, str, int], tuple[int, ...]]:
-    """Candidate batch sizes of every usable option, by `Option.key`, ascending.
-
-    An option is usable when its resource has units enough for one replica; with an SLO only batch
-    sizes that can meet it remain, and an option left with none is dropped.
-    """
-    fastest = {name: _fastest(problem, name)[0] for name in problem.visits}
-    found = {}
-    for option in _usable(problem):
-        latency, top = option.latency, option.max_batch
-        sizes = _segment_ends(option)
-        for size in sizes:
-            if latency(size) <= 0:
-                raise ValueError(
-                    f"{option.component} on {option.resource}: T({size}) is {latency(size)} ms; a batch must take > 0 ms"
-                )
-        if problem.slo_ms is not None:
-            visits = problem.visits[option.component]
-            others = sum(problem.visits[name] * 2 * ms for name, ms in fastest.items() if name != option.component)
-            bound = (problem.slo_ms - others) / (2 * visits)
-            largest = latency.largest_within(bound * (1 + 1e-12), 1, top)
-            if largest is not None:
-                sizes.add(largest)
-            sizes = {b for b in sizes if latency(b) <= bound * (1 + 1e-12)}
-        kept = _undominated(latency, sizes)
-        if kept:
-            found[option.key] = kept if problem.slo_ms is not None else kept[-1:]
-    return found
-
-
-def _undominated(latency: PiecewiseLinear, sizes: set[int]) -> tuple[int, ...]:
-    """The sizes no other size beats on both latency and calls/s, by ascending latency (and calls/s).
-
-    A dominated size cannot serve a plan better, so the model leaves it out; where calls/s tie, the
-    quicker (smaller) batch stays. Without an SLO only the last, the most calls/s, matters.
-    """
-    kept: list[int] = []
-    most = 0.0
-    for b in sorted(sizes, key=lambda b: (latency(b), b)):
-        calls = b / latency(b)
-        if calls > most * (1 + 1e-12):
-            kept.append(b)
-            most = calls
-    return tuple(kept)
-
-
-def _usable(problem: Problem) -> list[Option]:
-    return [o for o in problem.options if problem.capacity.get(o.resource, 0) >= o.units]
-
-
-def _segment_ends(option: Option) -> set[int]:
-    """1, max_batch and the breakpoints rounded down and up, within [1, max_batch]: the integer batch
-    sizes at the ends of T's linear pieces, where both the most calls/s and the least latency lie."""
-    rounded = {f(x) for x in option.latency.breakpoints for f in (math.floor, math.ceil)}
-    return {1, option.max_batch} | {min(max(b, 1), option.max_batch) for b in rounded}
-
-
-def _fastest(problem: Problem, component: str) -> tuple[float, int, str]:
-    """(ms, batch, resource) of the component's quickest batch over its usable options."""
-    best = (math.inf, 0, "")
-    for option in _usable(problem):
-        if option.component == component:
-            best = min(best, *((option.latency(b), b, option.resource) for b in _segment_ends(option)))
-    return best
-
-
-# -- infeasibility, said before solving ------------------------------------------------------------
-def _check_feasible(problem: Problem) -> None:
-    """Raise PlanError naming what is missing when the obvious needs exceed the resources."""
-    for name in problem.visits:
-        options = [o for o in problem.options if o.component == name]
-        if not options:
-            raise PlanError(f"{name} has no option: it was profiled on no resource type, so no replica of it can be placed")
-        if not any(problem.capacity.get(o.resource, 0) >= o.units for o in options):
-            fewest = _least_units(options)
-            reasons = [f"{kind} ({n} units a replica, {problem.capacity.get(kind, 0)} there are)" for kind, n in fewest.items()]
-            more = ", ".join(f"{kind!r}: {problem.declared(kind, units)}" for kind, units in fewest.items())
-            raise PlanError(
-                f"{name} cannot get one replica: it runs on {' or '.join(reasons)}; declare more with resources={{{more}}}"
-            )
-    only: dict[str, dict[str, int]] = {}  # resource type -> components that can run nowhere else -> units
-    for name in problem.visits:
-        kinds = _least_units([o for o in _usable(problem) if o.component == name])
-        if len(kinds) == 1:
-            [(kind, units)] = kinds.items()
-            only.setdefault(kind, {})[name] = units
-    for kind, needs in only.items():
-        total, capacity = sum(needs.values()), problem.capacity[kind]
-        if total > capacity:
-            if all(units == 1 for units in needs.values()):
-                what = f"{len(needs)} components need a {kind} replica each ({', '.join(needs)})"
-            else:
-                listed = ", ".join(f"{name}: {units}" for name, units in needs.items())
-                what = f"{len(needs)} components need {total} {kind} units for a replica each ({listed})"
-            enough = problem.declared(kind, total)
-            raise PlanError(f"{what} but {kind} has {capacity} units; declare more with resources={{{kind!r}: {enough}}}")
-    if problem.slo_ms is not None:
-        fastest = {name: _fastest(problem, name) for name in problem.visits}
-        least = sum(problem.visits[name] * 2 * ms for name, (ms, _, _) in fastest.items())
-        if least > problem.slo_ms * (1 + 1e-12):
-            parts = ", ".join(
-                f"{name}: {problem.visits[name]:g} x 2 x {ms:.3g} ms at batch {b} on {kind}"
-                for name, (ms, b, kind) in fastest.items()
-            )
-            raise PlanError(
-                f"no batch size meets slo_ms={problem.slo_ms:g}: a request takes at least {least:.3g} ms even with "
-                f"every component at its fastest batch ({parts}); raise slo_ms or use faster components"
-            )
-
-
-def _least_units(options: Sequence[Option]) -> dict[str, int]:
-    """The fewest units one replica takes, per resource type, over `options`."""
-    least: dict[str, int] = {}
-    for o in options:
-        least[o.resource] = min(least.get(o.resource, o.units), o.units)
-    return least
 
 
 # -- the model, solver-neutral ---------------------------------------------------------------------
@@ -326,7 +115,7 @@ class _Model(LinearModel):
 
     @classmethod
     def build(cls, problem: Problem, candidates: Mapping[tuple[str, str, int], tuple[int, ...]]) -> _Model:
-        pairs = [(o, b) for o in _usable(problem) for b in candidates.get(o.key, ())]
+        pairs = [(o, b) for o in usable(problem) for b in candidates.get(o.key, ())]
         weight = 1.0 + sum(problem.capacity.values())  # a unit outweighs any count of replicas
         lower, upper, integer, units = [0.0], [math.inf], [False], [0.0]
         rows: list[tuple[list[int], list[float], float, float]] = []
@@ -452,21 +241,6 @@ def _tighten(model: _Model, backend: Solver, rounds: int = 5) -> None:
                 tightened = True
         if not tightened:
             return
-
-
-def _infeasible_message(problem: Problem) -> str:
-    # The pre-checks look at one resource type at a time; what is left is components that could use
-    # several types competing for too few units of all of them, or an SLO met only on a full type.
-    needs = []
-    for name in problem.visits:
-        ways = [f"{units} {kind}" for kind, units in _least_units([o for o in _usable(problem) if o.component == name]).items()]
-        needs.append(f"{name}: {' or '.join(ways)}")
-    declared = ", ".join(f"{kind!r}: {problem.declared(kind, units)}" for kind, units in problem.capacity.items())
-    slo = f" within slo_ms={problem.slo_ms:g}" if problem.slo_ms is not None else ""
-    return (
-        f"no placement gives each of the {len(problem.visits)} components a replica{slo}: one replica takes "
-        f"{'; '.join(needs)}, and resources={{{declared}}} are declared; declare more"
-    )
 
 
 def _chosen(model: _Model, values: Sequence[float]) -> list[tuple[Option, int, int]]:

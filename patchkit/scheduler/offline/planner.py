@@ -28,9 +28,11 @@ from typing import TYPE_CHECKING, Any
 from patchkit.component import make_methods
 from patchkit.errors import InputError, PlanError
 from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, lending_units
-from patchkit.scheduler.offline.milp import Option, Problem, solve
+from patchkit.scheduler.offline.calibration import CalibrationCache
+from patchkit.scheduler.offline.milp import solve
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 from patchkit.scheduler.offline.pool import ResourcePool
+from patchkit.scheduler.offline.problem import Option, Problem
 
 if TYPE_CHECKING:
     from patchkit.capture.recorder import CallRecord
@@ -112,7 +114,8 @@ def _model_errors(profiles: Sequence[ComponentProfile]) -> dict[str, float]:
 
 
 def _calibrate(pipeline: Pipeline, calibration: Sequence[Mapping[str, Any]] | None) -> list[CallRecord]:
-    """Run the calibration inputs; the calls to profile with: theirs, or without any, all the pipeline recorded.
+    """Run the calibration inputs (or read their runs back: `CalibrationCache`); the calls to profile with:
+    theirs, or without any, all the pipeline recorded.
 
     Only theirs: a plan made again with the same calibration then profiles the same calls (and reads the
     profiler's cache), however often the pipeline ran before."""
@@ -120,8 +123,9 @@ def _calibrate(pipeline: Pipeline, calibration: Sequence[Mapping[str, Any]] | No
     if calibration is not None:
         if isinstance(calibration, Mapping) or not all(isinstance(inputs, Mapping) for inputs in calibration):
             raise InputError("calibration takes a list of input dicts, such as [{'query': 'What is a generator?'}, ...]")
+        runs = CalibrationCache()
         for inputs in calibration:
-            pipeline(**inputs)
+            runs.run(pipeline, inputs)
     if pipeline.graph.runs == 0:
         raise PlanError(
             "the pipeline has never run, so there is nothing to profile it with: capture it with capture(run=True) "

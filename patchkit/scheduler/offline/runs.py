@@ -9,6 +9,7 @@ from typing import Any
 from patchkit.component import Call
 from patchkit.errors import ComponentError
 from patchkit.orchestrator.backend import Replica
+from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Failure, Outcome
 
 __all__ = ["check_outcomes", "out_of_memory", "stats", "timed"]
@@ -24,11 +25,12 @@ async def timed(replica: Replica, method: str, calls: list[Call], size: int, *, 
 
         async def one(call: Call) -> list[Outcome]:
             async with slots:
-                return await replica.channel.run_batch(method, [call])
+                return await replica.channel.run_batch(method, [CallEnvelope(*call)])
 
         replies = await asyncio.gather(*(one(call) for call in calls))
     else:
-        replies = [await replica.channel.run_batch(method, calls[i : i + size]) for i in range(0, len(calls), size)]
+        envelopes = [CallEnvelope(*call) for call in calls]
+        replies = [await replica.channel.run_batch(method, envelopes[i : i + size]) for i in range(0, len(calls), size)]
     return (time.perf_counter() - started) * 1000, [outcome for reply in replies for outcome in reply]
 
 

@@ -2,7 +2,7 @@
 their SLO and resources are free, one more replica for the bottleneck component; a component idle
 past a cool-down loses a replica; every component stays within its min/max replicas.
 
-`Frontend.start` starts `Autoscaler.run` when the deployment's `autoscale` is on; it calls `step`
+`Deployment.start` starts `Autoscaler.run` when the deployment's `autoscale` is on; it calls `step`
 every `autoscale_interval_s`. `step(now)` decides from live state (the SLO policy's at-risk set,
 the queues, the replicas, the applied plan) and applies its decisions through the supervisor,
 which adds a replica with no downtime and retires one with no failed call (`Supervisor.add`,
@@ -24,21 +24,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from patchkit.orchestrator.backend import ReplicaSpec
-from patchkit.orchestrator.resources import (
-    SHARES_PER_CORE,
-    ReplicaResources,
-    available_cpus,
-    available_gpus,
-    cpu_threads,
-    one_more,
-)
+from patchkit.orchestrator.resources import SHARES_PER_CORE, available_cpus, available_gpus
 
 if TYPE_CHECKING:
-    from patchkit.component import Component
     from patchkit.config import DeploymentConfig
+    from patchkit.orchestrator.backend import ReplicaSpec
     from patchkit.orchestrator.supervisor import Supervisor
-    from patchkit.scheduler.online.queues import ReplicaSet
+    from patchkit.scheduler.online.replicas import ReplicaSet
     from patchkit.scheduler.online.slo import SloPolicy
 
 __all__ = ["Autoscaler", "Decision"]
@@ -57,9 +49,10 @@ class Decision:
 
 
 class Autoscaler:
-    """Owned by the front-end, on its event loop, and given what it reads and drives of it: the
-    config, the SLO policy (is anyone at risk?), the replica sets of the components (their queues and
-    replicas), and the supervisor that adds and retires replicas. `capacity`: units per resource type
+    """Owned by the front-end's deployment, on its event loop, and given what it reads and drives of it:
+    the config, the SLO policy (is anyone at risk?), the replica sets of the components (their queues
+    and replicas), the supervisor that adds and retires replicas, and `one_more(name)`, the spec of a
+    replica to add to a component (placed by the backend). `capacity`: units per resource type
     ("cpu", "gpu") replicas may take; None until first needed, then the applied plan's, else the
     backend's (a cluster's) or this machine's cores and GPUs."""
 
@@ -68,14 +61,14 @@ class Autoscaler:
         config: DeploymentConfig,
         policy: SloPolicy,
         supervisor: Supervisor,
-        components: Mapping[str, Component],
         sets: Mapping[str, ReplicaSet],
+        one_more: Callable[[str], ReplicaSpec],
         *,
         clock: Callable[[], float],
         capacity: Mapping[str, int] | None = None,
     ) -> None:
         self.config, self.policy, self.supervisor = config, policy, supervisor
-        self.components, self.sets, self.clock = components, sets, clock
+        self.sets, self.one_more, self.clock = sets, one_more, clock
         self.capacity = dict(capacity) if capacity is not None else None
         self.replicas = {name: c.replicas for name, c in self.config.components.items()}  # as kept, restarts included
         started = clock()
@@ -86,14 +79,14 @@ class Autoscaler:
 
     # -- the loop -------------------------------------------------------------------------------
     def start(self) -> None:
-        """Called by `Frontend.start` once every replica is up, when the config's `autoscale` is on."""
+        """Called by `Deployment.start` once every replica is up, when the config's `autoscale` is on."""
         self._task = asyncio.get_running_loop().create_task(self.run())
 
     async def run(self) -> None:
         """A `step` every `autoscale_interval_s` until `close`; a step that fails is logged and the loop goes on."""
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.config.autoscale_interval_s)
+                await asyncio.wait_for(self._stopping.wait(), self.config.autoscaling.autoscale_interval_s)
             if self._stopping.is_set():
                 return
             try:
@@ -102,7 +95,7 @@ class Autoscaler:
                 logger.exception("an autoscaling step failed")
 
     async def close(self) -> None:
-        """Called by `Frontend.close` before the supervisor closes: waits for a step under way to end."""
+        """Called by `Deployment.stop_scaling` before the supervisor closes: waits for a step under way to end."""
         self._stopping.set()
         if self._task is not None:
             await self._task
@@ -128,7 +121,7 @@ class Autoscaler:
         return [d for d in (self._scale_up(now), self._scale_down(now)) if d is not None]
 
     def _scale_up(self, now: float) -> Decision | None:
-        if self._risk_since is None or now - self._risk_since < self.config.scale_up_after_s:
+        if self._risk_since is None or now - self._risk_since < self.config.autoscaling.scale_up_after_s:
             return None
         name, drain_s = self.bottleneck(now)
         replicas, most = self.replicas[name], self.config.max_replicas_of(name)
@@ -146,9 +139,9 @@ class Autoscaler:
 
     def _scale_down(self, now: float) -> Decision | None:
         for name, replicas in self.replicas.items():
-            idle_s = self.idle_s(name, now)
-            if replicas > self.config.min_replicas_of(name) and idle_s is not None and idle_s >= self.config.scale_down_after_s:
-                reason = f"no call queued or in flight for {idle_s:.1f} s (scale_down_after_s={self.config.scale_down_after_s:g})"
+            idle_s, after_s = self.idle_s(name, now), self.config.autoscaling.scale_down_after_s
+            if replicas > self.config.min_replicas_of(name) and idle_s is not None and idle_s >= after_s:
+                reason = f"no call queued or in flight for {idle_s:.1f} s (scale_down_after_s={after_s:g})"
                 return Decision("scale_down", name, replicas - 1, reason)
         return None
 
@@ -174,11 +167,8 @@ class Autoscaler:
     async def _add(self, name: str, now: float) -> str | None:
         """Start one more replica; its id, or None when it could not start (logged)."""
         self._risk_since = now  # the new replica gets scale_up_after_s to help before the next; so does a retry
-        settings = self.config.components[name]
-        device = settings.resource if self.config.plan is not None else None
-        spec = ReplicaSpec(name, self.components[name], self._resources(name), device, settings.units)
         try:
-            replica = await self.supervisor.add(spec)
+            replica = await self.supervisor.add(self.one_more(name))
         except Exception as exc:
             logger.error("could not add a replica of %s: %s", name, exc)
             return None
@@ -194,19 +184,6 @@ class Autoscaler:
         replica = min(reversed(live), key=lambda r: r.inflight)
         stopped = self.supervisor.retire(replica)
         return (None, None) if stopped is None else (replica.id, stopped)
-
-    def _resources(self, name: str) -> ReplicaResources:
-        """What an added replica may use: placed like its siblings on the plan's resource type."""
-        if self.config.backend == "inprocess":
-            return ReplicaResources()
-        component = self.config.components[name]
-        threads = cpu_threads(component.units) if component.resource == "cpu" else 1
-        if self.config.backend == "ray":  # Ray places it and sets its GPUs; only its thread count is ours
-            return ReplicaResources(threads=threads)
-        if self.config.plan is None:  # placed by nobody: like the replicas `spread` started, it sees this process's GPUs
-            return ReplicaResources(threads=threads)
-        held = {g for r in self.supervisor.replicas() for g in (r.spec.resources.gpus or ())}
-        return one_more(component.resource, component.units, held)
 
     # -- the model ------------------------------------------------------------------------------
     def bottleneck(self, now: float) -> tuple[str, float]:

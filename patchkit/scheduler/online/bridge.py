@@ -9,6 +9,7 @@ components at once with no OS thread each.
 
 from __future__ import annotations
 
+import contextvars
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -29,9 +30,12 @@ class _RequestGreenlet(greenlet.greenlet):
 async def run_sync(fn: Callable[..., T], *args: Any) -> T:
     """Run `fn(*args)` to completion in a greenlet, awaiting whatever it passes to `await_`.
 
-    Cancelling the awaiting task throws CancelledError into `fn` at its current `await_`.
+    Cancelling the awaiting task throws CancelledError into `fn` at its current `await_`. `fn` runs in a
+    copy of the awaiting task's context, so what the task had set (the request's id, for its log
+    records) holds inside, and what `fn` sets (its call hook) stays its own.
     """
     child = _RequestGreenlet(fn, greenlet.getcurrent())
+    child.gr_context = contextvars.copy_context()
     result = child.switch(*args)
     while not child.dead:
         try:

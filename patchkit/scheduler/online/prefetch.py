@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit.capture.graph import Graph
-from patchkit.capture.recorder import CallSite
-from patchkit.component import Component, MakeMethod
+from patchkit.component import CallSite, Component, MakeMethod
 
 __all__ = ["PREFETCH_METHOD", "PrefetchRoute", "Prefetcher", "find_routes"]
 

@@ -1,7 +1,7 @@
 """What the front-end shows of itself: its counters at one moment, as plain data.
 
-`Frontend.snapshot()` takes one; `/metrics` (`patchkit.server.metrics`) renders it and
-`Frontend.stats()` (`/v1/stats`, `Endpoint.stats()`) reports it, so neither reaches into the
+`StatsCollector.snapshot()` takes one; `/metrics` (`patchkit.server.metrics`) renders it and
+`StatsCollector.stats()` (`/v1/stats`, `Endpoint.stats()`) reports it, so neither reaches into the
 front-end's fields. Taking one is cheap: a pass over the queues and replicas, on the event loop.
 """
 
@@ -33,7 +33,7 @@ class MethodSnapshot:
     throughput_per_s: float  # over the queue's recent window
 
     def describe(self) -> dict[str, Any]:
-        """As `Frontend.stats()` reports it, per method."""
+        """As `StatsCollector.stats()` reports it, per method."""
         return {
             "batch_size": self.batch_size,
             "queue_length": self.queue_length,

@@ -15,7 +15,7 @@ __all__ = ["Waves"]
 
 
 class Waves:
-    """The gate `Frontend.query` passes when pipelining is off; lives on the front-end's event loop."""
+    """The gate `RequestRunner.query` passes when pipelining is off; lives on the front-end's event loop."""
 
     def __init__(self) -> None:
         self.running = 0  # requests of the current wave not yet finished

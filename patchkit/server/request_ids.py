@@ -1,8 +1,9 @@
 """Request ids: kept from the client's `X-Request-ID` or made fresh, and carried in log records.
 
-The front-end sets `REQUEST_ID` while it serves a request (on the request's task and inside its
-pipeline greenlet), so `RequestIdFilter`, installed on a handler, stamps every record logged on
-the request's behalf with `record.request_id` ("-" outside any request).
+The HTTP edge sets `REQUEST_ID` while it serves a request, on the request's task; the pipeline's
+greenlet runs in a copy of that task's context (`scheduler/online/bridge.py`), so `RequestIdFilter`,
+installed on a handler, stamps every record logged on the request's behalf with `record.request_id`
+("-" outside any request).
 """
 
 from __future__ import annotations

@@ -1,126 +1,30 @@
-"""`Component` and `@make`: the two names a user writes a pipeline's parts with.
+"""`Component` and `@make`: the class a pipeline's parts derive from and the decorator that marks their steps.
 
-A `Component` records its constructor arguments as it is created, so any process can rebuild it
-from its `ComponentSpec`; state loaded by `setup()` never travels. `@make` marks the methods a
+A `Component` records its constructor arguments as it is created (its `ComponentSpec`), so any
+process can rebuild it; state loaded by `setup()` never travels. `@make` marks the methods a
 pipeline calls; each call goes through the active `CallHook` when one is installed (capture
 records calls, the front-end routes them to workers) and runs locally otherwise.
-
-This module imports nothing from patchkit but the leaf `errors` module, so every part may use it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import math
-import re
+import sys
 import threading
 import uuid
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextvars import ContextVar
-from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, overload
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, TypeVar, overload
 
+from patchkit.component.calls import Call, CallHook, active_call_hook, call_hook, site_of
+from patchkit.component.spec import ComponentSpec
 from patchkit.errors import MakeError
 
-__all__ = [
-    "BoundMake",
-    "CallHook",
-    "Component",
-    "ComponentSpec",
-    "MakeMethod",
-    "active_call_hook",
-    "call_hook",
-    "ensure_setup",
-    "make",
-    "make_methods",
-    "mark_served_elsewhere",
-]
+__all__ = ["BoundMake", "Component", "MakeMethod", "ensure_setup", "make", "make_methods", "mark_served_elsewhere"]
 
-Call = tuple[tuple[Any, ...], dict[str, Any]]
 DEFAULT_BATCH_SIZE = 32
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@dataclass(frozen=True)
-class ComponentSpec:
-    """What it takes to rebuild a component in another process: its class and constructor arguments.
-
-    `uid` names the component across processes: a rebuilt component keeps the uid of the original.
-    """
-
-    cls: type[Component]
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = field(hash=False)
-    uid: str
-
-    def build(self) -> Component:
-        """Construct a fresh component; called by a worker process before it runs `setup()`."""
-        component = self.cls(*self.args, **self.kwargs)
-        component.__dict__["_patchkit_spec"] = self
-        return component
-
-    def parameter_names(self) -> list[str]:
-        """The names of the constructor's parameters the positional `args` fill ('' where it cannot name one)."""
-        return _parameter_names(self.cls, len(self.args))
-
-    def describe(self) -> str:
-        """`Cls(arg, key=value)` with short reprs, for graphs, plans and logs; secrets masked (`secret_like`)."""
-        names = self.parameter_names()
-        parts = [_short_repr(_masked(name, a)) for name, a in zip(names, self.args, strict=True)]
-        parts += [f"{k}={_short_repr(_masked(k, v))}" for k, v in self.kwargs.items()]
-        return f"{self.cls.__name__}({', '.join(parts)})"
-
-    def __repr__(self) -> str:
-        # Not the dataclass's: that would print every argument, secrets included, in full.
-        return f"ComponentSpec({self.describe()}, uid={self.uid!r})"
-
-
-# An argument whose name has one of these words (in any case: api_key, hf_token, clientSecret, DB_PASSWORD) is
-# shown as MASK in every repr and log. Words, not substrings: max_tokens and tokenizer are no secrets.
-SECRET_WORDS = frozenset({"apikey", "token", "password", "passwd", "secret", "secrets", "authorization", "credential",
-                          "credentials"})
-MASK = "***"
-
-
-def secret_like(name: object) -> bool:
-    """Whether an argument (or a dict key) of this name holds a secret: an API key, a token, a password."""
-    text = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", str(name)).lower()  # camelCase -> camel_case
-    words = [word for word in re.split(r"[^a-z0-9]+", text) if word]
-    pairs = {a + b for a, b in zip(words, words[1:])}  # api_key -> apikey
-    return bool(SECRET_WORDS.intersection(words) or "apikey" in pairs)
-
-
-def _masked(name: object, value: Any) -> Any:
-    """`value` for display: MASK if `name` looks secret; a dict with its secret-looking keys masked, at any depth."""
-    if value is None:
-        return None
-    if secret_like(name):
-        return MASK
-    if isinstance(value, dict):
-        return {k: _masked(k, v) for k, v in value.items()}
-    return value
-
-
-def _parameter_names(cls: type, count: int) -> list[str]:
-    """The names of the first `count` positional parameters of `cls.__init__`, so that a secret passed
-    positionally is masked too; '' for one it cannot name (*args)."""
-    try:
-        parameters = list(inspect.signature(cls).parameters.values())
-    except (TypeError, ValueError):
-        parameters = []
-    names = [p.name for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    return (names + [""] * count)[:count]
-
-
-def _short_repr(value: Any, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _rebuild(spec: ComponentSpec) -> Component:
-    return spec.build()
 
 
 class Component:
@@ -190,7 +94,7 @@ class Component:
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Only the spec travels; the receiving process rebuilds the object and runs setup() itself.
-        return (_rebuild, (self._patchkit_spec,))
+        return (ComponentSpec.build, (self._patchkit_spec,))
 
     def __repr__(self) -> str:
         return self._patchkit_spec.describe()
@@ -238,34 +142,6 @@ def mark_served_elsewhere(component: Component) -> None:
     """Mark `component` as served by its own deployment, not by this process: it is held by a worker's
     component, whose calls of it go through the worker's hook, so its `setup()` never runs here."""
     component.__dict__["_patchkit_ready"] = True
-
-
-class CallHook(Protocol):
-    """Receives every `@make` call made while it is installed (see `call_hook`).
-
-    Capture installs one that records calls and runs them locally; the front-end installs one that
-    sends each call to its component's batching queue.
-    """
-
-    def __call__(self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
-
-
-_CALL_HOOK: ContextVar[CallHook | None] = ContextVar("patchkit_call_hook", default=None)
-
-
-def active_call_hook() -> CallHook | None:
-    """The hook `@make` calls made here go through, or None when they run in place."""
-    return _CALL_HOOK.get()
-
-
-@contextlib.contextmanager
-def call_hook(hook: CallHook | None) -> Iterator[None]:
-    """Route `@make` calls made in this context (thread, task or greenlet) through `hook`."""
-    token = _CALL_HOOK.set(hook)
-    try:
-        yield
-    finally:
-        _CALL_HOOK.reset(token)
 
 
 class MakeMethod:
@@ -425,9 +301,9 @@ class BoundMake:
         self.method = method
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        hook = _CALL_HOOK.get()
-        if hook is not None:
-            return hook(self.component, self.method, args, kwargs)
+        hook = active_call_hook()
+        if hook is not None:  # the call site is the frame calling this method: the code that wrote the call
+            return hook(self.component, self.method, args, kwargs, site_of(sys._getframe(1)))
         return self.method.run_local(self.component, args, kwargs)
 
     def __repr__(self) -> str:

@@ -1,0 +1,82 @@
+"""A `@make` call on its way: where in the user's code it is made, and the hook it goes through.
+
+`BoundMake.__call__` hands every call made while a hook is installed to that hook, with its call site:
+capture's recorder keys graph nodes by it, the front-end decides by it which call streams the output
+and which starts a prefetch. Installed per context (thread, task or greenlet), so each request's
+greenlet has its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+import weakref
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from patchkit.component.base import Component, MakeMethod
+
+__all__ = ["Call", "CallHook", "CallSite", "active_call_hook", "call_hook", "site_of"]
+
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """Where in the user's source a component method is called: the key of a graph node."""
+
+    filename: str
+    lineno: int
+    col: int
+    end_col: int
+
+
+_POSITIONS: weakref.WeakKeyDictionary[types.CodeType, list[Any]] = weakref.WeakKeyDictionary()
+
+
+def site_of(frame: types.FrameType) -> CallSite | None:
+    """The call site of the instruction `frame` is executing (a CALL), from the code's positions."""
+    code = frame.f_code
+    positions = _POSITIONS.get(code)
+    if positions is None:
+        positions = _POSITIONS[code] = list(code.co_positions())
+    index = frame.f_lasti // 2
+    if index >= len(positions) or positions[index][0] is None:
+        return None
+    line, _, col, end_col = positions[index]
+    return CallSite(code.co_filename, line, col or 0, end_col or 0)
+
+
+class CallHook(Protocol):
+    """Receives every `@make` call made while it is installed (see `call_hook`), with its call site
+    (None where the code has no positions).
+
+    Capture installs one that records calls and runs them locally; the front-end installs one that
+    sends each call to its component's batching queue; a worker one that sends its component's calls
+    of the components it holds to their deployment.
+    """
+
+    def __call__(
+        self, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any], site: CallSite | None
+    ) -> Any: ...
+
+
+_CALL_HOOK: ContextVar[CallHook | None] = ContextVar("patchkit_call_hook", default=None)
+
+
+def active_call_hook() -> CallHook | None:
+    """The hook `@make` calls made here go through, or None when they run in place."""
+    return _CALL_HOOK.get()
+
+
+@contextlib.contextmanager
+def call_hook(hook: CallHook | None) -> Iterator[None]:
+    """Route `@make` calls made in this context (thread, task or greenlet) through `hook`."""
+    token = _CALL_HOOK.set(hook)
+    try:
+        yield
+    finally:
+        _CALL_HOOK.reset(token)

@@ -1,0 +1,326 @@
+"""How a deployment is configured: per component, its replicas and per-method batch sizes, and deploy()'s
+options in their groups.
+
+`DeploymentConfig.resolve` turns deploy()'s arguments into a config: replicas and batch sizes come
+from a `Plan` when one is given, else from the arguments or the components' own defaults
+(`@make(max_batch_size=...)`); the flat options (`port=`, `slo_ms=`, `ray_address=`) fill the groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from patchkit.component import make_methods
+from patchkit.config.groups import (
+    BACKENDS,
+    LOG_LEVELS,
+    AutoscalingConfig,
+    ChatConfig,
+    LimitsConfig,
+    LivenessConfig,
+    RayConfig,
+    ServerConfig,
+    SloConfig,
+)
+from patchkit.config.options import check_counts, check_names, check_value, close_hint, collect, is_int, option
+from patchkit.errors import ConfigError, InputError
+from patchkit.orchestrator.resources import SHARES_PER_CORE
+from patchkit.scheduler.offline.plan import Plan
+
+if TYPE_CHECKING:
+    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
+    from patchkit.orchestrator.ray_options import RayOptions
+
+__all__ = ["OPTIONS", "ComponentConfig", "DeploymentConfig"]
+
+
+@dataclass(frozen=True)
+class ComponentConfig:
+    replicas: int
+    batch_sizes: dict[str, int]  # per @make method; of a max_concurrency method, its calls at once per replica
+    resource: str = "cpu"  # what each replica takes `units` of, when a plan placed it
+    units: int = SHARES_PER_CORE  # shares of a core on "cpu" (SHARES_PER_CORE: one core), GPUs on "gpu"
+
+    def __post_init__(self) -> None:
+        if not is_int(self.replicas) or self.replicas < 1:
+            raise ConfigError(f"replicas must be an integer >= 1; got {self.replicas!r}")
+        for method, size in self.batch_sizes.items():
+            if not is_int(size) or size < 1:
+                raise ConfigError(f"batch size of {method} must be an integer >= 1; got {size!r}")
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """Everything the front-end needs besides the pipeline, validated when built: the components' sizes,
+    the backend, and the options by group (`config.server.port`, `config.slo.slo_ms`, `config.ray.address`).
+    `OPTIONS` maps each option's flat name, the one users pass, to where it lives."""
+
+    components: dict[str, ComponentConfig]
+    backend: str = option("local", help="'local' (a process per replica), 'inprocess' (a thread of this process) or "
+                          "'ray' (Ray actors across a cluster)", choices=BACKENDS, described=True)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    liveness: LivenessConfig = field(default_factory=LivenessConfig)
+    slo: SloConfig = field(default_factory=SloConfig)
+    autoscaling: AutoscalingConfig = field(default_factory=AutoscalingConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
+    chat: ChatConfig = field(default_factory=ChatConfig)
+    # Filled by deploy(), not options: the Plan applied (as Plan.to_dict(): replicas are placed as it says), and
+    # the secret every RPC of a cluster backend carries.
+    plan: dict[str, Any] | None = None
+    secret: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        """The options not in a group checked, then the rules across groups and components (each group
+        checked itself as it was built): a ConfigError naming the option, its value, and what it may be."""
+        for spec in OPTIONS.values():
+            if spec.group is None:
+                check_value(spec, spec.value_of(self))
+        _check_backend_options(self.backend, {name: spec.value_of(self) for name, spec in OPTIONS.items()})
+        self._check_replica_bounds()
+        if self.backend == "ray":
+            _check_names("ray_actor_options", self.ray.actor_options, set(self.components))
+
+    def ray_options(self) -> RayOptions:
+        """The ray backend's options as the orchestrator takes them (checked when the config was built)."""
+        return self.ray.options()
+
+    def _check_replica_bounds(self) -> None:
+        """min_replicas <= replicas <= max_replicas for every component; mappings name known components."""
+        for name in ("min_replicas", "max_replicas"):
+            _check_names(name, getattr(self.autoscaling, name), set(self.components))
+        for name, component in self.components.items():
+            low, high = self.min_replicas_of(name), self.max_replicas_of(name)
+            if high is not None and high < low and _names(self.autoscaling.min_replicas, name):  # else: the next check
+                raise ConfigError(f"max_replicas ({high}) must be >= min_replicas ({low}) for {name!r}")
+            if component.replicas < low:
+                raise ConfigError(f"replicas ({component.replicas}) must be >= min_replicas ({low}) for {name!r}")
+            if high is not None and component.replicas > high:
+                raise ConfigError(f"replicas ({component.replicas}) must be <= max_replicas ({high}) for {name!r}")
+
+    def min_replicas_of(self, name: str) -> int:
+        """The fewest replicas the autoscaler leaves component `name`: its own setting, else as deployed."""
+        return _pick(self.autoscaling.min_replicas, (name,), self.components[name].replicas)
+
+    def max_replicas_of(self, name: str) -> int | None:
+        """The most replicas the autoscaler gives component `name`; None: as many as resources allow."""
+        most = self.autoscaling.max_replicas
+        return _pick(most, (name,), 0) if _names(most, name) else None
+
+    @classmethod
+    def check_options(cls, options: Mapping[str, Any], known: Iterable[str] = (), /) -> None:
+        """Check options on their own, before there is a pipeline (`patchkit serve` checks its flags before it
+        runs the script): each name, type and range, and conflicts between them. Raises ConfigError."""
+        _check_option_names(options, known)
+        _grouped(options)
+
+    @classmethod
+    def check_arguments(
+        cls,
+        pipeline: Pipeline,
+        known: Iterable[str] = (),
+        /,
+        *,
+        replicas: object = None,
+        batch_size: object = None,
+        optional_inputs: object = (),
+        plan: object = None,
+        **options: Any,
+    ) -> None:
+        """Check deploy()'s (or `patchkit serve`'s) arguments before anything is planned or started.
+
+        Called by `deploy()` first thing and by `resolve`. Raises a ConfigError naming the option:
+        an unknown name (with the closest known one, `known` adding the caller's own parameters), a
+        value of the wrong type or out of range, a component, method or input the pipeline does not
+        have, or two options that conflict (with both values). Conflicts that need the replicas a
+        plan gives are checked when the config is built.
+        """
+        cls.check_options(options, known)
+        components = set(pipeline.components)
+        methods = {f"{name}.{m}" for name, c in pipeline.components.items() for m in make_methods(type(c))}
+        check_counts("replicas", replicas)
+        check_counts("batch_size", batch_size)
+        _check_names("replicas", replicas, components)
+        _check_names("batch_size", batch_size, components | methods)
+        for name in ("min_replicas", "max_replicas"):
+            _check_names(name, options.get(name), components)
+        if options.get("backend") == "ray":
+            _check_names("ray_actor_options", options.get("ray_actor_options"), components)
+        check_names("optional_inputs", optional_inputs)
+        _check_names("optional_inputs", dict.fromkeys(cast(Iterable[str], optional_inputs), 0), set(pipeline.inputs))
+        _check_chat_input(options.get("chat_input"), pipeline.inputs)
+        if plan is None:
+            return
+        if isinstance(plan, str):
+            if plan != "auto":
+                raise ConfigError(f"plan must be 'auto', a Plan, or None; got {plan!r}{close_hint(plan, ['auto'])}")
+        elif not isinstance(plan, Plan):
+            raise ConfigError(f"plan must be 'auto', a Plan, or None; got {type(plan).__name__} {plan!r:.100}")
+        if replicas is not None or batch_size is not None:
+            given = f"replicas={replicas!r}" if replicas is not None else f"batch_size={batch_size!r}"
+            shown = "'auto'" if plan == "auto" else "a Plan"
+            raise ConfigError(f"pass either plan= or replicas=/batch_size=: a plan sets both (got plan={shown} and {given})")
+
+    @classmethod
+    def resolve(
+        cls,
+        pipeline: Pipeline,
+        *,
+        replicas: int | Mapping[str, int] | None = None,
+        batch_size: int | Mapping[str, int] | None = None,
+        optional_inputs: tuple[str, ...] | list[str] = (),
+        plan: Plan | str | None = None,
+        **options: Any,
+    ) -> DeploymentConfig:
+        """Build the config from deploy()'s arguments, naming any component, method or input it does not know.
+
+        `replicas`: one count for every component, or counts by component name. `batch_size`: one
+        size for every method, or sizes by component ("retriever") or method ("retriever.retrieve").
+        `plan`: replicas, batch sizes and placement of every component, instead of those two.
+        `options`: the flat options (`port=`, `ray_address=`), which fill the groups.
+        `log_level` left out is the deploying process's: the effective level of its `patchkit` logger.
+        Raises ConfigError for an option to fix (see `check_arguments`).
+        """
+        components = pipeline.components
+        if not components:
+            raise InputError("the pipeline calls no component: there is nothing to deploy")
+        secret = options.pop("secret", "")
+        cls.check_arguments(
+            pipeline, replicas=replicas, batch_size=batch_size, optional_inputs=optional_inputs, plan=plan, **options
+        )
+        if options.get("log_level") is None:
+            options["log_level"] = _level_name(logging.getLogger("patchkit").getEffectiveLevel())
+        grouped = _grouped({**options, "optional_inputs": tuple(optional_inputs)})
+        if plan is not None:
+            if not isinstance(plan, Plan):  # 'auto' is deploy()'s to turn into a Plan
+                raise ConfigError(f"plan must be a Plan here (deploy() and `patchkit serve` plan for 'auto'); got {plan!r}")
+            return cls(components=_planned(pipeline, plan), plan=plan.to_dict(), secret=secret, **grouped)
+        configs = {}
+        for name, component in components.items():
+            sizes = {}
+            for method_name in make_methods(type(component)):
+                sizes[method_name] = _pick(batch_size, (f"{name}.{method_name}", name), component.batch_limit(method_name))
+            configs[name] = ComponentConfig(replicas=_pick(replicas, (name,), 1), batch_sizes=sizes)
+        return cls(components=configs, secret=secret, **grouped)
+
+    def describe(self) -> dict[str, Any]:
+        """The plan the front-end runs, for `GET /v1/plan`, by flat option name: only the options whose metadata
+        says `described` (an allow-list, so that nothing added later, a path, a key, an environment, is served by
+        default), each as it says; the components' sizes; the Plan applied."""
+        data: dict[str, Any] = {}
+        for name, spec in OPTIONS.items():
+            shown = spec.option.described
+            if shown is True:
+                data[name] = spec.value_of(self)
+            elif shown is not False and (value := shown(spec.value_of(self))) is not None:
+                data[name] = value
+        data["plan"] = self.plan
+        data["components"] = {name: asdict(component) for name, component in self.components.items()}
+        return data
+
+
+def _planned(pipeline: Pipeline, plan: Plan) -> dict[str, ComponentConfig]:
+    """Every component's replicas, batch size and placement as the plan gives them."""
+    missing = set(pipeline.components) - set(plan.components)
+    _check_names("the plan", dict(plan.components), set(pipeline.components))
+    if missing:
+        raise ConfigError(f"the plan has no entry for {', '.join(sorted(missing))}; plan the same pipeline")
+    return {
+        name: ComponentConfig(
+            replicas=c.replicas,
+            batch_sizes=dict.fromkeys(make_methods(type(pipeline.components[name])), c.batch_size),
+            resource=c.resource,
+            units=c.units,
+        )
+        for name, c in plan.components.items()
+    }
+
+
+def _grouped(options: Mapping[str, Any]) -> dict[str, Any]:
+    """Flat options (their names known) as DeploymentConfig's keyword arguments: its own options checked, and
+    each group built from its options, which checks them; a group's options given for another backend are
+    refused first, as the mistake to name."""
+    own: dict[str, Any] = {}
+    given: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
+    for name, value in options.items():
+        spec = OPTIONS[name]
+        (own if spec.group is None else given[spec.group])[spec.field] = value
+    for spec in OPTIONS.values():
+        if spec.group is None:
+            check_value(spec, own.get(spec.field, spec.default))
+    _check_backend_options(own.get("backend", OPTIONS["backend"].default), options)
+    return {**own, **{group: kind(**given[group]) for group, kind in GROUPS.items()}}
+
+
+# -- checks: each raises a ConfigError naming the option, its value, and what it may be ------------------------------
+# The arguments of `resolve` beside the options: names a misspelt option may be close to.
+ARGUMENTS = ("replicas", "batch_size", "optional_inputs", "plan")
+
+
+def _check_option_names(options: Mapping[str, Any], known: Iterable[str]) -> None:
+    for name in options:
+        if name not in OPTIONS:
+            hint = close_hint(name, set(OPTIONS) | set(ARGUMENTS) | set(known)) or " (help(patchkit.deploy) lists the options)"
+            raise ConfigError(f"unknown option {name!r}{hint}")
+
+
+def _check_backend_options(backend: str, values: Mapping[str, Any]) -> None:
+    """An option of a group that belongs to one backend (RayConfig's), given for another, is a mistake, not something
+    to ignore. `values` maps flat names to what was given (or is held)."""
+    for name, spec in OPTIONS.items():
+        owner = GROUPS[spec.group].backend if spec.group is not None else None
+        if owner is not None and owner != backend and name in values and values[name] != spec.default:
+            raise ConfigError(f"{name} is an option of backend={owner!r}; got backend={backend!r} and {name}={values[name]!r}")
+
+
+def _check_chat_input(chat_input: object, inputs: Mapping[str, Any]) -> None:
+    """`chat_input` names a text input of the pipeline (a str, or None, at capture)."""
+    if not isinstance(chat_input, str):
+        return  # None, or a wrong type the chat group names
+    if chat_input not in inputs:
+        known = ", ".join(sorted(inputs)) or "none"
+        raise ConfigError(f"chat_input names {chat_input!r}, which is not an input of the pipeline"
+                          f"{close_hint(chat_input, inputs)} (its inputs: {known})")
+    default = inputs[chat_input]
+    if default is not None and not isinstance(default, str):
+        raise ConfigError(f"chat_input {chat_input!r} must be a text input, which a user message fills; it was a "
+                          f"{type(default).__name__} at capture ({default!r:.40})")
+
+
+def _level_name(level: int) -> str:
+    """The standard level at or below `level` (a custom 15 logs what DEBUG would): what a process logs at."""
+    below = [name for name in LOG_LEVELS if logging.getLevelName(name) <= level]
+    return below[-1] if below else "DEBUG"
+
+
+def _check_names(argument: str, value: object, known: set[str]) -> None:
+    if not isinstance(value, Mapping):
+        return
+    for name in value:
+        if name not in known:
+            known_names = ", ".join(sorted(known))
+            raise ConfigError(
+                f"{argument} names {name!r}, which the pipeline does not have{close_hint(name, known)} (known: {known_names})"
+            )
+
+
+def _names(value: int | Mapping[str, int] | None, name: str) -> bool:
+    """Whether a setting for every component, or by name, sets one for `name`."""
+    return value is not None and (not isinstance(value, Mapping) or name in value)
+
+
+def _pick(value: int | Mapping[str, int] | None, keys: tuple[str, ...], default: int) -> int:
+    if value is None:
+        return default
+    if not isinstance(value, Mapping):
+        return int(value)
+    for key in keys:
+        if key in value:
+            return int(value[key])
+    return default
+
+
+OPTIONS, GROUPS = collect(DeploymentConfig)

@@ -1,0 +1,232 @@
+"""The request runner: admits a request, runs the captured pipeline code for it, and routes its component calls.
+
+Each request runs the user's own pipeline code in a greenlet (`bridge.py`) with a call hook that
+submits each `@make` call to its (component, method) batching queue (deployment.py) and waits there,
+so the user's control flow runs unchanged while many requests share batches (component-level
+batching) and sit at different components at once (pipelining). Every request ends under one outcome
+name, `outcome_of`, which its counters, its metrics and its trace all read. On the front-end's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from patchkit import telemetry
+from patchkit.component import CallSite, Component, MakeMethod, call_hook
+from patchkit.config import DeploymentConfig
+from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
+from patchkit.orchestrator.envelope import CallEnvelope
+from patchkit.scheduler.online.bridge import await_, run_sync
+from patchkit.scheduler.online.deployment import Deployment
+from patchkit.scheduler.online.slo import RequestState, SloPolicy
+from patchkit.scheduler.online.stats import StatsCollector
+from patchkit.scheduler.online.traces import Visit
+from patchkit.scheduler.online.waves import Waves
+
+if TYPE_CHECKING:
+    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
+
+__all__ = ["RequestResult", "RequestRunner", "outcome_of"]
+
+
+def outcome_of(error: BaseException | None) -> str:
+    """How a request ended, by what it raised (None: it was answered): ok, timeout, overloaded,
+    worker_died, cancelled or error. The one mapping counters, metrics and traces use."""
+    if error is None:
+        return "ok"
+    if isinstance(error, asyncio.CancelledError):
+        return "cancelled"
+    if isinstance(error, (DeadlineExceeded, TimeoutError)):
+        return "timeout"
+    if isinstance(error, Overloaded):
+        return "overloaded"
+    if isinstance(error, WorkerDiedError):
+        return "worker_died"
+    return "error"
+
+
+@dataclass
+class RequestResult:
+    request_id: str
+    output: Any
+    latency_s: float
+
+
+@dataclass(frozen=True)
+class _Request:
+    """What a request's component calls need of it: its SLO state, when it times out (the event loop's
+    time), its span, and where the chunks of its output go when it streams."""
+
+    state: RequestState
+    expires: float
+    span: telemetry.Span
+    on_delta: Callable[[str], None] | None
+
+
+class RequestRunner:
+    """Runs requests against a started `Deployment`; `policy` admits them and watches their SLO."""
+
+    def __init__(
+        self,
+        pipeline: Pipeline,
+        config: DeploymentConfig,
+        deployment: Deployment,
+        policy: SloPolicy,
+        stats: StatsCollector,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.pipeline = pipeline
+        self.config = config
+        self.deployment = deployment
+        self.policy = policy
+        self.stats = stats
+        self.clock = clock  # the SLO policy's and the queues' clock; tests inject their own
+        self.waves = None if config.limits.pipelining else Waves()
+        self.output_sites = pipeline.graph.output_sites()  # calls whose result is (part of) the output
+        self.inflight = 0
+        self.closing = False
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def query(
+        self,
+        inputs: dict[str, Any],
+        slo_ms: float | None = None,
+        *,
+        request_id: str | None = None,
+        on_delta: Callable[[str], None] | None = None,
+    ) -> RequestResult:
+        """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer.
+
+        `request_id`: the request's id (the client's X-Request-ID, checked at the edge), else a fresh
+        one; it is in the result, the request's traces and spans. `on_delta`: called on this loop with
+        each text chunk of the calls whose result is the pipeline's output, or an item of it
+        (`stream=True` methods the captured graph connects to the output), as they are made.
+        Cancelling the query (its client went away) withdraws its queued calls and stops its running
+        ones where they can stop; it counts as `cancelled`.
+        """
+        request_id = request_id if request_id is not None else uuid.uuid4().hex
+        span = telemetry.start_request(request_id)
+        error: BaseException | None = None
+        try:
+            return await self._query(inputs, slo_ms, request_id, span, on_delta)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            outcome = outcome_of(error)
+            if error is not None:
+                self.stats.count(outcome)
+            telemetry.end_request(span, outcome)
+
+    async def _query(
+        self,
+        inputs: dict[str, Any],
+        slo_ms: float | None,
+        request_id: str,
+        span: telemetry.Span,
+        on_delta: Callable[[str], None] | None,
+    ) -> RequestResult:
+        if self.closing:
+            raise Overloaded(self.inflight, 0, "the endpoint is shutting down")
+        if self.inflight >= self.config.limits.max_inflight_requests:
+            raise Overloaded(self.inflight, self.config.limits.max_inflight_requests)
+        start = time.perf_counter()
+        expires = asyncio.get_running_loop().time() + self.config.liveness.request_timeout_s
+        variables = self.pipeline.variables(inputs)
+        slo = slo_ms or self.config.slo.slo_ms
+        state = self.policy.start(request_id, inputs, slo)
+        self.inflight += 1
+        self._idle.clear()
+        ok = False
+        try:
+            output = await self._admitted(variables, _Request(state, expires, span, on_delta))
+            ok = True
+        except TimeoutError:
+            limit = self.config.liveness.request_timeout_s
+            raise DeadlineExceeded(f"request {request_id} ran past request_timeout_s={limit:g}") from None
+        finally:
+            self.policy.finish(state, ok=ok)
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+        latency = time.perf_counter() - start
+        self.stats.answered(latency, slo)
+        return RequestResult(request_id, output, latency)
+
+    async def _admitted(self, variables: dict[str, Any], request: _Request) -> Any:
+        """Wait for admission (and the request's wave), then run the pipeline's code; within the request's timeout."""
+        entered = False
+        try:
+            async with asyncio.timeout(self.config.liveness.request_timeout_s):
+                await self.policy.admit(request.state)
+                if self.waves is not None:
+                    await self.waves.enter()
+                    entered = True
+                return await run_sync(self._run, variables, request)
+        finally:
+            if entered:
+                assert self.waves is not None
+                self.waves.leave()
+
+    async def drained(self, timeout_s: float) -> bool:
+        """Refuse new requests, then wait up to `timeout_s` for those in flight; whether they all ended."""
+        self.closing = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def _run(self, variables: dict[str, Any], request: _Request) -> Any:
+        with call_hook(functools.partial(self._call, request)):
+            return self.pipeline.run(variables)
+
+    def _call(
+        self, request: _Request, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any],
+        site: CallSite | None,
+    ) -> Any:
+        """The call hook, inside a request's greenlet: queue the call and wait for its outcome.
+
+        The request's calls are withdrawn when it ends (their futures are cancelled with it), and a
+        worker does not run one past `request.expires`, the event loop's time when it times out."""
+        deployment, uid = self.deployment, component._patchkit_spec.uid
+        if (uid, method.name) not in deployment.queues:
+            # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
+            return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
+        if (uid, method.name) in deployment.prefetcher.sources:
+            deployment.prefetcher.on_call(component, method.name, site, args, kwargs)
+        name, state = deployment.names[uid], request.state
+        call_span, carrier = telemetry.start_call(request.span, name, method.name)
+        submitted_ns, slack = time.time_ns(), None
+        if state.deadline is not None:  # an SLO applies: estimate the slack, record the visit
+            started = self.clock()
+            slack = self.policy.check(state)
+        streams = method.stream and request.on_delta is not None and site in self.output_sites
+        envelope = CallEnvelope(args, kwargs, request.expires, request.on_delta if streams else None, trace=carrier)
+        call = deployment.submit(component, method.name, envelope, slack)
+        assert call is not None  # its queue exists: checked above
+        ok, value = await_(call.future)
+        if call_span is not None:
+            dispatched_ns = None if call.dispatched is None else time.time_ns() - int((self.clock() - call.dispatched) * 1e9)
+            telemetry.end_call(call_span, submitted_ns, dispatched_ns, None if ok else value.message)
+        if state.deadline is not None:
+            visit = Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value), call.waited)
+            self.policy.record(state, visit)
+        if ok:
+            return value
+        value.raise_for(name, method.name)
+
+
+def _size(value: Any) -> int:
+    """A cheap size of a call's input or output for the estimators: the length of a string or collection."""
+    if isinstance(value, tuple) and len(value) == 1:
+        value = value[0]
+    return len(value) if isinstance(value, (str, list, tuple, dict)) else 1

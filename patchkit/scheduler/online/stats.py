@@ -1,0 +1,109 @@
+"""The front-end's counters: requests by outcome and latency, and the views made from them and the deployment.
+
+Every request the front-end refuses or runs is counted here once, under the name `outcome_of` gives
+its end (runner.py counts what it runs, the HTTP edge what it refuses before). `snapshot()` feeds
+`/metrics`, `stats()` `/v1/stats` and `Endpoint.stats()`, `healthy()` `/healthz`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from patchkit.scheduler.online.deployment import Deployment
+from patchkit.scheduler.online.slo import SloPolicy
+from patchkit.scheduler.online.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot, MethodSnapshot
+
+__all__ = ["StatsCollector"]
+
+
+class StatsCollector:
+    """Counts requests as they end; reads the deployment, the SLO policy and the requests in flight
+    (`inflight`, the runner's count) when asked for a view. On the front-end's event loop."""
+
+    def __init__(self, deployment: Deployment, policy: SloPolicy, inflight: Callable[[], int]) -> None:
+        self.deployment = deployment
+        self.policy = policy
+        self._inflight = inflight
+        self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded, cancelled
+        self.slo_met = 0
+        self.latency_buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
+        self.latency_sum_s = 0.0
+        self.started = time.time()
+
+    def count(self, outcome: str) -> None:
+        """A request ended with `outcome` (see `outcome_of`)."""
+        self.outcomes[outcome] += 1
+
+    def answered(self, latency_s: float, slo_ms: float | None) -> None:
+        """A request was answered after `latency_s`, within its SLO or not (counted as "ok" too)."""
+        self.count("ok")
+        self.latency_sum_s += latency_s
+        bucket = next((i for i, bound in enumerate(LATENCY_BUCKETS_S) if latency_s <= bound), len(LATENCY_BUCKETS_S))
+        self.latency_buckets[bucket] += 1
+        if slo_ms is not None and latency_s * 1000 <= slo_ms:
+            self.slo_met += 1
+
+    def healthy(self) -> bool:
+        """Whether every component has a healthy replica (alive, serving, its last health check passed): `/healthz`."""
+        return all(any(r.healthy for r in s.replicas) for s in self.deployment.sets.values())
+
+    def snapshot(self) -> FrontendSnapshot:
+        """The counters at this moment, for `/metrics` and `stats()`."""
+        now = time.monotonic()
+        deployment, supervisor = self.deployment, self.deployment.supervisor
+        methods = tuple(
+            MethodSnapshot(
+                name, queue.method, queue.batch_size, len(queue), queue.stats.calls, queue.stats.batches,
+                queue.stats.failures, queue.stats.retries, queue.stats.queue_wait_s, queue.stats.service_s,
+                queue.stats.throughput(now),
+            )
+            for name, replica_set in deployment.sets.items()
+            for queue in replica_set.queues
+        )
+        return FrontendSnapshot(
+            outcomes=dict(self.outcomes), inflight=self._inflight(), slo_met=self.slo_met,
+            latency_buckets=tuple(self.latency_buckets), latency_sum_s=self.latency_sum_s, methods=methods,
+            live_replicas={name: sum(r.alive for r in s.replicas) for name, s in deployment.sets.items()},
+            replica_components={replica.id: replica.component for replica in supervisor.replicas()},
+            replica_states={r.id: (r.component, r.state.value) for r in [*supervisor.replicas(), *supervisor.replacing()]},
+            restarts=supervisor.restarts, slo=self.policy.stats(), prefetch=deployment.prefetcher.stats(),
+        )
+
+    def stats(self) -> dict[str, Any]:
+        """Per component: replicas, per method batch size, throughput and queue, and the replicas replaced
+        lately (dead, stuck, unhealthy) with why; called by /v1/stats."""
+        snapshot = self.snapshot()
+        deployment, supervisor = self.deployment, self.deployment.supervisor
+        components: dict[str, dict[str, Any]] = {
+            name: {"class": type(component).__name__, "replicas": self._replicas(name), "methods": {},
+                   "replaced": [r.describe() for r in supervisor.replaced if r.component == name]}
+            for name, component in deployment.components.items()
+        }
+        for method in snapshot.methods:
+            components[method.component]["methods"][method.method] = method.describe()
+        requests: dict[str, float] = {"inflight": snapshot.inflight, **snapshot.outcomes}
+        if snapshot.outcomes.get("ok"):
+            requests["mean_latency_ms"] = 1000 * snapshot.latency_sum_s / snapshot.outcomes["ok"]
+        return {"backend": supervisor.backend.name, "uptime_s": time.time() - self.started, "requests": requests,
+                "restarts": snapshot.restarts, "slo": dict(snapshot.slo), "prefetch": dict(snapshot.prefetch),
+                "components": components}
+
+    def _replicas(self, name: str) -> list[dict[str, Any]]:
+        """The component's replicas in service, then those out of it until another replaces each (dead, stuck,
+        unhealthy), with their `state` and `why`."""
+        replacing = self.deployment.supervisor.replacing(name)
+        return [r.describe() for r in [*self.deployment.sets[name].replicas, *replacing]]
+
+    async def replica_stats(self) -> dict[str, Any]:
+        """What each replica reports about itself (pid, pinning, batches run, its component's own
+        stats()), asked of all at once; a replica that cannot answer reports its error."""
+        replicas = list(self.deployment.supervisor.replicas())
+        reports = await asyncio.gather(*(replica.channel.stats() for replica in replicas), return_exceptions=True)
+        return {
+            replica.id: {"error": str(report)} if isinstance(report, BaseException) else report
+            for replica, report in zip(replicas, reports)
+        }
