@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import types
-import weakref
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -34,20 +33,33 @@ class CallSite:
     end_col: int
 
 
-_POSITIONS: weakref.WeakKeyDictionary[types.CodeType, list[Any]] = weakref.WeakKeyDictionary()
+# Per code object, by identity (hashing a code object reads all of it), the site of each instruction,
+# made when first asked for. The code is held with its sites (so its id is not reused meanwhile): the
+# pipelines' and components' code, a few; past MAX_CODES (code made at run time) they are forgotten.
+_SITES: dict[int, tuple[types.CodeType, list[Any], dict[int, CallSite | None]]] = {}
+MAX_CODES = 4096
 
 
 def site_of(frame: types.FrameType) -> CallSite | None:
-    """The call site of the instruction `frame` is executing (a CALL), from the code's positions."""
+    """The call site of the instruction `frame` is executing (a CALL), from the code's positions.
+
+    Called for every `@make` call made under a hook, so it is a lookup once the code is known."""
     code = frame.f_code
-    positions = _POSITIONS.get(code)
-    if positions is None:
-        positions = _POSITIONS[code] = list(code.co_positions())
+    known = _SITES.get(id(code))
+    if known is None or known[0] is not code:
+        if len(_SITES) >= MAX_CODES:
+            _SITES.clear()
+        known = _SITES[id(code)] = (code, list(code.co_positions()), {})
+    _, positions, sites = known
     index = frame.f_lasti // 2
-    if index >= len(positions) or positions[index][0] is None:
-        return None
-    line, _, col, end_col = positions[index]
-    return CallSite(code.co_filename, line, col or 0, end_col or 0)
+    if index not in sites:
+        sites[index] = _site(code.co_filename, positions[index]) if index < len(positions) else None
+    return sites[index]
+
+
+def _site(filename: str, position: tuple[int | None, int | None, int | None, int | None]) -> CallSite | None:
+    line, _, col, end_col = position
+    return None if line is None else CallSite(filename, line, col or 0, end_col or 0)
 
 
 class CallHook(Protocol):
