@@ -77,12 +77,10 @@ class Deployment:
         self._handles = await self._start_handles()
         for name, component in self.components.items():
             self._build_queues(name, component)
-        placed = [(c.resource, c.units) for name in self.components for c in [self.config.components[name]]
-                  for _ in range(c.replicas)]
-        resources = iter(self.supervisor.backend.place(placed, self.config.plan is not None))
-        specs = [self._spec(name, next(resources)) for name in self.components
-                 for _ in range(self.config.components[name].replicas)]
-        await self.supervisor.start(specs)
+        names = [name for name in self.components for _ in range(self.config.components[name].replicas)]
+        placed = [(self.config.components[name].resource, self.config.components[name].units) for name in names]
+        resources = self.supervisor.backend.place(placed, self.config.plan is not None)
+        await self.supervisor.start([self._spec(name, pinned) for name, pinned in zip(names, resources, strict=True)])
         if self.config.autoscaling.autoscale:
             self.autoscaler.start()
 
@@ -150,23 +148,19 @@ class Deployment:
 
     # -- calls --------------------------------------------------------------------------------------------------
     def submit(
-        self, component: Component, method: str, envelope: CallEnvelope, slack: float | None = None
-    ) -> PendingCall | None:
-        """Queue a call of `component.method` for its replicas, routed by the component's `prefix_key`;
-        None when no queue serves it (a component the pipeline creates as it runs has no replicas)."""
-        queue = self.queues.get((component._patchkit_spec.uid, method))
-        if queue is None:
-            return None
-        prefix = _prefix_key(component, method, envelope.args, envelope.kwargs)
+        self, queue: BatchQueue, component: Component, envelope: CallEnvelope, slack: float | None = None
+    ) -> PendingCall:
+        """Queue a call of `component` on `queue` (one of `queues`, its method's), routed by the component's
+        `prefix_key`."""
+        prefix = _prefix_key(component, queue.method, envelope.args, envelope.kwargs)
         return queue.submit(envelope, slack=slack, prefix=prefix)
 
     async def _call_held(self, uid: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Outcome:
         """A worker's component called a component it holds: queue it as a pipeline call of that component."""
-        name = self.names.get(uid)
-        call = None if name is None else self.submit(self.components[name], method, CallEnvelope(args, kwargs))
-        if call is None:
+        name, queue = self.names.get(uid), self.queues.get((uid, method))
+        if name is None or queue is None:
             return (False, Failure.verdict(PatchkitError(f"no queue serves {name or uid}.{method}")))
-        return await call.future
+        return await self.submit(queue, self.components[name], CallEnvelope(args, kwargs)).future
 
     def _submit_prefetch(self, uid: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         return self.queues[uid, PREFETCH_METHOD].submit(CallEnvelope(args, {})).future

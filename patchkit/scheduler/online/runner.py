@@ -177,8 +177,7 @@ class RequestRunner:
                 self.waves.leave()
 
     async def drained(self, timeout_s: float) -> bool:
-        """Refuse new requests, then wait up to `timeout_s` for those in flight; whether they all ended."""
-        self.closing = True
+        """Wait up to `timeout_s` for the requests in flight (once `closing` refuses new ones); whether they all ended."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:
@@ -198,7 +197,8 @@ class RequestRunner:
         The request's calls are withdrawn when it ends (their futures are cancelled with it), and a
         worker does not run one past `request.expires`, the event loop's time when it times out."""
         deployment, uid = self.deployment, component._patchkit_spec.uid
-        if (uid, method.name) not in deployment.queues:
+        queue = deployment.queues.get((uid, method.name))
+        if queue is None:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
             return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
         if (uid, method.name) in deployment.prefetcher.sources:
@@ -211,8 +211,7 @@ class RequestRunner:
             slack = self.policy.check(state)
         streams = method.stream and request.on_delta is not None and site in self.output_sites
         envelope = CallEnvelope(args, kwargs, request.expires, request.on_delta if streams else None, trace=carrier)
-        call = deployment.submit(component, method.name, envelope, slack)
-        assert call is not None  # its queue exists: checked above
+        call = deployment.submit(queue, component, envelope, slack)
         ok, value = await_(call.future)
         if call_span is not None:
             dispatched_ns = None if call.dispatched is None else time.time_ns() - int((self.clock() - call.dispatched) * 1e9)
