@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 import xml.etree.ElementTree as ET
 
 from conftest import load_source
 from corpus import CASES
 
 import patchkit
+from patchkit.capture.graph import Graph
 
 
 def _pipeline(name: str) -> patchkit.Pipeline:
@@ -63,3 +66,85 @@ def test_pictures_render_acyclic_and_looping_graphs() -> None:
             assert node.label in dot and node.label in mermaid and node.label in svg
     assert "cluster_" in graph.to_dot() and "subgraph" in graph.to_mermaid()
     assert set(graph._repr_mimebundle_()) == {"image/svg+xml", "text/plain"}
+
+
+def _grouped(name: str) -> Graph:
+    """A captured graph whose calls n0 and n1 may be in flight together, and n2 several times at once."""
+    graph = _pipeline(name).graph
+    graph.overlap_groups = [("n0", "n1"), ("n2",)]
+    return graph
+
+
+def test_graph_json_carries_overlap_groups() -> None:
+    data = json.loads(json.dumps(_grouped("crag_figure9").to_json()))
+    assert data["overlap_groups"] == [["n0", "n1"], ["n2"]]
+    groups = {n["id"]: n["overlap_group"] for n in data["nodes"]}
+    assert groups == {"n0": 0, "n1": 0, "n2": 1, "n3": None, "n4": None, "n5": None}
+    assert _pipeline("crag_figure9").graph.to_json()["overlap_groups"] == []
+
+
+_MERMAID_STATEMENT = re.compile(
+    r'\s+\w+(\["[^"]*"\]|\(\["[^"]*"\]\))'  # a node
+    r'|  subgraph \w+\["[^"]*"\]|  end'
+    r"|  \w+ (-->|-\.->|-\.-)(\|[^|]+\|)? \w+"  # a link, with its label
+    r"|  classDef \w+ [\w:#,-]+|  class [\w,]+ \w+"
+)
+
+
+def _dot_fills(dot: str) -> dict[str, str | None]:
+    """The fill colour of each call box in DOT text (None: not filled)."""
+    boxes = re.findall(r'^ +"(n\d+)" \[shape=box, (.*)\];$', dot, re.M)
+    return {node_id: (m.group(1) if (m := re.search(r'fillcolor="([^"]+)"', attrs)) else None) for node_id, attrs in boxes}
+
+
+def test_mermaid_and_dot_mark_overlap_groups_and_keep_loops() -> None:
+    for name in ("crag_figure9", "ircot_loop"):
+        graph = _grouped(name)
+        mermaid = graph.to_mermaid().splitlines()
+        assert mermaid[0] == "flowchart TD" and all(_MERMAID_STATEMENT.fullmatch(line) for line in mermaid[1:])
+        classes = [line.split()[1:] for line in mermaid if line.startswith("  class ")]
+        assert classes == [["n0,n1", "overlap0"], ["n2", "overlap1"]]
+        assert [line for line in mermaid if "overlap" in line and "class" not in line] == ["  n0 -.-|overlap| n1"]
+        assert [line.split("[")[0].strip() for line in mermaid if "several in flight" in line] == ["n2"]
+
+        dot = graph.to_dot()
+        fills = _dot_fills(dot)
+        assert None not in (fills["n0"], fills["n2"]) and fills["n0"] == fills["n1"] != fills["n2"]
+        assert all(fill is None for node_id, fill in fills.items() if node_id not in ("n0", "n1", "n2"))
+        overlap_edges = [line.strip() for line in dot.splitlines() if 'label="overlap"' in line]
+        assert overlap_edges == ['"n0" -> "n1" [style=dotted, dir=none, constraint=false, label="overlap"];']
+    start = next(i for i, line in enumerate(mermaid) if line.startswith("  subgraph"))  # ircot_loop's loop
+    assert [line.split("[")[0].strip() for line in mermaid[start + 1 : mermaid.index("  end")]] == ["n0", "n1", "n2"]
+    assert 'subgraph "cluster_' in dot
+
+
+def _svg_boxes(svg: str) -> dict[tuple[str, int], list[str]]:
+    """The fills of each call's box(es) in an SVG picture (two for a stacked box), by title and line."""
+    boxes: dict[tuple[str, int], list[str]] = {}
+    children = list(ET.fromstring(svg))
+    rects: list[str] = []
+    for element, after in zip(children, children[1:]):
+        tag = element.tag.rsplit("}", 1)[-1]
+        if tag == "rect":
+            rects.append(element.get("fill", ""))
+            continue
+        if tag == "text" and element.get("font-weight") == "bold" and rects:
+            line = re.search(r"line (\d+)", after.text or "")
+            assert line is not None
+            boxes[(element.text or "", int(line.group(1)))] = rects
+        rects = []
+    return boxes
+
+
+def test_svg_colours_overlap_groups_and_explains_them() -> None:
+    for name in ("crag_figure9", "ircot_loop"):
+        graph = _grouped(name)
+        svg = graph.to_svg()
+        boxes = _svg_boxes(svg)
+        fills = {n.id: boxes[(n.label, n.site.lineno)] for n in graph.nodes.values()}
+        assert fills["n0"] == fills["n1"] != ["#ffffff"] and len(fills["n0"]) == 1
+        assert fills["n2"] == [fills["n2"][0]] * 2 and fills["n2"][0] not in ("#ffffff", fills["n0"][0])
+        assert all(fill == ["#ffffff"] for node_id, fill in fills.items() if node_id not in ("n0", "n1", "n2"))
+        assert "calls in the same colour may be in flight together" in svg and "stacked box" in svg
+        plain = _pipeline(name).graph
+        assert "in flight" not in plain.to_svg() + plain.to_dot() + plain.to_mermaid()

@@ -18,6 +18,10 @@ from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr
 
 from patchkit.capture.compat import PY312
 from patchkit.capture.ir import BlockExit, CapturedBlock
+from patchkit.component.calls import defer_calls
+from patchkit.component.pending import RUNTIME
+
+RUNTIME_PROBE = next(iter(RUNTIME))
 
 __all__ = ["Program", "assemble"]
 
@@ -29,7 +33,10 @@ class Program:
     """Runs a captured body: `run(variables)` returns the pipeline's output.
 
     `variables` maps every parameter (inputs and bound objects) to its value for this run.
-    Function-scope programs resolve globals in the module of the captured code.
+    Function-scope programs resolve globals in the module of the captured code. A program rewritten for
+    parallel calls (`overlap.py`) lists its deferred calls: per code object (the path of constants from
+    `code` to it), the indexes of its call instructions; they are marked when the program is made,
+    in each process that loads it.
     """
 
     scope: str
@@ -37,6 +44,14 @@ class Program:
     params: tuple[str, ...]
     module_globals: Mapping[str, Any] | None
     module_name: str
+    deferred: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        for path, indexes in self.deferred:
+            code = self.code
+            for k in path:
+                code = code.co_consts[k]
+            defer_calls(code, indexes)
 
     def _function(self) -> types.FunctionType:
         assert self.module_globals is not None
@@ -44,19 +59,24 @@ class Program:
 
     def run(self, variables: Mapping[str, Any]) -> Any:
         if self.scope == "function":
+            if self.deferred and RUNTIME_PROBE not in self.module_globals:  # type: ignore[operator]
+                self.module_globals.update(RUNTIME)  # type: ignore[union-attr]
             return self._function()(**variables)
-        namespace = {"__builtins__": builtins, "__name__": self.module_name, **variables}
+        runtime = RUNTIME if self.deferred else {}
+        namespace = {"__builtins__": builtins, "__name__": self.module_name, **runtime, **variables}
         return eval(self.code, namespace)  # noqa: S307 - the user's own captured code
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Function scope pickles as a function, so cloudpickle carries the globals the code reads.
         if self.scope == "function":
-            return (_program_from_function, (self._function(), self.params, self.module_name))
-        return (Program, (self.scope, self.code, self.params, None, self.module_name))
+            return (_program_from_function, (self._function(), self.params, self.module_name, self.deferred))
+        return (Program, (self.scope, self.code, self.params, None, self.module_name, self.deferred))
 
 
-def _program_from_function(fn: types.FunctionType, params: tuple[str, ...], module_name: str) -> Program:
-    return Program("function", fn.__code__, params, fn.__globals__, module_name)
+def _program_from_function(
+    fn: types.FunctionType, params: tuple[str, ...], module_name: str, deferred: tuple[Any, ...] = ()
+) -> Program:
+    return Program("function", fn.__code__, params, fn.__globals__, module_name, deferred)
 
 
 def assemble(block: CapturedBlock, params: tuple[str, ...], output: str | None, module_globals: Mapping[str, Any]) -> Program:

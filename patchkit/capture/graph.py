@@ -76,6 +76,10 @@ class Graph:
         self.edges: list[Edge] = []
         self.loops: dict[str, Loop] = {}
         self.runs = 0
+        # Calls a request may have in flight at once (deployed with parallel calls): each group is the node
+        # ids of one window of the pipeline code, in the order the code reaches them; a group of one node
+        # is a call that overlaps with itself (issued in a loop before the first result is needed).
+        self.overlap_groups: list[tuple[str, ...]] = []
         self._by_site: dict[CallSite, str] = {}
         self._named: dict[str, tuple[str, Component]] = {}  # uid -> (name, component)
 
@@ -89,6 +93,11 @@ class Graph:
             name = self.name_component(component, name)
             self.nodes[node_id] = Node(node_id, name, type(component).__name__, method, site)
         return self.nodes[node_id]
+
+    def node_at(self, site: CallSite) -> Node | None:
+        """The node of a call site, if the graph has one."""
+        node_id = self._by_site.get(site)
+        return None if node_id is None else self.nodes[node_id]
 
     def add_edge(self, src: str, dst: str, kind: Literal["data", "control"], label: str = "") -> None:
         edge = Edge(src, dst, kind, label)
@@ -147,7 +156,9 @@ class Graph:
 
     # -- views ----------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        """Plain data for `GET /v1/graph`: nodes with their source place and visits, edges, loops."""
+        """Plain data for `GET /v1/graph`: nodes with their source place, visits and overlap group (an
+        index into `overlap_groups`, or None), edges, loops, and the overlap groups as lists of node ids."""
+        overlap = {node_id: i for i, group in enumerate(self.overlap_groups) for node_id in group}
         nodes = [
             {
                 "id": n.id,
@@ -159,12 +170,20 @@ class Graph:
                 "loops": n.loops,
                 "guards": [{"kind": g.kind, "line": g.lineno, "sources": sorted(g.sources)} for g in n.guards],
                 "visits_per_run": n.visits / self.runs if self.runs else None,
+                "overlap_group": overlap.get(n.id),
             }
             for n in self.nodes.values()
         ]
         edges = [{"src": e.src, "dst": e.dst, "kind": e.kind, "label": e.label} for e in self.edges]
         loops = [{"id": loop.id, "kind": loop.kind, "line": loop.lineno} for loop in self.loops.values()]
-        return {"inputs": self.inputs, "nodes": nodes, "edges": edges, "loops": loops, "runs": self.runs}
+        return {
+            "inputs": self.inputs,
+            "nodes": nodes,
+            "edges": edges,
+            "loops": loops,
+            "runs": self.runs,
+            "overlap_groups": [list(group) for group in self.overlap_groups],
+        }
 
     def to_dot(self) -> str:
         return render.to_dot(self)

@@ -1,7 +1,8 @@
 """Pictures of a pipeline graph: DOT and Mermaid text, and a self-contained SVG for Jupyter.
 
 The SVG is laid out here (layers by longest path, back edges of loops drawn as arcs), so a
-notebook shows the graph without Graphviz installed.
+notebook shows the graph without Graphviz installed. All three fill the calls of one overlap group
+(calls a request may have in flight together) with one colour from a small cycling palette.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ if TYPE_CHECKING:
 __all__ = ["to_dot", "to_mermaid", "to_svg"]
 
 _W, _H, _GAP_X, _GAP_Y, _MARGIN = 170, 44, 36, 70, 24
+_OVERLAP_FILLS = ("#ffe0b2", "#d4efd4", "#e3d5f5", "#ffd4dc", "#cfe8f7", "#f3efb0")
+_SEVERAL = "several in flight"  # the note on a call that overlaps with itself (a group of one)
 
 
 def _input_id(name: str) -> str:
@@ -30,6 +33,26 @@ def _text(graph: Graph, node_id: str) -> tuple[str, str]:
     node = graph.nodes[node_id]
     visits = f" · {node.visits}x" if graph.runs else ""
     return node.label, f"{node.cls} · line {node.site.lineno}{visits}"
+
+
+def _lines(graph: Graph, node_id: str) -> list[str]:
+    """Label lines of a node in DOT and Mermaid: title, subtitle, and the note on a group of one."""
+    title, sub = _text(graph, node_id)
+    return [title] + ([sub] if sub else []) + ([_SEVERAL] if node_id in _alone(graph) else [])
+
+
+def _overlap_of(graph: Graph) -> dict[str, int]:
+    """Index in `graph.overlap_groups` of the group each call is in (calls outside every group are absent)."""
+    return {node_id: i for i, group in enumerate(graph.overlap_groups) for node_id in group}
+
+
+def _alone(graph: Graph) -> set[str]:
+    """Calls that overlap with themselves: a loop issues several before the first result is needed."""
+    return {group[0] for group in graph.overlap_groups if len(group) == 1}
+
+
+def _fill(group: int) -> str:
+    return _OVERLAP_FILLS[group % len(_OVERLAP_FILLS)]
 
 
 def _all_ids(graph: Graph) -> list[str]:
@@ -49,7 +72,9 @@ def _by_loop(graph: Graph) -> dict[str | None, list[str]]:
 
 
 def to_dot(graph: Graph) -> str:
-    """Graphviz DOT text: calls are boxes, inputs and output ellipses, control edges dashed."""
+    """Graphviz DOT text: calls are boxes, inputs and output ellipses, control edges dashed; the calls
+    of an overlap group share a fill and are joined by dotted undirected "overlap" edges."""
+    overlap = _overlap_of(graph)
     lines = ["digraph pipeline {", "  rankdir=TB;", '  node [fontname="Helvetica", fontsize=11];']
     for loop_id, members in _by_loop(graph).items():
         indent = "  "
@@ -59,10 +84,10 @@ def to_dot(graph: Graph) -> str:
             lines.append(f'    label="{loop.kind} (line {loop.lineno})"; style=dashed;')
             indent = "    "
         for node_id in members:
-            title, sub = _text(graph, node_id)
             shape = "box" if node_id in graph.nodes else "ellipse"
-            label = f"{title}\\n{sub}" if sub else title
-            lines.append(f'{indent}"{node_id}" [shape={shape}, label="{_dot_escape(label)}"];')
+            fill = f', style="filled,bold", fillcolor="{_fill(overlap[node_id])}"' if node_id in overlap else ""
+            label = _dot_escape("\\n".join(_lines(graph, node_id)))
+            lines.append(f'{indent}"{node_id}" [shape={shape}, label="{label}"{fill}];')
         if loop_id is not None:
             lines.append("  }")
     for edge in graph.edges:
@@ -70,6 +95,9 @@ def to_dot(graph: Graph) -> str:
             [f'label="{_dot_escape(edge.label)}"'] if edge.label else []
         )
         lines.append(f'  "{edge.src}" -> "{edge.dst}"' + (f" [{', '.join(attrs)}]" if attrs else "") + ";")
+    for group in graph.overlap_groups:
+        for a, b in zip(group, group[1:]):
+            lines.append(f'  "{a}" -> "{b}" [style=dotted, dir=none, constraint=false, label="overlap"];')
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -83,15 +111,16 @@ def _mermaid_id(node_id: str) -> str:
 
 
 def to_mermaid(graph: Graph) -> str:
-    """Mermaid flowchart text; loops are subgraphs and control edges dotted."""
+    """Mermaid flowchart text; loops are subgraphs and control edges dotted arrows. The calls of overlap
+    group i have class `overlap<i>` (a fill) and are joined by dotted undirected "overlap" links: a
+    node sits in its loop's subgraph already, and subgraphs cannot share nodes."""
     lines = ["flowchart TD"]
     for loop_id, members in _by_loop(graph).items():
         if loop_id is not None:
             loop = graph.loops[loop_id]
             lines.append(f'  subgraph {loop_id}["{loop.kind} (line {loop.lineno})"]')
         for node_id in members:
-            title, sub = _text(graph, node_id)
-            label = html.escape(f"{title}<br/>{sub}" if sub else title, quote=True).replace("&lt;br/&gt;", "<br/>")
+            label = "<br/>".join(html.escape(line, quote=True) for line in _lines(graph, node_id))
             shape = ('["', '"]') if node_id in graph.nodes else ('(["', '"])')
             lines.append(f"    {_mermaid_id(node_id)}{shape[0]}{label}{shape[1]}")
         if loop_id is not None:
@@ -100,6 +129,10 @@ def to_mermaid(graph: Graph) -> str:
         arrow = "-.->" if edge.kind == "control" else "-->"
         label = f"|{edge.label}|" if edge.label else ""
         lines.append(f"  {_mermaid_id(edge.src)} {arrow}{label} {_mermaid_id(edge.dst)}")
+    for i, group in enumerate(graph.overlap_groups):
+        lines.append(f"  classDef overlap{i} fill:{_fill(i)},stroke:#333,stroke-width:2px")
+        lines.append(f"  class {','.join(_mermaid_id(n) for n in group)} overlap{i}")
+        lines += [f"  {_mermaid_id(a)} -.-|overlap| {_mermaid_id(b)}" for a, b in zip(group, group[1:])]
     return "\n".join(lines) + "\n"
 
 
@@ -135,7 +168,7 @@ def _layers(ids: list[str], edges: list[Edge]) -> tuple[dict[str, int], set[tupl
 
 
 def to_svg(graph: Graph) -> str:
-    """A standalone SVG picture of the graph."""
+    """A standalone SVG picture of the graph; overlap groups are fills, explained under the lowest row."""
     ids = _all_ids(graph)
     layer, back = _layers(ids, graph.edges)
     rows: dict[int, list[str]] = {}
@@ -157,9 +190,23 @@ def to_svg(graph: Graph) -> str:
     ]
     parts += _svg_loops(graph, pos)
     parts += [_svg_edge(e, pos, (e.src, e.dst) in back) for e in graph.edges if e.src in pos and e.dst in pos]
-    parts += [_svg_node(graph, node_id, pos[node_id]) for node_id in ids]
+    overlap, alone = _overlap_of(graph), _alone(graph)
+    for node_id in ids:
+        fill = _fill(overlap[node_id]) if node_id in overlap else "#ffffff"
+        parts.append(_svg_node(graph, node_id, pos[node_id], fill, stacked=node_id in alone))
+    parts += _svg_legend(graph, height)
     parts.append("</svg>")
     return "\n".join(parts)
+
+
+def _svg_legend(graph: Graph, height: float) -> list[str]:
+    """Lines under the lowest row (in the bottom gap every picture has) saying what the fills mean."""
+    lines = ["calls in the same colour may be in flight together"] if graph.overlap_groups else []
+    lines += [f"a stacked box: {_SEVERAL} of one call"] if _alone(graph) else []
+    return [
+        f'<text x="{_MARGIN}" y="{height - _MARGIN - 30 + 15 * k:.0f}" fill="#444" font-size="11">{line}</text>'
+        for k, line in enumerate(lines)
+    ]
 
 
 def _svg_loops(graph: Graph, pos: dict[str, tuple[float, float]]) -> list[str]:
@@ -201,12 +248,14 @@ def _svg_edge(edge: Edge, pos: dict[str, tuple[float, float]], is_back: bool) ->
     return f'<path d="{path}" fill="none" stroke="{color}"{dash} marker-end="url(#arrow)"/>{label}'
 
 
-def _svg_node(graph: Graph, node_id: str, at: tuple[float, float]) -> str:
+def _svg_node(graph: Graph, node_id: str, at: tuple[float, float], fill: str, stacked: bool) -> str:
     x, y = at
     cx, cy = x + _W / 2, y + _H / 2
     title, sub = _text(graph, node_id)
     if node_id in graph.nodes:
-        shape = f'<rect x="{x:.0f}" y="{y:.0f}" width="{_W}" height="{_H}" rx="6" fill="#ffffff" stroke="#333"/>'
+        box = f'width="{_W}" height="{_H}" rx="6" fill="{fill}" stroke="#333"'
+        shape = f'<rect x="{x + 5:.0f}" y="{y - 5:.0f}" {box}/>' if stacked else ""
+        shape += f'<rect x="{x:.0f}" y="{y:.0f}" {box}/>'
     else:
         shape = f'<ellipse cx="{cx:.0f}" cy="{cy:.0f}" rx="{_W / 2:.0f}" ry="{_H / 2:.0f}" fill="#eef5ea" stroke="#4d7a3a"/>'
     middle = f'x="{cx:.0f}" text-anchor="middle"'

@@ -22,6 +22,7 @@ from patchkit.capture.dataflow import build_graph
 from patchkit.capture.extract import extract_block
 from patchkit.capture.frame import frame_namespace, method_receiver, refuse_stale_helpers, resolve_output, split_variables
 from patchkit.capture.ir import CapturedBlock
+from patchkit.capture.overlap import parallel_program
 from patchkit.capture.recorder import Recorder
 from patchkit.capture.skip import BodySkipped, Skipper
 from patchkit.client.pipeline import Pipeline, set_last_pipeline
@@ -89,7 +90,8 @@ class Capture:
         params = tuple(sorted({**variables.inputs, **variables.bindings}))
         program = _program(code, frame.f_lasti, block, params, output_name, frame.f_globals)
         graph = build_graph(block, variables.inputs, variables.bindings, frame.f_globals, output_name)
-        self._pipeline = Pipeline(program, variables.inputs, variables.bindings, output_label, graph)
+        parallel = parallel_program(block, graph, params, output_name, frame.f_globals)
+        self._pipeline = Pipeline(program, variables.inputs, variables.bindings, output_label, graph, parallel)
         _active.depth = 1
         if self._run:
             self._recorder = Recorder()

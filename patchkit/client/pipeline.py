@@ -50,8 +50,10 @@ class Pipeline:
         bindings: Mapping[str, Any],
         output: str | None,
         graph: Graph,
+        parallel: Program | None = None,
     ) -> None:
         self._program = program
+        self._parallel = parallel  # the body rewritten for parallel calls; None: no call could overlap
         self._defaults = dict(inputs)
         self._bindings = dict(bindings)
         self.output = output
@@ -82,8 +84,13 @@ class Pipeline:
         values = {name: overrides[name] if name in overrides else copy.deepcopy(v) for name, v in self._defaults.items()}
         return {**self._bindings, **values}
 
-    def run(self, variables: Mapping[str, Any]) -> Any:
-        """Run the body once with `variables` from `variables()`; component calls go to the active hook."""
+    def run(self, variables: Mapping[str, Any], *, parallel: bool = False) -> Any:
+        """Run the body once with `variables` from `variables()`; component calls go to the active hook.
+
+        `parallel`: run the body rewritten for parallel calls (capture/overlap.py), whose deferred calls
+        the hook may answer with a `Pending`: only a deployment's runner, which waits for them, asks for it."""
+        if parallel and self._parallel is not None:
+            return self._parallel.run(variables)
         return self._program.run(variables)
 
     def __call__(self, **overrides: Any) -> Any:

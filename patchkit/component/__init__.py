@@ -1,7 +1,8 @@
 """`Component` and `@make`, and the call hook their calls go through: the leaf every part of patchkit may import.
 
 This package imports nothing from patchkit but the leaf `errors` module. `base` holds the class and the
-decorator, `spec` how a component is rebuilt elsewhere and shown, `calls` a call's site and its hook.
+decorator, `spec` how a component is rebuilt elsewhere and shown, `calls` a call's site and its hook,
+`pending` a request's calls in flight (parallel calls).
 """
 
 from patchkit.component.base import BoundMake, Component, MakeMethod, ensure_setup, make, make_methods, mark_served_elsewhere

@@ -157,8 +157,11 @@ class MakeMethod:
         retries: int | None = None,
         max_concurrency: int | None = None,
         stream: bool = False,
+        ordered: bool = False,
     ) -> None:
         _check_target(fn, batch=batch, stream=stream)
+        if not isinstance(ordered, bool):
+            raise MakeError(f"@make on {fn.__qualname__}: ordered must be True or False; got {ordered!r}")
         if max_batch_size is not None and (not _is_int(max_batch_size) or max_batch_size < 1):
             raise MakeError(f"@make on {fn.__qualname__}: max_batch_size must be a positive int; got {max_batch_size!r}")
         if timeout_s is not None and (
@@ -174,6 +177,9 @@ class MakeMethod:
             )
         self.fn = fn
         self.batch = batch
+        # Its calls never overlap with the request's other calls (a method with side effects): deployed with
+        # parallel calls, the request waits for every call in flight before it, and for it before going on.
+        self.ordered = ordered
         # What a deployment batches this method's calls up to unless deploy() or a Plan says otherwise:
         # a batch method batches for real; a per-item method runs its calls one by one, or, with
         # max_concurrency, that many at once (its batch size is its calls in flight per replica).
@@ -354,6 +360,7 @@ def make(
     retries: int | None = None,
     max_concurrency: int | None = None,
     stream: bool = False,
+    ordered: bool = False,
 ) -> Callable[[F], F]: ...
 def make(
     fn: Any = None,
@@ -365,6 +372,7 @@ def make(
     retries: int | None = None,
     max_concurrency: int | None = None,
     stream: bool = False,
+    ordered: bool = False,
 ) -> Any:
     """Mark a Component method as a pipeline step: `@make`, `@make()` or `@make(batch=True)`.
 
@@ -385,11 +393,14 @@ def make(
     picks c runs c at once), and the profiler measures it at 1 to `max_concurrency` calls at once,
     not at batch sizes. `stream=True` marks a per-item generator function yielding str chunks
     (tokens): pipeline code still gets the whole string, while a streaming request to a deployment
-    whose output it makes receives the chunks as they come. All are checked here, when the decorator
-    is applied.
+    whose output it makes receives the chunks as they come. `ordered=True` keeps a method with side
+    effects out of parallel calls: deployed, a request's calls are submitted as its code reaches them
+    and overlap until their results are needed, but a call of this method waits for every call issued
+    before it and is waited for before the code goes on. All are checked here, when the decorator is
+    applied.
     """
     options: dict[str, Any] = {"batch": batch, "max_batch_size": max_batch_size, "timeout_s": timeout_s, "retries": retries,
-               "max_concurrency": max_concurrency, "stream": stream}
+               "max_concurrency": max_concurrency, "stream": stream, "ordered": ordered}
     if fn is None:
         return lambda f: MakeMethod(f, **options)
     if not callable(fn):

@@ -10,27 +10,31 @@ from __future__ import annotations
 
 import contextlib
 import types
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from patchkit.component.base import Component, MakeMethod
 
-__all__ = ["Call", "CallHook", "CallSite", "active_call_hook", "call_hook", "site_of"]
+__all__ = ["Call", "CallHook", "CallSite", "active_call_hook", "call_hook", "defer_calls", "site_of"]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class CallSite:
-    """Where in the user's source a component method is called: the key of a graph node."""
+    """Where in the user's source a component method is called: the key of a graph node.
+
+    `deferred`: the call is made by code rewritten for parallel calls (`capture/overlap.py`), which takes a
+    `Pending` and waits where the result is first used; not part of the key."""
 
     filename: str
     lineno: int
     col: int
     end_col: int
+    deferred: bool = field(default=False, compare=False)
 
 
 # Per code object, by identity (hashing a code object reads all of it), the site of each instruction,
@@ -38,6 +42,15 @@ class CallSite:
 # pipelines' and components' code, a few; past MAX_CODES (code made at run time) they are forgotten.
 _SITES: dict[int, tuple[types.CodeType, list[Any], dict[int, CallSite | None]]] = {}
 MAX_CODES = 4096
+# The instructions (indexes of code units) of rewritten pipeline code whose calls are deferred, by code identity.
+_DEFERRED: dict[int, tuple[types.CodeType, frozenset[int]]] = {}
+
+
+def defer_calls(code: types.CodeType, indexes: Iterable[int]) -> None:
+    """Mark the calls at `indexes` (instruction offset // 2) of `code` as deferred: `site_of` gives their
+    sites `deferred=True`. Called when a parallel pipeline program is made or unpickled."""
+    _DEFERRED[id(code)] = (code, frozenset(indexes))
+    _SITES.pop(id(code), None)
 
 
 def site_of(frame: types.FrameType) -> CallSite | None:
@@ -53,13 +66,17 @@ def site_of(frame: types.FrameType) -> CallSite | None:
     _, positions, sites = known
     index = frame.f_lasti // 2
     if index not in sites:
-        sites[index] = _site(code.co_filename, positions[index]) if index < len(positions) else None
+        deferred = _DEFERRED.get(id(code))
+        defer = deferred is not None and deferred[0] is code and index in deferred[1]
+        sites[index] = _site(code.co_filename, positions[index], defer) if index < len(positions) else None
     return sites[index]
 
 
-def _site(filename: str, position: tuple[int | None, int | None, int | None, int | None]) -> CallSite | None:
+def _site(
+    filename: str, position: tuple[int | None, int | None, int | None, int | None], deferred: bool
+) -> CallSite | None:
     line, _, col, end_col = position
-    return None if line is None else CallSite(filename, line, col or 0, end_col or 0)
+    return None if line is None else CallSite(filename, line, col or 0, end_col or 0, deferred)
 
 
 class CallHook(Protocol):

@@ -71,6 +71,8 @@ class LimitsConfig(OptionGroup):
     batch_wait_ms: float = option(0.0, help="a partial batch leaves once its oldest call waited this long", ge=0,
                                   described=True)
     pipelining: bool = option(True, help="false: requests run in waves, each waiting for the one before", described=True)
+    parallel_calls: bool = option(True, help="a request's independent calls overlap, each waited for where its result "
+                                  "is first needed; false: one call at a time, as plain Python", described=True)
 
     def check(self) -> None:
         if self.max_inflight_bytes < self.max_body_bytes:

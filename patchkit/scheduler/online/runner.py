@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING, Any
 
 from patchkit import telemetry
 from patchkit.component import CallSite, Component, MakeMethod, call_hook
+from patchkit.component.pending import Window, open_window
 from patchkit.config import DeploymentConfig
 from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.scheduler.online.bridge import await_, run_sync
 from patchkit.scheduler.online.deployment import Deployment
+from patchkit.scheduler.online.queues import BatchQueue, PendingCall
 from patchkit.scheduler.online.slo import RequestState, SloPolicy
 from patchkit.scheduler.online.stats import StatsCollector
 from patchkit.scheduler.online.traces import Visit
@@ -90,6 +92,7 @@ class RequestRunner:
         self.clock = clock  # the SLO policy's and the queues' clock; tests inject their own
         self.waves = None if config.limits.pipelining else Waves()
         self.output_sites = pipeline.graph.output_sites()  # calls whose result is (part of) the output
+        self.parallel = config.limits.parallel_calls
         self.inflight = 0
         self.closing = False
         self._idle = asyncio.Event()
@@ -185,43 +188,87 @@ class RequestRunner:
         return True
 
     def _run(self, variables: dict[str, Any], request: _Request) -> Any:
-        with call_hook(functools.partial(self._call, request)):
-            return self.pipeline.run(variables)
+        """The request's greenlet: its pipeline code, with the call hook and, for parallel calls, its window."""
+        window = Window()
+        with call_hook(functools.partial(self._call, request, window)), open_window(window):
+            try:
+                return self.pipeline.run(variables, parallel=self.parallel)
+            except Exception as exc:
+                failure = window.failure(exc)
+                if failure is exc:
+                    raise
+                raise failure from None
+            finally:
+                window.abandon()
 
     def _call(
-        self, request: _Request, component: Component, method: MakeMethod, args: tuple[Any, ...], kwargs: dict[str, Any],
-        site: CallSite | None,
+        self, request: _Request, window: Window, component: Component, method: MakeMethod, args: tuple[Any, ...],
+        kwargs: dict[str, Any], site: CallSite | None,
     ) -> Any:
-        """The call hook, inside a request's greenlet: queue the call and wait for its outcome.
+        """The call hook, inside a request's greenlet: queue the call; wait for its outcome, or, at a call
+        site the parallel program defers, hand back its `Pending` (waited for where its result is used).
 
         The request's calls are withdrawn when it ends (their futures are cancelled with it), and a
         worker does not run one past `request.expires`, the event loop's time when it times out."""
-        deployment, uid = self.deployment, component._patchkit_spec.uid
-        queue = deployment.queues.get((uid, method.name))
+        queue = self.deployment.queues.get((component._patchkit_spec.uid, method.name))
         if queue is None:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
             return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
+        submitted = self._submit(request, queue, component, method, args, kwargs, site)
+        if site is not None and site.deferred:
+            return window.add(functools.partial(self._wait, submitted), submitted.call.future.cancel)
+        return self._wait(submitted)
+
+    def _submit(
+        self, request: _Request, queue: BatchQueue, component: Component, method: MakeMethod, args: tuple[Any, ...],
+        kwargs: dict[str, Any], site: CallSite | None,
+    ) -> _Submitted:
+        deployment, uid = self.deployment, component._patchkit_spec.uid
         if (uid, method.name) in deployment.prefetcher.sources:
             deployment.prefetcher.on_call(component, method.name, site, args, kwargs)
         name, state = deployment.names[uid], request.state
         call_span, carrier = telemetry.start_call(request.span, name, method.name)
-        submitted_ns, slack = time.time_ns(), None
-        if state.deadline is not None:  # an SLO applies: estimate the slack, record the visit
-            started = self.clock()
-            slack = self.policy.check(state)
+        slack = self.policy.check(state) if state.deadline is not None else None  # an SLO applies: the slack
         streams = method.stream and request.on_delta is not None and site in self.output_sites
         envelope = CallEnvelope(args, kwargs, request.expires, request.on_delta if streams else None, trace=carrier)
-        call = deployment.submit(queue, component, envelope, slack)
-        ok, value = await_(call.future)
-        if call_span is not None:
+        submitted = _Submitted(name, method.name, deployment.submit(queue, component, envelope, slack))
+        submitted.call.future.add_done_callback(
+            functools.partial(self._ended, submitted, state, call_span, time.time_ns(), self.clock(), _size(args))
+        )
+        return submitted
+
+    def _ended(
+        self, submitted: _Submitted, state: RequestState, span: telemetry.Span, submitted_ns: int, started: float,
+        size: int, future: asyncio.Future[Any],
+    ) -> None:
+        """When a call's outcome is in (whether or not its request has looked yet): its span ends and, under an
+        SLO, its visit is recorded, so a request's trace sees its calls as they come back."""
+        call = submitted.call
+        if future.cancelled():
+            telemetry.end_call(span, submitted_ns, None, "cancelled")
+            return
+        ok, value = future.result()
+        if span is not None:
             dispatched_ns = None if call.dispatched is None else time.time_ns() - int((self.clock() - call.dispatched) * 1e9)
-            telemetry.end_call(call_span, submitted_ns, dispatched_ns, None if ok else value.message)
+            telemetry.end_call(span, submitted_ns, dispatched_ns, None if ok else value.message)
         if state.deadline is not None:
-            visit = Visit(f"{name}.{method.name}", name, started, self.clock(), _size(args), _size(value), call.waited)
+            stage = f"{submitted.component}.{submitted.method}"
+            visit = Visit(stage, submitted.component, started, self.clock(), size, _size(value), call.waited)
             self.policy.record(state, visit)
+
+    def _wait(self, submitted: _Submitted) -> Any:
+        """Wait in the request's greenlet for a submitted call: its result, or its error raised."""
+        ok, value = await_(submitted.call.future)
         if ok:
             return value
-        value.raise_for(name, method.name)
+        value.raise_for(submitted.component, submitted.method)
+
+
+@dataclass(frozen=True)
+class _Submitted:
+    component: str  # its name in the deployment
+    method: str
+    call: PendingCall
 
 
 def _size(value: Any) -> int:

@@ -1,0 +1,200 @@
+"""A request's component calls in flight: submitted where the pipeline code reaches them, waited for where
+their results are first needed (parallel calls).
+
+The front-end runs a rewritten copy of the pipeline's code (`capture/overlap.py`). At a deferred call site
+the call hook submits the call and hands back a `Pending`; the rewritten code keeps it in the variable (or
+the comprehension's list) the result goes to, and calls `resolve` on that variable before its first use,
+`settle` before any code with effects, and `iterable` on what a loop iterates. A `Pending` lives only
+there, between a call and the first use of its result: user code never sees one, so `isinstance`,
+identity, `json` and C extensions see the result itself.
+
+The request's `Window` keeps its open calls in the order the code issued them, so a failure surfaces as
+plain Python raises it: the earliest failing call's own exception, even when a later call finished first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from typing import Any
+
+__all__ = ["RUNTIME", "RUNTIME_NAMES", "Pending", "Window", "active_window", "iterable", "open_window", "resolve", "settle"]
+
+
+class Pending:
+    """One submitted call: `wait()` blocks the request's code until its result is back (and returns it or
+    raises its error); `cancel()` withdraws it. Made by the call hook through `Window.add`."""
+
+    __slots__ = ("cancel", "done", "ok", "result", "seq", "wait", "window")
+
+    def __init__(self, window: Window, seq: int, wait: Callable[[], Any], cancel: Callable[[], Any]) -> None:
+        self.window, self.seq, self.wait, self.cancel = window, seq, wait, cancel
+        self.done = self.ok = False
+        self.result: Any = None
+
+    def outcome(self) -> None:
+        """Wait for the call once; its result or its error (an Exception) is kept. A BaseException
+        (the request cancelled or timed out) goes straight through: it is the request's end, not the call's."""
+        if self.done:
+            return
+        try:
+            self.result, self.ok = self.wait(), True
+        except Exception as exc:
+            self.result = exc
+        self.done = True
+
+
+class Window:
+    """The calls one request has issued and its code has not waited for yet, in issue order.
+
+    Used from the request's greenlet only (the hook adds, the rewritten code takes and settles) and by
+    the runner when the request ends (`failure`, `abandon`)."""
+
+    def __init__(self) -> None:
+        self._open: dict[Pending, None] = {}  # an ordered set: issue order
+        self._seq = itertools.count()
+        self._raised: BaseException | None = None
+
+    def add(self, wait: Callable[[], Any], cancel: Callable[[], Any]) -> Pending:
+        pending = Pending(self, next(self._seq), wait, cancel)
+        self._open[pending] = None
+        return pending
+
+    def take(self, pending: Pending) -> Any:
+        """The result of `pending` once it is back; its error is raised unless a call issued before it
+        failed too, whose error plain Python would have raised first."""
+        pending.outcome()
+        self._open.pop(pending, None)
+        if pending.ok:
+            return pending.result
+        raise self._mark(self._earliest_before(pending.seq) or pending.result)
+
+    def settle(self) -> None:
+        """Wait for every open call, in issue order; raise the first one's error that failed."""
+        for pending in list(self._open):
+            pending.outcome()
+            if not pending.ok:
+                raise self._mark(pending.result)
+        self._open.clear()
+
+    def failure(self, error: BaseException) -> BaseException:
+        """What a request that raised `error` fails with: the error of the earliest open call that failed
+        (issued before whatever raised, so plain Python would have stopped there), else `error` itself."""
+        if error is self._raised or not isinstance(error, Exception):
+            return error
+        return self._earliest_before(None) or error
+
+    def abandon(self) -> None:
+        """The request ended: withdraw the calls it never waited for; their results are dropped."""
+        for pending in self._open:
+            if not pending.done:
+                pending.cancel()
+        self._open.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self._open)
+
+    def _earliest_before(self, seq: int | None) -> BaseException | None:
+        for pending in list(self._open):
+            if seq is not None and pending.seq >= seq:
+                break
+            pending.outcome()
+            if not pending.ok:
+                return pending.result
+        return None
+
+    def _mark(self, error: BaseException) -> BaseException:
+        self._raised = error
+        return error
+
+
+_WINDOW: ContextVar[Window | None] = ContextVar("patchkit_window", default=None)
+
+
+def active_window() -> Window | None:
+    """The window of the request whose code runs here; None outside a deployed request."""
+    return _WINDOW.get()
+
+
+@contextlib.contextmanager
+def open_window(window: Window) -> Iterator[None]:
+    """Run a request's code with `window` (in its greenlet's context); called by the front-end's runner."""
+    token = _WINDOW.set(window)
+    try:
+        yield
+    finally:
+        _WINDOW.reset(token)
+
+
+# -- called from the rewritten pipeline code ------------------------------------------------------------
+
+
+def resolve(value: Any) -> Any:
+    """A variable's value before its first use: a call's result once it is back; a list a comprehension
+    filled with calls, its items replaced by their results in place (the list stays the same object)."""
+    if type(value) is Pending:
+        return value.window.take(value)
+    if type(value) is list:
+        for i, item in enumerate(value):
+            if type(item) is Pending:
+                value[i] = item.window.take(item)
+    return value
+
+
+def settle() -> None:
+    """Before code with effects: wait for every open call of the request, raising the earliest error."""
+    window = _WINDOW.get()
+    if window:
+        window.settle()
+
+
+def iterable(value: Any) -> Any:
+    """What a loop iterates: itself when iterating it runs no code of the user's (a list, a dict, a range,
+    ...); otherwise an iterator that settles the open calls before each step, since a generator's code
+    must not run while a call that plain Python would have finished first is still open."""
+    if type(value) in _PURE_ITERABLES or _pure_iterator(value):
+        return value
+    return _Settling(iter(value))
+
+
+_PURE_ITERABLES = frozenset({list, tuple, range, str, bytes, dict, set, frozenset, type({}.keys()),
+                             type({}.values()), type({}.items())})
+_SAMPLES: tuple[Any, ...] = ([], (), range(1), range(1 << 70), "", b"", {}, set(), {}.values(), {}.items())
+_PURE_ITERATORS: frozenset[type] = frozenset({type(iter(x)) for x in _SAMPLES} | {type(reversed([]))})
+_COMBINATORS = frozenset({zip, enumerate})
+
+
+def _pure_iterator(value: Any) -> bool:
+    """An iterator over containers only: a builtin one, or zip/enumerate of such (read from their reduce)."""
+    kind = type(value)
+    if kind in _PURE_ITERATORS:
+        return True
+    if kind in _COMBINATORS:
+        _, args = value.__reduce__()[:2]
+        inner = args if kind is zip else args[:1]
+        return all(type(x) in _PURE_ITERABLES or _pure_iterator(x) for x in inner)
+    return False
+
+
+class _Settling:
+    """The iterator a loop over a generator gets: each step first settles the request's open calls."""
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: Iterator[Any]) -> None:
+        self._inner = inner
+
+    def __iter__(self) -> _Settling:
+        return self
+
+    def __next__(self) -> Any:
+        settle()
+        return next(self._inner)
+
+
+# The names the rewritten code reads them by, from the globals it runs with (as a compiler's own helpers).
+RUNTIME_NAMES = {"resolve": "__patchkit_resolve__", "settle": "__patchkit_settle__", "iterable": "__patchkit_iterable__"}
+RUNTIME: dict[str, Any] = {RUNTIME_NAMES["resolve"]: resolve, RUNTIME_NAMES["settle"]: settle,
+                           RUNTIME_NAMES["iterable"]: iterable}
