@@ -24,9 +24,9 @@ from patchkit.config.options import OptionGroup, collect, option, reference, sim
 # What `GET /v1/plan` served before the options had groups: the same flat keys, no more (no host, port, address,
 # path, token or secret), so that clients reading it keep working.
 DESCRIBED = {
-    "backend", "slo_ms", "batch_wait_ms", "pipelining", "max_inflight_batches", "max_inflight_requests", "max_body_bytes",
-    "max_inflight_bytes", "read_timeout_s", "request_timeout_s", "call_timeout_s", "abandoned_grace_s", "max_retries",
-    "health_check_period_s", "health_check_timeout_s", "health_check_failures", "debug", "optional_inputs",
+    "backend", "slo_ms", "batch_wait_ms", "pipelining", "parallel_calls", "max_inflight_batches", "max_inflight_requests",
+    "max_body_bytes", "max_inflight_bytes", "read_timeout_s", "request_timeout_s", "call_timeout_s", "abandoned_grace_s",
+    "max_retries", "health_check_period_s", "health_check_timeout_s", "health_check_failures", "debug", "optional_inputs",
     "drain_timeout_s", "prioritize", "pause_admission", "admission_queue_limit", "estimator", "prefetch", "autoscale",
     "autoscale_interval_s", "scale_up_after_s", "scale_down_after_s", "min_replicas", "max_replicas", "plan",
     "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level", "name", "chat_input", "chat_output", "components",
@@ -131,7 +131,8 @@ def test_every_flat_option_lands_on_its_groups_field(tmp_path: Path) -> None:
     given: dict[str, Any] = {
         "backend": "ray", "host": "127.0.0.2", "port": 9, "read_timeout_s": 3.0, "auth_token": "t", "debug": True,
         "log_level": "ERROR", "max_body_bytes": 10, "max_inflight_bytes": 20, "max_inflight_requests": 30,
-        "max_inflight_batches": 4, "batch_wait_ms": 1.5, "pipelining": False, "request_timeout_s": 7.0,
+        "max_inflight_batches": 4, "batch_wait_ms": 1.5, "pipelining": False, "parallel_calls": False,
+        "request_timeout_s": 7.0,
         "call_timeout_s": 8.0, "abandoned_grace_s": 1.0, "max_retries": 0, "health_check_period_s": 2.0,
         "health_check_timeout_s": 4.0, "health_check_failures": 5, "drain_timeout_s": 0.0, "slo_ms": 900.0,
         "prioritize": False, "pause_admission": True, "admission_queue_limit": 6, "estimator": "xgboost", "prefetch": False,
