@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 import patchkit  # noqa: E402
+from patchkit.scheduler.online.frontend import Frontend  # noqa: E402
 
 llm = Generator()
 
@@ -138,3 +139,21 @@ def test_without_opentelemetry_every_helper_is_a_no_op(monkeypatch: pytest.Monke
     with bare.execution("llm", "generate", [{"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}]):
         pass
     bare.end_request(request, "ok")
+
+
+@pytest.mark.slow
+def test_overlapped_calls_have_overlapping_spans_under_their_request(exporter: InMemorySpanExporter) -> None:
+    from serving import run_frontend
+    from test_parallel_calls import overlapped
+
+    async def body(frontend: Frontend) -> None:
+        await frontend.query({"tag": "t"})
+
+    run_frontend(overlapped("x"), body, backend="local")
+    spans = exporter.get_finished_spans()
+    [request] = by_name(spans, "patchkit.request")
+    [first], [second] = by_name(spans, "one.span"), by_name(spans, "two.span")
+    for call in (first, second):
+        assert call.parent is not None and call.parent.span_id == request.context.span_id
+    assert first.end_time is not None and second.start_time is not None
+    assert second.start_time < first.end_time  # both in flight at once
