@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import threading
 import types
+import warnings
 import weakref
 from typing import Any
 
@@ -21,6 +22,7 @@ from patchkit.capture.assemble import Program, assemble
 from patchkit.capture.dataflow import build_graph
 from patchkit.capture.extract import extract_block
 from patchkit.capture.frame import frame_namespace, method_receiver, refuse_stale_helpers, resolve_output, split_variables
+from patchkit.capture.graph import Graph
 from patchkit.capture.ir import CapturedBlock
 from patchkit.capture.overlap import parallel_program
 from patchkit.capture.recorder import Recorder
@@ -33,6 +35,9 @@ __all__ = ["Capture", "capture"]
 
 _BLOCKS: weakref.WeakKeyDictionary[types.CodeType, dict[tuple[int, str], CapturedBlock]] = weakref.WeakKeyDictionary()
 _PROGRAMS: weakref.WeakKeyDictionary[types.CodeType, dict[tuple[Any, ...], Program]] = weakref.WeakKeyDictionary()
+_PARALLEL: weakref.WeakKeyDictionary[
+    types.CodeType, dict[tuple[Any, ...], tuple[Program | None, list[tuple[str, ...]]]]
+] = weakref.WeakKeyDictionary()
 _active = threading.local()
 
 
@@ -58,6 +63,34 @@ def _program(
     if key not in per_code:
         per_code[key] = assemble(block, params, output, module_globals)
     return per_code[key]
+
+
+def _parallel(
+    code: types.CodeType,
+    offset: int,
+    block: CapturedBlock,
+    graph: Graph,
+    params: tuple[str, ...],
+    output: str | None,
+    module_globals: dict[str, Any],
+) -> Program | None:
+    """The block rewritten for parallel calls (`graph.overlap_groups` filled), made once per block and
+    calls found; None, with a warning, should the rewrite fail: the pipeline then runs one call at a time."""
+    per_code = _PARALLEL.setdefault(code, {})
+    classes = {name: type(component) for name, component in graph.components().items()}
+    calls = tuple((n.site, n.id, n.method, classes.get(n.component)) for n in graph.nodes.values())
+    key = (offset, code.co_filename, params, output, id(module_globals), calls)
+    if key not in per_code:
+        try:
+            program = parallel_program(block, graph, params, output, module_globals)
+        except Exception as exc:  # a construct the rewrite does not know: calls stay sequential, answers the same
+            warnings.warn(f"{block.filename}:{block.with_lineno}: parallel calls are off for this pipeline: "
+                          f"{type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=3)
+            program = None
+        per_code[key] = (program, graph.overlap_groups)
+    program, groups = per_code[key]
+    graph.overlap_groups = list(groups)
+    return program
 
 
 class Capture:
@@ -90,7 +123,7 @@ class Capture:
         params = tuple(sorted({**variables.inputs, **variables.bindings}))
         program = _program(code, frame.f_lasti, block, params, output_name, frame.f_globals)
         graph = build_graph(block, variables.inputs, variables.bindings, frame.f_globals, output_name)
-        parallel = parallel_program(block, graph, params, output_name, frame.f_globals)
+        parallel = _parallel(code, frame.f_lasti, block, graph, params, output_name, frame.f_globals)
         self._pipeline = Pipeline(program, variables.inputs, variables.bindings, output_label, graph, parallel)
         _active.depth = 1
         if self._run:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import types
+import weakref
 from collections.abc import Iterable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -42,15 +43,17 @@ class CallSite:
 # pipelines' and components' code, a few; past MAX_CODES (code made at run time) they are forgotten.
 _SITES: dict[int, tuple[types.CodeType, list[Any], dict[int, CallSite | None]]] = {}
 MAX_CODES = 4096
-# The instructions (indexes of code units) of rewritten pipeline code whose calls are deferred, by code identity.
-_DEFERRED: dict[int, tuple[types.CodeType, frozenset[int]]] = {}
+# The instructions (indexes of code units) of rewritten pipeline code whose calls are deferred, by code
+# identity, for as long as the code lives.
+_DEFERRED: dict[int, tuple[weakref.ref[types.CodeType], frozenset[int]]] = {}
 
 
 def defer_calls(code: types.CodeType, indexes: Iterable[int]) -> None:
     """Mark the calls at `indexes` (instruction offset // 2) of `code` as deferred: `site_of` gives their
     sites `deferred=True`. Called when a parallel pipeline program is made or unpickled."""
-    _DEFERRED[id(code)] = (code, frozenset(indexes))
-    _SITES.pop(id(code), None)
+    key = id(code)
+    _DEFERRED[key] = (weakref.ref(code, lambda _: _DEFERRED.pop(key, None)), frozenset(indexes))
+    _SITES.pop(key, None)
 
 
 def site_of(frame: types.FrameType) -> CallSite | None:
@@ -67,7 +70,7 @@ def site_of(frame: types.FrameType) -> CallSite | None:
     index = frame.f_lasti // 2
     if index not in sites:
         deferred = _DEFERRED.get(id(code))
-        defer = deferred is not None and deferred[0] is code and index in deferred[1]
+        defer = deferred is not None and deferred[0]() is code and index in deferred[1]
         sites[index] = _site(code.co_filename, positions[index], defer) if index < len(positions) else None
     return sites[index]
 

@@ -244,8 +244,8 @@ class RequestRunner:
         """When a call's outcome is in (whether or not its request has looked yet): its span ends and, under an
         SLO, its visit is recorded, so a request's trace sees its calls as they come back."""
         call = submitted.call
-        if future.cancelled():
-            telemetry.end_call(span, submitted_ns, None, "cancelled")
+        if future.cancelled() or future.exception() is not None:
+            telemetry.end_call(span, submitted_ns, None, "cancelled" if future.cancelled() else str(future.exception()))
             return
         ok, value = future.result()
         if span is not None:
