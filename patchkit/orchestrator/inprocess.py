@@ -1,21 +1,22 @@
-"""The `inprocess` backend: replicas run the user's own objects on the front-end's event loop.
+"""The `inprocess` backend: replicas run the user's own objects, in the front-end's process.
 
-For unit tests and pdb: nothing is pickled, no process is started, and a batch runs to completion
-before the loop goes on, so runs are deterministic and a breakpoint in a component stops the whole
-deployment where it is. (Batching and the pipeline's control flow are the same as on the process
-backends; only components never overlap one another.) The one exception: a batch whose chunks a
-streaming client waits for runs on a thread, so that the loop sends each chunk as it is made, as
-a worker does; its replica runs no other batch meanwhile.
+For unit tests and pdb: nothing is pickled and no process is started. Each batch runs on a thread,
+so that batches of different components overlap as they do on workers (a request's parallel calls
+included) while the loop goes on; a component runs one batch at a time, and never at once with a
+component that holds it (which runs it in place here), so no object is used from two threads. Batching
+and the pipeline's control flow are the same as on the process backends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from patchkit import telemetry
+from patchkit.capture.holders import held_components
 from patchkit.component import Component, ensure_setup
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
@@ -27,39 +28,25 @@ __all__ = ["InProcessBackend"]
 
 
 class DirectChannel:
-    """Runs each batch inline, on the calling event loop; a streamed one on a thread."""
+    """Runs each batch on a thread, holding the locks of its component and of every component it holds."""
 
-    def __init__(self, component: Component, name: str) -> None:
+    def __init__(self, component: Component, name: str, locks: Sequence[asyncio.Lock]) -> None:
         self.component = component
         self.name = name
         self.lost = asyncio.Event()
         self.lost_reason = ""
         self.batches = 0
         self.calls = 0
-        self._running = asyncio.Lock()  # one batch at a time, as a worker runs them
+        self._locks = locks  # in one order for every channel, so that no two wait on each other
 
     async def run_batch(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
-        """Run the batch now, in an execution span per traced call, as a worker does; a streaming call's
+        """Run the batch, in an execution span per traced call, as a worker does; a streaming call's
         chunks handed to its `on_chunk` on this loop as they are made (`expires` does not apply: no call
-        waits here). `ended` applies to a streamed batch only: a call whose request ended stops at its
-        next chunk."""
+        waits here). Once the batch is given up on (its replica recycled) or a call's request ends, a
+        streamed call stops at its next chunk."""
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
         traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
-        async with self._running:
-            with telemetry.execution(self.name, method, traces):
-                if all(call.on_chunk is None for call in calls):
-                    outcomes = run_calls(self.component, method, [call.call for call in calls])
-                else:
-                    outcomes = await self._streamed(method, calls)
-        self.batches += 1
-        self.calls += len(calls)
-        return outcomes
-
-    async def _streamed(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
-        """A batch whose chunks are wanted, on a thread: the loop sends each chunk while the next is made.
-        Once the batch is given up on (its replica recycled) or a call's request ends, the call stops
-        at its next chunk."""
         loop = asyncio.get_running_loop()
         stops = [threading.Event() for _ in calls]
 
@@ -68,12 +55,15 @@ class DirectChannel:
             if target is not None:
                 loop.call_soon_threadsafe(target, text)
 
+        streamed = any(call.on_chunk is not None for call in calls)
         watched = [(call.ended, lambda future, stop=stop: future.cancelled() and stop.set())
-                   for call, stop in zip(calls, stops) if call.ended is not None]
+                   for call, stop in zip(calls, stops) if call.ended is not None and streamed]
         for end, stop_on_end in watched:
             end.add_done_callback(stop_on_end)
         try:
-            return await asyncio.to_thread(run_calls, self.component, method, [call.call for call in calls], sink, stops)
+            with telemetry.execution(self.name, method, traces):
+                args = (self.component, method, [call.call for call in calls]) + ((sink, stops) if streamed else ())
+                outcomes = await self._on_thread(run_calls, *args)
         except asyncio.CancelledError:
             for stop in stops:
                 stop.set()
@@ -81,6 +71,21 @@ class DirectChannel:
         finally:
             for end, stop_on_end in watched:
                 end.remove_done_callback(stop_on_end)
+        self.batches += 1
+        self.calls += len(calls)
+        return outcomes
+
+    async def _on_thread(self, fn: Callable[..., list[Outcome]], *args: Any) -> list[Outcome]:
+        """`fn(*args)` on a thread, under the locks until it returns, even if the waiting task is cancelled."""
+        async with contextlib.AsyncExitStack() as held:
+            for lock in self._locks:
+                await held.enter_async_context(lock)
+            running = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+            try:
+                return await asyncio.shield(running)
+            except asyncio.CancelledError:
+                await asyncio.wait([running])  # the thread cannot be stopped: keep the component until it ends
+                raise
 
     async def health(self, timeout_s: float) -> None:
         """The component's `check_health()`, run here on the loop."""
@@ -107,15 +112,27 @@ class InProcessBackend(Backend):
 
     def __init__(self) -> None:
         self._started: list[Replica] = []
+        self._locks: dict[int, tuple[Component, asyncio.Lock]] = {}  # by id of each component object in use
 
     async def start(self, spec: ReplicaSpec, replica_id: str) -> Replica:
         try:
             ensure_setup(spec.instance)
         except Exception as exc:
             raise setup_error(spec.component, exc) from None
-        replica = Replica(replica_id, spec, DirectChannel(spec.instance, spec.component))
+        replica = Replica(replica_id, spec, DirectChannel(spec.instance, spec.component, self._locks_of(spec.instance)))
         self._started.append(replica)
         return replica
+
+    def _locks_of(self, component: Component) -> list[asyncio.Lock]:
+        """The locks of `component` and of the components it holds (run in place here), in id order."""
+        found = {id(component): component}
+        spec = component._patchkit_spec
+        for name, value in [*zip(spec.parameter_names(), spec.args), *spec.kwargs.items()]:
+            found.update((id(inner), inner) for _, inner in held_components(value, name or "arg"))
+        for key, obj in found.items():
+            if key not in self._locks:
+                self._locks[key] = (obj, asyncio.Lock())
+        return [self._locks[key][1] for key in sorted(found)]
 
     async def stop(self, replica: Replica) -> None:
         await replica.channel.close()
