@@ -61,11 +61,13 @@ _SAFE = frozenset({
     "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_TRUE",
     "POP_JUMP_BACKWARD_IF_FALSE", "POP_JUMP_FORWARD_IF_NONE", "POP_JUMP_FORWARD_IF_NOT_NONE",
     "POP_JUMP_BACKWARD_IF_NONE", "POP_JUMP_BACKWARD_IF_NOT_NONE", "JUMP_IF_TRUE_OR_POP", "JUMP_IF_FALSE_OR_POP",
+    "RERAISE",  # an error on its way out (of an inlined comprehension): the runner puts the earliest call's first
 })
 _READS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "LOAD_NAME", "LOAD_DEREF"})
 _STORES = frozenset({"STORE_FAST", "STORE_NAME", "STORE_DEREF"})
 _DELETES = frozenset({"DELETE_FAST", "DELETE_NAME", "DELETE_DEREF"})
 _DEFER_INTO = _STORES | {"LIST_APPEND", "POP_TOP"}
+_MOVES = _DEFER_INTO | {"SWAP", "COPY"}  # what moves a Pending (or a list of them) without looking at it
 _LOAD_OF = {"STORE_FAST": "LOAD_FAST_CHECK" if PY312 else "LOAD_FAST", "STORE_NAME": "LOAD_NAME",
             "STORE_DEREF": "LOAD_DEREF"}
 _SPLIT = {"LOAD_FAST_LOAD_FAST": ("LOAD_FAST", "LOAD_FAST"), "STORE_FAST_LOAD_FAST": ("STORE_FAST", "LOAD_FAST"),
@@ -97,10 +99,12 @@ class _Slot:
     calls: frozenset[int] = EMPTY
     comprehension: types.CodeType | None = None
     pure: bool = False  # a builtin function that only computes (`len`, `str`, `sorted`, ...)
+    holder: bool = False  # a list holding Pendings (else, with calls, a Pending itself)
 
     def join(self, other: _Slot) -> _Slot:
         same = self.comprehension is other.comprehension
-        return _Slot(self.calls | other.calls, self.comprehension if same else None, self.pure and other.pure)
+        return _Slot(self.calls | other.calls, self.comprehension if same else None, self.pure and other.pure,
+                     self.holder or other.holder)
 
 
 _PLAIN = _Slot()
@@ -166,12 +170,18 @@ class _Pass:
         stored = {name_of(e.arg) for e in body if isinstance(e, Instr) and e.name in _STORES | {"STORE_GLOBAL"}}
         self.pure_builtins = _PURE_BUILTINS - stored - shadowed
         self.demoted: set[int] = set()
+        self._kinds: dict[int, str | None] = {}
         self.pairs: set[tuple[str, str]] = set()
         self.comprehension_open: dict[int, frozenset[str]] = {}  # id(code) -> calls open when it is called
 
     # -- which calls ---------------------------------------------------------------------------------
     def kind(self, i: int) -> str | None:
         """"deferred", "call" (a component call waited for in place), "ordered", or None (not a component's)."""
+        if i not in self._kinds:
+            self._kinds[i] = self._kind(i)
+        return self._kinds[i]
+
+    def _kind(self, i: int) -> str | None:
         e = self.body[i]
         found = self.site_node(e)
         if found is None:
@@ -193,6 +203,7 @@ class _Pass:
                 return self._fixpoint()
             except _Demote as demote:
                 self.demoted |= demote.calls
+                self._kinds.clear()
                 self.pairs.clear()
 
     def _fixpoint(self) -> tuple[list[_State | None], list[_Actions]]:
@@ -257,16 +268,13 @@ class _Pass:
         if e.name == "GET_ITER":
             acts.iterate_top = True
         tagged = [k for k, s in enumerate(popped) if s.calls]
-        if tagged and not self._keeps_pendings(e):
+        moves = e.name in _MOVES and not (e.name == "LIST_APPEND" and popped[-1].holder)  # lists of lists: one level
+        if tagged and not moves:
             if tagged != [len(popped) - 1]:
                 raise _Demote(frozenset().union(*(popped[k].calls for k in tagged)))
             acts.resolve_top = True
             state = replace(state, stack=state.stack[:-1] + (_PLAIN,))
         return state
-
-    def _keeps_pendings(self, e: Instr) -> bool:
-        """Instructions that move a Pending (or a list of them) without looking at it."""
-        return e.name in _STORES or e.name in ("LIST_APPEND", "POP_TOP", "SWAP", "COPY")
 
     def _close(self, acts: _Actions, state: _State, extra: Iterable[str | None] = ()) -> _State:
         """Close the window: settle, then resolve every variable that may hold a Pending and is bound."""
@@ -322,7 +330,7 @@ class _Pass:
         if name == "LIST_APPEND":
             item = stack.pop()
             k = len(stack) - int(e.arg)
-            stack[k] = _Slot(stack[k].calls | item.calls, stack[k].comprehension)
+            stack[k] = _Slot(stack[k].calls | item.calls, stack[k].comprehension, holder=stack[k].holder or bool(item.calls))
             return replace(state, stack=tuple(stack))
         pops, pushes = pops_pushes(e, jump)
         popped = stack[len(stack) - pops:] if pops else []
