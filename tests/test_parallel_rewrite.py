@@ -187,6 +187,46 @@ def run(query):
         scores = [grader.score(w) for w in words(query)]
         return scores, list(log)
 ''',
+    "last_of_a_loop_and_discarded_calls": '''
+def run(query):
+    with patchkit.capture():
+        last = None
+        for word in query.split():
+            last = grader.score(word)
+            grader.score(word + "!")
+        return last
+''',
+    "comprehension_reads_an_open_result": '''
+def run(query):
+    with patchkit.capture():
+        top = grader.score(query)
+        words = query.split()
+        kept = [w for w in words if grader.score(w) != top]
+        picked = llm.generate(query) if kept else llm2.generate(query)
+        return top, kept, picked
+''',
+    "branches_use_results_of_each_other": '''
+def run(query):
+    with patchkit.capture():
+        a = grader.score(query)
+        b = llm.generate(query)
+        if len(query) % 2:
+            out = b + str(a)
+        else:
+            c = llm2.generate(b)
+            out = c * (a % 3)
+        assert out is not None, "no output"
+        return out
+''',
+    "results_iterated_and_unpacked": '''
+def run(query):
+    with patchkit.capture():
+        docs = retriever.retrieve(query)
+        more = retriever.retrieve(query[::-1])
+        first, *rest = docs + more + ["pad", "pad"]
+        lengths = [len(d) for d in docs]
+        return first, len(rest), lengths
+''',
 }
 
 MODULE_SNIPPETS = {
@@ -201,6 +241,14 @@ with patchkit.capture(output="answer"):
 with patchkit.capture(output="answer"):
     note = grader.score(query)
     answer = llm.generate(query)
+''',
+    "module_helper_reads_results": '''
+with patchkit.capture(output="answer"):
+    a = llm.generate(query)
+    b = grader.score(query)
+    def describe():
+        return f"{a} ({b})"
+    answer = describe()
 ''',
 }
 
