@@ -21,7 +21,7 @@ from patchkit.capture.ir import BlockExit, CapturedBlock
 from patchkit.component.calls import defer_calls
 from patchkit.component.pending import RUNTIME
 
-RUNTIME_PROBE = next(iter(RUNTIME))
+_RUNTIME_NAME = next(iter(RUNTIME))
 
 __all__ = ["Program", "assemble"]
 
@@ -59,7 +59,7 @@ class Program:
 
     def run(self, variables: Mapping[str, Any]) -> Any:
         if self.scope == "function":
-            if self.deferred and RUNTIME_PROBE not in self.module_globals:  # type: ignore[operator]
+            if self.deferred and _RUNTIME_NAME not in self.module_globals:  # type: ignore[operator]
                 self.module_globals.update(RUNTIME)  # type: ignore[union-attr]
             return self._function()(**variables)
         runtime = RUNTIME if self.deferred else {}

@@ -3,7 +3,10 @@
 Each request runs the user's own pipeline code in a greenlet (`bridge.py`) with a call hook that
 submits each `@make` call to its (component, method) batching queue (deployment.py) and waits there,
 so the user's control flow runs unchanged while many requests share batches (component-level
-batching) and sit at different components at once (pipelining). Every request ends under one outcome
+batching) and sit at different components at once (pipelining). With parallel calls the code is the
+rewritten one (capture/overlap.py): at its deferred call sites the hook hands back a `Pending` at once,
+kept in the request's `Window` (component/pending.py), so a request's independent calls are in flight
+together and the code waits where each result is first used. Every request ends under one outcome
 name, `outcome_of`, which its counters, its metrics and its trace all read. On the front-end's loop.
 """
 
@@ -223,6 +226,7 @@ class RequestRunner:
         self, request: _Request, queue: BatchQueue, component: Component, method: MakeMethod, args: tuple[Any, ...],
         kwargs: dict[str, Any], site: CallSite | None,
     ) -> _Submitted:
+        """Queue one call: its prefetch, span, slack and envelope; its span and visit end with its future."""
         deployment, uid = self.deployment, component._patchkit_spec.uid
         if (uid, method.name) in deployment.prefetcher.sources:
             deployment.prefetcher.on_call(component, method.name, site, args, kwargs)
@@ -266,6 +270,8 @@ class RequestRunner:
 
 @dataclass(frozen=True)
 class _Submitted:
+    """A call in its queue, as the request that made it knows it."""
+
     component: str  # its name in the deployment
     method: str
     call: PendingCall
