@@ -198,13 +198,25 @@ class _Pass:
 
     # -- the forward pass ----------------------------------------------------------------------------
     def run(self) -> tuple[list[_State | None], list[_Actions]]:
+        """The states and waits at each element, once every deferred call can overlap with another: one
+        waited for before any other call could start is made where it is, as plain Python makes it."""
         while True:
             try:
-                return self._fixpoint()
+                states, actions = self._fixpoint()
             except _Demote as demote:
-                self.demoted |= demote.calls
-                self._kinds.clear()
-                self.pairs.clear()
+                self._demote(demote.calls)
+                continue
+            overlapping = {node for pair in self.pairs for node in pair}
+            alone = {i for i, s in enumerate(states) if s is not None and self.kind(i) == "deferred"
+                     and self.node_of(i) not in overlapping}
+            if not alone:
+                return states, actions
+            self._demote(frozenset(alone))
+
+    def _demote(self, calls: frozenset[int]) -> None:
+        self.demoted |= calls
+        self._kinds.clear()
+        self.pairs.clear()
 
     def _fixpoint(self) -> tuple[list[_State | None], list[_Actions]]:
         states: list[_State | None] = [None] * len(self.body)
@@ -256,6 +268,7 @@ class _Pass:
         comprehension = next((s.comprehension for s in popped if s.comprehension is not None), None)
         if e.name in CALL_OPS and comprehension is not None and not self.guarded[i]:
             self.comprehension_open[id(comprehension)] = state.open
+            self.pairs.update((node, _COMPREHENSION) for node in state.open if node != OUTER)  # its calls overlap them
             return self._resolve(acts, state, sorted(_reads_of(comprehension) & state.pending))
         pure = e.name in CALL_OPS and any(s.pure for s in popped[:2])
         unsafe = self.guarded[i] or (e.name not in _SAFE and kind not in ("deferred", "call") and not pure)
@@ -488,7 +501,8 @@ def rewrite(
         elif isinstance(e, Instr) and e.name in CALL_OPS and states[i] is not None and p.kind(i) == "deferred":
             deferred.add(id(e))
         _place(new_body, e, waits)
-    return ParallelBody(replace(block, body=tuple(new_body)), frozenset(deferred), comprehensions, _groups(pairs))
+    groups = _groups({pair for pair in pairs if _COMPREHENSION not in pair})
+    return ParallelBody(replace(block, body=tuple(new_body)), frozenset(deferred), comprehensions, groups)
 
 
 def _comprehension(

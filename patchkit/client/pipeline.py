@@ -84,6 +84,11 @@ class Pipeline:
         values = {name: overrides[name] if name in overrides else copy.deepcopy(v) for name, v in self._defaults.items()}
         return {**self._bindings, **values}
 
+    @property
+    def parallel(self) -> bool:
+        """Whether a deployment can overlap its calls: some call of the body is deferred (`graph.overlap_groups`)."""
+        return self._parallel is not None
+
     def run(self, variables: Mapping[str, Any], *, parallel: bool = False) -> Any:
         """Run the body once with `variables` from `variables()`; component calls go to the active hook.
 

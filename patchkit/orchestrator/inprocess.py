@@ -1,10 +1,12 @@
 """The `inprocess` backend: replicas run the user's own objects, in the front-end's process.
 
-For unit tests and pdb: nothing is pickled and no process is started. Each batch runs on a thread,
-so that batches of different components overlap as they do on workers (a request's parallel calls
-included) while the loop goes on; a component runs one batch at a time, and never at once with a
-component that holds it (which runs it in place here), so no object is used from two threads. Batching
-and the pipeline's control flow are the same as on the process backends.
+For unit tests and pdb: nothing is pickled and no process is started. A batch runs on a thread, so
+that batches of different components overlap as they do on workers (a request's parallel calls
+included) while the loop goes on, except a batch of a method whose last batch took under
+`INLINE_BELOW_S`: that runs inline, on the loop, where a thread's hop would cost more than it lets
+overlap. A component runs one batch at a time, and never at once with a component that holds it (which
+runs it in place here), so no object is used from two threads. Batching and the pipeline's control
+flow are the same as on the process backends.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -24,7 +27,9 @@ from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Outcome, component_stats, run_calls, setup_error
 from patchkit.orchestrator.resources import ReplicaResources
 
-__all__ = ["InProcessBackend"]
+__all__ = ["INLINE_BELOW_S", "InProcessBackend"]
+
+INLINE_BELOW_S = 0.002
 
 
 class DirectChannel:
@@ -38,6 +43,7 @@ class DirectChannel:
         self.batches = 0
         self.calls = 0
         self._locks = locks  # in one order for every channel, so that no two wait on each other
+        self._took: dict[str, float] = {}  # method -> how long its last batch ran
 
     async def run_batch(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
         """Run the batch, in an execution span per traced call, as a worker does; a streaming call's
@@ -63,7 +69,8 @@ class DirectChannel:
         try:
             with telemetry.execution(self.name, method, traces):
                 args = (self.component, method, [call.call for call in calls]) + ((sink, stops) if streamed else ())
-                outcomes = await self._on_thread(run_calls, *args)
+                inline = not streamed and self._took.get(method, INLINE_BELOW_S) < INLINE_BELOW_S
+                outcomes = await (self._inline(*args) if inline else self._on_thread(self._timed, *args))
         except asyncio.CancelledError:
             for stop in stops:
                 stop.set()
@@ -74,6 +81,21 @@ class DirectChannel:
         self.batches += 1
         self.calls += len(calls)
         return outcomes
+
+    def _timed(self, component: Component, method: str, *args: Any) -> list[Outcome]:
+        """`run_calls`, its time kept for the method's next batch to choose where it runs."""
+        started = time.perf_counter()
+        try:
+            return run_calls(component, method, *args)
+        finally:
+            self._took[method] = time.perf_counter() - started
+
+    async def _inline(self, *args: Any) -> list[Outcome]:
+        """A quick batch, on the loop, once its component is free."""
+        async with contextlib.AsyncExitStack() as held:
+            for lock in self._locks:
+                await held.enter_async_context(lock)
+            return self._timed(*args)
 
     async def _on_thread(self, fn: Callable[..., list[Outcome]], *args: Any) -> list[Outcome]:
         """`fn(*args)` on a thread, under the locks until it returns, even if the waiting task is cancelled."""

@@ -18,7 +18,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from patchkit import telemetry
 from patchkit.component import CallSite, Component, MakeMethod, call_hook
@@ -95,7 +95,7 @@ class RequestRunner:
         self.clock = clock  # the SLO policy's and the queues' clock; tests inject their own
         self.waves = None if config.limits.pipelining else Waves()
         self.output_sites = pipeline.graph.output_sites()  # calls whose result is (part of) the output
-        self.parallel = config.limits.parallel_calls
+        self.parallel = config.limits.parallel_calls and pipeline.parallel  # calls to overlap, and overlapping on
         self.inflight = 0
         self.closing = False
         self._idle = asyncio.Event()
@@ -192,10 +192,13 @@ class RequestRunner:
 
     def _run(self, variables: dict[str, Any], request: _Request) -> Any:
         """The request's greenlet: its pipeline code, with the call hook and, for parallel calls, its window."""
+        if not self.parallel:
+            with call_hook(functools.partial(self._call, request, None)):
+                return self.pipeline.run(variables)
         window = Window()
         with call_hook(functools.partial(self._call, request, window)), open_window(window):
             try:
-                return self.pipeline.run(variables, parallel=self.parallel)
+                return self.pipeline.run(variables, parallel=True)
             except Exception as exc:
                 failure = window.failure(exc)
                 if failure is exc:
@@ -205,8 +208,8 @@ class RequestRunner:
                 window.abandon()
 
     def _call(
-        self, request: _Request, window: Window, component: Component, method: MakeMethod, args: tuple[Any, ...],
-        kwargs: dict[str, Any], site: CallSite | None,
+        self, request: _Request, window: Window | None, component: Component, method: MakeMethod,
+        args: tuple[Any, ...], kwargs: dict[str, Any], site: CallSite | None,
     ) -> Any:
         """The call hook, inside a request's greenlet: queue the call; wait for its outcome, or, at a call
         site the parallel program defers, hand back its `Pending` (waited for where its result is used).
@@ -218,7 +221,7 @@ class RequestRunner:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
             return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
         submitted = self._submit(request, queue, component, method, args, kwargs, site)
-        if site is not None and site.deferred:
+        if window is not None and site is not None and site.deferred:
             return window.add(functools.partial(self._wait, submitted), submitted.call.future.cancel)
         return self._wait(submitted)
 
@@ -236,9 +239,10 @@ class RequestRunner:
         streams = method.stream and request.on_delta is not None and site in self.output_sites
         envelope = CallEnvelope(args, kwargs, request.expires, request.on_delta if streams else None, trace=carrier)
         submitted = _Submitted(name, method.name, deployment.submit(queue, component, envelope, slack))
-        submitted.call.future.add_done_callback(
-            functools.partial(self._ended, submitted, state, call_span, time.time_ns(), self.clock(), _size(args))
-        )
+        if call_span is not None or state.deadline is not None:  # a span to end, or a visit to record
+            submitted.call.future.add_done_callback(
+                functools.partial(self._ended, submitted, state, call_span, time.time_ns(), self.clock(), _size(args))
+            )
         return submitted
 
     def _ended(
@@ -268,8 +272,7 @@ class RequestRunner:
         value.raise_for(submitted.component, submitted.method)
 
 
-@dataclass(frozen=True)
-class _Submitted:
+class _Submitted(NamedTuple):
     """A call in its queue, as the request that made it knows it."""
 
     component: str  # its name in the deployment
