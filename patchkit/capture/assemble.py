@@ -34,7 +34,7 @@ class Program:
 
     `variables` maps every parameter (inputs and bound objects) to its value for this run.
     Function-scope programs resolve globals in the module of the captured code. A program rewritten for
-    parallel calls (`overlap.py`) lists its deferred calls: per code object (the path of constants from
+    parallel calls (`parallel.py`) lists its deferred calls: per code object (the path of constants from
     `code` to it), the indexes of its call instructions; they are marked when the program is made,
     in each process that loads it.
     """

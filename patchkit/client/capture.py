@@ -24,7 +24,7 @@ from patchkit.capture.extract import extract_block
 from patchkit.capture.frame import frame_namespace, method_receiver, refuse_stale_helpers, resolve_output, split_variables
 from patchkit.capture.graph import Graph
 from patchkit.capture.ir import CapturedBlock
-from patchkit.capture.overlap import parallel_program
+from patchkit.capture.parallel import parallel_program
 from patchkit.capture.recorder import Recorder
 from patchkit.capture.skip import BodySkipped, Skipper
 from patchkit.client.pipeline import Pipeline, set_last_pipeline

@@ -92,7 +92,7 @@ class Pipeline:
     def run(self, variables: Mapping[str, Any], *, parallel: bool = False) -> Any:
         """Run the body once with `variables` from `variables()`; component calls go to the active hook.
 
-        `parallel`: run the body rewritten for parallel calls (capture/overlap.py), whose deferred calls
+        `parallel`: run the body rewritten for parallel calls (capture/parallel.py), whose deferred calls
         the hook may answer with a `Pending`: only a deployment's runner, which waits for them, asks for it."""
         if parallel and self._parallel is not None:
             return self._parallel.run(variables)

@@ -28,7 +28,7 @@ Call = tuple[tuple[Any, ...], dict[str, Any]]
 class CallSite:
     """Where in the user's source a component method is called: the key of a graph node.
 
-    `deferred`: the call is made by code rewritten for parallel calls (`capture/overlap.py`), which takes a
+    `deferred`: the call is made by code rewritten for parallel calls (`capture/parallel.py`), which takes a
     `Pending` and waits where the result is first used; not part of the key."""
 
     filename: str

@@ -1,7 +1,7 @@
 """A request's component calls in flight: submitted where the pipeline code reaches them, waited for where
 their results are first needed (parallel calls).
 
-The front-end runs a rewritten copy of the pipeline's code (`capture/overlap.py`). At a deferred call site
+The front-end runs a rewritten copy of the pipeline's code (`capture/parallel.py`). At a deferred call site
 the call hook submits the call and hands back a `Pending`; the rewritten code keeps it in the variable (or
 the comprehension's list) the result goes to, and calls `resolve` on that variable before its first use,
 `settle` before any code with effects, and `iterable` on what a loop iterates. A `Pending` lives only
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
-__all__ = ["RUNTIME", "RUNTIME_NAMES", "Pending", "Window", "active_window", "iterable", "open_window", "resolve", "settle"]
+__all__ = ["RUNTIME", "RUNTIME_NAMES", "Pending", "Window", "iterable", "open_window", "resolve", "settle"]
 
 
 class Pending:
@@ -111,11 +111,6 @@ class Window:
 
 
 _WINDOW: ContextVar[Window | None] = ContextVar("patchkit_window", default=None)
-
-
-def active_window() -> Window | None:
-    """The window of the request whose code runs here; None outside a deployed request."""
-    return _WINDOW.get()
 
 
 @contextlib.contextmanager

@@ -4,7 +4,7 @@ Each request runs the user's own pipeline code in a greenlet (`bridge.py`) with 
 submits each `@make` call to its (component, method) batching queue (deployment.py) and waits there,
 so the user's control flow runs unchanged while many requests share batches (component-level
 batching) and sit at different components at once (pipelining). With parallel calls the code is the
-rewritten one (capture/overlap.py): at its deferred call sites the hook hands back a `Pending` at once,
+rewritten one (capture/parallel.py): at its deferred call sites the hook hands back a `Pending` at once,
 kept in the request's `Window` (component/pending.py), so a request's independent calls are in flight
 together and the code waits where each result is first used. Every request ends under one outcome
 name, `outcome_of`, which its counters, its metrics and its trace all read. On the front-end's loop.
