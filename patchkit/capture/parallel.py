@@ -55,7 +55,6 @@ class ParallelBody:
     groups: list[tuple[str, ...]]
 
 
-
 # -- emitting ------------------------------------------------------------------------------------------
 
 
@@ -93,6 +92,7 @@ def _on_top(fn: str, scope: str, location: Any) -> list[Instr]:
 
 
 def _emit(p: OverlapPass, acts: Actions, scope: str, location: Any) -> list[Instr]:
+    """The instructions of one element's waits, in the order they must run."""
     out: list[Instr] = []
     if acts.settle:
         out += _call("settle", scope, [], location) + [Instr("POP_TOP", location=location)]
@@ -165,8 +165,7 @@ def rewrite(
 
 
 def _comprehension(
-    code: types.CodeType, site_node: SiteNode, outer_open: frozenset[str],
-    shadowed: frozenset[str],
+    code: types.CodeType, site_node: SiteNode, outer_open: frozenset[str], shadowed: frozenset[str]
 ) -> tuple[types.CodeType, tuple[int, ...], set[tuple[str, str]]]:
     """A 3.11 list comprehension's own code rewritten: its calls overlap with each other and with the
     enclosing code's open calls; it settles before returning its list."""
