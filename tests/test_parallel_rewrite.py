@@ -16,7 +16,7 @@ from conftest import load_source
 
 import patchkit
 from patchkit.component import call_hook
-from patchkit.component.pending import Window, open_window
+from patchkit.component.pending import Window, run_in_window
 
 SNIPPETS = {
     "independent_then_merge": '''
@@ -267,16 +267,8 @@ def run_parallel(pipeline: patchkit.Pipeline, inputs: dict[str, Any]) -> Any:
 
         return window.add(wait, lambda: None) if site is not None and site.deferred else wait()
 
-    with call_hook(hook), open_window(window):
-        try:
-            return pipeline.run(pipeline.variables(inputs), parallel=True)
-        except Exception as exc:
-            failure = window.failure(exc)
-            if failure is exc:
-                raise
-            raise failure from None
-        finally:
-            window.abandon()
+    with call_hook(hook):
+        return run_in_window(window, lambda: pipeline.run(pipeline.variables(inputs), parallel=True))
 
 
 def outcome(run: Any) -> tuple[str, Any]:

@@ -14,13 +14,14 @@ plain Python raises it: the earliest failing call's own exception, even when a l
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
 
-__all__ = ["RUNTIME", "RUNTIME_NAMES", "Pending", "Window", "iterable", "open_window", "resolve", "settle"]
+__all__ = ["RUNTIME", "RUNTIME_NAMES", "Pending", "Window", "iterable", "resolve", "run_in_window", "settle"]
+
+T = TypeVar("T")
 
 
 class Pending:
@@ -113,13 +114,20 @@ class Window:
 _WINDOW: ContextVar[Window | None] = ContextVar("patchkit_window", default=None)
 
 
-@contextlib.contextmanager
-def open_window(window: Window) -> Iterator[None]:
-    """Run a request's code with `window` (in its greenlet's context); called by the front-end's runner."""
+def run_in_window(window: Window, code: Callable[[], T]) -> T:
+    """Run a request's rewritten code with `window` (called by the front-end's runner, in the request's
+    greenlet): an error it raises becomes the earliest failed call's where plain Python would have stopped
+    there (`Window.failure`), and the calls it never waited for are withdrawn when it ends."""
     token = _WINDOW.set(window)
     try:
-        yield
+        return code()
+    except Exception as exc:
+        failure = window.failure(exc)
+        if failure is exc:
+            raise
+        raise failure from None
     finally:
+        window.abandon()
         _WINDOW.reset(token)
 
 

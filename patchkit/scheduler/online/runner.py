@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from patchkit import telemetry
 from patchkit.component import CallSite, Component, MakeMethod, call_hook
-from patchkit.component.pending import Window, open_window
+from patchkit.component.pending import Window, run_in_window
 from patchkit.config import DeploymentConfig
 from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
 from patchkit.orchestrator.envelope import CallEnvelope
@@ -196,16 +196,8 @@ class RequestRunner:
             with call_hook(functools.partial(self._call, request, None)):
                 return self.pipeline.run(variables)
         window = Window()
-        with call_hook(functools.partial(self._call, request, window)), open_window(window):
-            try:
-                return self.pipeline.run(variables, parallel=True)
-            except Exception as exc:
-                failure = window.failure(exc)
-                if failure is exc:
-                    raise
-                raise failure from None
-            finally:
-                window.abandon()
+        with call_hook(functools.partial(self._call, request, window)):
+            return run_in_window(window, functools.partial(self.pipeline.run, variables, parallel=True))
 
     def _call(
         self, request: _Request, window: Window | None, component: Component, method: MakeMethod,
