@@ -227,6 +227,20 @@ def run(query):
         lengths = [len(d) for d in docs]
         return first, len(rest), lengths
 ''',
+    "loop_in_a_try_after_a_call_on_one_path": '''
+def run(query):
+    with patchkit.capture():
+        if "generator" in query:
+            maybe = llm.generate(query)
+        other = grader.score(query)
+        try:
+            total = 0
+            for word in query.split():
+                total += len(word)
+        except ValueError:
+            total = -1
+        return other, total, maybe
+''',
 }
 
 MODULE_SNIPPETS = {

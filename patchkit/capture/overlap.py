@@ -31,7 +31,7 @@ from typing import Any
 from bytecode import Instr, Label, TryBegin, TryEnd
 
 from patchkit.capture.analysis import successors
-from patchkit.capture.compat import CALL_OPS, name_of
+from patchkit.capture.compat import CALL_OPS, PY313, name_of
 from patchkit.capture.ir import BlockExit
 from patchkit.capture.stack import pops_pushes
 
@@ -242,6 +242,8 @@ class OverlapPass:
 
     def _before(self, i: int, e: Instr, state: State, acts: Actions) -> State:
         """The waits `e` needs before it runs, added to `acts`; the state they leave."""
+        if self._loop_exit(i):
+            return state
         kind = self.kind(i) if e.name in CALL_OPS else None
         if kind in ("deferred", "call"):
             self._overlaps(e, state)
@@ -270,6 +272,13 @@ class OverlapPass:
             acts.resolve_top = True
             state = replace(state, stack=state.stack[:-1] + (_PLAIN,))
         return state
+
+    def _loop_exit(self, i: int) -> bool:
+        """An instruction an ended loop jumps past (3.12's END_FOR, and 3.13's POP_TOP after it): nothing may
+        go before it."""
+        e, before = self.body[i], self.body[i - 1] if i else None
+        after_end = PY313 and isinstance(before, Instr) and before.name == "END_FOR"
+        return isinstance(e, Instr) and (e.name == "END_FOR" or after_end)
 
     def _close(self, acts: Actions, state: State, extra: Iterable[str | None] = ()) -> State:
         """Close the window: settle, then resolve every variable that may hold a Pending and is bound."""
