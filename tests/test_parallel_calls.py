@@ -196,6 +196,15 @@ def test_the_corpus_answers_and_fails_as_plain_python_with_parallel_calls(case: 
     assert run_frontend(pipeline, body, parallel_calls=True, optional_inputs=tuple(pipeline.inputs)) == expected
 
 
+def test_the_failing_inputs_make_most_of_the_corpus_fail() -> None:
+    """The test above compares errors, not only outputs: most cases raise on their "boom" inputs."""
+    raising = 0
+    for case in CASES:
+        pipeline, _ = capture_case(case)
+        raising += any(outcome(lambda i=i, p=pipeline: p(**i))[0] != "output" for i in map(boom, case.inputs))
+    assert raising >= 30, raising
+
+
 # -- what the graph says may overlap ----------------------------------------------------------------
 def labels(pipeline: patchkit.Pipeline) -> list[list[str]]:
     nodes = pipeline.graph.nodes
