@@ -8,11 +8,11 @@ show in the output (or break it), and a call run out of its place would change t
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 from conftest import load_source
+from test_parallel_calls import outcome
 
 import patchkit
 from patchkit.component import call_hook
@@ -283,13 +283,6 @@ def run_parallel(pipeline: patchkit.Pipeline, inputs: dict[str, Any]) -> Any:
 
     with call_hook(hook):
         return run_in_window(window, lambda: pipeline.run(pipeline.variables(inputs), parallel=True))
-
-
-def outcome(run: Any) -> tuple[str, Any]:
-    try:
-        return "output", json.loads(json.dumps(run()))
-    except Exception as exc:
-        return type(exc).__name__, str(exc)
 
 
 def captured(source: str, module: bool) -> patchkit.Pipeline:

@@ -264,14 +264,8 @@ class OverlapPass:
             return state
         if e.name == "GET_ITER":
             acts.iterate_top = True
-        tagged = [k for k, s in enumerate(popped) if s.calls]
         moves = e.name in _MOVES and not (e.name == "LIST_APPEND" and popped[-1].holder)  # lists of lists: one level
-        if tagged and not moves:
-            if tagged != [len(popped) - 1]:
-                raise _Demote(frozenset().union(*(popped[k].calls for k in tagged)))
-            acts.resolve_top = True
-            state = replace(state, stack=state.stack[:-1] + (_PLAIN,))
-        return state
+        return state if moves else self._resolve_top(acts, state, popped)
 
     def _loop_exit(self, i: int) -> bool:
         """An instruction an ended loop jumps past (3.12's END_FOR, and 3.13's POP_TOP after it): nothing may
@@ -286,20 +280,23 @@ class OverlapPass:
             return state
         acts.settle = True
         names = sorted((state.pending & state.bound) | {v for v in extra if v is not None})
-        acts.resolve += [v for v in names if v not in acts.resolve]
-        tagged = [k for k, s in enumerate(state.stack) if s.calls]
-        stack = state.stack
-        if tagged:
-            if tagged != [len(stack) - 1]:
-                raise _Demote(frozenset().union(*(stack[k].calls for k in tagged)))
-            acts.resolve_top = True
-            stack = stack[:-1] + (_PLAIN,)
-        state = replace(state, stack=stack).release(names, self.node_of)
+        state = self._resolve(acts, self._resolve_top(acts, state, state.stack), names)
         return replace(state, open=EMPTY)
 
     def _resolve(self, acts: Actions, state: State, names: list[str]) -> State:
         acts.resolve += [v for v in names if v not in acts.resolve]
         return state.release(names, self.node_of)
+
+    def _resolve_top(self, acts: Actions, state: State, slots: tuple[_Slot, ...]) -> State:
+        """The Pendings held in `slots` (the top of the stack) resolved: at its very top, where a wait can
+        reach them; deeper, the calls that made them are waited for where they are made instead."""
+        tagged = [k for k, s in enumerate(slots) if s.calls]
+        if not tagged:
+            return state
+        if tagged != [len(slots) - 1]:
+            raise _Demote(frozenset().union(*(slots[k].calls for k in tagged)))
+        acts.resolve_top = True
+        return replace(state, stack=state.stack[:-1] + (_PLAIN,))
 
     def node_of(self, i: int) -> str:
         found = self.site_node(self.body[i])

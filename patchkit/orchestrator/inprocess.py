@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from patchkit import telemetry
@@ -90,18 +90,22 @@ class DirectChannel:
         finally:
             self._took[method] = time.perf_counter() - started
 
-    async def _inline(self, *args: Any) -> list[Outcome]:
-        """A quick batch, on the loop, once its component is free."""
+    @contextlib.asynccontextmanager
+    async def _holding(self) -> AsyncIterator[None]:
+        """The locks of this component and of those it holds, taken in their one order."""
         async with contextlib.AsyncExitStack() as held:
             for lock in self._locks:
                 await held.enter_async_context(lock)
+            yield
+
+    async def _inline(self, *args: Any) -> list[Outcome]:
+        """A quick batch, on the loop, once its component is free."""
+        async with self._holding():
             return self._timed(*args)
 
     async def _on_thread(self, fn: Callable[..., list[Outcome]], *args: Any) -> list[Outcome]:
         """`fn(*args)` on a thread, under the locks until it returns, even if the waiting task is cancelled."""
-        async with contextlib.AsyncExitStack() as held:
-            for lock in self._locks:
-                await held.enter_async_context(lock)
+        async with self._holding():
             running = asyncio.ensure_future(asyncio.to_thread(fn, *args))
             try:
                 return await asyncio.shield(running)
