@@ -34,7 +34,11 @@ stream's token counts they give the machine's bound: the most questions per seco
 answer evaluating every prompt token (no reuse), and evaluating only the prompt tokens no earlier
 prompt of the stream shares as a prefix (perfect reuse of repeated documents). Each system's
 throughput is reported against both, with its prompt tokens evaluated, and its answers compared with
-the baseline's (greedy answers: identical unless evaluation order moves a near-tie).
+the baseline's (greedy answers: identical unless evaluation order moves a near-tie). With both
+`deployed` arms, it also prints the most any prefix cache could add to the one without the document
+cache: its prompt tokens evaluated against those no earlier prompt shares (`benchmarks/prefix_replay.py`
+replays the stream through the engines' own reuse rules for a tighter figure). `--kv-cache-bytes`
+sets the document cache's budget of the arms that keep one.
 """
 
 from __future__ import annotations
@@ -54,8 +58,6 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-# The deployment's front-end unpickles the pipeline, which calls benchmarks.question_stream.doc_ids.
-os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
 
 import patchkit  # noqa: E402
 from benchmarks.question_stream import Question, catalogue, doc_ids, draw, fit_zipf, popularity, unshared_tokens  # noqa: E402
@@ -156,10 +158,14 @@ def rag_pipeline(retriever: FaissRetriever, llm: LlamaCppGenerator) -> patchkit.
     return pipeline
 
 
-def llm_options(system: str) -> dict[str, Any] | None:
-    """LlamaCppGenerator's arguments for a deployed system; None where this version lacks one of them."""
+def llm_options(system: str, kv_cache_bytes: int | None = None) -> dict[str, Any] | None:
+    """LlamaCppGenerator's arguments for a deployed system, with `kv_cache_bytes` (when given) for those
+    that keep a document cache; None where this version lacks one of them."""
+    options = dict(LLM_OPTIONS[system])
+    if kv_cache_bytes is not None and "kv_cache_bytes" not in options:
+        options["kv_cache_bytes"] = kv_cache_bytes
     known = inspect.signature(LlamaCppGenerator.__init__).parameters
-    return LLM_OPTIONS[system] if all(name in known for name in LLM_OPTIONS[system]) else None
+    return options if all(name in known for name in options) else None
 
 
 def components(args: argparse.Namespace, **options: Any) -> tuple[FaissRetriever, LlamaCppGenerator]:
@@ -287,7 +293,7 @@ def run_eager(args: argparse.Namespace, feed: Feed) -> Run:
 
 
 def run_deployed(name: str, args: argparse.Namespace, feed: Feed, cores: int, calibration: Sequence[Question]) -> Run:
-    options = llm_options(name)
+    options = llm_options(name, args.kv_cache_bytes)
     if options is None:
         return Run(name, note=f"not available: LlamaCppGenerator takes no {', '.join(LLM_OPTIONS[name])} here")
     retriever, llm = components(args, **options)
@@ -351,6 +357,26 @@ def bound(rates: Sequence[dict[str, float]], prompt: float, unshared: float, gen
             "perfect_reuse": max(x["perfect_reuse"] for x in layouts),
             "sequential": 1 / (prompt / whole["prompt_tok_s"] + one_at_a_time),
             "sequential_perfect_reuse": 1 / (unshared / whole["prompt_tok_s"] + one_at_a_time)}
+
+
+def cache_ceiling(found: dict[str, Any], runs: dict[str, Run]) -> str:
+    """What any prefix cache could add to `deployed-no-doc-cache`, beside what the document cache did: that
+    arm's time at the engines' measured rates against the time with every prefix an earlier prompt shares
+    reused (its decoding unchanged); empty unless that arm and `deployed` both answered."""
+    without, with_cache = runs.get("deployed-no-doc-cache"), runs.get("deployed")
+    if without is None or with_cache is None or not without.outputs or not with_cache.outputs:
+        return ""
+    threads = found["cores"] // found["settings"]["replicas"]
+    layout = next(x for x in found["bound"]["layouts"] if int(x["threads"]) == threads)
+    load, answered = found["workload"], len(without.outputs)
+    decode_s = load["generated_tokens"] * answered / layout["decode_tok_s_batched"]
+    evaluated = without.counters.get("prompt_tokens_evaluated", 0.0)
+    ceiling = (evaluated / layout["prompt_tok_s"] + decode_s) / (
+        load["unshared_prompt_tokens"] * answered / layout["prompt_tok_s"] + decode_s)
+    return (f"the document cache: {with_cache.throughput / without.throughput:.2f}x deployed-no-doc-cache; the most "
+            f"any prefix cache could add to that arm: {ceiling:.2f}x (its {evaluated:.0f} prompt tokens evaluated "
+            f"against the {load['unshared_prompt_tokens'] * answered:.0f} no earlier prompt shares, decoding unchanged, "
+            f"at the rates of {layout['engines']} x {threads} thread(s))")
 
 
 # --- reporting ------------------------------------------------------------------------------------------
@@ -423,6 +449,7 @@ def report(found: dict[str, Any], runs: dict[str, Run], prompt_total: dict[int, 
                   "bound q/s, perfect reuse"], bound_rows(limits)),
         f"bound: {limits['no_reuse']:.3f} q/s with no reuse, {limits['perfect_reuse']:.3f} with perfect reuse; one question "
         f"at a time on every core (decoding 1 sequence): {limits['sequential']:.3f} and {limits['sequential_perfect_reuse']:.3f}",
+        cache_ceiling(found, runs),
     ])
 
 
@@ -456,13 +483,15 @@ def measure_stream(args: argparse.Namespace, docs: Sequence[Document], retrieve:
     return asked, calibration, retrieved, described
 
 
-def token_counts(args: argparse.Namespace, questions: Sequence[Question], retrieved: Sequence[list[Document]]) -> list[list[int]]:
-    """Each question's prompt as the engine tokenizes it; checks first that plain code sends the same prompt."""
+def tokenized(args: argparse.Namespace, questions: Sequence[Question], retrieved: Sequence[list[Document]]
+              ) -> list[tuple[list[int], list[int]]]:
+    """Each question's prompt as the engine tokenizes it, with where its pieces end (the system prompt, then
+    each document: what the document cache keeps); checks first that plain code sends the same prompt."""
     tokenizer = LlamaCppGenerator(n_ctx=args.n_ctx, threads=1)
     tokenizer.setup()
     if tokenizer.messages(questions[0].text, retrieved[0]) != plain_messages(questions[0].text, retrieved[0]):
         raise SystemExit("the plain pipeline's prompt differs from LlamaCppGenerator's: their answers cannot be compared")
-    prompts = [tokenizer.tokens(tokenizer.messages(q.text, d)) for q, d in zip(questions, retrieved)]
+    prompts = [tokenizer.prompt(tokenizer.messages(q.text, d), d) for q, d in zip(questions, retrieved)]
     assert tokenizer.engine is not None
     tokenizer.engine.close()
     return prompts
@@ -504,10 +533,14 @@ def main() -> None:
     parser.add_argument("--topk", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--n-ctx", type=int, default=2048)
+    parser.add_argument("--kv-cache-bytes", type=int, help="the document cache's budget per LLM replica (default: "
+                        "LlamaCppGenerator's)")
     parser.add_argument("--replicas", type=int, choices=(1, 2), default=2, help="LLM replicas of the deployed systems")
     parser.add_argument("--plan", choices=("manual", "auto"), default="manual", help="auto: patchkit.plan() on 2 questions")
     parser.add_argument("--json", help="write the raw results here")
     args = parser.parse_args()
+    # The deployment's front-end unpickles the pipeline, which calls benchmarks.question_stream.doc_ids.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if unknown := [s for s in systems if s not in SYSTEMS]:
         raise SystemExit(f"--systems: unknown {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
@@ -518,7 +551,7 @@ def main() -> None:
     questions, calibration, retrieved, described = measure_stream(args, docs, retrieve)
     found: dict[str, Any] = {"settings": vars(args), "cores": cores, "stream": described}
     print(described["module_popularity"], described["document_popularity"], sep="\n", file=sys.stderr)
-    prompts = token_counts(args, questions, retrieved)
+    prompts = [tokens for tokens, _ in tokenized(args, questions, retrieved)]
     samples = [(q.text, d) for q, d in zip(questions, retrieved)][:RATE_SAMPLES]
     rates = [engine_rates(t, samples, max(1, args.clients * t // cores)) for t in sorted({1, cores})]
     print("engine rates:", json.dumps(rates), file=sys.stderr)

@@ -1,0 +1,187 @@
+"""What prefix reuse could save on the real-model stream, replayed without a model.
+
+    python benchmarks/prefix_replay.py --count 256 --rates rag-stream.json
+
+`benchmarks/rag_stream.py` measures the document KV cache on the engines; this replays the same
+stream's prompts (the same questions, retrieved documents and tokens) through the engines' reuse
+rules alone, each policy at its best: prompts arrive one at a time (none evaluated twice because
+another was in flight), each goes to the engine that served its first document before (the least
+loaded for a new one), and the document cache holds everything (no byte budget). Per engine:
+
+- `slots`: the engine's slots keep its last `--slots` prompts (the running slots and the cache
+  slots, 16 + 8 for `LlamaCppGenerator`); a prompt reuses the longest prefix a slot holds;
+- `slots + document cache`: besides, the path of pieces (the system prompt, then each document in
+  order) of every prompt the engine evaluated; a prompt reuses the longer of the two;
+- `perfect`: every prefix any earlier prompt of the stream shares, on one engine, token by token.
+
+Reuse ends at a `--block` boundary (the engine evaluates prompts in blocks aligned to position 0,
+so that reuse changes no answer) and spares the last prompt token (its logits start the answer).
+With the engines' prompt and decode rates (from a rag_stream `--json` file, or the flags), each
+policy's time is its tokens evaluated plus its decoding, split over the engines; the ratio of the
+`slots` time to the others' is the most a document cache, and any prefix reuse at all, could add
+over an engine whose slots already reuse prefixes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.question_stream import unshared_tokens  # noqa: E402
+
+__all__ = ["Engine", "replay"]
+
+Prompt = tuple[Sequence[int], Sequence[int]]  # a prompt's tokens, and where its pieces end
+
+
+def shared(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading tokens `a` and `b` share."""
+    n = min(len(a), len(b))
+    return next((i for i in range(n) if a[i] != b[i]), n)
+
+
+@dataclass
+class Engine:
+    """One engine's reuse: the prompts its slots hold, least recently used first, and its document cache's
+    paths (each a prompt's leading pieces, mapped to the tokens they cover)."""
+
+    slots: int
+    documents: bool
+    held: list[Sequence[int]] = field(default_factory=list)
+    paths: dict[tuple[tuple[int, ...], ...], int] = field(default_factory=dict)
+    work: int = 0
+
+    def serve(self, prompt: Prompt, block: int) -> int:
+        """Place `prompt` as the engine does and keep it; the tokens it evaluates. Reuse ends at a block
+        boundary and spares the last token. The prompt takes the slot holding the longest such prefix, or
+        the least recently used slot (an empty one while any is left) when none holds one or the
+        document cache holds more."""
+        tokens, _ = prompt
+        limit = len(tokens) - 1 - (len(tokens) - 1) % block
+
+        def aligned(n: int) -> int:
+            return min(limit, n) - min(limit, n) % block
+
+        lengths = [aligned(shared(tokens, kept)) for kept in self.held]
+        slot = max(range(len(lengths)), key=lengths.__getitem__, default=None)
+        reused, cached = (lengths[slot] if slot is not None else 0), aligned(self.cached(prompt))
+        if cached > reused or not reused:
+            slot, reused = (0 if len(self.held) >= self.slots else None), max(cached, reused)
+        if slot is not None:
+            del self.held[slot]
+        self.held.append(tokens)
+        self.remember(prompt)
+        self.work += len(tokens) - reused
+        return len(tokens) - reused
+
+    def cached(self, prompt: Prompt) -> int:
+        """The tokens of the longest path of the prompt's pieces the document cache holds."""
+        held = (self.paths.get(path, 0) for path in self.pieces(prompt)) if self.documents else iter(())
+        return max(held, default=0)
+
+    def remember(self, prompt: Prompt) -> None:
+        if self.documents:
+            for path in self.pieces(prompt):
+                self.paths[path] = sum(map(len, path))
+
+    @staticmethod
+    def pieces(prompt: Prompt) -> list[tuple[tuple[int, ...], ...]]:
+        """The prompt's leading paths of pieces, shortest first."""
+        tokens, ends = prompt
+        cuts = list(zip([0, *ends], ends))
+        return [tuple(tuple(tokens[a:b]) for a, b in cuts[: depth + 1]) for depth in range(len(cuts))]
+
+
+def replay(prompts: Sequence[Prompt], *, engines: int, slots: int, documents: bool, block: int) -> list[int]:
+    """Per prompt, in stream order, the tokens its engine evaluates under the policy (see the module's
+    docstring); a prompt goes to the engine that last served its first document, else the least loaded."""
+    if min(engines, slots, block) < 1:
+        raise ValueError(f"engines ({engines}), slots ({slots}) and block ({block}) must be >= 1")
+    fleet = [Engine(slots, documents) for _ in range(engines)]
+    holders: dict[tuple[int, ...], Engine] = {}
+    evaluated = []
+    for prompt in prompts:
+        tokens, ends = prompt
+        key = tuple(tokens[: ends[1] if len(ends) > 1 else len(tokens)])
+        engine = holders.get(key) or min(fleet, key=lambda e: e.work)
+        holders[key] = engine
+        evaluated.append(engine.serve(prompt, block))
+    return evaluated
+
+
+def seconds(evaluated: int, questions: int, rates: dict[str, float], engines: int) -> float:
+    """The time `engines` engines take to evaluate `evaluated` prompt tokens and decode the answers of
+    `questions` questions, at `rates` (per engine: prompt tok/s, batched decode tok/s, generated tokens a question)."""
+    return (evaluated / rates["prompt_tok_s"] + questions * rates["generated"] / rates["decode_tok_s"]) / engines
+
+
+def rates_of(args: argparse.Namespace) -> dict[str, float]:
+    """The engines' rates: from a rag_stream `--json` run (its 1-thread engines' rates and the answers'
+    length) when given, else the flags."""
+    if not args.rates:
+        return {"prompt_tok_s": args.prompt_rate, "decode_tok_s": args.decode_rate, "generated": args.generated}
+    found = json.loads(Path(args.rates).read_text())
+    layout = next(x for x in found["bound"]["layouts"] if int(x["threads"]) == 1)
+    return {"prompt_tok_s": layout["prompt_tok_s"], "decode_tok_s": layout["decode_tok_s_batched"],
+            "generated": found["workload"]["generated_tokens"]}
+
+
+def stream_prompts(args: argparse.Namespace) -> tuple[list[Prompt], str]:
+    """The rag_stream stream's first `--count` prompts, as its engines tokenize them, and its skew."""
+    from benchmarks.rag_stream import PlainRetriever, measure_stream, tokenized
+    from patchkit.components.documents import pydoc_corpus
+
+    docs = pydoc_corpus()
+    questions, _, retrieved, described = measure_stream(args, docs, PlainRetriever(docs, args.topk))
+    return [(t, e) for t, e in tokenized(args, questions, retrieved)], described["document_popularity"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--zipf", type=float, default=1.0, help="the Zipf exponent of module popularity")
+    parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--n-ctx", type=int, default=2048)
+    parser.add_argument("--engines", type=int, default=2)
+    parser.add_argument("--slots", type=int, default=24, help="prompts an engine's slots keep")
+    parser.add_argument("--blocks", default="64,32", help="reuse granularities to replay, in tokens")
+    parser.add_argument("--rates", help="a rag_stream.py --json file to take the engines' rates from")
+    parser.add_argument("--prompt-rate", type=float, default=161.0, help="prompt tok/s of one engine")
+    parser.add_argument("--decode-rate", type=float, default=101.0, help="batched decode tok/s of one engine")
+    parser.add_argument("--generated", type=float, default=62.3, help="tokens generated a question")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+    args.replicas = args.engines  # measure_stream reads the rag_stream flags it shares
+    prompts, skew = stream_prompts(args)
+    rates, count = rates_of(args), len(prompts)
+    total, perfect = sum(len(t) for t, _ in prompts), sum(unshared_tokens([t for t, _ in prompts]))
+    rows, found = [], []
+    for block in (int(b) for b in args.blocks.split(",")):
+        slots = sum(replay(prompts, engines=args.engines, slots=args.slots, documents=False, block=block))
+        cached = sum(replay(prompts, engines=args.engines, slots=args.slots, documents=True, block=block))
+        base = seconds(slots, count, rates, args.engines)
+        cache_gain = base / seconds(cached, count, rates, args.engines)
+        perfect_gain = base / seconds(perfect, count, rates, args.engines)
+        found.append({"block": block, "slots": slots, "document_cache": cached, "perfect": perfect,
+                      "document_cache_gain": cache_gain, "perfect_gain": perfect_gain})
+        rows.append(f"| {block} | {slots:,} | {cached:,} | {perfect:,} | {cache_gain:.2f}x | {perfect_gain:.2f}x |")
+    print(f"{count} prompts, {total:,} tokens; documents: {skew}")
+    print(f"rates per engine: {rates['prompt_tok_s']:.0f} prompt tok/s, {rates['decode_tok_s']:.0f} decode tok/s, "
+          f"{rates['generated']:.1f} tokens generated a question; {args.engines} engines of {args.slots} slots\n")
+    print("| block | evaluated: slots | slots + document cache | perfect | document cache over slots | perfect over slots |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"settings": vars(args), "rates": rates, "total": total, "rows": found}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
