@@ -325,19 +325,21 @@ def test_documents_ordered_for_reuse_put_the_cached_path_first(llm: Any) -> None
         reordering.engine.close()
 
 
-def test_with_a_document_cache_calls_are_routed_by_their_first_document() -> None:
+def test_calls_are_routed_by_their_first_document_where_prefixes_are_reused() -> None:
     from patchkit.components.generators import LlamaCppGenerator
 
     try:
-        cached, whole = LlamaCppGenerator(), LlamaCppGenerator(kv_cache_bytes=0)
+        cached, slots, whole = (LlamaCppGenerator(), LlamaCppGenerator(kv_cache_bytes=0),
+                                LlamaCppGenerator(prefix_cache=False))
     except FileNotFoundError as exc:
         pytest.skip(f"the bundled model is absent: {exc}")
     a, b, c = LONG_DOCS[:3]
-    key = cached.prefix_key("generate", ("Why?", [a, b]), {})
-    assert key is not None and key == cached.prefix_key("generate", ("How?",), {"docs": [a, c]})
-    assert key != cached.prefix_key("generate", ("Why?", [b, a]), {})
+    for reusing in (cached, slots):  # the document cache, or the slots alone, reuse a shared start
+        key = reusing.prefix_key("generate", ("Why?", [a, b]), {})
+        assert key is not None and key == reusing.prefix_key("generate", ("How?",), {"docs": [a, c]})
+        assert key != reusing.prefix_key("generate", ("Why?", [b, a]), {})
+        assert reusing.prefix_key("generate", ("Why?",), {}) is None
     assert whole.prefix_key("generate", ("Why?", [a, b]), {}) != whole.prefix_key("generate", ("Why?", [a, c]), {})
-    assert cached.prefix_key("generate", ("Why?",), {}) is None
     with pytest.raises(ValueError, match=r"kv_cache_bytes \(-1\) must be >= 0"):
         LlamaCppGenerator(kv_cache_bytes=-1)
 

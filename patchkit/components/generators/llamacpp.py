@@ -40,9 +40,9 @@ class LlamaCppGenerator(Generator):
     each document in order) in host memory, up to `kv_cache_bytes` (default 512 MiB; 0, or
     `prefix_cache=False`, keeps none): a call whose leading documents an earlier call had, in the same
     order, restores their states and evaluates only the rest, with the same answer. The pieces used
-    most, costing most to evaluate again per byte, stay (RAGCache's PGDSF eviction). A deployment then
+    most, costing most to evaluate again per byte, stay (RAGCache's PGDSF eviction). A deployment
     routes calls by their system prompt and first document (`prefix_key`), so those sharing it meet
-    the replica holding it. `reorder_docs=True` puts first the documents the cache holds (in an order
+    the replica whose slots or cache hold it. `reorder_docs=True` puts first the documents the cache holds (in an order
     it holds), the others after in their given order: more reuse, but the model reads the documents
     in another order, which may change its answer. `stats()` counts hits, tokens saved, bytes held.
     """
@@ -161,11 +161,12 @@ class LlamaCppGenerator(Generator):
             stream.close()
 
     def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-        """With a document cache: the key of the system prompt and the first document alone, so that calls
-        whose documents start alike (those the cache can serve) go to the replica that holds them; calls
-        over the same documents share it too. Without: the key of all the documents."""
+        """The key of the system prompt and the first document alone, so that calls whose documents start
+        alike go to the replica whose slots or document cache hold that start (its engine reuses any
+        shared prefix, not only whole documents lists); calls over the same documents share it too.
+        Without prefix reuse (`prefix_cache=False`): the key of all the documents."""
         docs = args[1] if len(args) > 1 else kwargs.get("docs")
-        if not self.document_cache or not docs:
+        if not self.prefix_cache or not docs:
             return super().prefix_key(method, args, kwargs)
         return super().prefix_key(method, (), {"docs": list(docs[:1])})
 
