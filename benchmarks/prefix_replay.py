@@ -35,16 +35,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.question_stream import unshared_tokens  # noqa: E402
+from patchkit.components.generators.llama_sequence import common_prefix  # noqa: E402
 
 __all__ = ["Engine", "replay"]
 
 Prompt = tuple[Sequence[int], Sequence[int]]  # a prompt's tokens, and where its pieces end
-
-
-def shared(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many leading tokens `a` and `b` share."""
-    n = min(len(a), len(b))
-    return next((i for i in range(n) if a[i] != b[i]), n)
 
 
 @dataclass
@@ -69,7 +64,7 @@ class Engine:
         def aligned(n: int) -> int:
             return min(limit, n) - min(limit, n) % block
 
-        lengths = [aligned(shared(tokens, kept)) for kept in self.held]
+        lengths = [aligned(common_prefix(tokens, kept)) for kept in self.held]
         slot = max(range(len(lengths)), key=lengths.__getitem__, default=None)
         reused, cached = (lengths[slot] if slot is not None else 0), aligned(self.cached(prompt))
         if cached > reused or not reused:
@@ -87,6 +82,7 @@ class Engine:
         return max(held, default=0)
 
     def remember(self, prompt: Prompt) -> None:
+        """Keep the prompt's paths of pieces in the document cache, if the engine has one."""
         if self.documents:
             for path in self.pieces(prompt):
                 self.paths[path] = sum(map(len, path))

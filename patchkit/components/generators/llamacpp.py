@@ -42,9 +42,10 @@ class LlamaCppGenerator(Generator):
     order, restores their states and evaluates only the rest, with the same answer. The pieces used
     most, costing most to evaluate again per byte, stay (RAGCache's PGDSF eviction). A deployment
     routes calls by their system prompt and first document (`prefix_key`), so those sharing it meet
-    the replica whose slots or cache hold it. `reorder_docs=True` puts first the documents the cache holds (in an order
-    it holds), the others after in their given order: more reuse, but the model reads the documents
-    in another order, which may change its answer. `stats()` counts hits, tokens saved, bytes held.
+    the replica whose slots or cache hold it. `reorder_docs=True` puts first the documents the cache
+    holds (in an order it holds), the others after in their given order: more reuse, but the model
+    reads the documents in another order, which may change its answer. `stats()` counts hits, tokens
+    saved, bytes held.
     """
 
     def __init__(
@@ -163,7 +164,7 @@ class LlamaCppGenerator(Generator):
     def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         """The key of the system prompt and the first document alone, so that calls whose documents start
         alike go to the replica whose slots or document cache hold that start (its engine reuses any
-        shared prefix, not only whole documents lists); calls over the same documents share it too.
+        shared prefix, not only whole lists of documents); calls over the same documents share it too.
         Without prefix reuse (`prefix_cache=False`): the key of all the documents."""
         docs = args[1] if len(args) > 1 else kwargs.get("docs")
         if not self.prefix_cache or not docs:
