@@ -67,14 +67,16 @@ class Engine:
         lengths = [aligned(common_prefix(tokens, kept)) for kept in self.held]
         slot = max(range(len(lengths)), key=lengths.__getitem__, default=None)
         reused, cached = (lengths[slot] if slot is not None else 0), aligned(self.cached(prompt))
-        if cached > reused or not reused:
-            slot, reused = (0 if len(self.held) >= self.slots else None), max(cached, reused)
+        if cached > reused or not reused:  # the least recently used slot: an empty one while any is left
+            slot = 0 if len(self.held) >= self.slots else None
+            reused = max(cached, reused)
         if slot is not None:
             del self.held[slot]
         self.held.append(tokens)
         self.remember(prompt)
-        self.work += len(tokens) - reused
-        return len(tokens) - reused
+        evaluated = len(tokens) - reused
+        self.work += evaluated
+        return evaluated
 
     def cached(self, prompt: Prompt) -> int:
         """The tokens of the longest path of the prompt's pieces the document cache holds."""
