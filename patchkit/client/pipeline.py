@@ -9,7 +9,7 @@ import pickle
 import threading
 import types
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import cloudpickle
@@ -18,6 +18,7 @@ from patchkit.capture.assemble import Program
 from patchkit.capture.graph import Graph
 from patchkit.capture.recorder import CallRecord, Recorder
 from patchkit.component import Component, active_call_hook, call_hook
+from patchkit.component.pending import RUNTIME
 from patchkit.errors import PatchkitError, unknown_input
 
 __all__ = ["Pipeline", "last_pipeline", "set_last_pipeline"]
@@ -137,7 +138,35 @@ class Pipeline:
 
 
 def _marshal_code(code: types.CodeType) -> tuple[Any, ...]:
-    return (marshal.loads, (marshal.dumps(code),))
+    return (_unmarshal_code, (marshal.dumps(_swap_consts(code, _runtime_mark)),))
+
+
+def _unmarshal_code(data: bytes) -> types.CodeType:
+    return _swap_consts(marshal.loads(data), _runtime_function)  # noqa: S302 - code this interpreter marshalled
+
+
+# A parallel program holds the functions of its runtime (`component/pending.py`) as constants, which marshal
+# cannot write: they travel as these marks, by name.
+_RUNTIME_MARK = "<patchkit runtime>"
+_RUNTIME_NAMES = {id(fn): name for name, fn in RUNTIME.items()}
+
+
+def _runtime_mark(const: Any) -> Any:
+    name = _RUNTIME_NAMES.get(id(const))
+    return (_RUNTIME_MARK, name) if name is not None and RUNTIME[name] is const else const
+
+
+def _runtime_function(const: Any) -> Any:
+    marked = type(const) is tuple and len(const) == 2 and const[0] == _RUNTIME_MARK
+    return RUNTIME[const[1]] if marked else const
+
+
+def _swap_consts(code: types.CodeType, swap: Callable[[Any], Any]) -> types.CodeType:
+    """`code` with each constant (in nested code too) replaced by `swap(constant)`; itself where none changes."""
+    consts = tuple(_swap_consts(c, swap) if isinstance(c, types.CodeType) else swap(c) for c in code.co_consts)
+    if all(a is b for a, b in zip(consts, code.co_consts)):
+        return code
+    return code.replace(co_consts=consts)
 
 
 class _SitePickler(cloudpickle.Pickler):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any, TypeVar, overload
 
 from patchkit.component.calls import Call, CallHook, active_call_hook, call_hook, site_of
+from patchkit.component.guards import allow_descriptor
 from patchkit.component.spec import ComponentSpec
 from patchkit.errors import MakeError
 
@@ -158,10 +159,17 @@ class MakeMethod:
         max_concurrency: int | None = None,
         stream: bool = False,
         ordered: bool = False,
+        read_only: bool = False,
     ) -> None:
         _check_target(fn, batch=batch, stream=stream)
-        if not isinstance(ordered, bool):
-            raise MakeError(f"@make on {fn.__qualname__}: ordered must be True or False; got {ordered!r}")
+        for option, value in (("ordered", ordered), ("read_only", read_only)):
+            if not isinstance(value, bool):
+                raise MakeError(f"@make on {fn.__qualname__}: {option} must be True or False; got {value!r}")
+        if ordered and read_only:
+            raise MakeError(
+                f"@make on {fn.__qualname__}: ordered=True (a method with effects, kept in its place) and "
+                "read_only=True (a method with none) contradict each other; keep the one that is true"
+            )
         if max_batch_size is not None and (not _is_int(max_batch_size) or max_batch_size < 1):
             raise MakeError(f"@make on {fn.__qualname__}: max_batch_size must be a positive int; got {max_batch_size!r}")
         if timeout_s is not None and (
@@ -180,6 +188,10 @@ class MakeMethod:
         # Its calls never overlap with the request's other calls (a method with side effects): deployed with
         # parallel calls, the request waits for every call in flight before it, and for it before going on.
         self.ordered = ordered
+        # It changes nothing another call or the pipeline's code could see (a search, an embedding, a
+        # generation): deployed with parallel calls, only such calls overlap one another. A method not declared
+        # so keeps plain Python's place, as `ordered=True` does: whatever it writes, a later call reads.
+        self.read_only = read_only
         # What a deployment batches this method's calls up to unless deploy() or a Plan says otherwise:
         # a batch method batches for real; a per-item method runs its calls one by one, or, with
         # max_concurrency, that many at once (its batch size is its calls in flight per replica).
@@ -297,6 +309,9 @@ class MakeMethod:
         return columns
 
 
+allow_descriptor(MakeMethod)  # reading `component.method` makes a BoundMake: patchkit's code, not the user's
+
+
 class BoundMake:
     """`component.method` for a `@make` method: calling it goes through the active hook."""
 
@@ -361,6 +376,7 @@ def make(
     max_concurrency: int | None = None,
     stream: bool = False,
     ordered: bool = False,
+    read_only: bool = False,
 ) -> Callable[[F], F]: ...
 def make(
     fn: Any = None,
@@ -373,6 +389,7 @@ def make(
     max_concurrency: int | None = None,
     stream: bool = False,
     ordered: bool = False,
+    read_only: bool = False,
 ) -> Any:
     """Mark a Component method as a pipeline step: `@make`, `@make()` or `@make(batch=True)`.
 
@@ -393,14 +410,17 @@ def make(
     picks c runs c at once), and the profiler measures it at 1 to `max_concurrency` calls at once,
     not at batch sizes. `stream=True` marks a per-item generator function yielding str chunks
     (tokens): pipeline code still gets the whole string, while a streaming request to a deployment
-    whose output it makes receives the chunks as they come. `ordered=True` keeps a method with side
-    effects out of parallel calls: deployed, a request's calls are submitted as its code reaches them
-    and overlap until their results are needed, but a call of this method waits for every call issued
-    before it and is waited for before the code goes on. All are checked here, when the decorator is
-    applied.
+    whose output it makes receives the chunks as they come.
+
+    Parallel calls (deployed, a request's calls are submitted as its code reaches them and waited for where
+    their results are first used): `read_only=True` declares that the method changes nothing another call
+    or the pipeline's code could see (no store, file or state written), so its calls overlap other
+    read-only calls. A call of any other method keeps plain Python's place: it waits for every call issued
+    before it, and the code waits for it before going on. `ordered=True` says the same explicitly, for a
+    method with effects. All are checked here, when the decorator is applied.
     """
     options: dict[str, Any] = {"batch": batch, "max_batch_size": max_batch_size, "timeout_s": timeout_s, "retries": retries,
-               "max_concurrency": max_concurrency, "stream": stream, "ordered": ordered}
+               "max_concurrency": max_concurrency, "stream": stream, "ordered": ordered, "read_only": read_only}
     if fn is None:
         return lambda f: MakeMethod(f, **options)
     if not callable(fn):

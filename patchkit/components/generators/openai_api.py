@@ -99,7 +99,7 @@ class OpenAIGenerator(Generator):
             self.model = listed[0]
             logger.info("no model given: using %s, the first that %s lists", self.model, self.base_url)
 
-    @make(stream=True, max_concurrency=MAX_CONCURRENCY)
+    @make(stream=True, max_concurrency=MAX_CONCURRENCY, read_only=True)
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
         """Stream the answer as the server sends it; called in a thread of its own for each call, and
         closing the stream closes its HTTP response (the server sees the client leave)."""
