@@ -403,10 +403,10 @@ def _guard(e: Instr, popped: tuple[_Slot, ...]) -> Guard | None:
 
 
 def _call_guard(popped: tuple[_Slot, ...]) -> Guard:
-    """A builtin's call: the function (never the NULL beside it) and every argument above them."""
-    fn = next(k for k, s in enumerate(popped[:2]) if s.pure)
+    """A builtin's call: the function (never the NULL beside it: below it before 3.13, above it since) and
+    every argument above them."""
     n = len(popped)
-    return Guard("call", (n - fn, *range(n - 2, 0, -1)))
+    return Guard("call", (n if PY313 else n - 1, *range(n - 2, 0, -1)))
 
 
 def _guarded(body: list[Any], label_at: dict[int, int]) -> list[bool]:
