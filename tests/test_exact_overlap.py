@@ -377,10 +377,13 @@ def streams(endpoint: patchkit.Endpoint, acks: Path) -> tuple[list[str], str]:
     return chunks, stream.output
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("capture", ["module", "function"])
-def test_an_output_made_inside_a_helper_streams_inprocess(capture: str) -> None:
+def test_an_output_made_inside_a_helper_streams(backend: str, capture: str) -> None:
+    """In a module the front-end imports again (as this one), its helper reads the module's own `streamer`
+    there: the call still goes to the deployed one, and streams."""
     pipeline = streamed_by_a_helper if capture == "module" else streamed_in_a_function("x")
-    with patchkit.deploy(pipeline, backend="inprocess") as endpoint:
+    with patchkit.deploy(pipeline, backend=backend) as endpoint:
         chunks, output = streams(endpoint, ACKS)
     assert len(chunks) >= 2 and "".join(chunks) == output
 

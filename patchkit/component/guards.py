@@ -31,7 +31,7 @@ _BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, typ
 MAX_ITEMS = 10_000  # past this many items a value counts as not data: the check stays cheap beside the work
 # BINARY_OP's operators that touch no item of a builtin container (concatenation, repetition, arithmetic);
 # the others (`%` formats items, `|`, `&`, `^`, `-` hash them) look at the items too.
-SHALLOW_OPS = frozenset({0, 2, 3, 4, 5, 8, 9, 11})  # + & // << @ * ** >> /, by BINARY_OP's argument
+SHALLOW_OPS = frozenset({0, 2, 3, 4, 5, 8, 9, 11})  # + // << @ * ** >> /, by BINARY_OP's argument
 INPLACE_OPS = frozenset(range(13, 26))  # +=, &=, ... : their argument minus 13 is the operator's
 
 

@@ -59,6 +59,7 @@ class Deployment:
         self.clock = clock
         self.components: dict[str, Component] = pipeline.components
         self.names = {c._patchkit_spec.uid: name for name, c in self.components.items()}  # uid -> pipeline name
+        self.aliases = pipeline.component_aliases()  # a module's own copy of a component -> the deployed one
         self.sets: dict[str, ReplicaSet] = {}
         self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
         liveness = config.liveness
@@ -147,6 +148,11 @@ class Deployment:
         self.sets[replica.component].remove(replica)
 
     # -- calls --------------------------------------------------------------------------------------------------
+    def deployed(self, component: Component) -> Component:
+        """The deployed component a call of `component` goes to: itself, or the one a helper's module held
+        where this process's import of that module made another object (`Pipeline.component_aliases`)."""
+        return self.aliases.get(component._patchkit_spec.uid, component)
+
     def submit(
         self, queue: BatchQueue, component: Component, envelope: CallEnvelope, slack: float | None = None
     ) -> PendingCall:

@@ -217,6 +217,7 @@ class RequestRunner:
         worker does not run one past `request.expires`, the event loop's time when it times out."""
         if window is not None and not method.read_only:
             window.settle()  # it keeps plain Python's place: made once every call before it has ended, or not at all
+        component = self.deployment.deployed(component)
         queue = self.deployment.queues.get((component._patchkit_spec.uid, method.name))
         if queue is None:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
