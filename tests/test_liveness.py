@@ -470,11 +470,13 @@ def test_a_replica_failing_its_health_checks_is_reported_then_recycled() -> None
         while not frontend.deployment.supervisor.replicas()[0].failed_checks:
             await asyncio.sleep(0.01)
         failing = frontend.healthy(), frontend.stats()["components"]["moody"]["replicas"][0]
+        assert frontend.readiness().status == "unready"
         while frontend.deployment.supervisor.restarts == 0:  # the third failure in a row recycles it
             await asyncio.sleep(0.01)
         moody.unwell = False
         while not frontend.healthy():
             await asyncio.sleep(0.01)
+        assert frontend.readiness().ready
         return *failing, frontend.healthy(), frontend.deployment.supervisor.restarts
 
     healthy, described, recovered, restarts = run_frontend(
@@ -621,7 +623,7 @@ def _echo(text: str) -> patchkit.Pipeline:
 
 
 @pytest.mark.slow
-def test_healthz_and_stats_report_a_replica_whose_check_health_raises(tmp_path: Path) -> None:
+def test_readyz_and_stats_report_a_replica_whose_check_health_raises_and_healthz_stays_200(tmp_path: Path) -> None:
     flag = tmp_path / "unwell"
     checked = Checked(str(flag))
 
@@ -631,17 +633,22 @@ def test_healthz_and_stats_report_a_replica_whose_check_health_raises(tmp_path: 
         return pipeline
 
     with patchkit.deploy(_capture(body), health_check_period_s=0.1, health_check_failures=10_000) as endpoint:
-        assert _get(endpoint.url + "/healthz")[0] == 200
+        assert _get(endpoint.url + "/readyz")[0] == 200
         flag.touch()
-        status, reply = _wait_until(lambda: (s := _get(endpoint.url + "/healthz"))[0] == 503 and s, "/healthz said 503")
-        assert reply["status"] == "degraded"
+        status, reply = _wait_until(lambda: (s := _get(endpoint.url + "/readyz"))[0] == 503 and s, "/readyz said 503")
+        assert reply["status"] == "unready"
+        [reason] = reply["reasons"]
+        assert re.fullmatch(r"checked#0 failed its last \d+ health checks", reason), reason
+        status, health = _get(endpoint.url + "/healthz")  # the process answers: liveness holds
+        assert status == 200 and health["status"] == "ok" and health["workers"] == "degraded"
         [replica] = _replicas(endpoint, "checked")
         assert replica["health"].startswith("failing: ")
         assert f"check_health() raised RuntimeError: {flag} says I am unwell" in replica["health"]
         assert endpoint.query(text="still") == "STILL"  # failing checks, below the threshold: it still serves
         flag.unlink()
-        _wait_until(lambda: _get(endpoint.url + "/healthz")[0] == 200, "/healthz said 200 again")
+        _wait_until(lambda: _get(endpoint.url + "/readyz")[0] == 200, "/readyz said 200 again")
         assert _replicas(endpoint, "checked")[0]["health"] == "ok"
+        assert _get(endpoint.url + "/healthz")[1]["workers"] == "ok"
 
 
 @pytest.mark.slow
