@@ -38,7 +38,8 @@ class ServerConfig(OptionGroup):
     port: int = option(0, help="the port it listens on (0: any free port)", ge=0, le=65535)
     read_timeout_s: float = option(30.0, help="a request's headers and body must arrive within this, else 408",
                                    gt=0, described=True)
-    auth_token: str | None = option(None, help="a bearer token for every route but /healthz (default: PATCHKIT_AUTH_TOKEN)",
+    auth_token: str | None = option(None, help="a bearer token for every route but /healthz and /readyz (default: "
+                                    "PATCHKIT_AUTH_TOKEN)",
                                     nonempty="a non-empty string (the bearer token clients send)", secret=True)
     optional_inputs: tuple[str, ...] = option((), help="inputs a request may leave out (they keep their captured value)",
                                               check=check_names, described=True)
