@@ -58,7 +58,8 @@ def test_the_dockerfile_installs_extras_that_exist_and_serves_a_pipeline_that_lo
     assert extras == {"retrieval,llm,sched"}
     assert set(extras.pop().split(",")) <= set(project["project"]["optional-dependencies"])
     copied = {path for line in _instructions("COPY") if "--from" not in line for path in line.split()[:-1]}
-    assert {"pyproject.toml", project["project"]["readme"], "patchkit", *project["tool"]["setuptools"]["package-dir"].values()} <= copied
+    sources = project["tool"]["setuptools"]["package-dir"].values()  # examples/, installed as patchkit.examples
+    assert {"pyproject.toml", project["project"]["readme"], "patchkit", *sources} <= copied
     assert _exec_form("ENTRYPOINT") == ["patchkit", "serve"]
     command = _exec_form("CMD")
     args = parser().parse_args(["serve", *command])

@@ -64,6 +64,7 @@ class FrontendServer:
         self.loop_lag.start()
         try:
             self.url = await self._listen()
+            logger.info("listening at %s; starting the workers (GET /readyz answers 200 once they are up)", self.url)
             await self.frontend.start()
         except BaseException:
             await self._stop_listening()
