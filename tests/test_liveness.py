@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from components import Hanger, Slow
 from serving import run_frontend
 from test_deploy_local import _in_threads, _join, _running, _wait_until
 from test_queues import HeldChannel, mark_stuck, settle
-from wire_components import Checked, Journal, Replier, Sleeper, Spawner, argument
+from wire_components import Checked, Journal, Ledger, Replier, Sleeper, Spawner, argument
 
 import patchkit
 from patchkit import Component, DeadlineExceeded, MakeError, WorkerDiedError, make
@@ -597,6 +598,39 @@ def test_a_call_that_outlives_its_request_has_its_only_replica_replaced_with_no_
         assert replaced["state"] == "stuck"
         assert replaced["why"] == "a batch of hanger.echo ran past the deadline of every request it served", replaced
         _wait_until(lambda: not _running(pid), "the stuck worker was killed")
+
+
+@pytest.mark.slow
+def test_a_call_moved_off_a_replaced_replica_is_never_started_there(tmp_path: Path) -> None:
+    """A slow call outlives its request (3 s): its replica is replaced at once, and the call lined up behind it
+    on that worker moves. The slow call comes back at 3.8 s while the moved call's request still runs: the old
+    worker, told the moved call is not its own any more, skips it, so a `retries=0` call cannot run twice."""
+    path = tmp_path / "ledger.txt"
+    path.write_text("")
+    ledger = Ledger(str(path))
+
+    def body(text: str) -> patchkit.Pipeline:
+        seconds = 0.0
+        with patchkit.capture(run=False) as pipeline:
+            return ledger.run(text, seconds)  # type: ignore[no-any-return]
+        return pipeline
+
+    with patchkit.deploy(_capture(body), request_timeout_s=3, abandoned_grace_s=5, autoscale=False) as endpoint:
+        old = _pid(endpoint, "ledger")
+        slow_call, _ = _in_threads(lambda i: endpoint.query(text="first", seconds=3.8), 1)
+        _wait_until(lambda: path.read_text(), "the slow call started")
+        time.sleep(1.5)  # the next request's deadline (4.5 s) falls after the slow call comes back (3.8 s)
+        behind, behind_result = _in_threads(lambda i: endpoint.query(text="second", seconds=0.0), 1)
+        _join(slow_call + behind)
+        _wait_until(lambda: not _running(old), "the replaced worker was stopped")
+        [replaced] = endpoint.stats()["components"]["ledger"]["replaced"]
+    runs = [line.split() for line in path.read_text().splitlines()]
+    assert runs[0] == ["first", str(old)]
+    moved = [pid for text, pid in runs if text == "second"]  # on the replacement, if it started in time
+    assert str(old) not in moved, "the replaced worker started the call moved off it"
+    assert len(moved) <= 1
+    assert replaced["why"] == "a batch of ledger.run ran past the deadline of every request it served"
+    assert behind_result[0] == "SECOND" or isinstance(behind_result[0], DeadlineExceeded), behind_result
 
 
 @pytest.mark.slow
