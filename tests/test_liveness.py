@@ -42,7 +42,9 @@ from patchkit.errors import CallError, ConfigError
 from patchkit.orchestrator.backend import Replica, ReplicaSpec, ReplicaState
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Outcome
+from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.rpc import GrpcChannel
+from patchkit.orchestrator.supervisor import Supervisor
 from patchkit.scheduler.online.frontend import Frontend
 from patchkit.scheduler.online.queues import BatchQueue
 from patchkit.scheduler.online.replicas import ReplicaSet
@@ -399,6 +401,36 @@ def test_a_replica_running_a_live_call_beside_an_abandoned_one_serves_on_until_t
     assert replica == "llm#0" and re.fullmatch(ABANDONED, why), why
 
 
+def test_a_surge_starts_the_replacement_first_and_stops_the_old_replica_when_it_is_retired_or_at_close() -> None:
+    """The supervisor's side of a surge, on the inprocess backend: the replacement serves while the old replica
+    still runs; the old one stops once its set says it may (`retired`), and close() stops one still waiting."""
+
+    async def scenario() -> tuple[list[str], list[str], list[str], list[str]]:
+        backend = InProcessBackend()
+        serving: list[str] = []
+        supervisor = Supervisor(backend, lambda r: serving.append(r.id), lambda r, why: serving.remove(r.id))
+        await supervisor.start([ReplicaSpec("slow", Slow()), ReplicaSpec("slow", Slow())])
+        first, second = supervisor.replicas()
+        retired: list[asyncio.Future[None]] = [asyncio.get_running_loop().create_future() for _ in range(2)]
+        supervisor.surge(first, "a batch of slow.echo ran past the deadline of every request it served", retired[0])
+        supervisor.surge(second, "a batch of slow.echo ran past the deadline of every request it served", retired[1])
+        while len(serving) < 2:
+            await asyncio.sleep(0.01)
+        surged = sorted(r.id for r in backend.replicas())  # the replacements serve; the old ones still run
+        retired[0].set_result(None)
+        while first in backend.replicas():
+            await asyncio.sleep(0.01)
+        after_retired = sorted(r.id for r in backend.replicas())
+        await asyncio.wait_for(supervisor.close(), 10)  # the second old replica's batch never came back
+        return sorted(serving), surged, after_retired, [r.id for r in backend.replicas()]
+
+    serving, surged, after_retired, after_close = asyncio.run(scenario())
+    assert serving == ["slow#2", "slow#3"]
+    assert surged == ["slow#0", "slow#1", "slow#2", "slow#3"]
+    assert after_retired == ["slow#1", "slow#2", "slow#3"]
+    assert after_close == []
+
+
 def test_abandoned_grace_s_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="abandoned_grace_s must be > 0; got 0"):
         DeploymentConfig.check_options({"abandoned_grace_s": 0})
@@ -598,6 +630,23 @@ def test_a_call_that_outlives_its_request_has_its_only_replica_replaced_with_no_
         assert replaced["state"] == "stuck"
         assert replaced["why"] == "a batch of hanger.echo ran past the deadline of every request it served", replaced
         _wait_until(lambda: not _running(pid), "the stuck worker was killed")
+
+
+@pytest.mark.slow
+def test_close_during_a_replaced_replica_s_grace_stops_it_too() -> None:
+    def body(text: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return hanger.echo(text)  # type: ignore[no-any-return]
+        return pipeline
+
+    with patchkit.deploy(_capture(body), request_timeout_s=2, abandoned_grace_s=600, autoscale=False) as endpoint:
+        stuck = _pid(endpoint, "hanger")
+        with pytest.raises(DeadlineExceeded):
+            endpoint.query(text="hang")
+        assert endpoint.query(text="after") == "AFTER"  # answered by the replacement
+        replacement = _pid(endpoint, "hanger")
+        assert _running(stuck), "the stuck worker was stopped before its grace ended"
+    _wait_until(lambda: not _running(stuck) and not _running(replacement), "close() stopped both workers", 15)
 
 
 @pytest.mark.slow
