@@ -9,6 +9,7 @@ the backend the orchestrator built (`patchkit.orchestrator.backends.make_backend
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -59,7 +60,7 @@ class Frontend:
         self.stats = self.collector.stats
         self.replica_stats = self.collector.replica_stats
         self.started = False  # every replica `start` started is up
-        self._drained = False
+        self._draining: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         """Start every replica (see `Deployment.start`); raises the first replica's start error."""
@@ -81,11 +82,14 @@ class Frontend:
 
     async def drain(self) -> None:
         """Refuse new requests and stop the autoscaler, then wait for in-flight requests (up to the drain
-        timeout); called first when the server stops, while it still answers (`/readyz`: "draining")."""
-        if self._drained:
-            return
-        self._drained = True
-        self.runner.closing = True
+        timeout); called first when the server stops, while it still answers (`/readyz`: "draining").
+        A second call waits for the first one's drain."""
+        if self._draining is None:
+            self.runner.closing = True  # from now on: no request is admitted while the task below starts
+            self._draining = asyncio.ensure_future(self._drain())
+        await asyncio.shield(self._draining)
+
+    async def _drain(self) -> None:
         await self.deployment.stop_scaling()
         if not await self.runner.drained(self.config.liveness.drain_timeout_s):
             logger.warning("closing with %d requests still in flight after %.0f s", self.runner.inflight,
