@@ -40,6 +40,6 @@ def cache_dir() -> Path:
 
 
 def auth_token() -> str | None:
-    """PATCHKIT_AUTH_TOKEN: the bearer token every HTTP route but /healthz asks for, when
+    """PATCHKIT_AUTH_TOKEN: the bearer token every HTTP route but /healthz and /readyz asks for, when
     `deploy(auth_token=...)` gives none (unset: no authentication)."""
     return os.environ.get("PATCHKIT_AUTH_TOKEN") or None

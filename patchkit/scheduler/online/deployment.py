@@ -88,7 +88,8 @@ class Deployment:
     def _build_queues(self, name: str, component: Component) -> None:
         settings = self.config.components[name]
         replica_set = self.sets[name] = ReplicaSet(name, self.config.limits.max_inflight_batches, self.supervisor.mark_stuck,
-                                                   abandoned_grace_s=self.config.liveness.abandoned_grace_s)
+                                                   abandoned_grace_s=self.config.liveness.abandoned_grace_s,
+                                                   surge=self.supervisor.surge)
         uid = component._patchkit_spec.uid
         for method, made in make_methods(type(component)).items():
             self.queues[uid, method] = BatchQueue(
