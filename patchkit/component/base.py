@@ -166,7 +166,8 @@ def ensure_setup(component: Component) -> None:
         return
     with state["_patchkit_setup_lock"]:
         if not state["_patchkit_ready"]:
-            if (pending := component.setup()) is not None:  # an async setup, asked for on the loop it runs on
+            setup: Callable[[], Any] = component.setup
+            if (pending := setup()) is not None:  # an async setup, asked for on the loop it runs on
                 pending.close()
                 raise MakeError(
                     f"{type(component).__name__} is not set up, and code running on patchkit's event loop (an "
@@ -365,7 +366,8 @@ class MakeMethod:
 
     def _chunk(self, chunk: Any) -> str:
         if not isinstance(chunk, str):
-            raise MakeError(f"{self.qualname} is @make(stream=True): it must yield str chunks; it yielded a {type(chunk).__name__}")
+            got = type(chunk).__name__
+            raise MakeError(f"{self.qualname} is @make(stream=True): it must yield str chunks; it yielded a {got}")
         return chunk
 
     def _columns(self, component: Component, calls: Sequence[Call]) -> list[list[Any]]:

@@ -137,7 +137,7 @@ def _stepped(steps: Generator[Any, Any, T], name: str, limit_s: float) -> Genera
             yielded = steps.send(value) if error is None else steps.throw(error)
         except StopIteration as stop:
             _check(name, started, limit_s)
-            return stop.value  # type: ignore[no-any-return]
+            return stop.value
         except BaseException:
             _check(name, started, limit_s)
             raise

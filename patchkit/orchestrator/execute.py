@@ -5,15 +5,17 @@ Shared by the worker process and the inprocess backend, so both isolate failures
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.component import Call, CallHook, Component, MakeMethod
-from patchkit.errors import CallError, Cancelled, ComponentError, PatchkitError
+from patchkit.component import Call, CallHook, Component, MakeMethod, call_hook
+from patchkit.errors import CallError, Cancelled, ComponentError, DeadlineExceeded, PatchkitError
 
 __all__ = [
     "COMPONENT",
@@ -21,9 +23,11 @@ __all__ = [
     "WIRE",
     "Failure",
     "Outcome",
+    "StopFlag",
     "component_stats",
     "run_batch",
     "run_calls",
+    "run_calls_async",
     "run_streamed",
     "setup_error",
 ]
@@ -84,6 +88,39 @@ class Failure:
 
 # (True, result) or (False, Failure)
 Outcome = tuple[bool, Any]
+
+
+class StopFlag(threading.Event):
+    """A call's stop: set, from any thread, when its request ends (the front-end cancels it, its stream
+    ends). A call running on a thread checks it at its next chunk; one running as a task on the component
+    loop is cancelled at once, by the callback it registered (`on_set`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+        self._guard = threading.Lock()
+
+    def set(self) -> None:
+        with self._guard:
+            super().set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_set(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` (on the thread that sets the flag) once it is set, at once if it is; returns what
+        forgets it, for a call that ends first."""
+        with self._guard:
+            if not self.is_set():
+                self._callbacks.append(callback)
+                return lambda: self._forget(callback)
+        callback()
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], None]) -> None:
+        with self._guard:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
 
 
 def run_batch(component: Component, method_name: str, calls: Sequence[Call], hook: CallHook | None = None) -> list[Outcome]:
@@ -154,6 +191,107 @@ def run_streamed(
     except Exception as exc:
         return (False, Failure.of(exc))
     return (True, "".join(parts))
+
+
+async def run_calls_async(
+    component: Component,
+    method_name: str,
+    calls: Sequence[Call],
+    on_chunk: Callable[[int, str], None] | None,
+    stops: Sequence[StopFlag],
+    deadlines: Sequence[float | None],
+    hook: CallHook | None = None,
+) -> list[Outcome]:
+    """Run a batch of an `async def` method's calls on the component loop, where the worker and the inprocess
+    backend await it; the component is set up. `run_calls` for coroutines: the calls of a per-item or
+    streaming method run as a task each, all at once for a method with `max_concurrency` (each awaiting
+    without a thread), else one after another; a batch method's calls as one task, re-run one by one
+    if it fails, so that only the failing call fails. A call's task is cancelled once its stop is set
+    (its request ended: the outcome says Cancelled) or at its deadline (`time.monotonic()`; the outcome
+    says DeadlineExceeded); a batch method's, once every call's is."""
+    method = _method(component, method_name)
+    if isinstance(method, Failure):
+        return [(False, method)] * len(calls)
+    with call_hook(hook):  # each task starts in a copy of this context: its hook with it
+        if method.batch:
+            return await _batch_async(method, component, calls, stops, deadlines, hook)
+        runs = [
+            _guarded(_one_async(method, component, call, None if on_chunk is None else _sink(on_chunk, i)), [stop], deadline)
+            for i, (call, stop, deadline) in enumerate(zip(calls, stops, deadlines))
+        ]
+        if method.max_concurrency:
+            return list(await asyncio.gather(*runs))
+        return [await run for run in runs]
+
+
+def _sink(on_chunk: Callable[[int, str], None], index: int) -> Callable[[str], None]:
+    return lambda text: on_chunk(index, text)
+
+
+async def _one_async(method: MakeMethod, component: Component, call: Call, on_chunk: Callable[[str], None] | None) -> Any:
+    args, kwargs = call
+    if not method.stream:
+        return await method.call_async(component, args, kwargs)
+    parts: list[str] = []
+    async for chunk in method.achunks(component, args, kwargs):
+        parts.append(chunk)
+        if on_chunk is not None:
+            on_chunk(chunk)
+    return "".join(parts)
+
+
+async def _batch_async(
+    method: MakeMethod, component: Component, calls: Sequence[Call], stops: Sequence[StopFlag],
+    deadlines: Sequence[float | None], hook: CallHook | None,
+) -> list[Outcome]:
+    latest = None if any(deadline is None for deadline in deadlines) else max(d for d in deadlines if d is not None)
+    ok, value = await _guarded(method.run_batch_async(component, calls, hook), stops, latest)
+    if ok:
+        return [(True, result) for result in value]
+    if len(calls) == 1 or value.source != COMPONENT:
+        return [(False, value)] * len(calls)
+    outcomes: list[Outcome] = []  # find the failing call: each alone
+    for call, stop, deadline in zip(calls, stops, deadlines):
+        ok, value = await _guarded(method.run_batch_async(component, [call], hook), [stop], deadline)
+        outcomes.append((True, value[0]) if ok else (False, value))
+    return outcomes
+
+
+async def _guarded(run: Coroutine[Any, Any, Any], stops: Sequence[StopFlag], deadline: float | None) -> Outcome:
+    """`run` as a task, its outcome: cancelled once every one of `stops` is set, or at `deadline`."""
+    loop = asyncio.get_running_loop()
+    task = loop.create_task(run)
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    def stop_if_all() -> None:
+        if all(stop.is_set() for stop in stops):
+            task.cancel()
+
+    def stopped() -> None:  # on the thread that set the flag
+        loop.call_soon_threadsafe(stop_if_all)
+
+    forget = [stop.on_set(stopped) for stop in stops]
+    timer = None if deadline is None else loop.call_later(max(0.0, deadline - time.monotonic()), expire)
+    try:
+        return (True, await task)
+    except asyncio.CancelledError:
+        if expired:
+            return (False, Failure.verdict(DeadlineExceeded("its request ran out of time while it ran: it was cancelled")))
+        if all(stop.is_set() for stop in stops):
+            return (False, Failure.verdict(Cancelled("its request ended while it ran: it was cancelled")))
+        raise  # the caller itself is cancelled (the replica stops): so is the call's task
+    except Exception as exc:
+        return (False, Failure.of(exc))
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for undo in forget:
+            undo()
 
 
 def _method(component: Component, method_name: str) -> MakeMethod | Failure:
