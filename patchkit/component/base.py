@@ -15,7 +15,7 @@ import math
 import sys
 import threading
 import uuid
-from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar, overload
 
@@ -62,8 +62,9 @@ class Component:
         if inspect.isfunction(own := cls.__dict__.get("setup")):
             cls.setup = _once(own)  # type: ignore[method-assign,assignment]
 
-    def setup(self) -> None:
+    def setup(self) -> Awaitable[None] | None:
         """Load heavy state. Called once per instance in the process that runs it, before its first call there."""
+        return None
 
     def stats(self) -> dict[str, Any]:
         """The component's own figures (hit rates, bytes moved, seconds spent): called by its worker
@@ -166,9 +167,9 @@ def ensure_setup(component: Component) -> None:
         return
     with state["_patchkit_setup_lock"]:
         if not state["_patchkit_ready"]:
-            setup: Callable[[], Any] = component.setup
-            if (pending := setup()) is not None:  # an async setup, asked for on the loop it runs on
-                pending.close()
+            if (pending := component.setup()) is not None:  # an async setup, asked for on the loop it runs on
+                if inspect.iscoroutine(pending):
+                    pending.close()
                 raise MakeError(
                     f"{type(component).__name__} is not set up, and code running on patchkit's event loop (an "
                     "async method) cannot wait for its async setup(): set it up before, or call it from a plain def"
@@ -229,7 +230,8 @@ class MakeMethod:
         self.retries: int | None = retries
         # Calls one replica runs at once, from batches sent as calls arrive without waiting for those
         # ahead (continuous batching: an engine that batches internally admits them between its steps);
-        # None: one batch at a time. Such a method must be safe to run from several threads at once.
+        # None: one batch at a time. Such a method must be safe to run from several threads at once (an async
+        # one: several of its calls awaiting at once on the loop).
         self.max_concurrency: int | None = max_concurrency
         # A generator function yielding text chunks: a pipeline's call gets their concatenation, and a
         # deployment can send the chunks to a streaming client as they are made.
@@ -467,6 +469,10 @@ def make(
     ordered: bool = False,
 ) -> Any:
     """Mark a Component method as a pipeline step: `@make`, `@make()` or `@make(batch=True)`.
+
+    The method may be `async def` (an async generator with `stream=True`): pipeline code calls it as
+    any method, while its coroutines run on the process's component loop (`event_loop.py`), a
+    replica's concurrent calls as tasks there, with no thread each.
 
     With `batch=True` the method is written over lists (one list per parameter, a list of results
     back) while pipeline code still calls it with one item, as Ray Serve's `@serve.batch`.

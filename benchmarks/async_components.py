@@ -1,0 +1,164 @@
+"""Async components: one replica of a component that waits 100 ms on I/O per call, many clients,
+against the same component written with `time.sleep` on threads, in the same run.
+
+    python benchmarks/async_components.py [--seconds 10] [--clients 512] [--json results.json]
+
+Each variant is deployed on the local backend (one worker process, one replica) and driven over HTTP
+by a closed loop of `--clients` clients (aiohttp, in this process); every answer is checked against
+the value it must be. The variants:
+- `async def` awaiting `asyncio.sleep(0.1)`, `max_concurrency=512`: its calls await together on the
+  worker's event loop;
+- `def` calling `time.sleep(0.1)`, `max_concurrency=64`: a thread per call in flight, 64 threads (as
+  OpenAIGenerator ran before it was async);
+- the same with `max_concurrency=512`: 512 threads.
+The worker reports the most calls it ran at once and its thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+import patchkit
+from patchkit import Component, make
+
+PAUSE_S = 0.1
+
+
+class AsyncIO(Component):
+    """Waits PAUSE_S as a client awaiting a remote API does."""
+
+    def setup(self) -> None:
+        self.running = self.most = 0
+
+    @make(max_concurrency=512)
+    async def fetch(self, x: int) -> int:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(PAUSE_S)
+        finally:
+            self.running -= 1
+        return 3 * x + 1
+
+    def stats(self) -> dict[str, Any]:
+        return {"most_at_once": self.most, "threads": threading.active_count()}
+
+
+class ThreadedIO(Component):
+    """The same wait with `time.sleep`, which holds a thread per call."""
+
+    def setup(self) -> None:
+        self.lock = threading.Lock()
+        self.running = self.most = 0
+
+    def _fetch(self, x: int) -> int:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            time.sleep(PAUSE_S)
+        finally:
+            with self.lock:
+                self.running -= 1
+        return 3 * x + 1
+
+    def stats(self) -> dict[str, Any]:
+        return {"most_at_once": self.most, "threads": threading.active_count()}
+
+
+class Threaded64(ThreadedIO):
+    @make(max_concurrency=64)
+    def fetch(self, x: int) -> int:
+        return self._fetch(x)
+
+
+class Threaded512(ThreadedIO):
+    @make(max_concurrency=512)
+    def fetch(self, x: int) -> int:
+        return self._fetch(x)
+
+
+def fetching(component: Component) -> patchkit.Pipeline:
+    x = 0
+    with patchkit.capture(run=False) as pipeline:
+        return component.fetch(x)  # type: ignore[attr-defined, no-any-return]
+    return pipeline
+
+
+async def closed_loop(url: str, clients: int, seconds: float) -> dict[str, Any]:
+    """`clients` clients, each asking again as soon as it is answered, for `seconds`; every answer checked."""
+    numbers = itertools.count()
+    latencies: list[float] = []
+    counts = {"right": 0, "wrong": 0, "errors": 0}
+    stop = time.monotonic() + seconds
+
+    async def client(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < stop:
+            x = next(numbers)
+            started = time.perf_counter()
+            try:
+                async with session.post(url + "/v1/query", json={"inputs": {"x": x}}) as reply:
+                    body = await reply.json()
+            except (aiohttp.ClientError, TimeoutError):
+                counts["errors"] += 1
+                continue
+            if reply.status != 200:
+                counts["errors"] += 1
+            elif body["output"] == 3 * x + 1:
+                counts["right"] += 1
+                latencies.append((time.perf_counter() - started) * 1000)
+            else:
+                counts["wrong"] += 1
+
+    started = time.monotonic()
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await asyncio.gather(*(client(session) for _ in range(clients)))
+    elapsed = time.monotonic() - started
+    latencies.sort()
+    return {
+        **counts,
+        "requests_per_s": counts["right"] / elapsed,
+        "p50_ms": statistics.median(latencies) if latencies else None,
+        "p99_ms": latencies[int(0.99 * (len(latencies) - 1))] if latencies else None,
+    }
+
+
+def measure(component: Component, clients: int, seconds: float) -> dict[str, Any]:
+    with patchkit.deploy(fetching(component), backend="local") as endpoint:
+        asyncio.run(closed_loop(endpoint.url, clients, 1.0))  # warm up: connections, the worker's pools
+        result = asyncio.run(closed_loop(endpoint.url, clients, seconds))
+        [report] = endpoint.stats()["replica_reports"].values()
+    return {**result, "worker": report["component_stats"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--clients", type=int, default=512)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    results: dict[str, Any] = {"clients": args.clients, "seconds": args.seconds, "pause_s": PAUSE_S}
+    for label, component in (("async_512", AsyncIO()), ("threads_64", Threaded64()), ("threads_512", Threaded512())):
+        results[label] = measure(component, args.clients, args.seconds)
+        print(label, json.dumps(results[label]), flush=True)
+    results["async_over_threads_64"] = results["async_512"]["requests_per_s"] / results["threads_64"]["requests_per_s"]
+    results["async_over_threads_512"] = results["async_512"]["requests_per_s"] / results["threads_512"]["requests_per_s"]
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
