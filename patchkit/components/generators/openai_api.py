@@ -95,7 +95,10 @@ class OpenAIGenerator(Generator):
         """Called once in the process that runs the generator, before its first call, on the event loop its
         calls run on: opens the client every call shares, checks that the server answers (a ConnectionError
         naming the URL if not) and asks it for its model when none was given."""
-        import openai
+        try:
+            import openai
+        except ImportError:
+            raise ImportError("OpenAIGenerator needs the openai package: pip install 'patchkit[openai]'") from None
 
         key = self.api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY  # here, in the worker: never in the spec
         self.client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key, timeout=self.timeout_s, max_retries=0)
