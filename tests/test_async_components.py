@@ -171,6 +171,33 @@ def test_deployed_async_methods_answer_as_eagerly_and_stream(backend: str) -> No
         assert stats["largest_batch"] > 1 and stats["batches"] < 25
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_class_that_travels_by_value_keeps_its_async_setup(backend: str) -> None:
+    class Greeter(Component):  # defined in a function, as in a notebook cell: it travels by value
+        async def setup(self) -> None:
+            await asyncio.sleep(0)
+            self.greeting = "hello"
+
+        @make(max_concurrency=8)
+        async def greet(self, name: str) -> str:
+            await asyncio.sleep(0.01)
+            return f"{self.greeting} {name}"
+
+    greeter = Greeter()
+
+    def greeted(name: str) -> patchkit.Pipeline:
+        with patchkit.capture() as pipeline:
+            return greeter.greet(name)  # type: ignore[no-any-return]
+        return pipeline
+
+    assert greeted("eager") == "hello eager"
+
+    async def body(frontend: Frontend) -> list[Any]:
+        return [r.output for r in await asyncio.gather(*(frontend.query({"name": n}) for n in "abc"))]
+
+    assert serve(patchkit.last_pipeline(), body, backend) == ["hello a", "hello b", "hello c"]
+
+
 def test_a_worker_runs_an_async_method_s_calls_together_on_one_thread() -> None:
     waiter = Waiter(pause_s=0.5)
 

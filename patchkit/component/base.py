@@ -116,36 +116,48 @@ def _once(setup: Callable[[Component], Any]) -> Callable[[Component], Any]:
 
     An `async def setup` runs on the component loop (`event_loop.py`) while its caller waits; called on
     that loop (`await super().setup()` inside another async setup) it returns the coroutine to await."""
-    asynchronous = inspect.iscoroutinefunction(setup)
 
-    def run(self: Component) -> None:
-        if asynchronous:
-            component_loop().run(watched(setup(self), setup.__qualname__), setup.__qualname__)  # type: ignore[arg-type]
-        else:
-            setup(self)
-
+    # The wrapper names only `setup` and module-level functions: a class defined in `__main__` or a
+    # notebook travels by value, and so does this wrapper with whatever it refers to.
     @functools.wraps(setup)
     def once(self: Component) -> Coroutine[Any, Any, None] | None:
-        if asynchronous and on_component_loop():
-            return _once_on_loop(self, setup)
-        state = self.__dict__
-        if state["_patchkit_ready"]:
-            return None
-        if id(self) in _SETTING_UP.get():
-            run(self)
-            return None
-        with state["_patchkit_setup_lock"]:
-            if state["_patchkit_ready"]:
-                return None
-            token = _SETTING_UP.set(_SETTING_UP.get() | {id(self)})
-            try:
-                run(self)
-            finally:
-                _SETTING_UP.reset(token)
-            state["_patchkit_ready"] = True
-        return None
+        return _setup_once(self, setup)
 
     return once
+
+
+def _setup_once(component: Component, setup: Callable[[Component], Any]) -> Coroutine[Any, Any, None] | None:
+    asynchronous = inspect.iscoroutinefunction(setup)
+    if asynchronous and on_component_loop():
+        return _once_on_loop(component, setup)
+    state = component.__dict__
+    if state["_patchkit_ready"]:
+        return None
+    if id(component) in _SETTING_UP.get():
+        _run_setup(component, setup)
+        return None
+    with state["_patchkit_setup_lock"]:
+        if state["_patchkit_ready"]:
+            return None
+        token = _SETTING_UP.set(_SETTING_UP.get() | {id(component)})
+        try:
+            _run_setup(component, setup)
+        finally:
+            _SETTING_UP.reset(token)
+        state["_patchkit_ready"] = True
+    return None
+
+
+def _run_setup(component: Component, setup: Callable[[Component], Any]) -> None:
+    """`setup` itself, in this thread; an async one on the component loop, this thread waiting."""
+    if inspect.iscoroutinefunction(setup):
+        component_loop().run(_watched_setup(component, setup), setup.__qualname__)
+    else:
+        setup(component)
+
+
+async def _watched_setup(component: Component, setup: Callable[[Component], Any]) -> None:
+    await watched(setup(component), setup.__qualname__)
 
 
 async def _once_on_loop(component: Component, setup: Callable[[Component], Any]) -> None:
