@@ -4,13 +4,14 @@ against the same component written with `time.sleep` on threads, in the same run
     python benchmarks/async_components.py [--seconds 10] [--clients 512] [--json results.json]
 
 Each variant is deployed on the local backend (one worker process, one replica) and driven over HTTP
-by a closed loop of `--clients` clients (aiohttp, in this process); every answer is checked against
-the value it must be. The variants:
+by a closed loop of `--clients` clients (aiohttp, in a process of its own pinned to the last core, as
+if on another machine); every answer is checked against the value it must be. The variants:
 - `async def` awaiting `asyncio.sleep(0.1)`, `max_concurrency=512`: its calls await together on the
   worker's event loop;
 - `def` calling `time.sleep(0.1)`, `max_concurrency=64`: a thread per call in flight, 64 threads (as
   OpenAIGenerator ran before it was async);
-- the same with `max_concurrency=512`: 512 threads.
+- the same with `max_concurrency=512`: 512 threads;
+- and, as the ceiling of the serving path on the machine of the run, the same answer with no wait at all.
 The worker reports the most calls it ran at once and its thread count.
 """
 
@@ -20,7 +21,11 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
+import shutil
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -88,6 +93,17 @@ class Threaded512(ThreadedIO):
         return self._fetch(x)
 
 
+class NoWait(Component):
+    """The same answer at once: what the front-end, the wire and the worker serve when nothing waits."""
+
+    @make(max_concurrency=512)
+    def fetch(self, x: int) -> int:
+        return 3 * x + 1
+
+    def stats(self) -> dict[str, Any]:
+        return {"threads": threading.active_count()}
+
+
 def fetching(component: Component) -> patchkit.Pipeline:
     x = 0
     with patchkit.capture(run=False) as pipeline:
@@ -134,10 +150,20 @@ async def closed_loop(url: str, clients: int, seconds: float) -> dict[str, Any]:
     }
 
 
+def drive(url: str, clients: int, seconds: float) -> dict[str, Any]:
+    """`closed_loop` in a process of its own (this script with --drive), pinned to the last core where there are two."""
+    cores = sorted(os.sched_getaffinity(0))
+    pin = ["taskset", "-c", str(cores[-1])] if len(cores) > 1 and shutil.which("taskset") else []
+    command = [*pin, sys.executable, __file__, "--drive", url, "--clients", str(clients), "--seconds", str(seconds)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
 def measure(component: Component, clients: int, seconds: float) -> dict[str, Any]:
     with patchkit.deploy(fetching(component), backend="local") as endpoint:
-        asyncio.run(closed_loop(endpoint.url, clients, 1.0))  # warm up: connections, the worker's pools
-        result = asyncio.run(closed_loop(endpoint.url, clients, seconds))
+        drive(endpoint.url, clients, 1.0)  # warm up: connections, the worker's pools
+        result = drive(endpoint.url, clients, seconds)
         [report] = endpoint.stats()["replica_reports"].values()
     return {**result, "worker": report["component_stats"]}
 
@@ -147,13 +173,19 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=512)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--drive", default=None, help="be the clients of the endpoint at this URL, print the result")
     args = parser.parse_args()
+    if args.drive:
+        print(json.dumps(asyncio.run(closed_loop(args.drive, args.clients, args.seconds))))
+        return
     results: dict[str, Any] = {"clients": args.clients, "seconds": args.seconds, "pause_s": PAUSE_S}
-    for label, component in (("async_512", AsyncIO()), ("threads_64", Threaded64()), ("threads_512", Threaded512())):
+    variants = (("async_512", AsyncIO()), ("threads_64", Threaded64()), ("threads_512", Threaded512()), ("no_wait", NoWait()))
+    for label, component in variants:
         results[label] = measure(component, args.clients, args.seconds)
         print(label, json.dumps(results[label]), flush=True)
     results["async_over_threads_64"] = results["async_512"]["requests_per_s"] / results["threads_64"]["requests_per_s"]
     results["async_over_threads_512"] = results["async_512"]["requests_per_s"] / results["threads_512"]["requests_per_s"]
+    results["async_over_no_wait"] = results["async_512"]["requests_per_s"] / results["no_wait"]["requests_per_s"]
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import contextvars
 import logging
 import os
 import queue
@@ -47,6 +48,7 @@ class EventLoop:
     def __init__(self, name: str = "patchkit-components") -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._tasks: set[asyncio.Task[Any]] = set()
         self.thread.start()
 
     def on_loop(self) -> bool:
@@ -57,6 +59,18 @@ class EventLoop:
         """Start `coroutine` as a task on the loop, in a copy of the caller's context (its call hook goes
         with it); cancelling the returned future cancels the task. Called from any thread."""
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop)
+
+    def start(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Start `coroutine` as a task on the loop, in a copy of the caller's context, without waiting for it
+        or keeping a future of it (it reports its own outcome); called from any thread. Cheaper than
+        `submit` for a worker's many calls."""
+        context = contextvars.copy_context()
+        self.loop.call_soon_threadsafe(self._start, coroutine, context)
+
+    def _start(self, coroutine: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
+        task = self.loop.create_task(coroutine, context=context)
+        self._tasks.add(task)  # held until it ends: the loop keeps only weak references to its tasks
+        task.add_done_callback(self._tasks.discard)
 
     def run(self, coroutine: Coroutine[Any, Any, T], what: str) -> T:
         """Run `coroutine` on the loop and wait for its result (or raise its exception) in the calling

@@ -204,11 +204,11 @@ async def run_calls_async(
 ) -> list[Outcome]:
     """Run a batch of an `async def` method's calls on the component loop, where the worker and the inprocess
     backend await it; the component is set up. `run_calls` for coroutines: the calls of a per-item or
-    streaming method run as a task each, all at once for a method with `max_concurrency` (each awaiting
-    without a thread), else one after another; a batch method's calls as one task, re-run one by one
-    if it fails, so that only the failing call fails. A call's task is cancelled once its stop is set
-    (its request ended: the outcome says Cancelled) or at its deadline (`time.monotonic()`; the outcome
-    says DeadlineExceeded); a batch method's, once every call's is."""
+    streaming method run all at once for a method with `max_concurrency` (a task each, awaiting without
+    a thread), else one after another; a batch method's calls as one, re-run one by one if it fails,
+    so that only the failing call fails. A call is cancelled where it awaits once its stop is set (its
+    request ended: the outcome says Cancelled) or at its deadline (`time.monotonic()`; the outcome says
+    DeadlineExceeded); a batch method's, once every call's is."""
     method = _method(component, method_name)
     if isinstance(method, Failure):
         return [(False, method)] * len(calls)
@@ -219,8 +219,8 @@ async def run_calls_async(
             _guarded(_one_async(method, component, call, None if on_chunk is None else _sink(on_chunk, i)), [stop], deadline)
             for i, (call, stop, deadline) in enumerate(zip(calls, stops, deadlines))
         ]
-        if method.max_concurrency:
-            return list(await asyncio.gather(*runs))
+        if method.max_concurrency and len(runs) > 1:
+            return list(await asyncio.gather(*runs))  # a task each, so each is cancelled alone
         return [await run for run in runs]
 
 
@@ -258,36 +258,44 @@ async def _batch_async(
 
 
 async def _guarded(run: Coroutine[Any, Any, Any], stops: Sequence[StopFlag], deadline: float | None) -> Outcome:
-    """`run` as a task, its outcome: cancelled once every one of `stops` is set, or at `deadline`."""
+    """`run`'s outcome, awaited in this task (no task of its own: a replica's calls cost one task each),
+    which is cancelled where `run` awaits once every one of `stops` is set, or at `deadline`; a
+    cancellation meant for `run` ends here, one meant for the task (the replica stops) goes on."""
     loop = asyncio.get_running_loop()
-    task = loop.create_task(run)
-    expired = False
+    task = asyncio.current_task()
+    assert task is not None  # noqa: S101 - awaited on the loop, inside a task
+    why: list[PatchkitError] = []  # why `run` was cancelled, once it is
+    running = True
 
-    def expire() -> None:
-        nonlocal expired
-        expired = True
-        task.cancel()
-
-    def stop_if_all() -> None:
-        if all(stop.is_set() for stop in stops):
+    def stop(reason: PatchkitError) -> None:
+        if running and not why:
+            why.append(reason)
             task.cancel()
 
     def stopped() -> None:  # on the thread that set the flag
         loop.call_soon_threadsafe(stop_if_all)
 
-    forget = [stop.on_set(stopped) for stop in stops]
-    timer = None if deadline is None else loop.call_later(max(0.0, deadline - time.monotonic()), expire)
+    def stop_if_all() -> None:
+        if all(flag.is_set() for flag in stops):
+            stop(Cancelled("its request ended while it ran: it was cancelled"))
+
+    forget = [flag.on_set(stopped) for flag in stops]
+    late = DeadlineExceeded("its request ran out of time while it ran: it was cancelled")
+    timer = None if deadline is None else loop.call_later(max(0.0, deadline - time.monotonic()), stop, late)
     try:
-        return (True, await task)
+        result = await run
+        if why:  # it caught the cancellation and returned: the task goes on uncancelled
+            task.uncancel()
+        return (True, result)
     except asyncio.CancelledError:
-        if expired:
-            return (False, Failure.verdict(DeadlineExceeded("its request ran out of time while it ran: it was cancelled")))
-        if all(stop.is_set() for stop in stops):
-            return (False, Failure.verdict(Cancelled("its request ended while it ran: it was cancelled")))
-        raise  # the caller itself is cancelled (the replica stops): so is the call's task
+        if not why or task.cancelling() > 1:  # not (only) ours: the task itself is cancelled
+            raise
+        task.uncancel()
+        return (False, Failure.verdict(why[0]))
     except Exception as exc:
         return (False, Failure.of(exc))
     finally:
+        running = False
         if timer is not None:
             timer.cancel()
         for undo in forget:

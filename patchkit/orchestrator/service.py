@@ -261,7 +261,7 @@ class _Stream:
         with self.lock:
             self.running[decoded.batch_id] = decoded
         if decoded.method in self.service.concurrency and decoded.method in self.service.asynchronous:
-            component_loop().submit(self._run_async(decoded, arrived))
+            component_loop().start(self._run_async(decoded, arrived))
         elif decoded.method in self.service.concurrency:
             self.service.pool.submit(self._run, decoded, arrived)
         else:
