@@ -17,7 +17,9 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.errors import DeadlineExceeded, MakeError
+from patchkit.component.event_loop import component_loop
+from patchkit.errors import Cancelled, DeadlineExceeded, MakeError
+from patchkit.orchestrator.execute import Outcome, StopFlag, run_calls_async
 from patchkit.scheduler.online.frontend import Frontend
 
 BACKENDS = [pytest.param("local", marks=pytest.mark.slow), "inprocess"]
@@ -304,3 +306,44 @@ def test_make_takes_async_methods_and_names_what_it_cannot_serve() -> None:
             @make(batch=True, stream=True)
             async def tell(self, texts: list[str]) -> AsyncIterator[str]:
                 yield texts[0]
+
+
+class Careful(Component):
+    """Per call: waits `seconds`; one that is told to `swallow` its cancellation answers "late" instead."""
+
+    @make(max_concurrency=8)
+    async def wait(self, seconds: float, swallow: bool = False) -> str:
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:
+            if not swallow:
+                raise
+            await asyncio.sleep(0.01)  # the task is not left cancelled: it can await again
+            return "late"
+        return "done"
+
+
+def test_a_stopped_call_of_a_batch_is_cancelled_alone_and_may_answer_instead() -> None:
+    careful = Careful()
+    calls = [((5.0,), {}), ((0.05,), {}), ((5.0,), {"swallow": True})]
+    stops = [StopFlag() for _ in calls]
+
+    async def run() -> list[Outcome]:
+        return await run_calls_async(careful, "wait", calls, None, stops, [None, None, None])
+
+    running = component_loop().submit(run())
+    time.sleep(0.2)
+    stops[0].set()  # its request ended: set from another thread, as a worker's stream does
+    stops[2].set()
+    outcomes = running.result(timeout=10)
+    assert outcomes[0][0] is False and isinstance(outcomes[0][1].error, Cancelled)
+    assert outcomes[1] == (True, "done")  # the call beside it ran to its end
+    assert outcomes[2] == (True, "late")
+
+
+def test_a_call_past_its_deadline_is_cancelled_with_deadline_exceeded() -> None:
+    async def run() -> list[Outcome]:
+        return await run_calls_async(Careful(), "wait", [((5.0,), {})], None, [StopFlag()], [time.monotonic() + 0.1])
+
+    [(ok, failure)] = component_loop().run(run(), "test")
+    assert not ok and isinstance(failure.error, DeadlineExceeded)
