@@ -30,7 +30,7 @@ __all__ = ["OpenAIGenerator"]
 
 logger = logging.getLogger(__name__)
 
-MAX_CONCURRENCY = 512  # calls one replica takes at once, each a coroutine; `max_concurrency` bounds those at the server
+MAX_CONCURRENCY = 512  # the most calls one replica takes at once, each a coroutine (see `batch_limit`)
 NO_KEY = "no-key"  # sent when no key is given: the client needs one, and a server that asks for none ignores it
 
 # How servers word a 400 for a prompt past the context: OpenAI and llama-cpp-python ("maximum context
@@ -54,11 +54,12 @@ class OpenAIGenerator(Generator):
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as every
     Generator, and streams it to a streaming request: it asks with `"stream": true` and yields each
     delta's content as it arrives. It is an async generator on `AsyncOpenAI`: a replica takes up to
-    512 calls at once, each awaiting the server on the replica's event loop (no thread each), over one
-    client and its connection pool; at most `max_concurrency` requests are at the server at once, the
-    others wait. Closing a stream early, or cancelling its call (its request ended), closes its HTTP
-    response. llama-cpp-python's server cuts a streamed answer short when another request arrives
-    unless it runs with `--interrupt_requests False`: start it so to send it calls together.
+    8 x `max_concurrency` calls at once (128 by default, at most 512), each awaiting the server on the
+    replica's event loop (no thread each), over one client and its connection pool; at most
+    `max_concurrency` requests are at the server at once, the others wait. Closing a stream early, or
+    cancelling its call (its request ended), closes its HTTP response. llama-cpp-python's server cuts
+    a streamed answer short when another request arrives unless it runs with
+    `--interrupt_requests False`: start it so to send it calls together.
     """
 
     client: openai.AsyncOpenAI  # made by setup(), on the loop the calls run on
@@ -124,6 +125,13 @@ class OpenAIGenerator(Generator):
             async for delta in self._deltas(self._body(request)):
                 if chunk := text.feed(delta):
                     yield chunk
+
+    def batch_limit(self, method: str) -> int:
+        """Calls one replica takes at once: 8 for each request it sends the server at once (the others wait
+        their turn at the replica, not at the front-end), at most MAX_CONCURRENCY; deploy()'s default and
+        where the profiler's search starts."""
+        super().batch_limit(method)  # a MakeError for a method that is not @make
+        return min(MAX_CONCURRENCY, 8 * self.max_concurrency)
 
     def _body(self, request: Request) -> dict[str, Any]:
         return {"model": self.model, "messages": request.messages, "extra_body": self.extra_body,
