@@ -49,6 +49,8 @@ class EventLoop:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._incoming: list[tuple[Coroutine[Any, Any, Any], contextvars.Context]] = []
+        self._incoming_lock = threading.Lock()
         self.thread.start()
 
     def on_loop(self) -> bool:
@@ -64,13 +66,20 @@ class EventLoop:
         """Start `coroutine` as a task on the loop, in a copy of the caller's context, without waiting for it
         or keeping a future of it (it reports its own outcome); called from any thread. Cheaper than
         `submit` for a worker's many calls."""
-        context = contextvars.copy_context()
-        self.loop.call_soon_threadsafe(self._start, coroutine, context)
+        with self._incoming_lock:
+            self._incoming.append((coroutine, contextvars.copy_context()))
+            if len(self._incoming) > 1:
+                return  # a wake-up is on its way already: it starts this one too
+        self.loop.call_soon_threadsafe(self._start_incoming)
 
-    def _start(self, coroutine: Coroutine[Any, Any, Any], context: contextvars.Context) -> None:
-        task = self.loop.create_task(coroutine, context=context)
-        self._tasks.add(task)  # held until it ends: the loop keeps only weak references to its tasks
-        task.add_done_callback(self._tasks.discard)
+    def _start_incoming(self) -> None:
+        """Start what `start` handed over since the last wake-up: under load, many coroutines per wake-up."""
+        with self._incoming_lock:
+            incoming, self._incoming = self._incoming, []
+        for coroutine, context in incoming:
+            task = self.loop.create_task(coroutine, context=context)
+            self._tasks.add(task)  # held until it ends: the loop keeps only weak references to its tasks
+            task.add_done_callback(self._tasks.discard)
 
     def run(self, coroutine: Coroutine[Any, Any, T], what: str) -> T:
         """Run `coroutine` on the loop and wait for its result (or raise its exception) in the calling
