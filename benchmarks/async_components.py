@@ -1,7 +1,7 @@
 """Async components: one replica of a component that waits 100 ms on I/O per call, many clients,
 against the same component written with `time.sleep` on threads, in the same run.
 
-    python benchmarks/async_components.py [--seconds 10] [--clients 512] [--json results.json]
+    python benchmarks/async_components.py [--seconds 10] [--clients 512] [--rounds 3] [--json results.json]
 
 Each variant is deployed on the local backend (one worker process, one replica) and driven over HTTP
 by a closed loop of `--clients` clients (aiohttp, in a process of its own pinned to the last core, as
@@ -12,7 +12,9 @@ if on another machine); every answer is checked against the value it must be. Th
   OpenAIGenerator ran before it was async);
 - the same with `max_concurrency=512`: 512 threads;
 - and, as the ceiling of the serving path on the machine of the run, the same answer with no wait at all.
-The worker reports the most calls it ran at once and its thread count.
+The worker reports the most calls it ran at once and its thread count. Each round runs every variant
+once, in turn, each round starting from the next variant, so that a machine whose load changes weighs
+on all of them; the summary is each variant's median over the rounds.
 """
 
 from __future__ import annotations
@@ -172,20 +174,27 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--clients", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default=None)
     parser.add_argument("--drive", default=None, help="be the clients of the endpoint at this URL, print the result")
     args = parser.parse_args()
     if args.drive:
         print(json.dumps(asyncio.run(closed_loop(args.drive, args.clients, args.seconds))))
         return
-    results: dict[str, Any] = {"clients": args.clients, "seconds": args.seconds, "pause_s": PAUSE_S}
-    variants = (("async_512", AsyncIO()), ("threads_64", Threaded64()), ("threads_512", Threaded512()), ("no_wait", NoWait()))
-    for label, component in variants:
-        results[label] = measure(component, args.clients, args.seconds)
-        print(label, json.dumps(results[label]), flush=True)
-    results["async_over_threads_64"] = results["async_512"]["requests_per_s"] / results["threads_64"]["requests_per_s"]
-    results["async_over_threads_512"] = results["async_512"]["requests_per_s"] / results["threads_512"]["requests_per_s"]
-    results["async_over_no_wait"] = results["async_512"]["requests_per_s"] / results["no_wait"]["requests_per_s"]
+    results: dict[str, Any] = {"clients": args.clients, "seconds": args.seconds, "pause_s": PAUSE_S, "runs": {}}
+    variants = {"async_512": AsyncIO, "threads_64": Threaded64, "threads_512": Threaded512, "no_wait": NoWait}
+    for round_ in range(args.rounds):
+        order = list(variants.items())
+        for label, kind in order[round_ % len(order) :] + order[: round_ % len(order)]:  # each round starts elsewhere
+            run = measure(kind(), args.clients, args.seconds)
+            results["runs"].setdefault(label, []).append(run)
+            print(round_, label, json.dumps(run), flush=True)
+    median = {label: statistics.median(r["requests_per_s"] for r in runs) for label, runs in results["runs"].items()}
+    results["median_requests_per_s"] = median
+    results["all_right"] = all(r["wrong"] == 0 and r["errors"] == 0 for runs in results["runs"].values() for r in runs)
+    results["async_over_threads_64"] = median["async_512"] / median["threads_64"]
+    results["async_over_threads_512"] = median["async_512"] / median["threads_512"]
+    results["async_over_no_wait"] = median["async_512"] / median["no_wait"]
     text = json.dumps(results, indent=2)
     print(text)
     if args.json:
