@@ -12,7 +12,8 @@ if on another machine); every answer is checked against the value it must be. Th
   OpenAIGenerator ran before it was async);
 - the same with `max_concurrency=512`: 512 threads;
 - and, as the ceiling of the serving path on the machine of the run, the same answer with no wait at all.
-The worker reports the most calls it ran at once and its thread count. Each round runs every variant
+The worker reports the most calls it ran at once, its thread count, and its CPU time per answered
+request (from /proc, over the measured seconds). Each round runs every variant
 once, in turn, each round starting from the next variant, so that a machine whose load changes weighs
 on all of them; the summary is each variant's median over the rounds.
 """
@@ -162,12 +163,22 @@ def drive(url: str, clients: int, seconds: float) -> dict[str, Any]:
     return result
 
 
+def cpu_s(pid: int) -> float:
+    """The CPU seconds (user and system) process `pid` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(component: Component, clients: int, seconds: float) -> dict[str, Any]:
     with patchkit.deploy(fetching(component), backend="local") as endpoint:
         drive(endpoint.url, clients, 1.0)  # warm up: connections, the worker's pools
-        result = drive(endpoint.url, clients, seconds)
         [report] = endpoint.stats()["replica_reports"].values()
-    return {**result, "worker": report["component_stats"]}
+        before = cpu_s(report["pid"])
+        result = drive(endpoint.url, clients, seconds)
+        used = cpu_s(report["pid"]) - before
+        [report] = endpoint.stats()["replica_reports"].values()
+    per_request = used * 1000 / result["right"] if result["right"] else None
+    return {**result, "worker": {**report["component_stats"], "cpu_ms_per_request": per_request}}
 
 
 def main() -> None:
