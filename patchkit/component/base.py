@@ -127,6 +127,8 @@ def _once(setup: Callable[[Component], Any]) -> Callable[[Component], Any]:
 
 
 def _setup_once(component: Component, setup: Callable[[Component], Any]) -> Coroutine[Any, Any, None] | None:
+    """What `once` does: run `setup` unless the instance is ready, in this context if its setup runs here
+    already (a parent's), else under the instance's lock, marking it ready when it returns."""
     asynchronous = inspect.iscoroutinefunction(setup)
     if asynchronous and on_component_loop():
         return _once_on_loop(component, setup)
