@@ -103,5 +103,5 @@ ASYNC_CELLS = [
 def test_async_components_in_a_notebook_cell(tmp_path: Path) -> None:
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in ASYNC_CELLS])
     nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    printed = ["".join(o.get("text", "") for o in cell.outputs).strip() for cell in nb.cells[2:]]
+    printed = ["".join(o.get("text", "") for o in cell.outputs).strip() for cell in nb.cells[1:]]
     assert printed == ["1 bb", "(2, 'bb') (1, 'aa')", "[1, 'aa'] [2, 'bb']"]
