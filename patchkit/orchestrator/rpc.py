@@ -28,7 +28,6 @@ import json
 import logging
 import pickle
 import struct
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,7 @@ import grpc.aio
 from patchkit.component import Call
 from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
 from patchkit.orchestrator.envelope import CallEnvelope
-from patchkit.orchestrator.execute import Failure, Outcome
+from patchkit.orchestrator.execute import Failure, Outcome, StopFlag
 
 __all__ = [
     "Batch",
@@ -105,7 +104,7 @@ class WireCall:
     expires_in: float | None = None
     streamed: bool = False
     trace: dict[str, str] | None = None
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: StopFlag = field(default_factory=StopFlag)
 
     def deadline(self, arrived: float) -> float | None:
         """When, on the clock `arrived` was read from, its request runs out of time; None: never."""
