@@ -27,13 +27,13 @@ import queue
 import threading
 import time
 import types
-from collections.abc import AsyncGenerator, Awaitable, Coroutine, Generator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Generator, Iterator
 from typing import Any, TypeVar
 
 from patchkit import envs
 from patchkit.errors import MakeError
 
-__all__ = ["CLOSE_TIMEOUT_S", "EventLoop", "component_loop", "on_component_loop", "watched"]
+__all__ = ["CLOSE_TIMEOUT_S", "EventLoop", "component_loop", "iterate_on", "on_component_loop", "watched"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,24 +95,9 @@ class EventLoop:
 
     def iterate(self, items: AsyncGenerator[T, None], what: str) -> Iterator[T]:
         """The items of the async generator `items`, which starts on the loop now, as a plain iterator for
-        another thread. Closing the iterator early cancels the task running `items` (its `finally` and
-        `async with` blocks run: an HTTP response is closed) and waits for that up to CLOSE_TIMEOUT_S."""
+        another thread (`iterate_on`)."""
         self._refuse_own_thread(what)
-        received: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        done = threading.Event()
-
-        async def pump() -> None:
-            try:
-                async with contextlib.aclosing(items):
-                    async for item in items:
-                        received.put(item)
-                received.put(_END)
-            except Exception as exc:  # handed to the consumer, which raises it in its own thread
-                received.put(_Failure(exc))
-            finally:
-                done.set()
-
-        return _drain(received, self.submit(pump()), done)
+        return iterate_on(self.submit, items)
 
     def _refuse_own_thread(self, what: str) -> None:
         if self.on_loop():
@@ -123,7 +108,30 @@ class EventLoop:
             )
 
 
-def _drain(received: queue.SimpleQueue[Any], future: concurrent.futures.Future[None], done: threading.Event) -> Iterator[Any]:
+def iterate_on(
+    submit: Callable[[Coroutine[Any, Any, None]], concurrent.futures.Future[None]], items: AsyncIterator[T]
+) -> Iterator[T]:
+    """The items of the async iterator `items`, run by a coroutine that `submit` starts on a loop in another
+    thread, as a plain iterator for the calling thread. Closing the iterator early (the consumer stops)
+    cancels that coroutine, so the `finally` and `async with` blocks of `items` run (an HTTP response is
+    closed, an engine request aborted), and waits for that up to CLOSE_TIMEOUT_S. Used by `EventLoop` and
+    by the generators' own loops (`components/generators/background.py`)."""
+    received: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    done = threading.Event()
+
+    async def pump() -> None:
+        try:
+            closing = contextlib.aclosing(items) if isinstance(items, AsyncGenerator) else contextlib.nullcontext()
+            async with closing:
+                async for item in items:
+                    received.put(item)
+            received.put(_END)
+        except Exception as exc:  # handed to the consumer, which raises it in its own thread
+            received.put(_Failure(exc))
+        finally:
+            done.set()
+
+    future = submit(pump())
     try:
         while (item := received.get()) is not _END:
             if isinstance(item, _Failure):
