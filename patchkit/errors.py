@@ -35,6 +35,7 @@ __all__ = [
     "MakeError",
     "Overloaded",
     "PatchkitError",
+    "PipelineNotFound",
     "PlanError",
     "WorkerDiedError",
     "error_from_json",
@@ -118,6 +119,15 @@ class Overloaded(PatchkitError):
         super().__init__(reason or f"admission queue is full ({queue_length} waiting, limit {limit}); retry later")
 
 
+class PipelineNotFound(PatchkitError, LookupError):
+    """A request named a pipeline the endpoint does not serve (HTTP 404); the message lists those it does."""
+
+    def __init__(self, name: str, served: list[str] | None = None) -> None:
+        self.name = name
+        known = f": it serves {', '.join(served)} (GET /v1/pipelines)" if served else ""
+        super().__init__(f"no pipeline named {name!r}{known}")
+
+
 class PlanError(PatchkitError):
     """The planner found no plan: the resources or the SLO cannot hold the pipeline; the message says
     what is missing (which components, how many units of which resource) and what to declare."""
@@ -154,6 +164,10 @@ def error_from_json(payload: dict[str, Any]) -> PatchkitError:
         call_error = CallError(payload.get("component", "?"), payload.get("method", "?"), "")
         call_error.args = (message,)
         return call_error
+    if kind == "PipelineNotFound":
+        not_found = PipelineNotFound("")
+        not_found.args = (message,)
+        return not_found
     if kind == "Overloaded":
         return Overloaded(int(payload.get("queue_length", 0)), int(payload.get("limit", 0)), message)
     known: dict[str, type[PatchkitError]] = {

@@ -107,9 +107,9 @@ def test_two_thousand_requests_wait_in_flight_without_a_thread_each() -> None:
 
     async def body(frontend: Frontend) -> list[Any]:
         tasks = [asyncio.ensure_future(frontend.query({"query": str(i)})) for i in range(2000)]
-        while frontend.runner.inflight < 2000:
+        while frontend.inflight < 2000:
             await asyncio.sleep(0.01)
-        seen["inflight"], seen["threads"] = frontend.runner.inflight, threading.active_count()
+        seen["inflight"], seen["threads"] = frontend.inflight, threading.active_count()
         return await asyncio.gather(*tasks)
 
     results = run_frontend(pipeline, body, batch_size=2000, batch_wait_ms=60_000)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import io
 import marshal
 import pickle
@@ -19,6 +20,7 @@ from patchkit.capture.assemble import Program
 from patchkit.capture.graph import Graph
 from patchkit.capture.recorder import CallRecord, Recorder
 from patchkit.component import Component, active_call_hook, call_hook
+from patchkit.component.identity import code_digest, fingerprint
 from patchkit.component.pending import RUNTIME
 from patchkit.errors import PatchkitError, unknown_input
 
@@ -85,6 +87,13 @@ class Pipeline:
             if isinstance(value, Component) and uid in deployed and value._patchkit_spec.uid != uid:
                 aliases[value._patchkit_spec.uid] = deployed[uid]
         return aliases
+
+    def fingerprint(self) -> str:
+        """A digest of what the pipeline runs: its code, inputs and output, and each component's fingerprint
+        (`patchkit.component.identity.fingerprint`); a version's content hash."""
+        parts = [code_digest(self._program.code), repr(sorted(self._defaults.items())).encode(), str(self.output).encode()]
+        parts += [f"{name}={fingerprint(c)}".encode() for name, c in sorted(self.components.items())]
+        return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
 
     def __patchkit_components__(self) -> dict[str, Component]:
         """What capture registers when another pipeline's block holds this one (capture/holders.py)."""

@@ -2,9 +2,9 @@
 fingerprint (its class, its code and its constructor arguments), which says whether a component of a new
 version of a pipeline can keep the workers of one already deployed.
 
-A component object used by several pipelines is one component, deployed once (`deployed_names`). Two
-objects with the same fingerprint build the same component in a worker: an update whose component kept its
-fingerprint keeps its workers, their queues and their caches.
+A component object several pipelines use is one component, deployed once (`deployed_names`). Two objects
+with the same fingerprint build the same component in a worker: a component an update left as it was
+(made again by a script run again) is the one deployed, and keeps its workers, their queues and caches.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import hashlib
 import io
 import marshal
 import types
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import TYPE_CHECKING, Any
 
 import cloudpickle
@@ -21,23 +21,29 @@ import cloudpickle
 if TYPE_CHECKING:
     from patchkit.component.base import Component
 
-__all__ = ["deployed_names", "fingerprint"]
+__all__ = ["code_digest", "deployed_name", "deployed_names", "fingerprint"]
 
 
 def deployed_names(pipelines: Mapping[str, Mapping[str, Component]]) -> dict[str, Component]:
     """The components of several pipelines (by pipeline name, each its components by name), one entry per
-    component object: under its own name, the first pipeline's where pipelines name one object differently;
-    a different object under a name taken already is `pipeline/name`."""
+    component object, under the first pipeline's name for it; a name another object took already is
+    `pipeline/name` (`deployed_name`)."""
     named: dict[str, Component] = {}
     seen: set[str] = set()
     for pipeline, components in pipelines.items():
         for name, component in components.items():
-            uid = component._patchkit_spec.uid
-            if uid in seen:
-                continue
-            seen.add(uid)
-            named[name if name not in named else f"{pipeline}/{name}"] = component
+            if (uid := component._patchkit_spec.uid) not in seen:
+                seen.add(uid)
+                named[deployed_name(name, pipeline, 1, named)] = component
     return named
+
+
+def deployed_name(name: str, pipeline: str, version: int, taken: Container[str]) -> str:
+    """The name a pipeline's component `name` is deployed under: its own, else (another component has it) for a
+    later version of the pipeline `name@v<version>`, else `pipeline/name`, else `pipeline/name@v<version>`."""
+    later = version > 1
+    candidates = [name, f"{name}@v{version}" if later else None, f"{pipeline}/{name}", f"{pipeline}/{name}@v{version}"]
+    return next(c for c in candidates if c is not None and c not in taken)
 
 
 def fingerprint(component: Component) -> str:
@@ -53,7 +59,7 @@ def fingerprint(component: Component) -> str:
         digest.update(f"{cls.__module__}.{cls.__qualname__}".encode())
         for name, value in sorted(vars(cls).items()):
             code = _code_of(value)
-            digest.update(name.encode() + (_code_digest(code) if code is not None else b""))
+            digest.update(name.encode() + (code_digest(code) if code is not None else b""))
     digest.update(_arguments(spec.args, spec.kwargs))
     return digest.hexdigest()[:16]
 
@@ -67,11 +73,23 @@ def _code_of(value: Any) -> types.CodeType | None:
     return None
 
 
-def _code_digest(code: types.CodeType) -> bytes:
+def code_digest(code: types.CodeType) -> bytes:
     """What a code object computes: its bytecode, names and constants, nested code objects the same way."""
-    consts = tuple(_code_digest(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    consts = tuple(_constant(c) for c in code.co_consts)
     parts = (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, repr(consts))
     return hashlib.sha256(marshal.dumps(tuple(p if not isinstance(p, str) else p.encode() for p in parts))).digest()
+
+
+def _constant(value: Any) -> Any:
+    """A constant as the digest reads it: code by its digest, plain data as it is, anything else (a function a
+    rewritten program holds) by its qualified name, never its address."""
+    if isinstance(value, types.CodeType):
+        return code_digest(value)
+    if isinstance(value, (tuple, frozenset)):
+        return tuple(_constant(v) for v in value)
+    if value is None or isinstance(value, (str, bytes, int, float, complex, type(Ellipsis))):
+        return value
+    return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
 
 
 def _arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bytes:

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from patchkit.component import make_methods
+from patchkit.component import Component, make_methods
+from patchkit.component.identity import deployed_names
 from patchkit.config.groups import (
     BACKENDS,
     LOG_LEVELS,
@@ -120,7 +121,7 @@ class DeploymentConfig:
     @classmethod
     def check_arguments(
         cls,
-        pipeline: Pipeline,
+        pipeline: Pipeline | Mapping[str, Pipeline],
         known: Iterable[str] = (),
         /,
         *,
@@ -139,8 +140,9 @@ class DeploymentConfig:
         plan gives are checked when the config is built.
         """
         cls.check_options(options, known)
-        components = set(pipeline.components)
-        methods = {f"{name}.{m}" for name, c in pipeline.components.items() for m in make_methods(type(c))}
+        served, inputs = served_components(pipeline), served_inputs(pipeline)
+        components = set(served)
+        methods = {f"{name}.{m}" for name, c in served.items() for m in make_methods(type(c))}
         check_counts("replicas", replicas)
         check_counts("batch_size", batch_size)
         _check_names("replicas", replicas, components)
@@ -150,8 +152,8 @@ class DeploymentConfig:
         if options.get("backend") == "ray":
             _check_names("ray_actor_options", options.get("ray_actor_options"), components)
         check_names("optional_inputs", optional_inputs)
-        _check_names("optional_inputs", dict.fromkeys(cast(Iterable[str], optional_inputs), 0), set(pipeline.inputs))
-        _check_chat_input(options.get("chat_input"), pipeline.inputs)
+        _check_names("optional_inputs", dict.fromkeys(cast(Iterable[str], optional_inputs), 0), set(inputs))
+        _check_chat_input(options.get("chat_input"), inputs)
         if plan is None:
             return
         if isinstance(plan, str):
@@ -167,7 +169,7 @@ class DeploymentConfig:
     @classmethod
     def resolve(
         cls,
-        pipeline: Pipeline,
+        pipeline: Pipeline | Mapping[str, Pipeline],
         *,
         replicas: int | Mapping[str, int] | None = None,
         batch_size: int | Mapping[str, int] | None = None,
@@ -177,6 +179,8 @@ class DeploymentConfig:
     ) -> DeploymentConfig:
         """Build the config from deploy()'s arguments, naming any component, method or input it does not know.
 
+        `pipeline`: the one served, or several by name, whose components are named as one deployment names
+        them (`patchkit.component.identity.deployed_names`).
         `replicas`: one count for every component, or counts by component name. `batch_size`: one
         size for every method, or sizes by component ("retriever") or method ("retriever.retrieve").
         `plan`: replicas, batch sizes and placement of every component, instead of those two.
@@ -184,7 +188,7 @@ class DeploymentConfig:
         `log_level` left out is the deploying process's: the effective level of its `patchkit` logger.
         Raises ConfigError for an option to fix (see `check_arguments`).
         """
-        components = pipeline.components
+        components = served_components(pipeline)
         if not components:
             raise InputError("the pipeline calls no component: there is nothing to deploy")
         secret = options.pop("secret", "")
@@ -197,7 +201,7 @@ class DeploymentConfig:
         if plan is not None:
             if not isinstance(plan, Plan):  # 'auto' is deploy()'s to turn into a Plan
                 raise ConfigError(f"plan must be a Plan here (deploy() and `patchkit serve` plan for 'auto'); got {plan!r}")
-            return cls(components=_planned(pipeline, plan), plan=plan.to_dict(), secret=secret, **grouped)
+            return cls(components=_planned(components, plan), plan=plan.to_dict(), secret=secret, **grouped)
         configs = {}
         for name, component in components.items():
             sizes = {}
@@ -222,16 +226,28 @@ class DeploymentConfig:
         return data
 
 
-def _planned(pipeline: Pipeline, plan: Plan) -> dict[str, ComponentConfig]:
+def served_components(pipelines: Pipeline | Mapping[str, Pipeline]) -> dict[str, Component]:
+    """The components a deployment of `pipelines` (one, or several by name) serves, by their deployed names."""
+    named = pipelines if isinstance(pipelines, Mapping) else {"": pipelines}
+    return deployed_names({name: pipeline.components for name, pipeline in named.items()})
+
+
+def served_inputs(pipelines: Pipeline | Mapping[str, Pipeline]) -> dict[str, Any]:
+    """The inputs of `pipelines` (one, or several by name), all together."""
+    named = pipelines if isinstance(pipelines, Mapping) else {"": pipelines}
+    return {key: value for pipeline in named.values() for key, value in pipeline.inputs.items()}
+
+
+def _planned(components: Mapping[str, Component], plan: Plan) -> dict[str, ComponentConfig]:
     """Every component's replicas, batch size and placement as the plan gives them."""
-    missing = set(pipeline.components) - set(plan.components)
-    _check_names("the plan", dict(plan.components), set(pipeline.components))
+    missing = set(components) - set(plan.components)
+    _check_names("the plan", dict(plan.components), set(components))
     if missing:
         raise ConfigError(f"the plan has no entry for {', '.join(sorted(missing))}; plan the same pipeline")
     return {
         name: ComponentConfig(
             replicas=c.replicas,
-            batch_sizes=dict.fromkeys(make_methods(type(pipeline.components[name])), c.batch_size),
+            batch_sizes=dict.fromkeys(make_methods(type(components[name])), c.batch_size),
             resource=c.resource,
             units=c.units,
         )

@@ -85,6 +85,7 @@ class Supervisor:
         # Restarting, adding or retiring: may be spawning or stopping a process, so awaited, never cancelled.
         self._busy: set[asyncio.Task[Any]] = set()
         self._closing = asyncio.Event()
+        self._gone: set[str] = set()  # components that left the deployment: none of their replicas starts again
         self.restarts = 0
         self.replaced: deque[Replacement] = deque(maxlen=REPLACED_MEMORY)  # the latest last; retired replicas are not
 
@@ -96,19 +97,31 @@ class Supervisor:
         return [r for r in self._replacing if component is None or r.component == component]
 
     async def start(self, specs: list[ReplicaSpec]) -> None:
-        """Start every replica concurrently; if one cannot start, stop the others and raise its error."""
+        """Start every replica concurrently; if one cannot start, stop those that did and raise its error."""
+        self._gone.difference_update(spec.component for spec in specs)
         results = await asyncio.gather(*(self._start(spec) for spec in specs), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            await self.close()
+            started = [r for r in results if isinstance(r, Replica)]
+            for replica in started:
+                self._keepers.pop(replica).cancel()
+                self._on_down(replica, "another replica of its deployment failed to start")
+            await asyncio.gather(*(self.backend.stop(r) for r in started), return_exceptions=True)
             raise errors[0]
+
+    def forget(self, components: list[str]) -> list[asyncio.Future[None]]:
+        """Retire every replica of `components`, which leave the deployment, and start none of theirs again
+        (a replacement under way stops once up); returns the futures of their stops (see `retire`)."""
+        self._gone.update(components)
+        retiring = [self.retire(replica) for replica in list(self._keepers) if replica.component in components]
+        return [stopped for stopped in retiring if stopped is not None]
 
     async def _start(self, spec: ReplicaSpec, replacing: Replica | None = None) -> Replica:
         """Start a replica and put it in service; `replacing`: the one it takes the place of, out of
         `replacing()` from the moment it serves."""
         replica_id = f"{spec.component}#{next(self._numbers[spec.component])}"
         replica = await self.backend.start(spec, replica_id)
-        if self._closing.is_set():
+        if self._closing.is_set() or spec.component in self._gone:
             await self.backend.stop(replica)
             raise asyncio.CancelledError
         self._keepers[replica] = asyncio.get_running_loop().create_task(self._keep(replica))
@@ -223,7 +236,7 @@ class Supervisor:
                 backoff = RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)]
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), backoff)
-                if self._closing.is_set():
+                if self._closing.is_set() or dead.component in self._gone:
                     return
                 try:
                     await self._start(dead.spec, replacing=dead)

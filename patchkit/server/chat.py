@@ -1,8 +1,10 @@
-"""The OpenAI chat API over the pipeline, for chat UIs, SDKs and evaluation tools.
+"""The OpenAI chat API over the pipelines, a model per pipeline, for chat UIs, SDKs and evaluation tools.
 
-    GET  /v1/models             one model: the deployment's `name`
-    POST /v1/chat/completions   the last user message fills the pipeline's text input (its one input,
-                                else `chat_input`); other inputs keep their captured values. The
+    GET  /v1/models             a model per pipeline, by its name (one pipeline deployed alone: the
+                                deployment's `chat_name`)
+    POST /v1/chat/completions   `model` names the pipeline (it may be left out where one is served);
+                                the last user message fills its text input (its one input, else
+                                `chat_input`); other inputs keep their captured values. The
                                 output is the assistant's message: a str output, or the `chat_output`
                                 field of a dict output. `stream: true` answers `chat.completion.chunk`
                                 events (the role, content deltas, a last chunk with its finish_reason,
@@ -24,7 +26,7 @@ from typing import Any
 from aiohttp import web
 
 from patchkit.errors import InputError
-from patchkit.scheduler.online.frontend import Frontend
+from patchkit.scheduler.online.frontend import Frontend, Version
 from patchkit.server.events import EventStream, pump
 from patchkit.server.inputs import parse_json
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of
@@ -57,23 +59,21 @@ class ChatRoutes:
         self.frontend = frontend
         self.config = frontend.config
         self.read_body = read_body
-        inputs = frontend.pipeline.inputs
-        self.chat_input = self.config.chat.input or (next(iter(inputs)) if len(inputs) == 1 else None)
-        self._inputs = sorted(inputs)
 
     def add_to(self, router: web.UrlDispatcher) -> None:
         router.add_get("/v1/models", self.models)
         router.add_post("/v1/chat/completions", self.completions)
 
     async def models(self, request: web.Request) -> web.Response:
-        model = {"id": self.config.chat.name, "object": "model", "created": int(self.frontend.collector.started),
-                 "owned_by": "patchkit"}
-        return json_reply(200, {"object": "list", "data": [model]})
+        """A model per pipeline served, by its name."""
+        created = int(self.frontend.collector.started)
+        models = [{"id": name, "object": "model", "created": created, "owned_by": "patchkit"} for name in self.frontend.versions]
+        return json_reply(200, {"object": "list", "data": models})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         async def run(body: bytes) -> web.StreamResponse:
-            chat = self._parse(body)
-            completion = _Completion(self, request, chat)
+            chat, version, chat_input = self._parse(body)
+            completion = _Completion(self, request, chat, version, chat_input)
             return await (completion.stream() if chat.get("stream") else completion.whole())
 
         return await self.read_body(request, self._openai_errors(request, run))
@@ -96,39 +96,51 @@ class ChatRoutes:
     def _error_reply(self, request: web.Request, status: int, message: str, param: str | None, code: str | None) -> web.Response:
         return json_reply(status, openai_error(status, message, param, code), {REQUEST_ID_HEADER: request_id_of(request)})
 
-    def _parse(self, body: bytes) -> dict[str, Any]:
-        """The request, checked: a JSON object with `messages`, the deployment's model, one choice."""
+    def _parse(self, body: bytes) -> tuple[dict[str, Any], Version, str]:
+        """The request, checked: a JSON object with `messages`, a model served, one choice; with the version of
+        the model's pipeline that serves it and the input its last user message fills."""
         chat = parse_json(body)
         if not isinstance(chat, dict):
             raise ChatError('the body must be a JSON object: {"model": ..., "messages": [...]}')
-        model = chat.get("model")
-        if model is not None and model != self.config.chat.name:
-            raise ChatError(f"the model {model!r} does not exist: this endpoint serves {self.config.chat.name!r} "
-                            "(GET /v1/models)", status=404, param="model", code="model_not_found")
+        version = self._version(chat.get("model"))
         if chat.get("n", 1) != 1:
             raise ChatError("n must be 1: the pipeline answers once", param="n")
         if not isinstance(chat.get("stream", False), bool):
             raise ChatError("stream must be true or false", param="stream")
-        if self.chat_input is None:
-            raise ChatError(f"the pipeline has inputs {', '.join(self._inputs)}: deploy it with chat_input= naming the one "
-                            "the last user message fills")
+        inputs = version.pipeline.inputs
+        chat_input = self.config.chat.input if self.config.chat.input in inputs else None
+        chat_input = chat_input or (next(iter(inputs)) if len(inputs) == 1 else None)
+        if chat_input is None:
+            raise ChatError(f"the pipeline has inputs {', '.join(sorted(inputs))}: deploy it with chat_input= naming the "
+                            "one the last user message fills")
         chat["prompt"] = _last_user_text(chat.get("messages"))
-        return chat
+        return chat, version, chat_input
+
+    def _version(self, model: object) -> Version:
+        """The version serving `model`'s pipeline; no model: the only pipeline's."""
+        served = ", ".join(repr(name) for name in self.frontend.versions)
+        if model is not None and model not in self.frontend.versions:
+            raise ChatError(f"the model {model!r} does not exist: this endpoint serves {served} (GET /v1/models)",
+                            status=404, param="model", code="model_not_found")
+        if model is None and len(self.frontend.versions) != 1:
+            raise ChatError(f"this endpoint serves a model per pipeline ({served}): name one as model", param="model")
+        return self.frontend.route(model if isinstance(model, str) else None)
 
 
 class _Completion:
     """One chat completion: the pipeline run on the last user message, answered whole or as chunks."""
 
-    def __init__(self, routes: ChatRoutes, request: web.Request, chat: dict[str, Any]) -> None:
+    def __init__(self, routes: ChatRoutes, request: web.Request, chat: dict[str, Any], version: Version,
+                 chat_input: str) -> None:
         self.routes, self.request, self.chat = routes, request, chat
+        self.version, self.chat_input = version, chat_input
         self.request_id = request_id_of(request)
         self.created = int(time.time())
         self.prompt_text = " ".join(_text(m.get("content")) for m in chat["messages"] if isinstance(m, dict))
 
     def _query(self, on_delta: Callable[[str], None] | None = None) -> Awaitable[Any]:
-        assert self.routes.chat_input is not None
-        return self.routes.frontend.query({self.routes.chat_input: self.chat["prompt"]}, request_id=self.request_id,
-                                          on_delta=on_delta)
+        return self.version.runner.query({self.chat_input: self.chat["prompt"]}, request_id=self.request_id,
+                                         on_delta=on_delta)
 
     def _answer(self, output: Any) -> str:
         """The assistant's message in the pipeline's output."""
@@ -147,8 +159,7 @@ class _Completion:
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _head(self, kind: str) -> dict[str, Any]:
-        model = self.routes.config.chat.name
-        return {"id": f"chatcmpl-{self.request_id}", "object": kind, "created": self.created, "model": model}
+        return {"id": f"chatcmpl-{self.request_id}", "object": kind, "created": self.created, "model": self.version.name}
 
     async def whole(self) -> web.Response:
         answer = self._answer((await self._query()).output)

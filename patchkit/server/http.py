@@ -1,10 +1,14 @@
 """The front-end's HTTP API (JSON only; nothing a client sends is ever unpickled).
 
-    POST /v1/query   {"inputs": {...}, "slo_ms"?: n, "stream"?: bool} -> {"output", "request_id", "latency_ms"};
-                     with "stream": true a text/event-stream: `data: {"delta": "..."}` per text chunk of the
-                     output's streaming call, then `data: {"output", "request_id", "latency_ms"}`, or, for
-                     an error after the stream started, `data: {"error": {...}}`
-    POST /v1/chat/completions, GET /v1/models   the OpenAI chat API over the pipeline (chat.py)
+    POST /v1/pipelines/{name}/query   {"inputs": {...}, "slo_ms"?: n, "stream"?: bool} -> {"output",
+                     "request_id", "latency_ms"}, run on pipeline `name`'s version as of its arrival (named in
+                     the `X-Pipeline-Version` header); with "stream": true a text/event-stream:
+                     `data: {"delta": "..."}` per text chunk of the output's streaming call, then
+                     `data: {"output", "request_id", "latency_ms"}`, or, for an error after the stream
+                     started, `data: {"error": {...}}`
+    POST /v1/query   the same, on the only pipeline (400 where several are served)
+    GET  /v1/pipelines   each pipeline served: name, version, digest, inputs, output, state, components
+    POST /v1/chat/completions, GET /v1/models   the OpenAI chat API, a pipeline per model (chat.py)
     GET  /healthz    liveness: 200 whenever the process answers, from before its workers start until it
                      stops; whether every component has a replica passing its health checks ("workers":
                      "ok" or "degraded"), requests and body bytes in flight
@@ -12,7 +16,7 @@
                      replaced (its restart may be failing) or fails its health checks, and while draining
                      (`Frontend.readiness`). The probes never ask for the token.
     GET  /metrics    Prometheus text (server/metrics.py)
-    GET  /v1/graph   the captured graph
+    GET  /v1/graph, /v1/pipelines/{name}/graph   the captured graph (of the only pipeline, or of `name`)
     GET  /v1/plan    the deployment's configuration (`DeploymentConfig.describe`, an allow-list) and its inputs
     GET  /v1/stats   per component: replicas, batches, throughput, queues (`Endpoint.stats()`)
     GET  /v1/traces  the last finished requests with an SLO
@@ -36,6 +40,7 @@ import asyncio
 import hmac
 import json
 import logging
+import weakref
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -44,7 +49,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from patchkit.errors import InputError
-from patchkit.scheduler.online.frontend import Frontend, RequestResult
+from patchkit.scheduler.online.frontend import Frontend, RequestResult, Version
 from patchkit.scheduler.online.runner import outcome_of
 from patchkit.server.bodies import BodyBudget
 from patchkit.server.chat import ChatRoutes
@@ -65,11 +70,12 @@ _HTTP_ERRORS = {400: "InputError", 401: "Unauthorized", 404: "NotFound", 405: "M
                 408: "RequestTimeout", 413: "InputError", 415: "InputError"}
 _DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _FRONTEND = web.AppKey("frontend", Frontend)
-_SCHEMA = web.AppKey("schema", InputSchema)
+_SCHEMAS = web.AppKey("schemas", weakref.WeakKeyDictionary)  # Version -> its InputSchema
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
 _BODIES = web.AppKey("bodies", BodyBudget)
-_ROUTES = ("POST /v1/query, POST /v1/chat/completions, GET /healthz, /readyz, /metrics, /v1/graph, /v1/plan, "
-           "/v1/stats, /v1/traces, /v1/models")
+_ROUTES = ("POST /v1/query, /v1/pipelines/{name}/query, /v1/chat/completions, GET /healthz, /readyz, /metrics, "
+           "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/models")
+VERSION_HEADER = "X-Pipeline-Version"
 _PROBES = ("/healthz", "/readyz")  # answered from the start, and without the token
 
 
@@ -172,14 +178,25 @@ async def read_body(request: web.Request, run: Callable[[bytes], Awaitable[web.S
 
 
 async def query(request: web.Request) -> web.StreamResponse:
+    """`POST /v1/query` (the only pipeline) and `POST /v1/pipelines/{name}/query`: on the version serving as it arrives."""
     async def run(body: bytes) -> web.StreamResponse:
-        parsed = request.app[_SCHEMA].parse(body)
+        version = request.app[_FRONTEND].route(request.match_info.get("name"))
+        parsed = schema_of(request.app, version).parse(body)
         if parsed.stream:
-            return await _stream_query(request, parsed.inputs, parsed.slo_ms)
-        result = await request.app[_FRONTEND].query(parsed.inputs, parsed.slo_ms, request_id=request_id_of(request))
-        return web.Response(body=_result_json(result), content_type="application/json")
+            return await _stream_query(request, version, parsed.inputs, parsed.slo_ms)
+        result = await version.runner.query(parsed.inputs, parsed.slo_ms, request_id=request_id_of(request))
+        return web.Response(body=_result_json(result), content_type="application/json", headers={VERSION_HEADER: version.tag})
 
     return await read_body(request, run)
+
+
+def schema_of(app: web.Application, version: Version) -> InputSchema:
+    """The inputs `version`'s pipeline takes, checked at the edge."""
+    schemas = app[_SCHEMAS]
+    if version not in schemas:
+        schemas[version] = InputSchema(version.pipeline.inputs, app[_FRONTEND].config.server.optional_inputs)
+    schema: InputSchema = schemas[version]
+    return schema
 
 
 def _result_json(result: RequestResult) -> bytes:
@@ -188,18 +205,20 @@ def _result_json(result: RequestResult) -> bytes:
         output_json(result.output), json.dumps(result.request_id).encode(), result.latency_s * 1000)
 
 
-async def _stream_query(request: web.Request, inputs: dict[str, Any], slo_ms: float | None) -> web.StreamResponse:
+async def _stream_query(
+    request: web.Request, version: Version, inputs: dict[str, Any], slo_ms: float | None
+) -> web.StreamResponse:
     """`"stream": true`: a `data: {"delta": ...}` event per chunk, then the reply as the last event.
 
     An error before the first event is the usual JSON error; after it, a last `data: {"error": ...}` event."""
-    frontend, request_id = request.app[_FRONTEND], request_id_of(request)
-    stream = EventStream(request, {REQUEST_ID_HEADER: request_id})
+    request_id = request_id_of(request)
+    stream = EventStream(request, {REQUEST_ID_HEADER: request_id, VERSION_HEADER: version.tag})
 
     async def send_delta(delta: str) -> None:
         await stream.send(json.dumps({"delta": delta}).encode())
 
     try:
-        result = await pump(lambda on_delta: frontend.query(inputs, slo_ms, request_id=request_id, on_delta=on_delta),
+        result = await pump(lambda on_delta: version.runner.query(inputs, slo_ms, request_id=request_id, on_delta=on_delta),
                             send_delta)
         final = _result_json(result)
     except ConnectionResetError:
@@ -207,7 +226,7 @@ async def _stream_query(request: web.Request, inputs: dict[str, Any], slo_ms: fl
     except Exception as exc:
         if not stream.started:
             raise
-        _, payload = error_reply(exc, debug=frontend.config.server.debug)
+        _, payload = error_reply(exc, debug=request.app[_FRONTEND].config.server.debug)
         final = json.dumps({**payload, "request_id": request_id}).encode()
     await stream.send(final)
     return await stream.finish()
@@ -263,7 +282,7 @@ async def healthz(request: web.Request) -> web.Response:
     """Liveness: the process answers, so 200 whatever its workers do (the supervisor replaces those)."""
     frontend = request.app[_FRONTEND]
     workers = "ok" if frontend.started and frontend.healthy() else "degraded"
-    reply = {"status": "ok", "workers": workers, "inflight": frontend.runner.inflight,
+    reply = {"status": "ok", "workers": workers, "inflight": frontend.inflight,
              "inflight_bytes": request.app[_BODIES].held}
     return _json(200, reply)
 
@@ -279,12 +298,25 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def graph(request: web.Request) -> web.Response:
-    return _json(200, request.app[_FRONTEND].pipeline.graph.to_json())
+    """`GET /v1/graph` (the only pipeline's) and `GET /v1/pipelines/{name}/graph`."""
+    try:
+        version = request.app[_FRONTEND].route(request.match_info.get("name"))
+    except Exception as exc:
+        return _error(request, exc)
+    return _json(200, version.pipeline.graph.to_json())
+
+
+async def pipelines(request: web.Request) -> web.Response:
+    """Each pipeline served, as `Frontend.describe` lists them."""
+    return _json(200, {"pipelines": request.app[_FRONTEND].describe()})
 
 
 async def plan(request: web.Request) -> web.Response:
+    """The config (an allow-list), and the inputs of each pipeline; of the only one as `inputs` too."""
     frontend = request.app[_FRONTEND]
-    return _json(200, {**frontend.config.describe(), "inputs": request.app[_SCHEMA].describe()})
+    inputs = {name: schema_of(request.app, version).describe() for name, version in frontend.versions.items()}
+    only = {"inputs": next(iter(inputs.values()))} if len(inputs) == 1 else {}
+    return _json(200, {**frontend.config.describe(), **only, "pipelines": inputs})
 
 
 async def stats(request: web.Request) -> web.Response:
@@ -307,8 +339,11 @@ def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Applic
     count = frontend.collector.count
     app[_BODIES] = BodyBudget(frontend.config.limits.max_inflight_bytes, lambda refused: count(outcome_of(refused)))
     app[_METRICS] = DeploymentMetrics(frontend.snapshot, frontend.replica_stats, loop_lag)
-    app[_SCHEMA] = InputSchema(frontend.pipeline.inputs, frontend.config.server.optional_inputs)
+    app[_SCHEMAS] = weakref.WeakKeyDictionary()
     app.router.add_post("/v1/query", query)
+    app.router.add_post("/v1/pipelines/{name}/query", query)
+    app.router.add_get("/v1/pipelines", pipelines)
+    app.router.add_get("/v1/pipelines/{name}/graph", graph)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

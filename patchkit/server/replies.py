@@ -17,6 +17,7 @@ from patchkit.errors import (
     InputError,
     Overloaded,
     PatchkitError,
+    PipelineNotFound,
     WorkerDiedError,
     error_to_json,
 )
@@ -25,7 +26,9 @@ __all__ = ["REQUEST_ID_HEADER", "error_reply", "json_reply", "request_id_of"]
 
 REQUEST_ID_HEADER = "X-Request-ID"
 _REQUEST_ID = web.RequestKey("request_id", str)  # where the edge keeps the request's id on the aiohttp request
-_STATUS: list[tuple[type[BaseException], int]] = [(InputError, 400), (Overloaded, 503), (DeadlineExceeded, 504)]
+_STATUS: list[tuple[type[BaseException], int]] = [
+    (InputError, 400), (PipelineNotFound, 404), (Overloaded, 503), (DeadlineExceeded, 504)
+]
 
 
 def error_reply(error: BaseException, *, debug: bool = False) -> tuple[int, dict[str, Any]]:

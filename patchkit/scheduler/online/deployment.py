@@ -1,8 +1,13 @@
 """A deployment's serving parts, wired from its config and plan: replica sets, queues, supervisor, autoscaler.
 
-Built by the front-end (frontend.py) for one pipeline: one `ReplicaSet` per component, one
-`BatchQueue` per (component, method) with the batch size the config (or its plan) gives it, the
-`Supervisor` that starts the replicas the backend places, the `Autoscaler` and the `Prefetcher`.
+Shared by every pipeline the front-end (frontend.py) serves, and by every version of each: one
+`ReplicaSet` per component, one `BatchQueue` per (component, method) with the batch size the config
+(or its plan) gives it, the `Supervisor` that starts the replicas the backend places, the
+`Autoscaler` and the `Prefetcher`. A component object several pipelines use is deployed once
+(`patchkit.component.identity.deployed_names`); a component of a new version whose fingerprint (class,
+code, constructor arguments) is a deployed one's is served by that one, its workers, queues and caches kept.
+
+`add` starts a version's new components, all or none; `release` stops those no version in use calls.
 The request runner submits each component call here (`submit`), as do the workers whose components
 call the components they hold (`CallService`) and the prefetcher.
 """
@@ -12,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from patchkit.capture.holders import constructor_components
 from patchkit.component import Component, make_methods
-from patchkit.config import DeploymentConfig
+from patchkit.component.identity import deployed_name, fingerprint
+from patchkit.config import ComponentConfig, DeploymentConfig
 from patchkit.errors import PatchkitError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.envelope import CallEnvelope
@@ -26,7 +33,7 @@ from patchkit.orchestrator.handles import CallService, Handles
 from patchkit.orchestrator.resources import ReplicaResources
 from patchkit.orchestrator.supervisor import HealthChecks, Supervisor
 from patchkit.scheduler.online.autoscale import Autoscaler
-from patchkit.scheduler.online.prefetch import PREFETCH_METHOD, Prefetcher, find_routes
+from patchkit.scheduler.online.prefetch import PREFETCH_METHOD, Prefetcher, PrefetchRoute, find_routes
 from patchkit.scheduler.online.queues import BatchQueue, PendingCall
 from patchkit.scheduler.online.replicas import ReplicaSet
 from patchkit.scheduler.online.slo import SloPolicy
@@ -40,26 +47,22 @@ logger = logging.getLogger(__name__)
 
 
 class Deployment:
-    """The replicas and queues of every component of `pipeline`, on the backend the config chose.
+    """The replicas and queues of every component the front-end's pipelines call, on the backend the config chose.
 
-    Lives on the front-end's event loop. `policy` is the request runner's SLO policy, which the
-    autoscaler reads (are requests at risk?).
+    Lives on the front-end's event loop. `policy` is the request runners' SLO policy, which the
+    autoscaler reads (are requests at risk?). `config.components` holds the sizes of every deployed
+    component, those `add` deployed later included.
     """
 
     def __init__(
-        self,
-        pipeline: Pipeline,
-        config: DeploymentConfig,
-        backend: Backend,
-        policy: SloPolicy,
-        *,
-        clock: Callable[[], float] = time.monotonic,
+        self, config: DeploymentConfig, backend: Backend, policy: SloPolicy, *, clock: Callable[[], float] = time.monotonic
     ) -> None:
         self.config = config
         self.clock = clock
-        self.components: dict[str, Component] = pipeline.components
-        self.names = {c._patchkit_spec.uid: name for name, c in self.components.items()}  # uid -> pipeline name
-        self.aliases = pipeline.component_aliases()  # a module's own copy of a component -> the deployed one
+        self.components: dict[str, Component] = {}  # deployed name -> the component its workers run
+        self.names: dict[str, str] = {}  # uid -> deployed name
+        self.fingerprints: dict[str, str] = {}  # fingerprint -> deployed name
+        self.aliases: dict[str, Component] = {}  # uid of a component a deployed one serves -> that one
         self.sets: dict[str, ReplicaSet] = {}
         self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
         liveness = config.liveness
@@ -68,22 +71,128 @@ class Deployment:
             backend, self._replica_up, self._replica_down, drain_timeout_s=liveness.drain_timeout_s, health=checks
         )
         self.autoscaler = Autoscaler(config, policy, self.supervisor, self.sets, self.one_more, clock=clock)
-        self.prefetcher = Prefetcher(find_routes(pipeline.graph) if config.slo.prefetch else [], self._submit_prefetch)
+        self.prefetcher = Prefetcher([], self._submit_prefetch)
         self.calls: CallService | None = None  # takes the calls workers' components make to the components they hold
-        self._handles: Handles | None = None
+        self._calls_address = ""
+
+    # -- what serves what -------------------------------------------------------------------------------------
+    def new_components(self, pipelines: Mapping[str, Pipeline], versions: Mapping[str, int]) -> dict[str, Component]:
+        """The components of `pipelines` (by name, each at the version number `versions` gives) that no deployed
+        one serves (the same object, or one of its fingerprint), each object once, by the names `add` deploys
+        them as (`deployed_name`: for a first deployment, `deployed_names`' names)."""
+        new: dict[str, Component] = {}
+        for pipeline_name, pipeline in pipelines.items():
+            for name, component in pipeline.components.items():
+                if self._serving(component) is None and all(c is not component for c in new.values()):
+                    new[deployed_name(name, pipeline_name, versions[pipeline_name], {*self.components, *new})] = component
+        return new
+
+    def _serving(self, component: Component) -> Component | None:
+        """The deployed component that serves `component`'s calls: itself, its alias, or one of its fingerprint."""
+        uid = component._patchkit_spec.uid
+        if uid in self.names:
+            return self.components[self.names[uid]]
+        if uid in self.aliases:
+            return self.aliases[uid]
+        name = self.fingerprints.get(fingerprint(component))
+        return None if name is None else self.components[name]
+
+    def deployed(self, component: Component) -> Component:
+        """The deployed component a call of `component` goes to: itself, or the one that serves it (`add`)."""
+        return self.aliases.get(component._patchkit_spec.uid, component)
+
+    def holds(self, pipeline: Pipeline) -> set[str]:
+        """The deployed names of the components that serve `pipeline`'s calls."""
+        return {self.names[self.deployed(c)._patchkit_spec.uid] for c in pipeline.components.values()}
 
     # -- lifecycle --------------------------------------------------------------------------------------------
-    async def start(self) -> None:
-        """Build the queues, start every replica, then the autoscaler (when on); raises the first replica's start error."""
-        self._handles = await self._start_handles()
-        for name, component in self.components.items():
-            self._build_queues(name, component)
-        names = [name for name in self.components for _ in range(self.config.components[name].replicas)]
+    async def add(self, components: Mapping[str, Component], pipelines: Iterable[Pipeline]) -> None:
+        """Deploy `components` (by the names `new_components` gave), then serve `pipelines`' calls with them.
+
+        Each gets its `config.components` sizes (one without gets those of the component it replaces, else
+        its methods' defaults), its queues, then its replicas, all started before any serves a call of
+        `pipelines`; then the autoscaler, the first time when the config's `autoscale` is on. Raises the first
+        replica's start error, with every replica of `components` stopped and nothing else changed."""
+        names = list(components)
+        for name, component in components.items():
+            self.config.components.setdefault(name, self._sizes(name, component))
+            self._register(name, component)
+        try:
+            await self.supervisor.start(await self._specs(names))
+        except BaseException:
+            self._forget(names)
+            raise
+        for pipeline in pipelines:
+            self._adopt(pipeline)
+        self.autoscaler.track(names)
+        if self.config.autoscaling.autoscale and not self.autoscaler.running:
+            self.autoscaler.start()
+
+    def _sizes(self, name: str, component: Component) -> ComponentConfig:
+        """A component's sizes where the config has none: those of the component it replaces (`name@v2` replacing
+        `name`) where it has the same methods, else one replica with each method's default batch size."""
+        methods = make_methods(type(component))
+        replaced = self.config.components.get(name.rpartition("@v")[0])
+        if replaced is not None and set(replaced.batch_sizes) == set(methods):
+            return replaced
+        return ComponentConfig(replicas=1, batch_sizes={m: component.batch_limit(m) for m in methods})
+
+    def _register(self, name: str, component: Component) -> None:
+        self.components[name] = component
+        self.names[component._patchkit_spec.uid] = name
+        self.fingerprints.setdefault(fingerprint(component), name)
+        self._build_queues(name, component)
+
+    async def _specs(self, names: list[str]) -> list[ReplicaSpec]:
+        """A spec per replica of components `names`, placed together by the backend."""
+        names = [name for name in names for _ in range(self.config.components[name].replicas)]
         placed = [(self.config.components[name].resource, self.config.components[name].units) for name in names]
         resources = self.supervisor.backend.place(placed, self.config.plan is not None)
-        await self.supervisor.start([self._spec(name, pinned) for name, pinned in zip(names, resources, strict=True)])
-        if self.config.autoscaling.autoscale:
-            self.autoscaler.start()
+        return [await self._spec(name, pinned) for name, pinned in zip(names, resources, strict=True)]
+
+    def _adopt(self, pipeline: Pipeline) -> None:
+        """Serve `pipeline`'s components with the deployed ones: its own objects, those of a deployed one's
+        fingerprint, and the copies its helpers' modules hold; and its prefetch routes, between deployed ones."""
+        for component in pipeline.components.values():
+            served = self._serving(component)
+            if served is None:
+                raise PatchkitError(f"no deployed component serves {component!r}: add() it first")
+            if served is not component:
+                self.aliases[component._patchkit_spec.uid] = served
+        for uid, component in pipeline.component_aliases().items():
+            self.aliases[uid] = self.deployed(component)
+        if self.config.slo.prefetch:
+            self.prefetcher.add_routes([self._deployed_route(route) for route in find_routes(pipeline.graph)])
+
+    def _deployed_route(self, route: PrefetchRoute) -> PrefetchRoute:
+        source = self.aliases.get(route.source_uid)
+        target = self.aliases.get(route.target_uid)
+        return replace(route, source_uid=route.source_uid if source is None else source._patchkit_spec.uid,
+                       target_uid=route.target_uid if target is None else target._patchkit_spec.uid)
+
+    async def release(self, names: Iterable[str]) -> None:
+        """Stop components `names`, which no pipeline in use calls any more: each replica retired (its batches in
+        flight come back first); then their queues, sizes, aliases and prefetch routes are dropped."""
+        names = [name for name in names if name in self.components]
+        if not names:
+            return
+        self.autoscaler.forget(names)
+        retired = self.supervisor.forget(names)
+        await asyncio.gather(*retired, return_exceptions=True)
+        self._forget(names)
+
+    def _forget(self, names: list[str]) -> None:
+        """Drop everything of components `names` but their replicas (stopped, or never started)."""
+        for name in names:
+            component = self.components.pop(name)
+            uid = component._patchkit_spec.uid
+            self.names.pop(uid, None)
+            self.fingerprints = {f: n for f, n in self.fingerprints.items() if n != name}
+            self.aliases = {u: c for u, c in self.aliases.items() if c is not component}
+            self.queues = {key: queue for key, queue in self.queues.items() if key[0] != uid}
+            self.prefetcher.drop_routes(uid)
+            self.sets.pop(name, None)
+            self.config.components.pop(name, None)
 
     def _build_queues(self, name: str, component: Component) -> None:
         settings = self.config.components[name]
@@ -103,33 +212,40 @@ class Deployment:
                 clock=self.clock,
             )
 
-    def _spec(self, name: str, resources: ReplicaResources) -> ReplicaSpec:
+    async def _spec(self, name: str, resources: ReplicaResources) -> ReplicaSpec:
         """A replica of component `name` pinned to `resources`: on the plan's resource type, reaching the
         deployed components it holds through the front-end where its backend needs that."""
         settings, component = self.config.components[name], self.components[name]
         device = settings.resource if self.config.plan is not None else None
-        held = self._handles if self._handles is not None and constructor_components(component) else None
+        held = await self._handles() if constructor_components(component) else None
         return ReplicaSpec(name, component, resources, device, settings.units, held)
 
     def one_more(self, name: str) -> ReplicaSpec:
         """A replica to add to component `name`, placed beside its running ones; called by the autoscaler."""
-        settings = self.config.components[name]
+        settings, component = self.config.components[name], self.components[name]
         running = self.supervisor.replicas()
         resources = self.supervisor.backend.place_one(settings.resource, settings.units, self.config.plan is not None, running)
-        return self._spec(name, resources)
+        device = settings.resource if self.config.plan is not None else None
+        held = self._held_handles() if constructor_components(component) else None
+        return ReplicaSpec(name, component, resources, device, settings.units, held)
 
-    async def _start_handles(self) -> Handles | None:
-        """Where workers whose components hold components of this pipeline (a Grader given the `llm`) send
-        those calls: a CallService started here, whose calls queue like the pipeline's own. Only for a
+    async def _handles(self) -> Handles | None:
+        """Where workers whose components hold deployed components (a Grader given the `llm`) send those calls:
+        a CallService started here on first need, whose calls queue like the pipelines' own. Only for a
         backend whose workers call back (local worker processes): a Ray actor, and the inprocess backend's
         replicas (the user's own objects, on this loop), run the components they hold in place."""
-        if not self.supervisor.backend.calls_held_through_frontend or not any(
-            constructor_components(c) for c in self.components.values()
-        ):
+        if not self.supervisor.backend.calls_held_through_frontend:
             return None
-        self.calls = CallService(self._call_held, self.config.secret)
-        address = await self.calls.start()
-        return Handles(address, frozenset(self.names), self.config.liveness.request_timeout_s)
+        if self.calls is None:
+            self.calls = CallService(self._call_held, self.config.secret)
+            self._calls_address = await self.calls.start()
+        return self._held_handles()
+
+    def _held_handles(self) -> Handles | None:
+        if self.calls is None:
+            return None
+        uids = frozenset([*self.names, *self.aliases])
+        return Handles(self._calls_address, uids, self.config.liveness.request_timeout_s)
 
     async def stop_scaling(self) -> None:
         """Called first when the front-end closes: no replica is added, retired or prefetched for from now on."""
@@ -146,14 +262,10 @@ class Deployment:
         self.sets[replica.component].add(replica)
 
     def _replica_down(self, replica: Replica, reason: str) -> None:
-        self.sets[replica.component].remove(replica)
+        if replica.component in self.sets:
+            self.sets[replica.component].remove(replica)
 
     # -- calls --------------------------------------------------------------------------------------------------
-    def deployed(self, component: Component) -> Component:
-        """The deployed component a call of `component` goes to: itself, or the one a helper's module held
-        where this process's import of that module made another object (`Pipeline.component_aliases`)."""
-        return self.aliases.get(component._patchkit_spec.uid, component)
-
     def submit(
         self, queue: BatchQueue, component: Component, envelope: CallEnvelope, slack: float | None = None
     ) -> PendingCall:
@@ -164,6 +276,7 @@ class Deployment:
 
     async def _call_held(self, uid: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Outcome:
         """A worker's component called a component it holds: queue it as a pipeline call of that component."""
+        uid = self.aliases[uid]._patchkit_spec.uid if uid in self.aliases else uid
         name, queue = self.names.get(uid), self.queues.get((uid, method))
         if name is None or queue is None:
             return (False, Failure.verdict(PatchkitError(f"no queue serves {name or uid}.{method}")))

@@ -1,22 +1,29 @@
-"""The front-end: one deployment of a captured pipeline, serving requests on one event loop.
+"""The front-end: one deployment serving one or several captured pipelines, each by name, on one event loop.
 
 Made of three parts, each in its own module: the `Deployment` (deployment.py: replica sets, queues,
-supervisor, autoscaler, wired from the config and the plan), the `RequestRunner` (runner.py:
-admission, the pipeline's code per request, its calls) and the `StatsCollector` (stats.py: counters
-and the views of them). Built and driven by the front-end process (`patchkit.server`), which hands it
-the backend the orchestrator built (`patchkit.orchestrator.backends.make_backend`).
+supervisor, autoscaler, shared by every pipeline), a `RequestRunner` per version of each pipeline
+(runner.py: admission, the pipeline's code per request, its calls) and the `StatsCollector` (stats.py:
+counters and the views of them). Built and driven by the front-end process (`patchkit.server`), which
+hands it the backend the orchestrator built (`patchkit.orchestrator.backends.make_backend`).
+
+`update` changes the pipelines while they serve: the components a new version adds are started (and
+their `setup()` done) before any request reaches them, then the version takes every request that comes
+after; a request runs wholly on the version it started with, and the components no version in use
+calls any more are stopped once the requests on the old version have ended.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from patchkit.config import DeploymentConfig
+from patchkit.errors import ConfigError, InputError, PatchkitError, PipelineNotFound
 from patchkit.orchestrator.backend import Backend
 from patchkit.scheduler.online.deployment import Deployment
 from patchkit.scheduler.online.runner import RequestResult, RequestRunner
@@ -26,23 +33,53 @@ from patchkit.scheduler.online.stats import StatsCollector
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
 
-__all__ = ["Frontend", "Readiness", "RequestResult"]
+__all__ = ["Frontend", "Readiness", "RequestResult", "Version"]
 
 logger = logging.getLogger(__name__)
 
+PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a URL path segment and an OpenAI model id as it is
+
+
+@dataclass(eq=False)
+class Version:
+    """One version of a served pipeline: its name, its number (1, 2, ... per name), its content hash
+    (`Pipeline.fingerprint`) and the runner its requests run on."""
+
+    name: str
+    number: int
+    digest: str
+    pipeline: Pipeline
+    runner: RequestRunner
+
+    @property
+    def tag(self) -> str:
+        """`<number>-<digest>`: what each reply's `X-Pipeline-Version` header says."""
+        return f"{self.number}-{self.digest}"
+
+    def describe(self) -> dict[str, Any]:
+        """As `GET /v1/pipelines` lists it."""
+        return {"name": self.name, "version": self.number, "digest": self.digest, "inputs": list(self.pipeline.inputs),
+                "output": self.pipeline.output, "inflight": self.runner.inflight}
+
 
 class Frontend:
-    """A pipeline deployed on `backend`: `start`, then `query` as requests come (`RequestRunner.query`),
-    then `drain` and `close`; `stats`, `snapshot`, `healthy` and `replica_stats` are the `StatsCollector`'s,
-    `readiness` says whether it takes requests now (`/readyz`).
+    """Pipelines deployed on `backend`, by name: `start`, then `query` as requests come, `update` and `remove`
+    while they serve, then `drain` and `close`; `stats`, `snapshot`, `healthy` and `replica_stats` are the
+    `StatsCollector`'s, `readiness` says whether it takes requests now (`/readyz`).
 
-    `clock`: what deadlines, queue waits and the SLO policies read; tests inject their own."""
+    `pipelines`: by name; one Pipeline alone is served under the config's chat model name. `clock`: what
+    deadlines, queue waits and the SLO policies read; tests inject their own."""
 
     def __init__(
-        self, pipeline: Pipeline, config: DeploymentConfig, backend: Backend, *, clock: Callable[[], float] = time.monotonic
+        self,
+        pipelines: Mapping[str, Pipeline] | Pipeline,
+        config: DeploymentConfig,
+        backend: Backend,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.pipeline = pipeline
         self.config = config
+        self.clock = clock
         self.policy = SloPolicy(
             make_estimator(config.slo.estimator),
             prioritize=config.slo.prioritize,
@@ -50,23 +87,161 @@ class Frontend:
             admission_limit=config.slo.admission_queue_limit,
             clock=clock,
         )
-        self.deployment = Deployment(pipeline, config, backend, self.policy, clock=clock)
-        self.collector = StatsCollector(self.deployment, self.policy, lambda: self.runner.inflight)
-        self.runner = RequestRunner(pipeline, config, self.deployment, self.policy, self.collector, clock=clock)
+        self.deployment = Deployment(config, backend, self.policy, clock=clock)
+        self.collector = StatsCollector(self.deployment, self.policy, lambda: self.inflight)
+        self.versions: dict[str, Version] = {}  # by pipeline name: the version new requests run on
+        self._retiring: set[Version] = set()  # replaced or removed, until their requests have ended
+        self._initial = dict(pipelines) if isinstance(pipelines, Mapping) else {config.chat.name: pipelines}
+        self._updating = asyncio.Lock()
+        self._releases: set[asyncio.Task[None]] = set()
         # What the server calls, each answered by the part it belongs to.
-        self.query = self.runner.query
         self.healthy = self.collector.healthy
         self.snapshot = self.collector.snapshot
         self.stats = self.collector.stats
         self.replica_stats = self.collector.replica_stats
         self.started = False  # every replica `start` started is up
+        self.closing = False
         self._draining: asyncio.Future[None] | None = None
 
+    # -- serving ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start every replica (see `Deployment.start`); raises the first replica's start error."""
-        await self.deployment.start()
+        """Start every pipeline's components (see `Deployment.add`); raises the first replica's start error, with
+        nothing left running."""
+        try:
+            await self._deploy(self._initial, ())
+        except BaseException:
+            await self.deployment.close()
+            raise
         self.started = True
 
+    def route(self, name: str | None = None) -> Version:
+        """The version that serves new requests of pipeline `name`; None: the only pipeline. Raises
+        PipelineNotFound for a name not served, and InputError for None where several are."""
+        if name is None:
+            if len(self.versions) == 1:
+                return next(iter(self.versions.values()))
+            raise InputError(f"this endpoint serves several pipelines ({', '.join(self.versions)}): name one, as "
+                             "POST /v1/pipelines/{name}/query or endpoint[name]")
+        version = self.versions.get(name)
+        if version is None:
+            raise PipelineNotFound(name, list(self.versions))
+        return version
+
+    @property
+    def pipeline(self) -> Pipeline:
+        """The only pipeline served (see `route`)."""
+        return self.route().pipeline
+
+    async def query(
+        self,
+        inputs: dict[str, Any],
+        slo_ms: float | None = None,
+        *,
+        pipeline: str | None = None,
+        request_id: str | None = None,
+        on_delta: Callable[[str], None] | None = None,
+    ) -> RequestResult:
+        """Run pipeline `pipeline` (None: the only one) on `inputs`, on its version as of now (`RequestRunner.query`)."""
+        return await self.route(pipeline).runner.query(inputs, slo_ms, request_id=request_id, on_delta=on_delta)
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Each pipeline served (`GET /v1/pipelines`), with its `state`: "ready" when each component it calls has
+        a replica serving, else "unready", or "draining" once the endpoint stops; then each older version still
+        ending its requests ("retiring")."""
+        rows = []
+        for version in self._live():
+            held = sorted(self.deployment.holds(version.pipeline))
+            if version in self._retiring:
+                state = "retiring"
+            elif self.closing or not self.started:
+                state = "draining" if self.closing else "starting"
+            else:
+                serving = all(any(r.alive for r in self.deployment.sets[name].replicas) for name in held)
+                state = "ready" if serving else "unready"
+            rows.append({**version.describe(), "state": state, "components": held})
+        return rows
+
+    @property
+    def inflight(self) -> int:
+        """Requests in flight, on every version."""
+        return sum(v.runner.inflight for v in self._live())
+
+    def _live(self) -> list[Version]:
+        return [*self.versions.values(), *self._retiring]
+
+    # -- updates ------------------------------------------------------------------------------------------------
+    async def update(self, pipelines: Mapping[str, Pipeline], remove: Iterable[str] = ()) -> dict[str, Version]:
+        """Serve `pipelines` (by name: a new version of one served, or one more), and stop serving `remove`.
+
+        Their components that no deployed one serves (by object, or by fingerprint: class, code and constructor
+        arguments) are started, `setup()` done, before any request reaches them; then each new version takes
+        every request that comes after this returns, while the requests in flight end on the version they
+        started on. Components no version in use calls any more are stopped once those requests have ended.
+        One update at a time. Raises, with nothing changed that serves, for a pipeline or name that cannot be
+        served or a component that cannot start (its error)."""
+        remove = list(remove)
+        async with self._updating:
+            self._check_update(pipelines, remove)
+            numbers = {name: self.versions[name].number + 1 if name in self.versions else 1 for name in pipelines}
+            await self._deploy(pipelines, remove, numbers)
+            return {name: self.versions[name] for name in pipelines}
+
+    async def remove(self, name: str) -> None:
+        """Stop serving pipeline `name` (see `update`): its requests in flight end, then its components, where no
+        other pipeline calls them, are stopped."""
+        await self.update({}, [name])
+
+    def _check_update(self, pipelines: Mapping[str, Pipeline], remove: list[str]) -> None:
+        if self.closing:
+            raise PatchkitError("the endpoint is shutting down: it takes no update")
+        if not self.started:
+            raise PatchkitError("the endpoint is starting: update it once its workers are up")
+        for name in remove:
+            self.route(name)
+        if not set(self.versions).union(pipelines) - set(remove).difference(pipelines):
+            raise ConfigError("an endpoint serves at least one pipeline: update it with another before removing the last")
+
+    async def _deploy(self, pipelines: Mapping[str, Pipeline], remove: Iterable[str],
+                      numbers: Mapping[str, int] | None = None) -> None:
+        numbers = numbers or dict.fromkeys(pipelines, 1)
+        for name, pipeline in pipelines.items():
+            _check_pipeline(name, pipeline)
+        await self.deployment.add(self.deployment.new_components(pipelines, numbers), pipelines.values())
+        for name, pipeline in pipelines.items():
+            runner = RequestRunner(pipeline, self.config, self.deployment, self.policy, self.collector,
+                                   load=lambda: self.inflight, tag=f"{numbers[name]}-{pipeline.fingerprint()}",
+                                   clock=self.clock)
+            self._switch(name, Version(name, numbers[name], pipeline.fingerprint(), pipeline, runner))
+        for name in remove:
+            self._switch(name, None)
+        if self.versions and self._initial is not pipelines:
+            logger.info("serving %s", ", ".join(f"{v.name} version {v.tag}" for v in self.versions.values()))
+
+    def _switch(self, name: str, version: Version | None) -> None:
+        """Send pipeline `name`'s new requests to `version` (None: none); the one it replaces retires."""
+        old = self.versions.pop(name, None)
+        if version is not None:
+            self.versions[name] = version
+        if old is not None:
+            self._retiring.add(old)
+            task = asyncio.get_running_loop().create_task(self._release_when_idle(old))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+
+    async def _release_when_idle(self, old: Version) -> None:
+        """Once `old`'s requests have ended: stop the components no version in use calls any more."""
+        await old.runner.drained(None)
+        self._retiring.discard(old)
+        async with self._updating:
+            if self.closing:
+                return
+            held = set().union(*(self.deployment.holds(v.pipeline) for v in self._live()))
+            unused = set(self.deployment.components) - held
+            if unused:
+                logger.info("stopping %s: no pipeline served calls it any more", ", ".join(sorted(unused)))
+            await self.deployment.release(unused)
+
+    # -- probes and shutdown ------------------------------------------------------------------------------------
     def readiness(self) -> Readiness:
         """Whether the front-end takes requests now, and if not why; called by `/readyz`.
 
@@ -75,30 +250,47 @@ class Frontend:
         (`StatsCollector.not_ready`), else "ready"."""
         if not self.started:
             return Readiness("starting", ("the workers are starting",))
-        if self.runner.closing:
+        if self.closing:
             return Readiness("draining", ("the endpoint is shutting down",))
         reasons = self.collector.not_ready()
         return Readiness("unready" if reasons else "ready", tuple(reasons))
 
     async def drain(self) -> None:
-        """Refuse new requests and stop the autoscaler, then wait for in-flight requests (up to the drain
-        timeout); called first when the server stops, while it still answers (`/readyz`: "draining").
+        """Refuse new requests and updates, stop the autoscaler, then wait for in-flight requests (up to the
+        drain timeout); called first when the server stops, while it still answers (`/readyz`: "draining").
         A second call waits for the first one's drain."""
         if self._draining is None:
-            self.runner.closing = True  # from now on: no request is admitted while the task below starts
+            self.closing = True  # from now on: no request is admitted while the task below starts
+            for version in self._live():
+                version.runner.closing = True
             self._draining = asyncio.ensure_future(self._drain())
         await asyncio.shield(self._draining)
 
     async def _drain(self) -> None:
         await self.deployment.stop_scaling()
-        if not await self.runner.drained(self.config.liveness.drain_timeout_s):
-            logger.warning("closing with %d requests still in flight after %.0f s", self.runner.inflight,
+        waits = [v.runner.drained(self.config.liveness.drain_timeout_s) for v in self._live()]
+        if not all(await asyncio.gather(*waits)):
+            logger.warning("closing with %d requests still in flight after %.0f s", self.inflight,
                            self.config.liveness.drain_timeout_s)
 
     async def close(self) -> None:
         """`drain` (if not done yet), then stop every replica."""
         await self.drain()
+        for task in list(self._releases):
+            task.cancel()
         await self.deployment.close()
+
+
+def _check_pipeline(name: object, pipeline: object) -> None:
+    """A name a URL path and a model id take as it is, and a captured pipeline that calls a component."""
+    if not isinstance(name, str) or not PIPELINE_NAME.fullmatch(name):
+        raise ConfigError(f"a pipeline's name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or "
+                          f"digit; got {name!r:.80}")
+    if not hasattr(pipeline, "components") or not hasattr(pipeline, "fingerprint"):
+        raise ConfigError(f"pipeline {name!r} must be a Pipeline, as `with patchkit.capture() as pipeline:` makes; "
+                          f"got {pipeline!r:.100}")
+    if not pipeline.components:
+        raise InputError(f"pipeline {name!r} calls no component: there is nothing to deploy")
 
 
 @dataclass(frozen=True)

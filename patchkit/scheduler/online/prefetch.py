@@ -63,17 +63,31 @@ class Prefetcher:
     """Issues the prefetches the routes call for; counts what happened to them for /metrics and stats()."""
 
     def __init__(self, routes: list[PrefetchRoute], submit: Callable[[str, tuple[Any, ...]], asyncio.Future[Any]]) -> None:
-        self.routes = routes
+        self.routes: list[PrefetchRoute] = []
         self._submit = submit  # (target uid, args) -> the outcome future of a queued prefetch call
         self._by_site: dict[CallSite, list[PrefetchRoute]] = {}
         self._by_method: dict[tuple[str, str], list[PrefetchRoute]] = {}
-        for route in routes:
-            self._by_site.setdefault(route.site, []).append(route)
-            self._by_method.setdefault((route.source_uid, route.source_method), []).append(route)
-        self.sources = frozenset(self._by_method)  # the (component uid, method) calls that may start a prefetch
+        self.sources: frozenset[tuple[str, str]] = frozenset()  # the (component uid, method) calls that may start one
+        self.add_routes(routes)
         self.counts: Counter[str] = Counter()  # issued, done, failed, skipped
         self.bytes_requested = 0
         self._tasks: set[asyncio.Future[Any]] = set()
+
+    def add_routes(self, routes: list[PrefetchRoute]) -> None:
+        """Take the routes of a pipeline deployed (its components' uids the deployed ones'); those known are kept once."""
+        for route in routes:
+            if route in self.routes:
+                continue
+            self.routes.append(route)
+            self._by_site.setdefault(route.site, []).append(route)
+            self._by_method.setdefault((route.source_uid, route.source_method), []).append(route)
+        self.sources = frozenset(self._by_method)
+
+    def drop_routes(self, uid: str) -> None:
+        """Forget the routes from or to component `uid`, which left the deployment."""
+        kept = [r for r in self.routes if uid not in (r.source_uid, r.target_uid)]
+        self.routes, self._by_site, self._by_method = [], {}, {}
+        self.add_routes(kept)
 
     def on_call(self, component: Component, method: str, site: CallSite | None, args: tuple[Any, ...],
                 kwargs: dict[str, Any]) -> None:

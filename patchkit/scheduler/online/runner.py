@@ -61,6 +61,7 @@ class RequestResult:
     request_id: str
     output: Any
     latency_s: float
+    version: str = ""  # the tag of the pipeline version that ran it (`Version.tag`)
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,9 @@ class _Request:
 
 
 class RequestRunner:
-    """Runs requests against a started `Deployment`; `policy` admits them and watches their SLO."""
+    """Runs one pipeline version's requests against a started `Deployment`; `policy` admits them and watches
+    their SLO. `load`: the requests in flight the admission limit counts (every version's: the front-end's),
+    else this runner's own. `tag`: the version's, set in each result."""
 
     def __init__(
         self,
@@ -85,9 +88,12 @@ class RequestRunner:
         policy: SloPolicy,
         stats: StatsCollector,
         *,
+        load: Callable[[], int] | None = None,
+        tag: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pipeline = pipeline
+        self.tag = tag
         self.config = config
         self.deployment = deployment
         self.policy = policy
@@ -97,6 +103,7 @@ class RequestRunner:
         self.output_sites = pipeline.graph.output_sites()  # calls whose result is (part of) the output
         self.parallel = config.limits.parallel_calls and pipeline.parallel  # calls to overlap, and overlapping on
         self.inflight = 0
+        self.load: Callable[[], int] = load or (lambda: self.inflight)
         self.closing = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -141,9 +148,9 @@ class RequestRunner:
         on_delta: Callable[[str], None] | None,
     ) -> RequestResult:
         if self.closing:
-            raise Overloaded(self.inflight, 0, "the endpoint is shutting down")
-        if self.inflight >= self.config.limits.max_inflight_requests:
-            raise Overloaded(self.inflight, self.config.limits.max_inflight_requests)
+            raise Overloaded(self.load(), 0, "the endpoint is shutting down")
+        if (load := self.load()) >= self.config.limits.max_inflight_requests:
+            raise Overloaded(load, self.config.limits.max_inflight_requests)
         start = time.perf_counter()
         expires = asyncio.get_running_loop().time() + self.config.liveness.request_timeout_s
         variables = self.pipeline.variables(inputs)
@@ -162,7 +169,7 @@ class RequestRunner:
                 self._idle.set()
         latency = time.perf_counter() - start
         self.stats.answered(latency, slo)
-        return RequestResult(request_id, output, latency)
+        return RequestResult(request_id, output, latency, self.tag)
 
     async def _admitted(self, variables: dict[str, Any], request: _Request) -> Any:
         """Wait for admission (and the request's wave), then run the pipeline's code; within the request's timeout.
@@ -187,8 +194,9 @@ class RequestRunner:
                 assert self.waves is not None
                 self.waves.leave()
 
-    async def drained(self, timeout_s: float) -> bool:
-        """Wait up to `timeout_s` for the requests in flight (once `closing` refuses new ones); whether they all ended."""
+    async def drained(self, timeout_s: float | None) -> bool:
+        """Wait up to `timeout_s` (None: as long as it takes) for the requests in flight (once `closing` refuses
+        new ones, or no more are sent here); whether they all ended."""
         try:
             await asyncio.wait_for(self._idle.wait(), timeout_s)
         except TimeoutError:
