@@ -42,7 +42,7 @@ from patchkit.orchestrator.backends import make_backend
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.rpc import HEALTH, SECRET_KEY
-from patchkit.scheduler.online.frontend import Frontend
+from patchkit.serving.frontend import Frontend
 
 
 class Stage(Component):

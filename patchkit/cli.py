@@ -1,5 +1,5 @@
 """The `patchkit` command: `patchkit serve FILE.py|module:attribute [--config deploy.yaml]` serves the pipeline
-a script captures (or a module holds), with options from a config file (config_file.py) and flags, `patchkit
+a script captures (or a module holds), with options from a config file (config/file.py) and flags, `patchkit
 plan FILE.py` prints the plan the offline planner makes for it, `patchkit demo` deploys the
 CRAG example on real components and asks it questions, and `patchkit bench URL` sends load
 to an endpoint and reports its latency, throughput and SLO attainment."""
@@ -118,8 +118,8 @@ def _option_flag(command: argparse.ArgumentParser, name: str) -> None:
     """A deploy option's flag: its type, choices and help from the option's metadata, its default `patchkit
     serve`'s (None: the file's key, else that default, applies)."""
     from patchkit.config import OPTIONS
+    from patchkit.config.file import SERVE_DEFAULTS
     from patchkit.config.options import simple_type
-    from patchkit.config_file import SERVE_DEFAULTS
 
     spec = OPTIONS[name]
     kind, choices = simple_type(spec), spec.option.choices or None
@@ -132,7 +132,7 @@ def _option_flag(command: argparse.ArgumentParser, name: str) -> None:
 def serve_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The config file's keys (if any) with the flags given on the command line over them. A --replicas or
     --batch-size flag sets every component's, so it also overrides the file's per-component ones."""
-    from patchkit import config_file
+    from patchkit.config import file as config_file
 
     values = config_file.given(config_file.load(args.config) if args.config else config_file.ServeFile.model_validate({}))
     flags = {name: getattr(args, name) for name in SERVE_FLAGS if getattr(args, name) is not None}
@@ -146,8 +146,8 @@ def serve_settings(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from patchkit import config_file
     from patchkit.config import DeploymentConfig
+    from patchkit.config import file as config_file
     from patchkit.scheduler.offline.planner import plan
     from patchkit.server.process import serve_blocking
 
@@ -189,7 +189,7 @@ def parser() -> argparse.ArgumentParser:
     """Every command's arguments; `patchkit serve --help` lists the config file's keys."""
     root = argparse.ArgumentParser(prog="patchkit", description="Serve RAG pipelines written in plain Python.")
     commands = root.add_subparsers(dest="command", required=True)
-    from patchkit.config_file import describe as describe_config_file
+    from patchkit.config.file import describe as describe_config_file
 
     serve = commands.add_parser(
         "serve", help="serve a pipeline (a script's capture, or module:attribute) until Ctrl-C",

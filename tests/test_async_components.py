@@ -21,7 +21,7 @@ from patchkit import Component, make
 from patchkit.component.event_loop import component_loop
 from patchkit.errors import Cancelled, DeadlineExceeded, MakeError
 from patchkit.orchestrator.execute import Outcome, StopFlag, run_calls_async
-from patchkit.scheduler.online.frontend import Frontend
+from patchkit.serving.frontend import Frontend
 
 BACKENDS = [pytest.param("local", marks=pytest.mark.slow), "inprocess"]
 

@@ -25,9 +25,9 @@ from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.backends import make_backend
 from patchkit.orchestrator.resources import SHARES_PER_CORE, ReplicaResources, one_more
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
-from patchkit.scheduler.online.frontend import Frontend, RequestResult
 from patchkit.scheduler.online.slo import RequestState
 from patchkit.server.metrics import render_metrics
+from patchkit.serving.frontend import Frontend, RequestResult
 
 fast, slow, sim = Simulated(0.0), Simulated(0.0), Simulated(50.0, max_batch=1)
 HOLD_MS = 60_000.0  # calls wait this long for a full batch: on the fake clock, until a test lets them go
@@ -126,7 +126,7 @@ def test_the_bottleneck_by_measured_throughput_gets_the_replica() -> None:
     async def body(frontend: Frontend) -> None:
         await release(frontend, clock, await hold(frontend, fast_calls=40, slow_calls=4))  # 4 calls/s and 0.4 calls/s
         held = await hold(frontend, fast_calls=20, slow_calls=10)  # more calls wait for fast, but slow drains slower
-        frontend.deployment.autoscaler.capacity = {"cpu": 8}
+        frontend.deployment.autoscaler.policy.capacity = {"cpu": 8}
         state, t0 = put_at_risk(frontend), clock.now
         await frontend.deployment.autoscaler.step(t0)
         [up] = await frontend.deployment.autoscaler.step(t0 + 2.0)
@@ -183,7 +183,7 @@ def test_a_component_with_calls_queued_is_not_idle() -> None:
     async def body(frontend: Frontend) -> None:
         held = await hold(frontend, fast_calls=1, slow_calls=0)
         assert await frontend.deployment.autoscaler.step(clock.now + 100.0) == []
-        assert frontend.deployment.autoscaler.idle_s("fast", clock.now) is None
+        assert frontend.deployment.autoscaler.policy.idle_s("fast", clock.now) is None
         await release(frontend, clock, held)
 
     serve(clock, body, replicas={"fast": 2}, min_replicas={"fast": 1}, batch_wait_ms=HOLD_MS)
@@ -203,7 +203,7 @@ def test_a_stream_of_queries_loses_none_while_a_replica_is_added_and_one_retired
                 await asyncio.sleep(0)
 
         streaming = asyncio.ensure_future(stream())
-        state, frontend.deployment.autoscaler.capacity = put_at_risk(frontend), {"cpu": 8}
+        state, frontend.deployment.autoscaler.policy.capacity = put_at_risk(frontend), {"cpu": 8}
         await frontend.deployment.autoscaler.step(clock.now)
         await first_busy(frontend, "slow")
         [up] = await frontend.deployment.autoscaler.step(clock.now + 2.0)  # added while calls flow

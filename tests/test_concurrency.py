@@ -16,7 +16,7 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.scheduler.online.frontend import Frontend
+from patchkit.serving.frontend import Frontend
 
 pytestmark = pytest.mark.slow  # every test here starts worker processes
 

@@ -22,9 +22,9 @@ import pytest
 
 import patchkit
 from patchkit import Component, ConfigError, make
-from patchkit import config_file as cf
 from patchkit.cli import _import, main, parser, serve_settings
 from patchkit.config import OPTIONS, DeploymentConfig
+from patchkit.config import file as cf
 
 ROOT = Path(__file__).resolve().parent.parent
 

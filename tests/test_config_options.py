@@ -15,10 +15,10 @@ import pytest
 
 import patchkit
 from patchkit import ConfigError
-from patchkit import config_file as cf
 from patchkit.cli import OPTION_FLAGS, main, parser
 from patchkit.components.testing import Simulated
 from patchkit.config import OPTIONS, DeploymentConfig, OptionSpec
+from patchkit.config import file as cf
 from patchkit.config.options import OptionGroup, collect, option, reference, simple_type
 
 # What `GET /v1/plan` served before the options had groups: the same flat keys, no more (no host, port, address,

@@ -43,7 +43,7 @@ import pytest_examples.run_code  # noqa: E402
 from pytest_examples import CodeExample, EvalExample  # noqa: E402
 
 import patchkit  # noqa: E402
-from patchkit import config_file  # noqa: E402
+from patchkit.config import file as config_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

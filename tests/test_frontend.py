@@ -22,8 +22,8 @@ import patchkit
 from patchkit import Component, make
 from patchkit.config import DeploymentConfig
 from patchkit.orchestrator.resources import SHARES_PER_CORE
-from patchkit.scheduler.online.frontend import Frontend
 from patchkit.server.inputs import InputSchema
+from patchkit.serving.frontend import Frontend
 
 
 class Recorder(Component):

@@ -4,7 +4,7 @@ The rules are written once, as the table between the two marker comments of docs
 "Which way the imports go"; this file parses it. Imports are read with `ast` from every module,
 those inside functions included; only the ones under `if TYPE_CHECKING:` are left out, since they
 never run. A unit is a subpackage (`patchkit.capture`, `patchkit.scheduler.online`, ...) or a
-top-level module (`patchkit.errors`, `patchkit.config_file`, ...).
+top-level module (`patchkit.errors`, `patchkit.cli`, ...).
 """
 
 from __future__ import annotations
@@ -165,7 +165,8 @@ RULES = read_rules(RULES_DOC.read_text())
 
 
 def test_the_graph_sees_the_units() -> None:
-    assert {"patchkit.capture", "patchkit.client", "patchkit.component", "patchkit.scheduler.online"} <= set(GRAPH)
+    assert {"patchkit.capture", "patchkit.client", "patchkit.component", "patchkit.scheduler.online",
+            "patchkit.serving"} <= set(GRAPH)
     assert "patchkit.capture" in GRAPH["patchkit.client"]  # a known edge: the reader finds imports at all
 
 
@@ -207,9 +208,9 @@ def test_imports_follow_the_table(unit: str) -> None:
 def test_the_table_parses_and_the_check_finds_an_import_it_does_not_allow() -> None:
     row = f"{BEGIN}\n| unit | kind | may | never |\n|-|-|-|-|\n| `patchkit.x` | leaf | | the `patchkit.y` module |\n{END}"
     assert read_rules(row) == {"patchkit.x": Rule("patchkit.x", True, frozenset(), frozenset({"patchkit.y"}))}
-    online = RULES["patchkit.scheduler.online"]
-    stricter = {**RULES, online.unit: Rule(online.unit, False, online.may, online.never | {"patchkit.orchestrator.backend"})}
-    assert any(b.endswith(" imports patchkit.orchestrator.backend") for b in broken_rules(online.unit, stricter))
+    serving = RULES["patchkit.serving"]
+    stricter = {**RULES, serving.unit: Rule(serving.unit, False, serving.may, serving.never | {"patchkit.orchestrator.backend"})}
+    assert any(b.endswith(" imports patchkit.orchestrator.backend") for b in broken_rules(serving.unit, stricter))
     client = RULES["patchkit.client"]
     narrower = {**RULES, client.unit: Rule(client.unit, False, client.may - {"patchkit.capture"}, client.never)}
     assert any(" imports patchkit.capture" in b for b in broken_rules(client.unit, narrower))

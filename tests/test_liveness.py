@@ -45,9 +45,9 @@ from patchkit.orchestrator.execute import Outcome
 from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.rpc import GrpcChannel
 from patchkit.orchestrator.supervisor import Supervisor
-from patchkit.scheduler.online.frontend import Frontend
-from patchkit.scheduler.online.queues import BatchQueue
-from patchkit.scheduler.online.replicas import ReplicaSet
+from patchkit.serving.frontend import Frontend
+from patchkit.serving.queues import BatchQueue
+from patchkit.serving.replicas import ReplicaSet
 
 TESTS = Path(__file__).parent
 

@@ -52,7 +52,7 @@ def test_front_end_info_lines_reach_the_user_who_asked_for_them(tmp_path: Path) 
     assert done.returncode == 0 and done.stdout.strip() == "retired", done.stderr
     decisions = [line for line in done.stderr.splitlines() if "scaled down a to 1 replicas" in line]
     assert len(decisions) == 1, done.stderr
-    assert "INFO front-end patchkit.scheduler.online.autoscale" in decisions[0]
+    assert "INFO front-end patchkit.serving.scaling" in decisions[0]
     workers = [line for line in done.stderr.splitlines() if "set up in a worker" in line]
     assert len(workers) == 2 and all(" INFO worker " in line for line in workers), done.stderr
 

@@ -30,7 +30,7 @@ from patchkit.component import ensure_setup  # noqa: E402
 from patchkit.components import Hit, OpenAIGenerator  # noqa: E402
 from patchkit.components.generators import LlamaCppGenerator, default_gguf_path  # noqa: E402
 from patchkit.orchestrator.execute import run_batch  # noqa: E402
-from patchkit.scheduler.online.frontend import Frontend  # noqa: E402
+from patchkit.serving.frontend import Frontend  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -31,7 +31,7 @@ from test_frontend import capture_case
 
 import patchkit
 from patchkit import Component, make
-from patchkit.scheduler.online.frontend import Frontend
+from patchkit.serving.frontend import Frontend
 
 ACKS = Path(tempfile.mkdtemp(prefix="patchkit-parallel-acks-"))
 MARKS = Path(tempfile.mkdtemp(prefix="patchkit-parallel-marks-"))

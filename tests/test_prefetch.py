@@ -11,9 +11,9 @@ from serving import metric, run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.scheduler.online.frontend import Frontend
-from patchkit.scheduler.online.prefetch import find_routes
 from patchkit.server.metrics import render_metrics
+from patchkit.serving.frontend import Frontend
+from patchkit.serving.prefetch import find_routes
 
 
 class PrefetchingRetriever(Component):

@@ -11,8 +11,8 @@ from components import Retriever
 from patchkit.orchestrator.backend import Replica, ReplicaSpec, ReplicaState
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Outcome
-from patchkit.scheduler.online.queues import BatchQueue
-from patchkit.scheduler.online.replicas import ReplicaSet
+from patchkit.serving.queues import BatchQueue
+from patchkit.serving.replicas import ReplicaSet
 
 
 class HeldChannel:

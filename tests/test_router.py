@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from patchkit.scheduler.online.router import Router
+from patchkit.serving.router import Router
 
 
 @dataclass(eq=False)

@@ -17,9 +17,9 @@ from patchkit.errors import ComponentError, DeadlineExceeded, Overloaded, Worker
 from patchkit.orchestrator.backend import ReplicaSpec, ReplicaState
 from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.supervisor import Supervisor
-from patchkit.scheduler.online.frontend import Frontend
-from patchkit.scheduler.online.replicas import ReplicaSet
-from patchkit.scheduler.online.runner import outcome_of
+from patchkit.serving.frontend import Frontend
+from patchkit.serving.replicas import ReplicaSet
+from patchkit.serving.runner import outcome_of
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ import patchkit
 from patchkit import Component, make
 from patchkit.scheduler.online.averages import RunningAverage
 from patchkit.scheduler.online.estimator import accuracy
-from patchkit.scheduler.online.frontend import Frontend
 from patchkit.scheduler.online.slo import SloPolicy
 from patchkit.scheduler.online.traces import Trace, Visit
 from patchkit.server.metrics import render_metrics
+from patchkit.serving.frontend import Frontend
 
 
 class FakeClock:

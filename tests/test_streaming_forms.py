@@ -38,7 +38,7 @@ from serving import run_frontend
 import patchkit
 from patchkit import make
 from patchkit.component import CallSite, Component, MakeMethod, call_hook
-from patchkit.scheduler.online.frontend import Frontend
+from patchkit.serving.frontend import Frontend
 
 TESTS = Path(__file__).parent
 ACKS = Path(tempfile.mkdtemp(prefix="patchkit-acks-"))  # the components' constructor argument: made at import

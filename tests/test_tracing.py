@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter  # noqa: E402
 
 import patchkit  # noqa: E402
-from patchkit.scheduler.online.frontend import Frontend  # noqa: E402
+from patchkit.serving.frontend import Frontend  # noqa: E402
 
 llm = Generator()
 

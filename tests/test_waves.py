@@ -6,7 +6,7 @@ import asyncio
 
 import patchkit
 from patchkit import Component, make
-from patchkit.scheduler.online.waves import Waves
+from patchkit.serving.waves import Waves
 from tests.serving import run_frontend
 
 

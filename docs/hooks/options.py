@@ -1,11 +1,11 @@
 """MkDocs hook (mkdocs.yml `hooks:`): the deploy page's table of options, made when the site is built from the
-schema that `patchkit serve --config` checks and `patchkit serve --help` lists (patchkit/config_file.py)."""
+schema that `patchkit serve --config` checks and `patchkit serve --help` lists (patchkit/config/file.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from patchkit import config_file
+from patchkit.config import file as config_file
 
 
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:

@@ -3,7 +3,7 @@
 A group of options (groups.py) is a frozen dataclass whose every field is made by `option()`: its default,
 its help line, its bounds (`gt`, `ge`, `le`), its choices, whether `GET /v1/plan` shows it (`described`).
 Those fields are the one source of every option's name, type, default, bounds and help: `OptionGroup`
-checks them when a group is built, `config_file.py` makes the config file's schema from them (and from it
+checks them when a group is built, `file.py` makes the config file's schema from them (and from it
 `patchkit serve --help` and the documentation's table), and `deploy()`'s docstring lists them.
 """
 

@@ -4,10 +4,9 @@
   (`pwl`), solve the MILP for replicas, resources and batch sizes (`milp`, over `problem`,
   `candidates`, `feasibility` and `solvers`), within a resource pool (`pool`): a `Plan` (`plan`,
   `planner`).
-- `online/`: while serving. The front-end (`frontend`) runs the pipeline per request on greenlets
-  (`bridge`), batches calls per method (`queues`, or request waves: `waves`), keeps requests in their
-  SLO (`slo`, with the estimators of `traces`, `averages` and `xgb`), adds and removes replicas
-  (`autoscale`) and prefetches for the hybrid retriever (`prefetch`).
+- `online/`: the policies that serving follows. Keep requests in their SLO (`slo`, with the
+  estimators of `traces`, `averages`, `xgb` and `estimator`) and decide when a component gets a
+  replica more or less (`autoscale`).
 
-Both drive workers through `patchkit.orchestrator`; the HTTP layer over the front-end is `patchkit.server`.
+`patchkit.serving` runs a deployed pipeline with them; both drive workers through `patchkit.orchestrator`.
 """

@@ -26,10 +26,10 @@ from typing import Any
 from aiohttp import web
 
 from patchkit.errors import InputError
-from patchkit.scheduler.online.frontend import Frontend, Version
 from patchkit.server.events import EventStream, pump
 from patchkit.server.inputs import parse_json
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of
+from patchkit.serving.frontend import Frontend, Version
 
 __all__ = ["ChatRoutes", "estimate_tokens"]
 

@@ -49,8 +49,6 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
 from patchkit.errors import InputError
-from patchkit.scheduler.online.frontend import Frontend, RequestResult, Version
-from patchkit.scheduler.online.runner import outcome_of
 from patchkit.server.bodies import BodyBudget
 from patchkit.server.chat import ChatRoutes
 from patchkit.server.events import EventStream, pump
@@ -59,6 +57,8 @@ from patchkit.server.loop_lag import LoopLag
 from patchkit.server.metrics import CONTENT_TYPE, DeploymentMetrics
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of, set_request_id
 from patchkit.server.request_ids import REQUEST_ID, check_request_id, new_request_id
+from patchkit.serving.frontend import Frontend, RequestResult, Version
+from patchkit.serving.runner import outcome_of
 
 __all__ = ["build_app", "error_reply"]
 

@@ -14,8 +14,8 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from patchkit.scheduler.online.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot
 from patchkit.server.loop_lag import LoopLag
+from patchkit.serving.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot
 
 __all__ = ["CONTENT_TYPE", "DeploymentMetrics", "FrontendCollector", "render_metrics"]
 

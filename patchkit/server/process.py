@@ -28,11 +28,11 @@ from patchkit import telemetry
 from patchkit.config import DeploymentConfig
 from patchkit.orchestrator.backends import make_backend
 from patchkit.orchestrator.process import ChildSide
-from patchkit.scheduler.online.frontend import Frontend
 from patchkit.server.connections import EdgeRunner
 from patchkit.server.http import build_app
 from patchkit.server.loop_lag import LoopLag
 from patchkit.server.request_ids import RequestIdFilter
+from patchkit.serving.frontend import Frontend
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only

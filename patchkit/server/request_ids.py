@@ -1,7 +1,7 @@
 """Request ids: kept from the client's `X-Request-ID` or made fresh, and carried in log records.
 
 The HTTP edge sets `REQUEST_ID` while it serves a request, on the request's task; the pipeline's
-greenlet runs in a copy of that task's context (`scheduler/online/bridge.py`), so `RequestIdFilter`,
+greenlet runs in a copy of that task's context (`serving/bridge.py`), so `RequestIdFilter`,
 installed on a handler, stamps every record logged on the request's behalf with `record.request_id`
 ("-" outside any request).
 """

@@ -1,4 +1,5 @@
-"""The online scheduler: the front-end that serves a deployed pipeline (Patchwork sections 3.5-3.7).
+"""The online scheduler's policies (Patchwork sections 3.4-3.7): the SLO policy and its estimators,
+and autoscaling's decisions. `patchkit.serving` applies them; nothing here imports it.
 
 It imports nothing of the offline planner but the `Plan` data type.
 """

@@ -1,12 +1,11 @@
-"""Autoscaling, the third SLO policy (Patchwork section 3.4): while requests stay at risk of missing
-their SLO and resources are free, one more replica for the bottleneck component; a component idle
-past a cool-down loses a replica; every component stays within its min/max replicas.
+"""Autoscaling's decisions, the third SLO policy (Patchwork section 3.4): while requests stay at risk
+of missing their SLO and resources are free, one more replica for the bottleneck component; a
+component idle past a cool-down loses a replica; every component stays within its min/max replicas.
 
-`Deployment.start` starts `Autoscaler.run` when the deployment's `autoscale` is on; it calls `step`
-every `autoscale_interval_s`. `step(now)` decides from live state (the SLO policy's at-risk set,
-the queues, the replicas, the applied plan) and applies its decisions through the supervisor,
-which adds a replica with no downtime and retires one with no failed call (`Supervisor.add`,
-`Supervisor.retire`). Tests call `step` directly, on their own clock.
+`ScalingPolicy.decide(now)` decides from live state (the SLO policy's at-risk set, the components'
+queues and replicas, the applied plan) and changes nothing outside itself. The serving side's
+`Autoscaler` (patchkit/serving/scaling.py) holds one, applies its decisions through the supervisor
+and reports back what it applied (`adding`, `applied`).
 
 The bottleneck is the component whose queued calls would take longest to drain: pending calls /
 (live replicas x calls/s per replica), the rate from the plan's model when one is applied, else as
@@ -16,31 +15,27 @@ measured yet), the longest mean queue wait decides.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from patchkit.orchestrator.resources import SHARES_PER_CORE, available_cpus, available_gpus
 
 if TYPE_CHECKING:
     from patchkit.config import DeploymentConfig
-    from patchkit.orchestrator.backend import ReplicaSpec
-    from patchkit.orchestrator.supervisor import Supervisor
-    from patchkit.scheduler.online.replicas import ReplicaSet
+    from patchkit.orchestrator.backend import Backend, Replica
     from patchkit.scheduler.online.slo import SloPolicy
 
-__all__ = ["Autoscaler", "Decision"]
+__all__ = ["ComponentLoad", "Decision", "ScalingPolicy"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class Decision:
-    """One replica more or less for a component, with the reason logged and returned by `step`."""
+    """One replica more or less for a component, with the reason logged and returned by `Autoscaler.step`."""
 
     kind: str  # "scale_up" | "scale_down"
     component: str
@@ -48,77 +43,77 @@ class Decision:
     reason: str
 
 
-class Autoscaler:
-    """Owned by the front-end's deployment, on its event loop, and given what it reads and drives of it:
-    the config, the SLO policy (is anyone at risk?), the replica sets of the components (their queues
-    and replicas), the supervisor that adds and retires replicas, and `one_more(name)`, the spec of a
-    replica to add to a component (placed by the backend). `capacity`: units per resource type
-    ("cpu", "gpu") replicas may take; None until first needed, then the applied plan's, else the
-    backend's (a cluster's) or this machine's cores and GPUs."""
+class _QueueStats(Protocol):
+    @property
+    def calls(self) -> int: ...
+    @property
+    def queue_wait_s(self) -> float: ...
+    @property
+    def last_done(self) -> float | None: ...
+    def throughput(self, now: float) -> float: ...
+
+
+class _Queue(Protocol):
+    @property
+    def stats(self) -> _QueueStats: ...
+    def __len__(self) -> int: ...
+
+
+class ComponentLoad(Protocol):
+    """What the policy reads of a component's replica set: its queues (their lengths and stats) and replicas."""
+
+    @property
+    def queues(self) -> Sequence[_Queue]: ...
+    @property
+    def replicas(self) -> Sequence[Replica]: ...
+
+
+class ScalingPolicy:
+    """Held by the `Autoscaler`, on the front-end's event loop, and given what it reads: the config,
+    the SLO policy (is anyone at risk?), the components' load (`sets`), the backend (its capacity)
+    and `started`, when serving began. `capacity`: units per resource type ("cpu", "gpu") replicas
+    may take; None until first needed, then the applied plan's, else the backend's (a cluster's) or
+    this machine's cores and GPUs."""
 
     def __init__(
         self,
         config: DeploymentConfig,
-        policy: SloPolicy,
-        supervisor: Supervisor,
-        sets: Mapping[str, ReplicaSet],
-        one_more: Callable[[str], ReplicaSpec],
+        slo: SloPolicy,
+        sets: Mapping[str, ComponentLoad],
+        backend: Backend,
         *,
-        clock: Callable[[], float],
+        started: float,
         capacity: Mapping[str, int] | None = None,
     ) -> None:
-        self.config, self.policy, self.supervisor = config, policy, supervisor
-        self.sets, self.one_more, self.clock = sets, one_more, clock
+        self.config, self.slo, self.sets, self.backend = config, slo, sets, backend
         self.capacity = dict(capacity) if capacity is not None else None
         self.replicas = {name: c.replicas for name, c in self.config.components.items()}  # as kept, restarts included
-        started = clock()
         self._quiet_since = dict.fromkeys(self.replicas, started)  # lower bound of each component's idle time
         self._risk_since: float | None = None  # since when steps have seen requests at risk (reset by a scale-up)
-        self._stopping = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-
-    # -- the loop -------------------------------------------------------------------------------
-    def start(self) -> None:
-        """Called by `Deployment.start` once every replica is up, when the config's `autoscale` is on."""
-        self._task = asyncio.get_running_loop().create_task(self.run())
-
-    async def run(self) -> None:
-        """A `step` every `autoscale_interval_s` until `close`; a step that fails is logged and the loop goes on."""
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.config.autoscaling.autoscale_interval_s)
-            if self._stopping.is_set():
-                return
-            try:
-                await self.step(self.clock())
-            except Exception:
-                logger.exception("an autoscaling step failed")
-
-    async def close(self) -> None:
-        """Called by `Deployment.stop_scaling` before the supervisor closes: waits for a step under way to end."""
-        self._stopping.set()
-        if self._task is not None:
-            await self._task
 
     # -- decisions ------------------------------------------------------------------------------
-    async def step(self, now: float) -> list[Decision]:
-        """Decide (`decide`), then apply through the supervisor; returns the decisions applied."""
-        applied = []
-        for decision in self.decide(now):
-            if await self._apply(decision, now):
-                applied.append(decision)
-        return applied
-
     def decide(self, now: float) -> list[Decision]:
         """At most one scale-up and one scale-down, from the state at `now`; changes nothing but the
         record of how long requests have been at risk. That is sampled here: requests count as at
         risk continuously while every step has seen some, so that admission pausing, which lets new
         requests in the moment none is at risk, does not restart the count at every turn."""
-        if not self.policy.under_pressure():
+        if not self.slo.under_pressure():
             self._risk_since = None
         elif self._risk_since is None:
             self._risk_since = now
         return [d for d in (self._scale_up(now), self._scale_down(now)) if d is not None]
+
+    def adding(self, now: float) -> None:
+        """Called by the autoscaler as it starts a replica (a retry too): the new one gets
+        scale_up_after_s to help before the next scale-up."""
+        self._risk_since = now
+
+    def applied(self, decision: Decision, now: float) -> None:
+        """Called by the autoscaler once `decision` took effect: the component's replicas as kept, and
+        an added replica's component counted quiet from `now`."""
+        if decision.kind == "scale_up":
+            self._quiet_since[decision.component] = now
+        self.replicas[decision.component] = decision.replicas
 
     def _scale_up(self, now: float) -> Decision | None:
         if self._risk_since is None or now - self._risk_since < self.config.autoscaling.scale_up_after_s:
@@ -133,7 +128,7 @@ class Autoscaler:
         if free < units:
             logger.debug("requests are at risk, but no %s unit is free for another replica of %s", kind, name)
             return None
-        reason = (f"{self.policy.pressed()} requests at risk or beyond saving for {now - self._risk_since:.1f} s; {name} is "
+        reason = (f"{self.slo.pressed()} requests at risk or beyond saving for {now - self._risk_since:.1f} s; {name} is "
                   f"the bottleneck (its queues drain in {drain_s:.2f} s); {free} {kind} units free")
         return Decision("scale_up", name, replicas + 1, reason)
 
@@ -144,46 +139,6 @@ class Autoscaler:
                 reason = f"no call queued or in flight for {idle_s:.1f} s (scale_down_after_s={after_s:g})"
                 return Decision("scale_down", name, replicas - 1, reason)
         return None
-
-    # -- applying -------------------------------------------------------------------------------
-    async def _apply(self, decision: Decision, now: float) -> bool:
-        """Apply one decision. A retired replica leaves dispatch at once, so a scale-down is recorded
-        then, as stats show it, and only after that does the step wait for the replica to stop."""
-        name, stopped = decision.component, None
-        if decision.kind == "scale_up":
-            changed = await self._add(name, now)
-        else:
-            changed, stopped = self._retire(name)
-        if changed is None:
-            return False
-        self.replicas[name] = decision.replicas
-        self.policy.record_scaling(decision.kind)
-        logger.info("scaled %s %s to %d replicas (%s): %s", decision.kind.removeprefix("scale_"), name, decision.replicas,
-                    changed, decision.reason)
-        if stopped is not None:
-            await stopped
-        return True
-
-    async def _add(self, name: str, now: float) -> str | None:
-        """Start one more replica; its id, or None when it could not start (logged)."""
-        self._risk_since = now  # the new replica gets scale_up_after_s to help before the next; so does a retry
-        try:
-            replica = await self.supervisor.add(self.one_more(name))
-        except Exception as exc:
-            logger.error("could not add a replica of %s: %s", name, exc)
-            return None
-        self._quiet_since[name] = now
-        return replica.id
-
-    def _retire(self, name: str) -> tuple[str | None, asyncio.Future[None] | None]:
-        """Retire the least loaded live replica (of equals, the newest): its id and the future of its
-        stop, or (None, None) when none was."""
-        live = [r for r in self._set(name).replicas if r.alive]
-        if len(live) < 2:  # the others are being restarted: wait for them
-            return None, None
-        replica = min(reversed(live), key=lambda r: r.inflight)
-        stopped = self.supervisor.retire(replica)
-        return (None, None) if stopped is None else (replica.id, stopped)
 
     # -- the model ------------------------------------------------------------------------------
     def bottleneck(self, now: float) -> tuple[str, float]:
@@ -224,7 +179,7 @@ class Autoscaler:
         """Units of `kind` there are: shares of the cores (SHARES_PER_CORE a core) on "cpu", GPUs on "gpu"."""
         if self.capacity is None:
             planned = (self.config.plan or {}).get("capacity")
-            found = planned or self.supervisor.backend.capacity()  # a cluster backend's, else this machine's
+            found = planned or self.backend.capacity()  # a cluster backend's, else this machine's
             self.capacity = dict(found) if found else {"cpu": len(available_cpus()), "gpu": len(available_gpus())}
         return self.capacity.get(kind, 0) * (SHARES_PER_CORE if kind == "cpu" else 1)
 
@@ -232,7 +187,7 @@ class Autoscaler:
         """Units of `kind` the replicas take: replicas x units, summed over the components placed on it."""
         return sum(self.replicas[n] * c.units for n, c in self.config.components.items() if c.resource == kind)
 
-    def _set(self, name: str) -> ReplicaSet:
+    def _set(self, name: str) -> ComponentLoad:
         return self.sets[name]
 
     def _live(self, name: str) -> int:

@@ -11,8 +11,8 @@ favouring it would only make others late too. Its slack, `deadline - now - remai
 at-risk calls ahead of the others in every queue (prioritisation). While any request in flight is at risk, new
 requests wait in a bounded admission queue (admission pausing), each for no longer than it can
 spare by its own estimate; when none is at risk, they are let in, in arrival order.
-The third policy, autoscaling, acts on the same at-risk set from its own loop (`autoscale.py`)
-and counts its decisions here too. Each policy is switched by the deployment's
+The third policy, autoscaling, decides on the same at-risk set (`autoscale.py`, applied from its own loop by
+`patchkit.serving.scaling`) and counts its decisions here too. Each policy is switched by the deployment's
 config and every decision is counted.
 Requests without an SLO cost the policies nothing: they are neither traced nor learnt from.
 """

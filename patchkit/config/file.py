@@ -245,7 +245,7 @@ def _key_lines(rows: list[tuple[str, Any, str]], indent: str = "  ") -> list[str
 
 
 # The line of a documentation page that the MkDocs hook (docs/hooks/options.py) replaces with `markdown_table()`.
-TABLE_MARKER = "<!-- the options table, made from patchkit/config_file.py -->"
+TABLE_MARKER = "<!-- the options table, made from patchkit/config/file.py -->"
 
 
 def markdown_table(model: type[BaseModel] = ServeFile) -> str:

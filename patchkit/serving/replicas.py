@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING
 
 from patchkit.orchestrator.backend import Replica, ReplicaState
 from patchkit.orchestrator.execute import Outcome
-from patchkit.scheduler.online.router import Router
+from patchkit.serving.router import Router
 
 if TYPE_CHECKING:
-    from patchkit.scheduler.online.queues import BatchQueue, PendingCall
+    from patchkit.serving.queues import BatchQueue, PendingCall
 
 __all__ = ["ReplicaSet", "Surge", "Turn"]
 

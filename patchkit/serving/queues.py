@@ -41,7 +41,7 @@ from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
 from patchkit.orchestrator.backend import Replica, ReplicaState
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Failure, Outcome
-from patchkit.scheduler.online.replicas import ReplicaSet, Turn
+from patchkit.serving.replicas import ReplicaSet, Turn
 
 __all__ = ["BatchQueue", "PendingCall", "QueueStats"]
 

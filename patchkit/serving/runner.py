@@ -26,13 +26,13 @@ from patchkit.component.pending import Window, run_in_window
 from patchkit.config import DeploymentConfig
 from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
 from patchkit.orchestrator.envelope import CallEnvelope
-from patchkit.scheduler.online.bridge import await_, run_sync
-from patchkit.scheduler.online.deployment import Deployment
-from patchkit.scheduler.online.queues import BatchQueue, PendingCall
 from patchkit.scheduler.online.slo import RequestState, SloPolicy
-from patchkit.scheduler.online.stats import StatsCollector
 from patchkit.scheduler.online.traces import Visit
-from patchkit.scheduler.online.waves import Waves
+from patchkit.serving.bridge import await_, run_sync
+from patchkit.serving.deployment import Deployment
+from patchkit.serving.queues import BatchQueue, PendingCall
+from patchkit.serving.stats import StatsCollector
+from patchkit.serving.waves import Waves
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only

@@ -13,9 +13,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from patchkit.scheduler.online.deployment import Deployment
 from patchkit.scheduler.online.slo import SloPolicy
-from patchkit.scheduler.online.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot, MethodSnapshot
+from patchkit.serving.deployment import Deployment
+from patchkit.serving.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot, MethodSnapshot
 
 __all__ = ["StatsCollector"]
 

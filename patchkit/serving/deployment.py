@@ -32,11 +32,11 @@ from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.handles import CallService, Handles
 from patchkit.orchestrator.resources import ReplicaResources
 from patchkit.orchestrator.supervisor import HealthChecks, Supervisor
-from patchkit.scheduler.online.autoscale import Autoscaler
-from patchkit.scheduler.online.prefetch import PREFETCH_METHOD, Prefetcher, PrefetchRoute, find_routes
-from patchkit.scheduler.online.queues import BatchQueue, PendingCall
-from patchkit.scheduler.online.replicas import ReplicaSet
 from patchkit.scheduler.online.slo import SloPolicy
+from patchkit.serving.prefetch import PREFETCH_METHOD, Prefetcher, PrefetchRoute, find_routes
+from patchkit.serving.queues import BatchQueue, PendingCall
+from patchkit.serving.replicas import ReplicaSet
+from patchkit.serving.scaling import Autoscaler
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 from patchkit.config import DeploymentConfig
 from patchkit.errors import ConfigError, InputError, PatchkitError, PipelineNotFound
 from patchkit.orchestrator.backend import Backend
-from patchkit.scheduler.online.deployment import Deployment
-from patchkit.scheduler.online.runner import RequestResult, RequestRunner
 from patchkit.scheduler.online.slo import SloPolicy, make_estimator
-from patchkit.scheduler.online.stats import StatsCollector
+from patchkit.serving.deployment import Deployment
+from patchkit.serving.runner import RequestResult, RequestRunner
+from patchkit.serving.stats import StatsCollector
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
