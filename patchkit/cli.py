@@ -149,7 +149,7 @@ def _serve(args: argparse.Namespace) -> int:
     from patchkit.config import DeploymentConfig
     from patchkit.config import file as config_file
     from patchkit.scheduler.offline.planner import plan
-    from patchkit.server.process import serve_blocking
+    from patchkit.server.process import FrontendServer, serve_blocking
 
     values = serve_settings(args)
     options = {k: v for k, v in values.items() if k not in config_file.FILE_ONLY}
@@ -166,8 +166,8 @@ def _serve(args: argparse.Namespace) -> int:
     config = DeploymentConfig.resolve(pipeline, secret=secrets.token_urlsafe(32), **arguments)
     shown = Path(args.target).name if args.target.endswith(".py") else args.target
 
-    def ready(url: str) -> None:
-        print(f"patchkit: serving {shown} at {url} (Ctrl-C stops)", flush=True)
+    def ready(server: FrontendServer) -> None:
+        print(f"patchkit: serving {shown} at {server.url} (Ctrl-C stops)", flush=True)
 
     serve_blocking(pipeline, config, ready)
     print("patchkit: stopped", flush=True)

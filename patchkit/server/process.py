@@ -18,14 +18,15 @@ import os
 import pickle
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from patchkit import telemetry
 from patchkit.config import DeploymentConfig
+from patchkit.errors import PatchkitError
 from patchkit.orchestrator.backends import make_backend
 from patchkit.orchestrator.process import ChildSide
 from patchkit.server.connections import EdgeRunner
@@ -50,9 +51,11 @@ LOG_FORMAT = "%(asctime)s %(levelname)s front-end %(name)s [%(request_id)s]: %(m
 
 
 class FrontendServer:
-    def __init__(self, pipeline: Pipeline, config: DeploymentConfig) -> None:
+    """The front-end of `pipelines` (one, or several by name) and its HTTP site."""
+
+    def __init__(self, pipelines: Pipeline | Mapping[str, Pipeline], config: DeploymentConfig) -> None:
         self.config = config
-        self.frontend = Frontend(pipeline, config, make_backend(config))
+        self.frontend = Frontend(pipelines, config, make_backend(config))
         self.loop_lag = LoopLag()
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -90,6 +93,12 @@ class FrontendServer:
         host, port = self._runner.addresses[0][:2]
         return f"http://{host}:{port}"
 
+    async def update(self, pipelines: Mapping[str, Pipeline], remove: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+        """`Frontend.update`; the versions it made, described as `GET /v1/pipelines` lists them."""
+        versions = await self.frontend.update(pipelines, remove)
+        return {row["name"]: row for row in self.frontend.describe() if versions.get(row["name"]) is not None
+                and row["version"] == versions[row["name"]].number}
+
     async def close(self) -> None:
         """Drain in-flight requests while still answering (new requests get 503, `/readyz` "draining"), then
         stop taking connections, stop every worker, close every connection.
@@ -118,18 +127,21 @@ class FrontendServer:
         self._runner = None
 
 
-async def _serve_until(server: FrontendServer, stop: asyncio.Event, on_ready: Callable[[str], None]) -> None:
-    on_ready(await server.start())
+async def _serve_until(server: FrontendServer, stop: asyncio.Event, on_ready: Callable[[FrontendServer], None]) -> None:
+    await server.start()
+    on_ready(server)
     try:
         await stop.wait()
     finally:
         await server.close()
 
 
-def serve_blocking(pipeline: Pipeline, config: DeploymentConfig, on_ready: Callable[[str], None],
+def serve_blocking(pipelines: Pipeline | Mapping[str, Pipeline], config: DeploymentConfig,
+                   on_ready: Callable[[FrontendServer], None],
                    signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
     """Serve in this thread until one of `signals` arrives, then drain and stop; spans are exported
-    where the OTEL_* variables say so (`patchkit.telemetry`)."""
+    where the OTEL_* variables say so (`patchkit.telemetry`). `on_ready` is called on the server's loop
+    once it serves (its `url`; its `frontend` takes updates on that loop)."""
     telemetry.configure_from_env()
 
     async def main() -> None:
@@ -137,7 +149,7 @@ def serve_blocking(pipeline: Pipeline, config: DeploymentConfig, on_ready: Calla
         loop = asyncio.get_running_loop()
         for signum in signals:
             loop.add_signal_handler(signum, stop.set)
-        await _serve_until(FrontendServer(pipeline, config), stop, on_ready)
+        await _serve_until(FrontendServer(pipelines, config), stop, on_ready)
 
     asyncio.run(main())
 
@@ -145,8 +157,8 @@ def serve_blocking(pipeline: Pipeline, config: DeploymentConfig, on_ready: Calla
 class ServerThread:
     """The front-end on a daemon thread of this process (the inprocess backend)."""
 
-    def __init__(self, pipeline: Pipeline, config: DeploymentConfig) -> None:
-        self._server = FrontendServer(pipeline, config)
+    def __init__(self, pipelines: Pipeline | Mapping[str, Pipeline], config: DeploymentConfig) -> None:
+        self._server = FrontendServer(pipelines, config)
         self._ready = threading.Event()
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -174,9 +186,15 @@ class ServerThread:
         finally:
             self._ready.set()
 
-    def _set_url(self, url: str) -> None:
-        self.url = url
+    def _set_url(self, server: FrontendServer) -> None:
+        self.url = server.url
         self._ready.set()
+
+    def update(self, pipelines: Mapping[str, Pipeline], remove: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+        """`Frontend.update` on the front-end's loop, from another thread; the versions now served, described."""
+        if self._loop is None or not self._thread.is_alive():
+            raise PatchkitError("the endpoint is closed")
+        return asyncio.run_coroutine_threadsafe(self._server.update(pipelines, remove), self._loop).result()
 
     def close(self) -> None:
         """Drain and stop; returns once the front-end's thread has ended."""
@@ -203,7 +221,8 @@ def main() -> None:
     _stamp_request_ids()
     try:
         pipeline = pickle.loads(boot.pipeline)  # noqa: S301 - from our parent, over a private pipe
-        serve_blocking(pipeline, boot.config, lambda url: side.ready(url=url, pid=os.getpid()), signals=(signal.SIGTERM,))
+        serve_blocking(pipeline, boot.config, lambda server: side.ready(url=server.url, pid=os.getpid()),
+                       signals=(signal.SIGTERM,))
     except BaseException as exc:
         logger.exception("the front-end failed")
         side.failed(exc)

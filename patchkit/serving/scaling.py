@@ -53,6 +53,18 @@ class Autoscaler:
         self._task: asyncio.Task[None] | None = None
 
     # -- the loop -------------------------------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._task is not None
+
+    def track(self, names: list[str]) -> None:
+        """Scale components `names` too, deployed while the deployment serves (`ScalingPolicy.track`)."""
+        self.policy.track(names, self.clock())
+
+    def forget(self, names: list[str]) -> None:
+        """Scale components `names` no more: they leave the deployment."""
+        self.policy.forget(names)
+
     def start(self) -> None:
         """Called by `Deployment.start` once every replica is up, when the config's `autoscale` is on."""
         self._task = asyncio.get_running_loop().create_task(self.run())

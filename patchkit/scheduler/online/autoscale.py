@@ -91,6 +91,18 @@ class ScalingPolicy:
         self._quiet_since = dict.fromkeys(self.replicas, started)  # lower bound of each component's idle time
         self._risk_since: float | None = None  # since when steps have seen requests at risk (reset by a scale-up)
 
+    def track(self, names: list[str], now: float) -> None:
+        """Components `names` were deployed (as the config sizes them) while the deployment serves: counted from now."""
+        for name in names:
+            self.replicas[name] = self.config.components[name].replicas
+            self._quiet_since[name] = now
+
+    def forget(self, names: list[str]) -> None:
+        """Components `names` leave the deployment: they are scaled no more."""
+        for name in names:
+            self.replicas.pop(name, None)
+            self._quiet_since.pop(name, None)
+
     # -- decisions ------------------------------------------------------------------------------
     def decide(self, now: float) -> list[Decision]:
         """At most one scale-up and one scale-down, from the state at `now`; changes nothing but the
@@ -185,7 +197,8 @@ class ScalingPolicy:
 
     def used(self, kind: str) -> int:
         """Units of `kind` the replicas take: replicas x units, summed over the components placed on it."""
-        return sum(self.replicas[n] * c.units for n, c in self.config.components.items() if c.resource == kind)
+        placed = {name: self.config.components[name] for name in self.replicas}  # the components deployed and scaled
+        return sum(self.replicas[name] * c.units for name, c in placed.items() if c.resource == kind)
 
     def _set(self, name: str) -> ComponentLoad:
         return self.sets[name]
