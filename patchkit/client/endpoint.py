@@ -11,6 +11,7 @@ import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 import cloudpickle
 import httpx
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from patchkit.scheduler.offline.plan import Plan
     from patchkit.scheduler.online.traces import Trace
 
-__all__ = ["Endpoint", "deploy"]
+__all__ = ["Endpoint", "PipelineClient", "deploy"]
 
 # A query waits this much longer than the endpoint's own request timeout, after which the endpoint answers 504
 # itself: a reply later than that is lost on the way, not slow. Other routes answer at once, or within 60 s.
@@ -36,13 +37,19 @@ CONNECT_TIMEOUT_S = 10.0
 # One connection per call in flight (as many as the caller makes: the endpoint's admission bounds them, not the
 # client, whose waits would count against each call's timeout); this many idle ones are kept for the next calls.
 LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=100)
+QUERY_PATH = "/v1/query"
 # deploy()'s own parameters, besides the options of DeploymentConfig: what a misspelt name may be close to.
-DEPLOY_ARGUMENTS = ("pipeline", "resources", "calibration")
+DEPLOY_ARGUMENTS = ("pipeline", "resources", "calibration", "weights")
+
+
+# How an endpoint's pipelines are changed: (pipelines by name, names to remove) -> the versions now served, by name.
+Updater = Callable[[dict[str, Pipeline], list[str]], dict[str, dict[str, Any]]]
 
 
 class Endpoint:
-    """A deployed pipeline: `url`, `query(**inputs)`, `await aquery(**inputs)`, `stream(**inputs)`,
-    `astream(**inputs)`, `stats()`, `close()`.
+    """Deployed pipelines: `url`, `query(**inputs)`, `await aquery(**inputs)`, `stream(**inputs)`,
+    `astream(**inputs)` (where one pipeline is served), `endpoint[name]` (one of several), `pipelines()`,
+    `update(...)`, `remove(name)`, `stats()`, `close()`.
 
     Calls share pooled keep-alive connections: one client for every thread's `query`, one per event loop
     for `aquery`. A call that gets no answer within the endpoint's `request_timeout_s` (plus a margin)
@@ -50,10 +57,13 @@ class Endpoint:
     """
 
     def __init__(
-        self, url: str, closer: Callable[[], None], *, timeout_s: float = 300.0, headers: Mapping[str, str] | None = None
+        self, url: str, closer: Callable[[], None], *, timeout_s: float = 300.0, headers: Mapping[str, str] | None = None,
+        updater: Updater | None = None,
     ) -> None:
-        """`timeout_s`: the endpoint's request timeout; `headers`: sent with every request (sync and async)."""
+        """`timeout_s`: the endpoint's request timeout; `headers`: sent with every request (sync and async);
+        `updater`: how `update` reaches the front-end (None: this endpoint takes no updates)."""
         self.url = url
+        self._updater = updater
         self._headers = {"Accept": "application/json", **(headers or {})}
         self._query_timeout = httpx.Timeout(timeout_s + TIMEOUT_MARGIN_S, connect=CONNECT_TIMEOUT_S)
         self._timeout = httpx.Timeout(OTHER_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
@@ -69,17 +79,11 @@ class Endpoint:
     # -- requests -------------------------------------------------------------------------------
     def query(self, **inputs: Any) -> Any:
         """Run the pipeline on `inputs` and return its output; raises the error the endpoint answered."""
-        return self._request("POST", "/v1/query", {"inputs": inputs}, self._query_timeout)["output"]
+        return self._query(QUERY_PATH, inputs)
 
     async def aquery(self, **inputs: Any) -> Any:
         """`query` for asyncio code: thousands may wait at once on one event loop."""
-        self._check_open()
-        client = await self._async_client()
-        try:
-            response = await client.post("/v1/query", json={"inputs": inputs}, timeout=self._query_timeout)
-        except httpx.TransportError as exc:
-            raise self._transport_error(exc, self._query_timeout) from exc
-        return self._reply(response)["output"]
+        return await self._aquery(QUERY_PATH, inputs)
 
     def stream(self, **inputs: Any) -> Stream:
         """Run the pipeline on `inputs`, streaming: iterate the result for the output's text as it is
@@ -91,16 +95,41 @@ class Endpoint:
             stream.output   # what query() returns
 
         Raises, while iterating, the error the endpoint answered or sent as its last event."""
+        return self._stream(QUERY_PATH, inputs)
+
+    def astream(self, **inputs: Any) -> AsyncStream:
+        """`stream` for asyncio code: `async for chunk in endpoint.astream(...)`, then its `output`. Leaving the
+        loop early (`break`) closes the stream: the endpoint cancels the request."""
+        return self._astream(QUERY_PATH, inputs)
+
+    def __getitem__(self, name: str) -> PipelineClient:
+        """The client of pipeline `name` (one of those `pipelines()` lists): its `query`, `aquery`, `stream`, `astream`."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"endpoint[name] takes a pipeline's name; got {name!r:.80}")
+        return PipelineClient(self, name)
+
+    def _query(self, path: str, inputs: dict[str, Any]) -> Any:
+        return self._request("POST", path, {"inputs": inputs}, self._query_timeout)["output"]
+
+    async def _aquery(self, path: str, inputs: dict[str, Any]) -> Any:
+        self._check_open()
+        client = await self._async_client()
+        try:
+            response = await client.post(path, json={"inputs": inputs}, timeout=self._query_timeout)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, self._query_timeout) from exc
+        return self._reply(response)["output"]
+
+    def _stream(self, path: str, inputs: dict[str, Any]) -> Stream:
         self._check_open()
         body = {"inputs": inputs, "stream": True}
 
         def open_response() -> Any:
-            return self._transport(lambda: self._client.stream("POST", "/v1/query", json=body, timeout=self._query_timeout))
+            return self._transport(lambda: self._client.stream("POST", path, json=body, timeout=self._query_timeout))
 
         return Stream(open_response, self._reply)
 
-    def astream(self, **inputs: Any) -> AsyncStream:
-        """`stream` for asyncio code: `async for chunk in endpoint.astream(...)`, then its `output`."""
+    def _astream(self, path: str, inputs: dict[str, Any]) -> AsyncStream:
         self._check_open()
         body = {"inputs": inputs, "stream": True}
 
@@ -108,12 +137,50 @@ class Endpoint:
         async def open_response() -> AsyncIterator[httpx.Response]:
             client = await self._async_client()
             try:
-                async with client.stream("POST", "/v1/query", json=body, timeout=self._query_timeout) as response:
+                async with client.stream("POST", path, json=body, timeout=self._query_timeout) as response:
                     yield response
             except httpx.TransportError as exc:
                 raise self._transport_error(exc, self._query_timeout) from exc
 
         return AsyncStream(open_response, self._reply)
+
+    # -- pipelines ------------------------------------------------------------------------------
+    def pipelines(self) -> list[dict[str, Any]]:
+        """Each pipeline served, as `GET /v1/pipelines` lists it: name, version, digest, inputs, output, state
+        ("ready", "unready", "starting", "draining"; an older version still ending its requests: "retiring"),
+        the components it calls and its requests in flight."""
+        result: list[dict[str, Any]] = self._request("GET", "/v1/pipelines")["pipelines"]
+        return result
+
+    def update(self, pipelines: Pipeline | Mapping[str, Pipeline]) -> dict[str, dict[str, Any]]:
+        """Serve new versions while serving: one Pipeline replaces the only one served; a mapping updates pipelines
+        by name, a new name adds one. Returns each new version as `pipelines()` lists it.
+
+        A component whose class, code and constructor arguments are unchanged keeps its workers (and their
+        caches); any other starts new workers, `setup()` done, before a request reaches them. Every request that
+        starts after this returns runs on the new version; those in flight end on theirs, and the workers no
+        version calls any more stop once they have. Raises, with nothing changed, the reason it cannot: a
+        component that fails to start, a name or pipeline that is not one."""
+        if isinstance(pipelines, Pipeline):
+            served = [row["name"] for row in self.pipelines() if row["state"] != "retiring"]
+            if len(served) != 1:
+                raise ConfigError(f"this endpoint serves {len(served)} pipelines ({', '.join(served)}): update them by "
+                                  "name, as endpoint.update({name: pipeline})")
+            pipelines = {served[0]: pipelines}
+        if not isinstance(pipelines, Mapping) or not all(isinstance(p, Pipeline) for p in pipelines.values()):
+            raise ConfigError(f"update() takes a Pipeline or a mapping of names to Pipelines; got {pipelines!r:.100}")
+        return self._update(dict(pipelines), [])
+
+    def remove(self, name: str) -> None:
+        """Stop serving pipeline `name`: its requests in flight end, then the workers no other pipeline calls stop."""
+        self._update({}, [name])
+
+    def _update(self, pipelines: dict[str, Pipeline], remove: list[str]) -> dict[str, dict[str, Any]]:
+        self._check_open()
+        if self._updater is None:
+            raise PatchkitError(f"the endpoint at {self.url} takes no updates here: update it from the process that "
+                                "deployed it, or with `patchkit serve --reload`")
+        return self._updater(pipelines, remove)
 
     @contextlib.contextmanager
     def _transport(self, open_stream: Callable[[], Any]) -> Iterator[httpx.Response]:
@@ -236,6 +303,33 @@ class Endpoint:
         return f"<Endpoint {self.url}{' closed' if self._closer is None else ''}>"
 
 
+class PipelineClient:
+    """One pipeline of an endpoint (`endpoint[name]`): its requests go to `POST /v1/pipelines/{name}/query`."""
+
+    def __init__(self, endpoint: Endpoint, name: str) -> None:
+        self.endpoint, self.name = endpoint, name
+        self._path = f"/v1/pipelines/{quote(name, safe='')}/query"
+
+    def query(self, **inputs: Any) -> Any:
+        """As `Endpoint.query`, on this pipeline."""
+        return self.endpoint._query(self._path, inputs)
+
+    async def aquery(self, **inputs: Any) -> Any:
+        """As `Endpoint.aquery`, on this pipeline."""
+        return await self.endpoint._aquery(self._path, inputs)
+
+    def stream(self, **inputs: Any) -> Stream:
+        """As `Endpoint.stream`, on this pipeline."""
+        return self.endpoint._stream(self._path, inputs)
+
+    def astream(self, **inputs: Any) -> AsyncStream:
+        """As `Endpoint.astream`, on this pipeline."""
+        return self.endpoint._astream(self._path, inputs)
+
+    def __repr__(self) -> str:
+        return f"<PipelineClient {self.name!r} of {self.endpoint.url}>"
+
+
 async def _hold(client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
     """Holds an event loop's client open until the generator is closed: by `Endpoint.close()`, or by the loop's
     `shutdown_asyncgens()` when it closes first."""
@@ -250,7 +344,7 @@ async def _release(holder: AsyncGenerator[None, None]) -> None:
 
 
 def deploy(
-    pipeline: Pipeline | None = None,
+    pipeline: Pipeline | Mapping[str, Pipeline] | None = None,
     *,
     backend: str = "local",
     slo_ms: float | None = None,
@@ -260,11 +354,18 @@ def deploy(
     batch_size: int | Mapping[str, int] | None = None,
     plan: Plan | str | None = None,
     resources: Mapping[str, int] | None = None,
-    calibration: Sequence[Mapping[str, Any]] | None = None,
+    calibration: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    weights: Mapping[str, float] | None = None,
     ray_address: str | None = None,
     **options: Any,
 ) -> Endpoint:
     """Serve `pipeline` (default: the last one captured) and return its Endpoint once every worker is ready.
+
+    Several pipelines, by name (`deploy({"crag": crag, "hyde": hyde})`), are served by one deployment: each
+    at `POST /v1/pipelines/{name}/query`, as `endpoint[name]` and as the OpenAI model `name`; a component
+    object they share is deployed once (one set of workers, one batching queue per method), and a component
+    whose name another pipeline's component took is named `pipeline/name` in `replicas=`, `batch_size=` and
+    stats. `endpoint.update()` changes them while they serve.
 
     `backend`: "local" (a front-end process and one worker process per replica) or "inprocess"
     (a thread of this process running your own component objects, for tests and pdb) or "ray" (one
@@ -274,7 +375,7 @@ def deploy(
     "component.method" (default: each method's `@make(max_batch_size=...)`; of a `max_concurrency`
     method, its calls at once per replica, at most that bound). `plan`: a `Plan` to
     apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=, calibration=,
-    slo_ms=)`: it sets every component's replicas, batch size and placement.
+    weights=, slo_ms=)`: it sets every component's replicas, batch size and placement.
 
     Every argument is checked before anything is planned or started: a ConfigError names an unknown
     option (with the closest known name), a value out of range, or two options that conflict.
@@ -284,19 +385,19 @@ def deploy(
 
     """
     pipeline = pipeline if pipeline is not None else last_pipeline()
-    if not isinstance(pipeline, Pipeline):
-        raise ConfigError(f"deploy() serves a Pipeline, as `with patchkit.capture() as pipeline:` makes; got {pipeline!r:.100}")
+    if not isinstance(pipeline, Pipeline) and not (
+        isinstance(pipeline, Mapping) and pipeline and all(isinstance(p, Pipeline) for p in pipeline.values())
+    ):
+        raise ConfigError("deploy() serves a Pipeline, as `with patchkit.capture() as pipeline:` makes, or several by name "
+                          f"({{'name': pipeline, ...}}); got {pipeline!r:.100}")
     DeploymentConfig.check_arguments(
         pipeline, DEPLOY_ARGUMENTS, replicas=replicas, batch_size=batch_size, plan=plan, backend=backend, slo_ms=slo_ms,
         host=host, port=port, ray_address=ray_address, **options,
     )
-    if plan != "auto" and (resources is not None or calibration is not None):
-        given = "resources=" if resources is not None else "calibration="
+    if plan != "auto" and (resources is not None or calibration is not None or weights is not None):
+        given = "resources=" if resources is not None else "calibration=" if calibration is not None else "weights="
         raise ConfigError(f"{given} is for planning: pass it with plan='auto' (got plan={plan!r:.60})")
-    if calibration is not None and (
-        isinstance(calibration, (str, Mapping)) or not all(isinstance(inputs, Mapping) for inputs in calibration)
-    ):
-        raise ConfigError(f"calibration must be a list of inputs, such as [{{'query': '...'}}]; got {calibration!r:.100}")
+    _check_calibration(pipeline, calibration)
     if backend == "ray":
         ray_address = _ray_address(ray_address)
         if plan == "auto" and resources is None:  # plan for the cluster, not for this machine
@@ -306,7 +407,7 @@ def deploy(
     if plan == "auto":
         from patchkit.scheduler.offline.planner import plan as make_plan
 
-        plan = make_plan(pipeline, resources=resources, calibration=calibration, slo_ms=slo_ms)
+        plan = make_plan(pipeline, resources=resources, calibration=calibration, weights=weights, slo_ms=slo_ms)
     config = DeploymentConfig.resolve(
         pipeline, replicas=replicas, batch_size=batch_size, plan=plan, backend=backend, slo_ms=slo_ms, host=host,
         port=port, secret=secrets.token_urlsafe(32), ray_address=ray_address, **options,
@@ -315,12 +416,29 @@ def deploy(
         from patchkit.server.process import ServerThread
 
         thread = ServerThread(pipeline, config)
-        return Endpoint(thread.start(), thread.close, timeout_s=config.liveness.request_timeout_s, headers=_auth_header(config))
+        return Endpoint(thread.start(), thread.close, timeout_s=config.liveness.request_timeout_s, headers=_auth_header(config),
+                        updater=thread.update)
     return _deploy_local(pipeline, config)
 
 
 if deploy.__doc__ is not None:  # None under `python -OO`
     deploy.__doc__ = deploy.__doc__.rstrip(" ") + reference(OPTIONS.values()) + "\n"
+
+
+def _check_calibration(pipeline: Pipeline | Mapping[str, Pipeline], calibration: object) -> None:
+    """A list of inputs, or for several pipelines a list of inputs by pipeline name."""
+    def inputs_list(value: object) -> bool:
+        return isinstance(value, Sequence) and not isinstance(value, str) and all(isinstance(v, Mapping) for v in value)
+
+    if calibration is None:
+        return
+    if isinstance(pipeline, Pipeline) and not inputs_list(calibration):
+        raise ConfigError(f"calibration must be a list of inputs, such as [{{'query': '...'}}]; got {calibration!r:.100}")
+    if isinstance(pipeline, Mapping) and not (
+        isinstance(calibration, Mapping) and set(calibration) <= set(pipeline) and all(map(inputs_list, calibration.values()))
+    ):
+        raise ConfigError("calibration of several pipelines is a list of inputs by pipeline name, such as "
+                          f"{{'crag': [{{'query': '...'}}]}}; got {calibration!r:.100}")
 
 
 def _auth_header(config: DeploymentConfig) -> dict[str, str]:
@@ -336,22 +454,17 @@ def _ray_address(given: str | None) -> str | None:
     return ray.get_runtime_context().gcs_address if ray.is_initialized() else None
 
 
-def _deploy_local(pipeline: Pipeline, config: DeploymentConfig) -> Endpoint:
-    """The front-end in a process of its own, which starts the workers (local) or the actors (ray)."""
+def _deploy_local(pipeline: Pipeline | Mapping[str, Pipeline], config: DeploymentConfig) -> Endpoint:
+    """The front-end in a process of its own, which starts the workers (local) or the actors (ray); updates
+    travel to it over its private pipe."""
     import pickle
 
     from patchkit.orchestrator.process import spawn
     from patchkit.server.process import FrontendBootstrap
 
-    try:
-        payload = cloudpickle.dumps(pipeline)
-    except Exception as exc:
-        raise PatchkitError(
-            f"the pipeline cannot travel to its worker processes: {type(exc).__name__}: {exc}. Every component's "
-            "constructor arguments must pickle (load unpicklable state in setup()), or deploy with backend='inprocess'"
-        ) from exc
-    boot = FrontendBootstrap(payload, config, list(sys.path))
-    child = spawn("patchkit.server.process", pickle.dumps(boot), what="the front-end", timeout_s=envs.worker_start_timeout_s())
+    boot = FrontendBootstrap(_payload(pipeline), config, list(sys.path))
+    child = spawn("patchkit.server.process", pickle.dumps(boot), what="the front-end", timeout_s=envs.worker_start_timeout_s(),
+                  messages=True)
 
     def close() -> None:
         if child.alive():
@@ -362,4 +475,21 @@ def _deploy_local(pipeline: Pipeline, config: DeploymentConfig) -> Endpoint:
                 pass
         child.stop(envs.worker_stop_timeout_s())
 
-    return Endpoint(child.report["url"], close, timeout_s=config.liveness.request_timeout_s, headers=_auth_header(config))
+    def update(pipelines: dict[str, Pipeline], remove: list[str]) -> dict[str, dict[str, Any]]:
+        message = _payload({"pipelines": pipelines, "remove": remove})
+        versions: dict[str, dict[str, Any]] = child.ask(message, envs.worker_start_timeout_s() + OTHER_TIMEOUT_S)["pipelines"]
+        return versions
+
+    return Endpoint(child.report["url"], close, timeout_s=config.liveness.request_timeout_s, headers=_auth_header(config),
+                    updater=update)
+
+
+def _payload(pipelines: object) -> bytes:
+    """Pipelines pickled for the front-end process (components travel as their specs)."""
+    try:
+        return cloudpickle.dumps(pipelines)
+    except Exception as exc:
+        raise PatchkitError(
+            f"the pipeline cannot travel to its worker processes: {type(exc).__name__}: {exc}. Every component's "
+            "constructor arguments must pickle (load unpicklable state in setup()), or deploy with backend='inprocess'"
+        ) from exc

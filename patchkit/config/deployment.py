@@ -9,6 +9,7 @@ from a `Plan` when one is given, else from the arguments or the components' own 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
     from patchkit.orchestrator.ray_options import RayOptions
 
-__all__ = ["OPTIONS", "ComponentConfig", "DeploymentConfig"]
+__all__ = ["OPTIONS", "ComponentConfig", "DeploymentConfig", "check_pipeline_name", "served_components"]
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,8 @@ class DeploymentConfig:
         plan gives are checked when the config is built.
         """
         cls.check_options(options, known)
+        for name in pipeline if isinstance(pipeline, Mapping) else ():
+            check_pipeline_name(name)
         served, inputs = served_components(pipeline), served_inputs(pipeline)
         components = set(served)
         methods = {f"{name}.{m}" for name, c in served.items() for m in make_methods(type(c))}
@@ -224,6 +227,16 @@ class DeploymentConfig:
         data["plan"] = self.plan
         data["components"] = {name: asdict(component) for name, component in self.components.items()}
         return data
+
+
+PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a URL path segment and an OpenAI model id as it is
+
+
+def check_pipeline_name(name: object) -> None:
+    """A pipeline's name: 1 to 64 letters, digits, '.', '_' or '-', the first a letter or digit."""
+    if not isinstance(name, str) or not PIPELINE_NAME.fullmatch(name):
+        raise ConfigError(f"a pipeline's name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or "
+                          f"digit (it is a URL path segment and a model id); got {name!r:.80}")
 
 
 def served_components(pipelines: Pipeline | Mapping[str, Pipeline]) -> dict[str, Component]:

@@ -3,7 +3,9 @@
 The parent writes a length-prefixed bootstrap to the child's stdin and keeps stdin open. The child
 answers with one JSON line on its original stdout (its own prints then go to stderr), and exits as
 soon as stdin reaches end-of-file: when the parent closes it, or when the parent dies for any
-reason, SIGKILL included. No child outlives its parent.
+reason, SIGKILL included. No child outlives its parent. A child that takes messages (the front-end:
+updates) reads more length-prefixed frames on that pipe and answers each with one JSON line
+(`Child.ask`, `ChildSide.answer_with`).
 
 A worker starts in a session (so a process group) of its own, which whatever its component starts
 joins: when its lifeline ends it stops the group's other processes before it exits, and the parent
@@ -22,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Protocol, TypeVar, cast
 
@@ -50,6 +53,7 @@ class Child:
     process: subprocess.Popen[bytes]
     report: dict[str, Any]
     own_group: bool = False  # it leads a process group of its own: stopping it stops the group
+    _asking: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def pid(self) -> int:
@@ -58,15 +62,36 @@ class Child:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def ask(self, message: bytes, timeout_s: float) -> dict[str, Any]:
+        """Send a message (a frame, as the bootstrap) to a child spawned with `messages=True`, and return its
+        JSON answer; one at a time. Raises the error it answered with, or WorkerDiedError when it is gone
+        or silent past `timeout_s`."""
+        stdin, stdout = self.process.stdin, self.process.stdout
+        with self._asking:
+            if stdin is None or stdout is None or stdout.closed or not self.alive():
+                raise WorkerDiedError("the child process is gone, or takes no messages")
+            try:
+                stdin.write(len(message).to_bytes(_LENGTH, "big") + message)
+                stdin.flush()
+                line = _read_line(stdout, timeout_s)
+            except (OSError, TimeoutError) as exc:
+                raise WorkerDiedError(f"no answer from the child process: {exc}") from None
+        if not line:
+            raise WorkerDiedError("the child process exited before it answered")
+        answer: dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            raise error_from_json(answer["error"])
+        return answer
+
     def stop(self, timeout_s: float) -> None:
         """Cut the lifeline, give the child `timeout_s` to exit, then SIGKILL it; always reaps it.
         A child with a process group of its own has every process of the group stopped too."""
-        stdin = self.process.stdin
-        if stdin is not None and not stdin.closed:
-            try:
-                stdin.close()
-            except OSError:
-                pass
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None and not stream.closed:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -84,13 +109,14 @@ def spawn(
     env: dict[str, str] | None = None,
     timeout_s: float,
     own_group: bool = False,
+    messages: bool = False,
 ) -> Child:
     """Start `python -m module`, send it `bootstrap`, and wait for its ready report.
 
     Raises the error the child reported (as a PatchkitError) or WorkerDiedError when it exits or
     stays silent past `timeout_s`; the child is gone in both cases. `what` names it in messages.
     `own_group`: start it in a session and process group of its own, which the processes it starts
-    share, and which `Child.stop` stops with it.
+    share, and which `Child.stop` stops with it. `messages`: it answers `Child.ask` (its stdout stays open).
     """
     process = subprocess.Popen(  # noqa: S603 - our own interpreter and module
         [sys.executable, "-m", module],
@@ -101,6 +127,7 @@ def spawn(
     )
     child = Child(process, {}, own_group)
     assert process.stdin is not None and process.stdout is not None
+    line = b""
     try:
         process.stdin.write(len(bootstrap).to_bytes(_LENGTH, "big") + bootstrap)
         process.stdin.flush()
@@ -109,7 +136,8 @@ def spawn(
         child.stop(0)
         raise WorkerDiedError(f"{what} did not start: {exc}") from None
     finally:
-        process.stdout.close()
+        if not messages or not line:
+            process.stdout.close()
     if not line:
         code = process.wait()
         if own_group:
@@ -193,6 +221,9 @@ class ChildSide:
         self._report = os.fdopen(os.dup(1), "w")
         os.dup2(2, 1)
         self._stdin = os.fdopen(0, "rb", buffering=0)
+        self._handler: Callable[[bytes], dict[str, Any]] | None = None
+        self._reported = False
+        self._answering = threading.Lock()
 
     def start(self, kind: type[B]) -> B:
         """Read the bootstrap, a pickled `kind`, then watch the lifeline and take the parent's `sys.path`
@@ -219,12 +250,14 @@ class ChildSide:
 
     def _watch_lifeline(self) -> None:
         """Exit at once when the parent closes stdin or dies; a child in a session of its own (a worker)
-        first stops the processes of its group (what its component started)."""
+        first stops the processes of its group (what its component started). Frames the parent sends
+        meanwhile go to the `answer_with` handler, each on a thread of its own."""
         leads_session = os.getsid(0) == os.getpid()
 
         def watch() -> None:
-            while self._stdin.read(65536):
-                pass
+            while (message := self._frame()) is not None:
+                if self._handler is not None:
+                    threading.Thread(target=self._answer, args=(self._handler, message), daemon=True).start()
             if leads_session:
                 stop_group(os.getpid(), GROUP_GRACE_S, spare=os.getpid())
             os._exit(0)
@@ -232,6 +265,35 @@ class ChildSide:
         threading.Thread(target=watch, name="patchkit-lifeline", daemon=True).start()
         # Ctrl-C in the user's terminal reaches the whole process group: the parent decides when we stop.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def _frame(self) -> bytes | None:
+        """The next length-prefixed frame on the lifeline; None at its end."""
+        data = b""
+        size = _LENGTH
+        for part in range(2):
+            while len(data) < size:
+                chunk = self._stdin.read(size - len(data))
+                if not chunk:
+                    return None
+                data += chunk
+            if part == 0:
+                size, data = int.from_bytes(data, "big"), b""
+        return data
+
+    def answer_with(self, handler: Callable[[bytes], dict[str, Any]]) -> None:
+        """Answer the parent's messages (`Child.ask`) with `handler`'s JSON answer, or the error it raised; set
+        before `ready`, which then leaves the report stream open for the answers."""
+        self._handler = handler
+
+    def _answer(self, handler: Callable[[bytes], dict[str, Any]], message: bytes) -> None:
+        try:
+            answer = handler(message)
+        except BaseException as exc:
+            error = exc if isinstance(exc, PatchkitError) else PatchkitError(f"{type(exc).__name__}: {exc}")
+            answer = {"error": error_to_json(error, traceback=False)}
+        with self._answering:
+            self._report.write(json.dumps(answer) + "\n")
+            self._report.flush()
 
     def ready(self, **report: Any) -> None:
         self._send(report)
@@ -242,7 +304,11 @@ class ChildSide:
         self._send({"error": error_to_json(error)})
 
     def _send(self, report: dict[str, Any]) -> None:
-        if self._report.closed:
+        if self._report.closed or self._reported:
             return  # already reported: a later failure is the process's own stderr's business
+        self._reported = True
         self._report.write(json.dumps(report) + "\n")
-        self._report.close()
+        if self._handler is None or "error" in report:
+            self._report.close()
+        else:
+            self._report.flush()

@@ -13,6 +13,7 @@ workers are up, and from the moment it is told to stop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import pickle
@@ -207,7 +208,7 @@ class ServerThread:
 class FrontendBootstrap:
     """What `deploy(backend="local")` sends its front-end process."""
 
-    pipeline: bytes  # cloudpickled Pipeline
+    pipeline: bytes  # cloudpickled: a Pipeline, or several by name
     config: DeploymentConfig
     sys_path: list[str]
 
@@ -219,14 +220,24 @@ def main() -> None:
     # autoscaler's INFO decisions, reaches its stderr, which this process shares.
     logging.basicConfig(level=boot.config.server.log_level or logging.WARNING, format=LOG_FORMAT, force=True)
     _stamp_request_ids()
+
+    def ready(server: FrontendServer) -> None:
+        side.answer_with(functools.partial(_update, server, asyncio.get_running_loop()))
+        side.ready(url=server.url, pid=os.getpid())
+
     try:
-        pipeline = pickle.loads(boot.pipeline)  # noqa: S301 - from our parent, over a private pipe
-        serve_blocking(pipeline, boot.config, lambda server: side.ready(url=server.url, pid=os.getpid()),
-                       signals=(signal.SIGTERM,))
+        pipelines = pickle.loads(boot.pipeline)  # noqa: S301 - from our parent, over a private pipe
+        serve_blocking(pipelines, boot.config, ready, signals=(signal.SIGTERM,))
     except BaseException as exc:
         logger.exception("the front-end failed")
         side.failed(exc)
         raise SystemExit(1) from None
+
+
+def _update(server: FrontendServer, loop: asyncio.AbstractEventLoop, message: bytes) -> dict[str, Any]:
+    """An update `Endpoint.update` sent over the private pipe, applied on the server's loop: the versions it made."""
+    request = pickle.loads(message)  # noqa: S301 - from our parent, over a private pipe
+    return {"pipelines": asyncio.run_coroutine_threadsafe(server.update(request["pipelines"], request["remove"]), loop).result()}
 
 
 def _stamp_request_ids() -> None:

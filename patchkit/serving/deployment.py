@@ -79,11 +79,13 @@ class Deployment:
     def new_components(self, pipelines: Mapping[str, Pipeline], versions: Mapping[str, int]) -> dict[str, Component]:
         """The components of `pipelines` (by name, each at the version number `versions` gives) that no deployed
         one serves (the same object, or one of its fingerprint), each object once, by the names `add` deploys
-        them as (`deployed_name`: for a first deployment, `deployed_names`' names)."""
+        them as (`deployed_name`: for a first deployment, `deployed_names`' names). One component is one uid: a
+        component several pipelines share arrives as a copy per pipeline when they travel pickled."""
         new: dict[str, Component] = {}
         for pipeline_name, pipeline in pipelines.items():
             for name, component in pipeline.components.items():
-                if self._serving(component) is None and all(c is not component for c in new.values()):
+                uid = component._patchkit_spec.uid  # one component however many copies its pipelines' pickles made
+                if self._serving(component) is None and all(c._patchkit_spec.uid != uid for c in new.values()):
                     new[deployed_name(name, pipeline_name, versions[pipeline_name], {*self.components, *new})] = component
         return new
 
@@ -157,7 +159,7 @@ class Deployment:
             served = self._serving(component)
             if served is None:
                 raise PatchkitError(f"no deployed component serves {component!r}: add() it first")
-            if served is not component:
+            if served._patchkit_spec.uid != component._patchkit_spec.uid:
                 self.aliases[component._patchkit_spec.uid] = served
         for uid, component in pipeline.component_aliases().items():
             self.aliases[uid] = self.deployed(component)

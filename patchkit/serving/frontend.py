@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from patchkit.config import DeploymentConfig
+from patchkit.config.deployment import check_pipeline_name
 from patchkit.errors import ConfigError, InputError, PatchkitError, PipelineNotFound
 from patchkit.orchestrator.backend import Backend
 from patchkit.scheduler.online.slo import SloPolicy, make_estimator
@@ -36,9 +36,6 @@ if TYPE_CHECKING:
 __all__ = ["Frontend", "Readiness", "RequestResult", "Version"]
 
 logger = logging.getLogger(__name__)
-
-PIPELINE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")  # a URL path segment and an OpenAI model id as it is
-
 
 @dataclass(eq=False)
 class Version:
@@ -283,9 +280,7 @@ class Frontend:
 
 def _check_pipeline(name: object, pipeline: object) -> None:
     """A name a URL path and a model id take as it is, and a captured pipeline that calls a component."""
-    if not isinstance(name, str) or not PIPELINE_NAME.fullmatch(name):
-        raise ConfigError(f"a pipeline's name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or "
-                          f"digit; got {name!r:.80}")
+    check_pipeline_name(name)
     if not hasattr(pipeline, "components") or not hasattr(pipeline, "fingerprint"):
         raise ConfigError(f"pipeline {name!r} must be a Pipeline, as `with patchkit.capture() as pipeline:` makes; "
                           f"got {pipeline!r:.100}")
