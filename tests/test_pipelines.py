@@ -9,90 +9,18 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
-import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from versions import Load, Tagger, alive, pids, refusing_pipeline, shout_pipeline, update_under_load, wait_for, whisper_pipeline
 
 import patchkit
-from patchkit import Component, make
 from patchkit.errors import ConfigError, InputError, PatchkitError, PipelineNotFound
 
 BACKENDS = ["local", "inprocess"]
-
-
-class Tagger(Component):
-    """Tags each text with its own tag and the process that ran it; a batch is logged whole to `log`."""
-
-    def __init__(self, tag: str, log: str = "", delay_s: float = 0.0) -> None:
-        self.tag, self.log, self.delay_s = tag, log, delay_s
-
-    def setup(self) -> None:
-        self.pid = os.getpid()
-
-    @make(batch=True, max_batch_size=16, read_only=True)
-    def mark(self, texts: list[str]) -> list[str]:
-        if self.log:
-            with open(self.log, "a") as log:
-                log.write(json.dumps(texts) + "\n")
-        time.sleep(self.delay_s)
-        return [f"{text}|{self.tag}@{self.pid}" for text in texts]
-
-
-class Refuses(Component):
-    """A component whose setup fails once `flag` exists: captured before, a worker cannot start it after."""
-
-    def __init__(self, flag: str) -> None:
-        self.flag = flag
-
-    def setup(self) -> None:
-        if Path(self.flag).exists():
-            raise RuntimeError("the model file is missing")
-
-    @make
-    def mark(self, text: str) -> str:
-        return text
-
-
-def shout(tagger: Tagger, shared: Tagger, text: str = "hello") -> Any:
-    with patchkit.capture():
-        return shared.mark(tagger.mark(text)).upper()
-
-
-def shout_pipeline(tagger: Tagger, shared: Tagger) -> patchkit.Pipeline:
-    shout(tagger, shared)
-    return patchkit.last_pipeline()
-
-
-def whisper(tagger: Tagger, shared: Tagger, text: str = "hello") -> Any:
-    with patchkit.capture():
-        return shared.mark(tagger.mark(text)).lower()
-
-
-def whisper_pipeline(tagger: Tagger, shared: Tagger) -> patchkit.Pipeline:
-    whisper(tagger, shared)
-    return patchkit.last_pipeline()
-
-
-def refusing(broken: Refuses, shared: Tagger, text: str = "hello") -> Any:
-    with patchkit.capture():
-        return broken.mark(shared.mark(text))
-
-
-def refusing_pipeline(shared: Tagger, flag: Path) -> patchkit.Pipeline:
-    """Captured while its Refuses starts; a worker started after cannot start it."""
-    refusing(Refuses(str(flag)), shared)
-    flag.write_text("")
-    return patchkit.last_pipeline()
-
-
-def pids(answer: str) -> list[str]:
-    """The processes that ran each component of an answer, in order."""
-    return [part.rsplit("@", 1)[1] for part in answer.split("|")[1:]]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -161,7 +89,7 @@ def test_update_keeps_unchanged_workers_and_starts_changed_ones_first(backend: s
             assert pids(after)[0] != pids(before)[0]  # the changed one runs in a new one
         listed = endpoint.pipelines()
         assert [(row["version"], row["state"]) for row in listed if row["state"] != "retiring"] == [(2, "ready")]
-        _wait_for(lambda: sorted(endpoint.stats()["components"]) == ["shared", "tagger@v2"])  # v1's tagger stopped
+        wait_for(lambda: sorted(endpoint.stats()["components"]) == ["shared", "tagger@v2"])  # v1's tagger stopped
 
 
 def test_a_request_runs_wholly_on_the_version_it_started_on(backend: str) -> None:
@@ -200,7 +128,7 @@ def test_add_and_remove_pipelines_while_serving(backend: str) -> None:
         with pytest.raises(PipelineNotFound):
             endpoint["shout"].query(text="x")
         assert endpoint["whisper"].query(text="Yo").startswith("yo|w@")
-        _wait_for(lambda: sorted(endpoint.stats()["components"]) == ["shared", "whisper/tagger"])
+        wait_for(lambda: sorted(endpoint.stats()["components"]) == ["shared", "whisper/tagger"])
         with pytest.raises(ConfigError, match="at least one pipeline"):
             endpoint.remove("whisper")
 
@@ -208,13 +136,6 @@ def test_add_and_remove_pipelines_while_serving(backend: str) -> None:
 def test_pipeline_names_are_checked() -> None:
     with pytest.raises(ConfigError, match="name"):
         patchkit.deploy({"bad name/": shout_pipeline(Tagger("s"), Tagger("x"))}, backend="inprocess")
-
-
-def _wait_for(condition: Any, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "the condition did not hold in time"
-        time.sleep(0.1)
 
 
 def test_updates_from_threads_serialise(tmp_path: Path) -> None:
@@ -235,3 +156,25 @@ def test_updates_from_threads_serialise(tmp_path: Path) -> None:
             thread.join()
         assert not errors
         assert [row["version"] for row in endpoint.pipelines() if row["state"] != "retiring"] == [4]
+
+
+def test_an_update_under_load_fails_no_request_and_serves_no_stale_answer() -> None:
+    shared = Tagger("shared")
+    with patchkit.deploy(shout_pipeline(Tagger("v1"), shared)) as endpoint:  # the default backend
+        old_pids = pids(endpoint.query(text="a"))
+        update_under_load(endpoint)
+        new_pids = pids(endpoint.query(text="b"))
+        assert new_pids[1] == old_pids[1]  # the unchanged component kept its worker
+        wait_for(lambda: not alive(int(old_pids[0])))  # the old version's own worker is gone
+
+
+def test_a_failed_update_under_load_fails_no_request(tmp_path: Path) -> None:
+    shared = Tagger("shared")
+    with patchkit.deploy(shout_pipeline(Tagger("v1"), shared)) as endpoint:
+        with Load(endpoint.url) as load:
+            time.sleep(1.0)
+            with pytest.raises(PatchkitError, match="the model file is missing"):
+                endpoint.update(refusing_pipeline(shared, tmp_path / "flag"))
+            time.sleep(1.0)
+        assert [r for r in load.records if r[2] is None] == []
+        assert all(r[2] is not None and r[2].startswith("LOAD") and "|V1@" in r[2] for r in load.records)

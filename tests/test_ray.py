@@ -327,3 +327,13 @@ def test_async_components_serve_on_ray_actors(cluster: str) -> None:
         answer = awaiting.spell(str(awaiting.add(x)))  # noqa: F841 - the block's output
     with patchkit.deploy(pipeline, backend="ray", ray_address=cluster) as endpoint, ThreadPoolExecutor(8) as pool:
         assert list(pool.map(lambda value: endpoint.query(x=value), range(8))) == [str(v + 10) for v in range(8)]
+
+
+def test_an_update_under_load_on_ray_fails_no_request(cluster: str) -> None:
+    from versions import Tagger, pids, shout_pipeline, update_under_load
+
+    with patchkit.deploy(shout_pipeline(Tagger("v1"), Tagger("shared")), backend="ray", ray_address=cluster) as endpoint:
+        old_pids = pids(endpoint.query(text="a"))
+        update_under_load(endpoint)
+        assert pids(endpoint.query(text="b"))[1] == old_pids[1]  # the unchanged component kept its actor
+        _wait_until(lambda: sorted(endpoint.stats()["components"]) == ["shared", "tagger@v2"], "v1's tagger was stopped")
