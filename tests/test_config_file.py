@@ -156,7 +156,7 @@ def test_serve_help_lists_the_config_keys(capsys: pytest.CaptureFixture[str]) ->
         ("zzzz: 1\n", "unknown key 'zzzz' at the top level (known: "),
         ("port: eighty\n", "port should be a valid integer; got 'eighty'"),
         ("port: 70000\n", "port should be less than or equal to 65535; got 70000"),
-        ("slo_ms: [1]\n", "slo_ms should be a valid number; got [1]"),
+        ("slo_ms: [1]\n", "slo_ms must be a number of milliseconds or a dict of them by pipeline name; got [1]"),
         ("request_timeout_s: 0\n", "request_timeout_s should be greater than 0; got 0"),
         ("request_timeout_s: .nan\n", "request_timeout_s should be a finite number; got nan"),
         ("debug: maybe\n", "debug should be a valid boolean; got 'maybe'"),

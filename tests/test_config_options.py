@@ -27,7 +27,7 @@ DESCRIBED = {
     "backend", "slo_ms", "batch_wait_ms", "pipelining", "parallel_calls", "max_inflight_batches", "max_inflight_requests",
     "max_body_bytes", "max_inflight_bytes", "read_timeout_s", "request_timeout_s", "call_timeout_s", "abandoned_grace_s",
     "max_retries", "health_check_period_s", "health_check_timeout_s", "health_check_failures", "debug", "optional_inputs",
-    "drain_timeout_s", "prioritize", "pause_admission", "admission_queue_limit", "estimator", "prefetch", "autoscale",
+    "drain_timeout_s", "prioritize", "priority", "pause_admission", "admission_queue_limit", "estimator", "prefetch", "autoscale",
     "autoscale_interval_s", "scale_up_after_s", "scale_down_after_s", "min_replicas", "max_replicas", "plan",
     "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level", "name", "chat_input", "chat_output", "components",
 }
@@ -135,7 +135,7 @@ def test_every_flat_option_lands_on_its_groups_field(tmp_path: Path) -> None:
         "request_timeout_s": 7.0,
         "call_timeout_s": 8.0, "abandoned_grace_s": 1.0, "max_retries": 0, "health_check_period_s": 2.0,
         "health_check_timeout_s": 4.0, "health_check_failures": 5, "drain_timeout_s": 0.0, "slo_ms": 900.0,
-        "prioritize": False, "pause_admission": True, "admission_queue_limit": 6, "estimator": "xgboost", "prefetch": False,
+        "prioritize": False, "priority": 2, "pause_admission": True, "admission_queue_limit": 6, "estimator": "xgboost", "prefetch": False,
         "autoscale": False, "autoscale_interval_s": 0.5, "scale_up_after_s": 0.0, "scale_down_after_s": 9.0,
         "min_replicas": 1, "max_replicas": {"a": 3}, "ray_address": "auto", "ray_max_restarts": -1,
         "ray_placement_timeout_s": 5.0, "ray_actor_options": {"a": {"num_cpus": 2}}, "tls": True, "tls_cert": str(cert),

@@ -347,7 +347,7 @@ def deploy(
     pipeline: Pipeline | Mapping[str, Pipeline] | None = None,
     *,
     backend: str = "local",
-    slo_ms: float | None = None,
+    slo_ms: float | Mapping[str, float] | None = None,
     host: str = "127.0.0.1",
     port: int = 0,
     replicas: int | Mapping[str, int] | None = None,
@@ -407,7 +407,8 @@ def deploy(
     if plan == "auto":
         from patchkit.scheduler.offline.planner import plan as make_plan
 
-        plan = make_plan(pipeline, resources=resources, calibration=calibration, weights=weights, slo_ms=slo_ms)
+        strictest = min(slo_ms.values(), default=None) if isinstance(slo_ms, Mapping) else slo_ms
+        plan = make_plan(pipeline, resources=resources, calibration=calibration, weights=weights, slo_ms=strictest)
     config = DeploymentConfig.resolve(
         pipeline, replicas=replicas, batch_size=batch_size, plan=plan, backend=backend, slo_ms=slo_ms, host=host,
         port=port, secret=secrets.token_urlsafe(32), ray_address=ray_address, **options,

@@ -143,6 +143,10 @@ class DeploymentConfig:
         cls.check_options(options, known)
         for name in pipeline if isinstance(pipeline, Mapping) else ():
             check_pipeline_name(name)
+        names = set(pipeline) if isinstance(pipeline, Mapping) else {options.get("name", "patchkit")}
+        for name in ("slo_ms", "priority"):
+            if isinstance(options.get(name), Mapping):
+                _check_names(name, options[name], names)
         served, inputs = served_components(pipeline), served_inputs(pipeline)
         components = set(served)
         methods = {f"{name}.{m}" for name, c in served.items() for m in make_methods(type(c))}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from patchkit import envs
-from patchkit.config.options import OptionGroup, check_counts, check_names, option
+from patchkit.config.options import OptionGroup, check_counts, check_names, check_priorities, check_targets, option
 from patchkit.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -109,7 +109,12 @@ class LivenessConfig(OptionGroup):
 class SloConfig(OptionGroup):
     """The latency target and the policies active for requests with one (the request's slo_ms, else this)."""
 
-    slo_ms: float | None = option(None, help="the latency target of every request that brings none", gt=0, described=True)
+    slo_ms: float | dict[str, float] | None = option(
+        None, help="the latency target of every request that brings none: one number of ms, or by pipeline name",
+        check=check_targets, described=True)
+    priority: int | dict[str, int] = option(
+        0, help="of a pipeline's calls in the queues of the components it shares: higher leaves first; one integer, or by "
+        "pipeline name", check=check_priorities, described=True)
     prioritize: bool = option(True, help="calls of requests at risk of missing their SLO jump their queues, least slack "
                               "first", described=True)
     pause_admission: bool = option(False, help="while a request is at risk, new ones wait in a bounded queue", described=True)
@@ -119,6 +124,18 @@ class SloConfig(OptionGroup):
                             choices=ESTIMATORS, described=True)
     prefetch: bool = option(True, help="send a retriever's prefetch the input of the call its query comes from, as that "
                             "call starts", described=True)
+
+    def check(self) -> None:
+        for name in ("slo_ms", "priority"):
+            if isinstance(value := getattr(self, name), Mapping):  # a plain dict, so that describe() stays JSON-able
+                object.__setattr__(self, name, dict(value))
+
+    def slo_of(self, pipeline: str) -> float | None:
+        """The latency target of pipeline `pipeline`'s requests that bring none."""
+        return self.slo_ms.get(pipeline) if isinstance(self.slo_ms, dict) else self.slo_ms
+
+    def priority_of(self, pipeline: str) -> int:
+        return self.priority.get(pipeline, 0) if isinstance(self.priority, dict) else self.priority
 
 
 @dataclass(frozen=True)

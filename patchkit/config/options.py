@@ -244,6 +244,29 @@ def check_counts(argument: str, value: object) -> None:
             raise ConfigError(f"{where} must be >= 1; got {count!r}")
 
 
+def check_targets(argument: str, value: object) -> None:
+    """`slo_ms`: None, a number > 0, or such numbers by pipeline name."""
+    if value is None:
+        return
+    for key, target in value.items() if isinstance(value, Mapping) else [(None, value)]:
+        where = argument if key is None else f"{argument}[{key!r}]"
+        if not isinstance(target, numbers.Real) or isinstance(target, bool):
+            by_name = "" if key is not None else " or a dict of them by pipeline name"
+            raise ConfigError(f"{where} must be a number of milliseconds{by_name}; got {target!r}")
+        if not math.isfinite(target):
+            raise ConfigError(f"{where} must be a finite number or None; got {target!r}")
+        if not target > 0:
+            raise ConfigError(f"{where} must be > 0; got {target!r}")
+
+
+def check_priorities(argument: str, value: object) -> None:
+    """`priority`: an integer, or integers by pipeline name."""
+    for key, priority in value.items() if isinstance(value, Mapping) else [(None, value)]:
+        if not is_int(priority):
+            where = argument if key is None else f"{argument}[{key!r}]"
+            raise ConfigError(f"{where} must be an integer (higher first); got {priority!r}")
+
+
 def check_names(argument: str, value: object) -> None:
     """A list of names, such as optional_inputs: never one string, which would read as its letters."""
     if isinstance(value, str) or not isinstance(value, Iterable) or not all(isinstance(n, str) for n in value):

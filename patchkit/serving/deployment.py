@@ -269,12 +269,12 @@ class Deployment:
 
     # -- calls --------------------------------------------------------------------------------------------------
     def submit(
-        self, queue: BatchQueue, component: Component, envelope: CallEnvelope, slack: float | None = None
+        self, queue: BatchQueue, component: Component, envelope: CallEnvelope, slack: float | None = None, priority: int = 0
     ) -> PendingCall:
         """Queue a call of `component` on `queue` (one of `queues`, its method's), routed by the component's
-        `prefix_key`."""
+        `prefix_key`, ahead of calls of a lower `priority` (its pipeline's)."""
         prefix = _prefix_key(component, queue.method, envelope.args, envelope.kwargs)
-        return queue.submit(envelope, slack=slack, prefix=prefix)
+        return queue.submit(envelope, slack=slack, prefix=prefix, priority=priority)
 
     async def _call_held(self, uid: str, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Outcome:
         """A worker's component called a component it holds: queue it as a pipeline call of that component."""

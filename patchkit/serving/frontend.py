@@ -205,10 +205,10 @@ class Frontend:
             _check_pipeline(name, pipeline)
         await self.deployment.add(self.deployment.new_components(pipelines, numbers), pipelines.values())
         for name, pipeline in pipelines.items():
-            runner = RequestRunner(pipeline, self.config, self.deployment, self.policy, self.collector,
-                                   load=lambda: self.inflight, tag=f"{numbers[name]}-{pipeline.fingerprint()}",
-                                   clock=self.clock)
-            self._switch(name, Version(name, numbers[name], pipeline.fingerprint(), pipeline, runner))
+            digest = pipeline.fingerprint()
+            runner = RequestRunner(pipeline, self.config, self.deployment, self.policy, self.collector, name=name,
+                                   load=lambda: self.inflight, tag=f"{numbers[name]}-{digest}", clock=self.clock)
+            self._switch(name, Version(name, numbers[name], digest, pipeline, runner))
         for name in remove:
             self._switch(name, None)
         if self.versions and self._initial is not pipelines:

@@ -8,10 +8,11 @@ batch gets another only when the queue fills a whole one: a batch sent early wai
 one at the worker, and the calls that arrive meanwhile wait for both, where they would otherwise
 have joined it. Below saturation a replica thus runs one batch at a time; at saturation the extra
 slots hide the hop between batches.
-Calls of requests at risk of missing their SLO (those given a `slack`) leave first, least slack
-first; the others keep their arrival order. Calls whose replica died or got stuck are re-queued at
-the front, up to `max_retries` times. A call whose request ends first (it timed out, its client went
-away) leaves its queue at once, or is stopped where it runs.
+Calls of a pipeline of higher `priority` leave first; among equals, calls of requests at risk of
+missing their SLO (those given a `slack`), least slack first; the others keep their arrival order.
+Calls whose replica died or got stuck are re-queued at the front, up to `max_retries` times. A call
+whose request ends first (it timed out, its client went away) leaves its queue at once, or is
+stopped where it runs.
 
 A method with `max_concurrency` (an engine batching concurrent calls itself) is not batched here:
 each call leaves as soon as a replica has fewer than `concurrency` of its calls in flight (its batch
@@ -63,6 +64,12 @@ class PendingCall:
     slack: float | None = None  # seconds to spare when its request is at risk; None when it is not
     dispatched: float | None = None  # when it last left the queue in a batch
     prefix: str | None = None  # the component's prefix_key for it: routed to the replica holding that state
+    priority: int = 0  # its pipeline's: higher leaves first
+
+    @property
+    def ranked(self) -> bool:
+        """Whether it may leave before calls queued earlier: it has a slack or a priority."""
+        return self.slack is not None or self.priority != 0
 
     @property
     def waited(self) -> float:
@@ -119,7 +126,7 @@ class BatchQueue:
         self.clock = clock
         self.stats = QueueStats()
         self._pending: deque[PendingCall] = deque()
-        self._urgent = 0  # pending calls with a slack
+        self._ranked = 0  # pending calls with a slack or a priority
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
         replicas.queues.append(self)
@@ -131,23 +138,26 @@ class BatchQueue:
         """When its oldest pending call was queued; infinity when none is."""
         return self._pending[0].enqueued if self._pending else float("inf")
 
-    def submit(self, envelope: CallEnvelope, *, slack: float | None = None, prefix: str | None = None) -> PendingCall:
+    def submit(
+        self, envelope: CallEnvelope, *, slack: float | None = None, prefix: str | None = None, priority: int = 0
+    ) -> PendingCall:
         """Queue one call; called from a request's greenlet. The PendingCall's `future` resolves to its
         Outcome; it becomes the envelope's `ended`: cancelling it (its request ended) takes the call out
         of the queue at once, or stops it where it runs.
 
         `slack`: the call's request is at risk with this many seconds to spare (negative: late); it
-        jumps the queue ahead of calls with more slack and of every call without one. `prefix`: its
+        jumps the queue ahead of calls with more slack and of every call without one, of its `priority` or
+        lower (its pipeline's; calls of a higher one leave before those of a lower one). `prefix`: its
         component's `prefix_key`, which routing reads. The envelope's `expires` is when its request
         times out: a worker does not start it later than that.
         """
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
         envelope.ended = future
-        call = PendingCall(envelope, future, self.clock(), slack=slack, prefix=prefix)
+        call = PendingCall(envelope, future, self.clock(), slack=slack, prefix=prefix, priority=priority)
         call.future.add_done_callback(lambda _: self._withdraw(call))
         self._pending.append(call)
-        self._urgent += slack is not None
+        self._ranked += call.ranked
         if not self._scheduled:
             # Calls submitted in the same loop turn (a burst of requests) leave in one batch.
             self._scheduled = True
@@ -161,14 +171,14 @@ class BatchQueue:
                 self._pending.remove(call)
             except ValueError:
                 return  # taken in a batch in the meantime (the batch skips it), or re-queued and taken
-            self._urgent -= call.slack is not None
+            self._ranked -= call.ranked
 
     def dispatch(self) -> None:
         """Send every batch that may leave now; called on submit, on timers and when a slot opens."""
         self._scheduled = False
         while self._pending:
             while self._pending and self._pending[0].future.done():  # its request was cancelled
-                self._urgent -= self._pending.popleft().slack is not None
+                self._ranked -= self._pending.popleft().ranked
             if not self._pending:
                 return
             full = self.concurrency is not None or len(self._pending) >= self.batch_size
@@ -201,8 +211,8 @@ class BatchQueue:
         self.dispatch()
 
     def _order(self) -> None:
-        if self._urgent:  # at-risk calls first, least slack first; sorted() keeps the rest in order
-            self._pending = deque(sorted(self._pending, key=lambda c: (c.slack is None, c.slack or 0.0)))
+        if self._ranked:  # higher priority first, then at-risk calls, least slack first; sorted() keeps the rest in order
+            self._pending = deque(sorted(self._pending, key=lambda c: (-c.priority, c.slack is None, c.slack or 0.0)))
 
     def _first_ready(self) -> int | None:
         """The first pending call that may leave now: batches leave in order; a concurrent method's call
@@ -227,7 +237,7 @@ class BatchQueue:
         now = self.clock()
         while self._pending and len(batch) < self.batch_size:
             call = self._pending.popleft()
-            self._urgent -= call.slack is not None
+            self._ranked -= call.ranked
             if not call.future.done():
                 call.dispatched = now
                 self.stats.queue_wait_s += now - call.enqueued
@@ -306,4 +316,4 @@ class BatchQueue:
                 self.stats.retries += 1
                 call.dispatched = None
                 self._pending.appendleft(call)
-                self._urgent += call.slack is not None
+                self._ranked += call.ranked

@@ -77,8 +77,9 @@ class _Request:
 
 class RequestRunner:
     """Runs one pipeline version's requests against a started `Deployment`; `policy` admits them and watches
-    their SLO. `load`: the requests in flight the admission limit counts (every version's: the front-end's),
-    else this runner's own. `tag`: the version's, set in each result."""
+    their SLO. `name`: its pipeline's, which picks its `slo_ms` and `priority` from the config. `load`: the
+    requests in flight the admission limit counts (every version's: the front-end's), else this runner's own.
+    `tag`: the version's, set in each result."""
 
     def __init__(
         self,
@@ -88,12 +89,15 @@ class RequestRunner:
         policy: SloPolicy,
         stats: StatsCollector,
         *,
+        name: str = "",
         load: Callable[[], int] | None = None,
         tag: str = "",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.pipeline = pipeline
-        self.tag = tag
+        self.name, self.tag = name, tag
+        self.slo_ms = config.slo.slo_of(name)  # of its requests that bring none
+        self.priority = config.slo.priority_of(name)
         self.config = config
         self.deployment = deployment
         self.policy = policy
@@ -154,7 +158,7 @@ class RequestRunner:
         start = time.perf_counter()
         expires = asyncio.get_running_loop().time() + self.config.liveness.request_timeout_s
         variables = self.pipeline.variables(inputs)
-        slo = slo_ms or self.config.slo.slo_ms
+        slo = slo_ms or self.slo_ms
         state = self.policy.start(request_id, inputs, slo)
         self.inflight += 1
         self._idle.clear()
@@ -248,7 +252,7 @@ class RequestRunner:
         slack = self.policy.check(state) if state.deadline is not None else None  # an SLO applies: the slack
         streams = method.stream and request.on_delta is not None and site in self.output_sites
         envelope = CallEnvelope(args, kwargs, request.expires, request.on_delta if streams else None, trace=carrier)
-        submitted = _Submitted(name, method.name, deployment.submit(queue, component, envelope, slack))
+        submitted = _Submitted(name, method.name, deployment.submit(queue, component, envelope, slack, self.priority))
         if call_span is not None or state.deadline is not None:  # a span to end, or a visit to record
             submitted.call.future.add_done_callback(
                 functools.partial(self._ended, submitted, state, call_span, time.time_ns(), self.clock(), _size(args))
