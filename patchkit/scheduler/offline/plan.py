@@ -64,13 +64,18 @@ class ComponentPlan:
 
 @dataclass(frozen=True)
 class Plan:
+    """Per component (by its deployed name) its `ComponentPlan`, with the requests/s predicted and the
+    component that limits them. Made by `plan()` or by hand; applied by `deploy(plan=...)`."""
+
     components: Mapping[str, ComponentPlan]
-    throughput: float  # requests/s the pipeline sustains, predicted
+    throughput: float  # requests/s the pipeline (several: their mix, by `weights`) sustains, predicted
     bottleneck: str
     solver: str = "manual"
     capacity: Mapping[str, int] = field(default_factory=dict)  # the pool planned for: cores and GPUs
     virtual: tuple[str, ...] = ()  # resource types the machine lacks: their replicas run on virtual devices
     slo_ms: float | None = None
+    # each pipeline's share of the requests it was planned for (summing to 1), with several pipelines; {}: one
+    weights: Mapping[str, float] = field(default_factory=dict)
 
     def used(self) -> dict[str, float]:
         """Cores and GPUs the plan gives its replicas, per type: CPU in eighths of a core, lent parts not counted."""
@@ -81,7 +86,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able: `{"components": {NAME: {"resource", "replicas", "batch_size", "throughput", ...}},
-        "throughput", "bottleneck", ...}`."""
+        "throughput", "bottleneck", "weights": {PIPELINE: share}, ...}`."""
         return {
             "components": {name: asdict(c) for name, c in self.components.items()},
             "throughput": self.throughput,
@@ -91,6 +96,7 @@ class Plan:
             "used": self.used(),
             "virtual": list(self.virtual),
             "slo_ms": self.slo_ms,
+            "weights": dict(self.weights),
             "shares_per_core": SHARES_PER_CORE,
         }
 
@@ -104,8 +110,9 @@ class Plan:
             return cls(
                 components, float(data["throughput"]), str(data["bottleneck"]), str(data.get("solver", "manual")),
                 dict(data.get("capacity", {})), tuple(data.get("virtual", ())), data.get("slo_ms"),
+                {str(name): float(w) for name, w in data.get("weights", {}).items()},
             )
-        except (KeyError, TypeError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise InputError(f"not a plan: {type(exc).__name__}: {exc}; pass what Plan.to_dict() returns") from None
 
     def table(self) -> str:
@@ -128,6 +135,9 @@ class Plan:
             text_table(header, rows, left=2),
             f"predicted {self.throughput:.1f} requests/s; bottleneck {self.bottleneck}; uses {used}; solver {self.solver}",
         ]
+        if self.weights:
+            mix = ", ".join(f"{name} {100 * share:.0f}%" for name, share in self.weights.items())
+            lines.append(f"planned for this mix of requests: {mix}")
         if self.virtual:
             lines.append(f"virtual devices (this machine has too few): {', '.join(self.virtual)}")
         for name, c in self.components.items():

@@ -1,6 +1,8 @@
 """`plan()`: calibration runs, then the profiler, then the MILP, then a `Plan`.
 
 Users reach it through `patchkit.plan` (`patchkit.client.planning`), which finds the last capture.
+It plans one pipeline, or the several pipelines of one deployment as a whole (`workload`): a component
+they share is one component, its visits the pipelines' weighted by their shares of the requests.
 
 CPU is divided in shares of a core (`SHARES_PER_CORE` a core), so that five components fit two
 cores and an engine that scales with threads can get several. Each CPU profile at t threads (t
@@ -33,6 +35,7 @@ from patchkit.scheduler.offline.milp import solve
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 from patchkit.scheduler.offline.pool import ResourcePool
 from patchkit.scheduler.offline.problem import Option, Problem
+from patchkit.scheduler.offline.workload import Workload, interleave
 
 if TYPE_CHECKING:
     from patchkit.capture.recorder import CallRecord
@@ -45,31 +48,55 @@ logger = logging.getLogger(__name__)
 
 
 def plan(
-    pipeline: Pipeline,
+    pipelines: Pipeline | Mapping[str, Pipeline],
     *,
+    weights: Mapping[str, float] | None = None,
     resources: Mapping[str, int] | None = None,
-    calibration: Sequence[Mapping[str, Any]] | None = None,
+    calibration: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     slo_ms: float | None = None,
     progress: bool = True,
 ) -> Plan:
-    """Profile `pipeline`'s components and choose, per component, a resource type, replicas and a
-    batch size that maximise the pipeline's throughput on `resources` (default: this machine).
+    """Profile the pipelines' components and choose, per component, a resource type, replicas and a
+    batch size that maximise the requests/s served on `resources` (default: this machine).
 
-    `calibration`: inputs to run the pipeline on first, eagerly and locally, as `pipeline(**inputs)`;
-    their calls (and theirs only) become the profiler's inputs, and they count in each component's
-    visits per request. Without them, every call the pipeline recorded is used. Profiles are cached:
-    planning the same pipeline with the same calibration again profiles nothing. `slo_ms`: plans only
-    batch sizes whose latency fits it.
+    Called by `patchkit.plan`, `deploy(plan="auto")` and `patchkit plan` / `patchkit serve --plan auto`.
+
+    Args:
+        pipelines: one pipeline, or several that one deployment serves, by name. The plan's components
+            are named as the deployment names them (`deployed_names`): a component object several
+            pipelines call is one component, planned once, its visits per request the pipelines' visits
+            weighted by `weights`; the throughput is then requests/s of that mix.
+        weights: with several pipelines, each one's share of the requests (numbers >= 0, at least one
+            > 0, one per pipeline; normalised to sum 1). Default: equal shares.
+        resources: the pool to plan for, such as `{"cpu": 5, "gpu": 2}` (default: this machine's).
+        calibration: inputs to run a pipeline on first, eagerly and locally, as `pipeline(**inputs)`;
+            with several pipelines, a mapping name -> inputs (a pipeline it does not name keeps what it
+            recorded). Their calls (and theirs only) become the profiler's inputs, and they count in each
+            component's visits per request. Without them, every call the pipeline recorded is used.
+            Profiles are cached: planning the same pipelines with the same calibration again profiles
+            nothing, whatever the weights.
+        slo_ms: plans only batch sizes whose latency fits it.
+        progress: show a progress line per component while profiling.
+
+    Returns:
+        The `Plan`, which records the weights it was made for (none for one pipeline given alone).
+
+    Raises:
+        ConfigError: `pipelines` or `weights` is not as above (the message says what to fix).
+        InputError: `calibration` is not a list of input dicts (by pipeline name, with several).
+        PlanError: a pipeline never ran and has no calibration, or no plan fits the resources or the SLO.
     """
-    from patchkit.scheduler.offline.profiler import Profiler, visits_by_component  # starts workers: gRPC loads only here
+    from patchkit.scheduler.offline.profiler import Profiler  # starts workers: gRPC loads only here
 
+    workload = Workload.of(pipelines, weights)
     pool = ResourcePool.resolve(resources)
-    records = _calibrate(pipeline, calibration)
-    visits = {name: sum(methods.values()) for name, methods in visits_by_component(pipeline).items()}
-    idle = {name: pipeline.components[name] for name, v in visits.items() if not v}
+    records = _calibrate(workload, calibration)
+    components = workload.components
+    visits = {name: sum(methods.values()) for name, methods in workload.visits().items()}
+    idle = {name: components[name] for name, v in visits.items() if not v}
     capacity = pool.units()
     fixed = {name: _idle_plan(name, component, capacity) for name, component in idle.items()}
-    profiles = Profiler(pool, progress=progress).run(pipeline, records)
+    profiles = Profiler(pool, progress=progress).run(workload, records)
     errors = _model_errors(profiles)
     options = tuple(option for p in profiles for option in options_of(p))
     called = {n: v for n, v in visits.items() if v}
@@ -78,13 +105,16 @@ def plan(
     planned = {
         name: ComponentPlan(
             c.resource, c.replicas, c.batch_size, c.throughput, c.units, visits[name],
-            _default_batch(pipeline.components[name]), c.threads, errors.get(name),
+            _default_batch(components[name]), c.threads, errors.get(name),
         )
         for name, c in solution.choices.items()
     }
-    components = {name: planned.get(name) or fixed[name] for name in pipeline.components}
+    chosen = {name: planned.get(name) or fixed[name] for name in components}
     virtual = tuple(sorted(pool.virtual))
-    return Plan(components, solution.throughput, solution.bottleneck, solution.solver, dict(pool.capacity), virtual, slo_ms)
+    shares = {} if workload.alone else dict(workload.weights)
+    return Plan(
+        chosen, solution.throughput, solution.bottleneck, solution.solver, dict(pool.capacity), virtual, slo_ms, shares,
+    )
 
 
 def options_of(profile: ComponentProfile) -> list[Option]:
@@ -113,12 +143,33 @@ def _model_errors(profiles: Sequence[ComponentProfile]) -> dict[str, float]:
     return errors
 
 
-def _calibrate(pipeline: Pipeline, calibration: Sequence[Mapping[str, Any]] | None) -> list[CallRecord]:
+def _calibrate(
+    workload: Workload, calibration: Sequence[Mapping[str, Any]] | Mapping[str, Sequence[Mapping[str, Any]]] | None
+) -> list[CallRecord]:
+    """Each pipeline's calls to profile with (`_calibrate_one`), taken in turn (`interleave`)."""
+    if workload.alone:
+        given = {name: calibration for name in workload.pipelines}
+    elif calibration is None:
+        given = {}
+    elif not isinstance(calibration, Mapping):
+        example = ", ".join(f"{name!r}: [{{...}}, ...]" for name in workload.pipelines)
+        raise InputError(f"with several pipelines, calibration takes their inputs by name, such as {{{example}}}")
+    else:
+        unknown = [name for name in calibration if name not in workload.pipelines]
+        if unknown:
+            raise InputError(f"calibration names {', '.join(map(repr, unknown))}, not a pipeline; "
+                             f"the pipelines are {', '.join(map(repr, workload.pipelines))}")
+        given = dict(calibration)
+    return interleave(_calibrate_one(workload, name, given.get(name)) for name in workload.pipelines)
+
+
+def _calibrate_one(workload: Workload, name: str, calibration: Any) -> list[CallRecord]:
     """Run the calibration inputs (or read their runs back: `CalibrationCache`); the calls to profile with:
     theirs, or without any, all the pipeline recorded.
 
     Only theirs: a plan made again with the same calibration then profiles the same calls (and reads the
     profiler's cache), however often the pipeline ran before."""
+    pipeline = workload.pipelines[name]
     already = len(pipeline.recorded)
     if calibration is not None:
         if isinstance(calibration, Mapping) or not all(isinstance(inputs, Mapping) for inputs in calibration):
@@ -127,9 +178,10 @@ def _calibrate(pipeline: Pipeline, calibration: Sequence[Mapping[str, Any]] | No
         for inputs in calibration:
             runs.run(pipeline, inputs)
     if pipeline.graph.runs == 0:
+        inputs = "[{...}, ...]" if workload.alone else f"{{{name!r}: [{{...}}, ...]}}"
         raise PlanError(
-            "the pipeline has never run, so there is nothing to profile it with: capture it with capture(run=True) "
-            "or pass calibration=[{...}, ...] inputs"
+            f"{workload.label(name)} has never run, so there is nothing to profile it with: capture it with "
+            f"capture(run=True) or pass calibration={inputs} inputs"
         )
     fresh = pipeline.recorded[already:]
     return fresh if calibration is not None and fresh else list(pipeline.recorded)  # none: the record was full

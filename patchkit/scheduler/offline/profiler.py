@@ -3,11 +3,13 @@
 Called by `plan()`. Each (component, resource type) runs in a worker process of its own, pinned as
 a replica of the plan would be (one GPU, or on CPU one core with one thread), and is driven through
 the same gRPC channel the front-end uses, so the numbers include the process hop. Its inputs are
-the distinct calls the calibration runs recorded. Batch sizes are searched as Patchwork (section
-3.3) does: the largest that fits (halving past a MemoryError), 1, then a binary search towards the
-knee, going lower while the larger batch's throughput gain stays under `threshold`. Every size runs
-the same mix of recorded calls (the first `MIX_CALLS`, or all, in as many batches as it takes) and
-T(b) is the time per batch: calls that differ in cost weigh the same at every size.
+the distinct calls the calibration runs recorded; a component that several pipelines of a deployment
+call is profiled once, with the calls of all of them (`workload`). Batch sizes are searched as
+Patchwork (section 3.3) does: the largest that fits (halving past a MemoryError), 1, then a binary
+search towards the knee, going lower while the larger batch's throughput gain stays under
+`threshold`. Every size runs the same mix of recorded calls (the first `MIX_CALLS`, or all, in as
+many batches as it takes) and T(b) is the time per batch: calls that differ in cost weigh the same
+at every size.
 
 A method with `@make(max_concurrency=N)` is not batched by the front-end: it runs each call alone,
 up to N at once per replica. Its sizes are therefore concurrency levels c in [1, N]: measuring c
@@ -55,6 +57,7 @@ from patchkit.scheduler.offline.profiles import ComponentProfile, MethodProfile
 from patchkit.scheduler.offline.progress import Progress
 from patchkit.scheduler.offline.replay import Replay
 from patchkit.scheduler.offline.runs import check_outcomes, timed
+from patchkit.scheduler.offline.workload import Workload, visits_by_component
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
@@ -70,16 +73,6 @@ START_S = 4.0  # a worker's start, estimated until one has been timed
 HELD_CALL_S = 0.002  # a holder's own work per call, estimated (its held calls are replayed)
 SEARCH_CALLS = 256  # calls a batch-size search runs, about, for the estimate of the time left
 ENGINE_CALLS = 2.0  # an engine's profile runs each distinct call about this many times, in time
-
-
-def visits_by_component(pipeline: Pipeline) -> dict[str, dict[str, float]]:
-    """Calls per request of each component's methods, averaged over the eager runs (branches, loops)."""
-    visits: dict[str, dict[str, float]] = {name: {} for name in pipeline.components}
-    per_node = pipeline.graph.visits_per_run()
-    for node in pipeline.graph.nodes.values():
-        methods = visits.setdefault(node.component, {})
-        methods[node.method] = methods.get(node.method, 0.0) + per_node[node.id]
-    return visits
 
 
 @dataclass(frozen=True)
@@ -112,26 +105,30 @@ class Profiler:
         self.cache = ProfileCache()
         self._start_times: list[float] = []
 
-    def run(self, pipeline: Pipeline, records: Sequence[CallRecord] | None = None) -> list[ComponentProfile]:
+    def run(self, pipelines: Workload | Pipeline, records: Sequence[CallRecord] | None = None) -> list[ComponentProfile]:
         """Profile every component the calibration called; blocks (on an event loop of its own).
 
-        `records`: the calls to profile with (default: every call the pipeline recorded). One profile
-        per (component, resource type), and on CPU one more per thread count that paid off.
+        `pipelines`: one pipeline, or the `Workload` of several, whose components are profiled once
+        each, by their deployed names, with the calls of every pipeline that calls them. `records`: the
+        calls to profile with (default: every call the pipelines recorded). One profile per (component,
+        resource type), and on CPU one more per thread count that paid off.
         """
-        records = list(pipeline.recorded if records is None else records)
-        jobs = self._jobs(pipeline, records)
+        workload = pipelines if isinstance(pipelines, Workload) else Workload.of(pipelines)
+        records = list(workload.recorded() if records is None else records)
+        jobs = self._jobs(workload, records)
         progress = Progress(enabled=self.progress)
         try:
-            profiles: list[ComponentProfile] = _run_async(self._profile_all(pipeline, jobs, records, progress))
+            profiles: list[ComponentProfile] = _run_async(self._profile_all(workload, jobs, records, progress))
         finally:
             progress.close()
         return profiles
 
-    def _jobs(self, pipeline: Pipeline, records: list[CallRecord]) -> list[_Job]:
-        calls, seconds = _recorded_calls(pipeline, records)
-        shared = {c._patchkit_spec.uid for c in pipeline.components.values()}
+    def _jobs(self, workload: Workload, records: list[CallRecord]) -> list[_Job]:
+        calls, seconds = _recorded_calls(workload, records)
+        components = workload.components
+        shared = {c._patchkit_spec.uid for c in components.values()}
         jobs = []
-        for name, methods in visits_by_component(pipeline).items():
+        for name, methods in workload.visits().items():
             called = {method: v for method, v in methods.items() if v}
             if not called:
                 continue  # never called on the calibration inputs: nothing to measure it with
@@ -141,7 +138,7 @@ class Profiler:
                     f"no recorded inputs for {name}.{missing[0]}: run the capture eagerly (capture(run=True)) "
                     "or pass calibration=[{...}, ...] inputs to plan() or deploy()"
                 )
-            component = pipeline.components[name]
+            component = components[name]
             holds = any(inner._patchkit_spec.uid in shared for _, inner in constructor_components(component))
             eager = {m: [HELD_CALL_S] * len(seconds[name, m]) if holds else seconds[name, m] for m in called}
             for kind in component.devices:
@@ -150,12 +147,12 @@ class Profiler:
         return jobs
 
     async def _profile_all(
-        self, pipeline: Pipeline, jobs: list[_Job], records: list[CallRecord], progress: Progress
+        self, workload: Workload, jobs: list[_Job], records: list[CallRecord], progress: Progress
     ) -> list[ComponentProfile]:
         """Every job at 1 thread, then more threads for those that could be the bottleneck."""
         secret = secrets.token_urlsafe(16)
         backend = LocalBackend(secret)
-        held = {c._patchkit_spec.uid: c for c in pipeline.components.values()}
+        held = {c._patchkit_spec.uid: c for c in workload.components.values()}
         replay = Replay(records, held, secret)
         try:
             for job in jobs:
@@ -320,13 +317,15 @@ def thread_counts(cores: int) -> list[int]:
 Calls = dict[tuple[str, str], list[Call]]  # per (component, method)
 
 
-def _recorded_calls(pipeline: Pipeline, records: list[CallRecord]) -> tuple[Calls, dict[tuple[str, str], list[float]]]:
-    """Per (component, method), its distinct recorded calls in order (at most INPUTS_PER_METHOD), and their seconds."""
+def _recorded_calls(workload: Workload, records: list[CallRecord]) -> tuple[Calls, dict[tuple[str, str], list[float]]]:
+    """Per (component, method), by deployed name, its distinct recorded calls in order (at most
+    INPUTS_PER_METHOD), and their seconds."""
     calls: dict[tuple[str, str], list[Call]] = {}
     seconds: dict[tuple[str, str], list[float]] = {}
     seen: set[str] = set()
+    names = workload.names_by_uid()
     for record in records:
-        name = pipeline.graph.name_of(record.component)
+        name = names.get(record.component._patchkit_spec.uid)
         if name is None:
             continue
         kept = calls.setdefault((name, record.method), [])
