@@ -253,9 +253,9 @@ def check_targets(argument: str, value: object) -> None:
         if not isinstance(target, numbers.Real) or isinstance(target, bool):
             by_name = "" if key is not None else " or a dict of them by pipeline name"
             raise ConfigError(f"{where} must be a number of milliseconds{by_name}; got {target!r}")
-        if not math.isfinite(target):
+        if not math.isfinite(float(target)):
             raise ConfigError(f"{where} must be a finite number or None; got {target!r}")
-        if not target > 0:
+        if not float(target) > 0:
             raise ConfigError(f"{where} must be > 0; got {target!r}")
 
 
