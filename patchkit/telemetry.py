@@ -100,11 +100,13 @@ def _otlp_exporter() -> Any:
 
 
 # -- the front-end's side ----------------------------------------------------------------------------------
-def start_request(request_id: str) -> Span:
-    """The span of one request, started when the front-end takes it; None without opentelemetry."""
+def start_request(request_id: str, pipeline: str = "", version: str = "") -> Span:
+    """The span of one request, started when the front-end takes it, naming its pipeline and that pipeline's
+    version; None without opentelemetry."""
     if otel_trace is None:
         return None
-    return _tracer().start_span("patchkit.request", attributes={"patchkit.request_id": request_id})
+    attributes = {"patchkit.request_id": request_id, "patchkit.pipeline": pipeline, "patchkit.pipeline_version": version}
+    return _tracer().start_span("patchkit.request", attributes=attributes)
 
 
 def end_request(span: Span, outcome: str) -> None:

@@ -178,3 +178,37 @@ def test_a_failed_update_under_load_fails_no_request(tmp_path: Path) -> None:
             time.sleep(1.0)
         assert [r for r in load.records if r[2] is None] == []
         assert all(r[2] is not None and r[2].startswith("LOAD") and "|V1@" in r[2] for r in load.records)
+
+
+def test_a_pipeline_of_higher_priority_goes_first_in_the_queues_it_shares(tmp_path: Path) -> None:
+    log = tmp_path / "shared.log"
+    shared = Tagger("shared", str(log), delay_s=0.2)
+    pipelines = {"bulk": shout_pipeline(Tagger("b"), shared), "urgent": whisper_pipeline(Tagger("u"), shared)}
+    options = {"batch_size": {"shared": 1}, "max_inflight_batches": 1, "priority": {"urgent": 1}}
+    with patchkit.deploy(pipelines, backend="inprocess", **options) as endpoint:
+        log.write_text("")
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            bulk = [pool.submit(endpoint["bulk"].query, text=f"bulk{i}") for i in range(6)]
+            time.sleep(0.3)  # the first bulk call runs, the others wait in the shared queue
+            urgent = pool.submit(endpoint["urgent"].query, text="URGENT")
+            assert urgent.result().startswith("urgent|u@") and all(f.result() for f in bulk)
+        order = [json.loads(line)[0].split("|")[0] for line in log.read_text().splitlines()]
+        assert order.index("URGENT") <= 2, order  # ahead of the 3 or more bulk calls queued before it
+
+
+def test_each_pipeline_has_its_slo_and_its_counts_in_metrics_stats_and_traces() -> None:
+    shared = Tagger("shared")
+    pipelines = {"shout": shout_pipeline(Tagger("s"), shared), "whisper": whisper_pipeline(Tagger("w"), shared)}
+    with patchkit.deploy(pipelines, backend="inprocess", slo_ms={"shout": 5000}) as endpoint:
+        endpoint["shout"].query(text="a")
+        endpoint["whisper"].query(text="b")
+        endpoint["whisper"].query(text="c")
+        traced = [trace.pipeline for trace in endpoint.traces()]
+        assert traced == ["shout"]  # only shout's requests have an SLO, and their traces say whose they are
+        counts = endpoint.stats()["pipelines"]
+        assert {name: sum(n["ok"] for n in versions.values()) for name, versions in counts.items()} == {"shout": 1, "whisper": 2}
+        metrics = httpx.get(f"{endpoint.url}/metrics").text
+        whisper_version = next(row["digest"] for row in endpoint.pipelines() if row["name"] == "whisper")
+        assert f'patchkit_pipeline_requests_total{{outcome="ok",pipeline="whisper",version="1-{whisper_version}"}} 2.0' in metrics
+    with pytest.raises(ConfigError, match="slo_ms names 'nope'"):
+        patchkit.deploy(pipelines, backend="inprocess", slo_ms={"nope": 100})

@@ -99,6 +99,11 @@ def _requests(snapshot: FrontendSnapshot) -> Iterator[Metric]:
     for outcome in sorted({*OUTCOMES, *snapshot.outcomes}):
         outcomes.add_metric([outcome], snapshot.outcomes.get(outcome, 0))
     yield outcomes
+    by_pipeline = CounterMetricFamily("patchkit_pipeline_requests", "Requests a pipeline ran, by its name, its version "
+                                      "(number-digest) and their outcome.", labels=["pipeline", "version", "outcome"])
+    for (pipeline, version, outcome), count in sorted(snapshot.pipelines.items()):
+        by_pipeline.add_metric([pipeline, version, outcome], count)
+    yield by_pipeline
     yield GaugeMetricFamily("patchkit_requests_inflight", "Requests running now.", value=snapshot.inflight)
     yield CounterMetricFamily("patchkit_requests_slo_met", "Requests answered within their SLO.", value=snapshot.slo_met)
     cumulative, buckets = 0, []

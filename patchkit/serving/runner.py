@@ -130,7 +130,7 @@ class RequestRunner:
         ones where they can stop; it counts as `cancelled`.
         """
         request_id = request_id if request_id is not None else uuid.uuid4().hex
-        span = telemetry.start_request(request_id)
+        span = telemetry.start_request(request_id, self.name, self.tag)
         error: BaseException | None = None
         try:
             return await self._query(inputs, slo_ms, request_id, span, on_delta)
@@ -140,7 +140,7 @@ class RequestRunner:
         finally:
             outcome = outcome_of(error)
             if error is not None:
-                self.stats.count(outcome)
+                self.stats.count(outcome, self.name, self.tag)
             telemetry.end_request(span, outcome)
 
     async def _query(
@@ -159,7 +159,7 @@ class RequestRunner:
         expires = asyncio.get_running_loop().time() + self.config.liveness.request_timeout_s
         variables = self.pipeline.variables(inputs)
         slo = slo_ms or self.slo_ms
-        state = self.policy.start(request_id, inputs, slo)
+        state = self.policy.start(request_id, inputs, slo, self.name)
         self.inflight += 1
         self._idle.clear()
         ok = False
@@ -172,7 +172,7 @@ class RequestRunner:
             if self.inflight == 0:
                 self._idle.set()
         latency = time.perf_counter() - start
-        self.stats.answered(latency, slo)
+        self.stats.answered(latency, slo, self.name, self.tag)
         return RequestResult(request_id, output, latency, self.tag)
 
     async def _admitted(self, variables: dict[str, Any], request: _Request) -> Any:

@@ -64,3 +64,4 @@ class FrontendSnapshot:
     restarts: int
     slo: Mapping[str, Any]  # SloPolicy.stats()
     prefetch: Mapping[str, Any]  # Prefetcher.stats()
+    pipelines: Mapping[tuple[str, str, str], int]  # requests by (pipeline, version tag, outcome)

@@ -29,18 +29,22 @@ class StatsCollector:
         self.policy = policy
         self._inflight = inflight
         self.outcomes: Counter[str] = Counter()  # requests by result: ok, error, worker_died, timeout, overloaded, cancelled
+        self.by_pipeline: Counter[tuple[str, str, str]] = Counter()  # (pipeline, version tag, outcome): those a runner ran
         self.slo_met = 0
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
         self.latency_sum_s = 0.0
         self.started = time.time()
 
-    def count(self, outcome: str) -> None:
-        """A request ended with `outcome` (see `outcome_of`)."""
+    def count(self, outcome: str, pipeline: str | None = None, version: str = "") -> None:
+        """A request ended with `outcome` (see `outcome_of`); one a pipeline's runner ran counts under its name and
+        version too (one the edge refused never reached a pipeline)."""
         self.outcomes[outcome] += 1
+        if pipeline is not None:
+            self.by_pipeline[pipeline, version, outcome] += 1
 
-    def answered(self, latency_s: float, slo_ms: float | None) -> None:
+    def answered(self, latency_s: float, slo_ms: float | None, pipeline: str | None = None, version: str = "") -> None:
         """A request was answered after `latency_s`, within its SLO or not (counted as "ok" too)."""
-        self.count("ok")
+        self.count("ok", pipeline, version)
         self.latency_sum_s += latency_s
         bucket = next((i for i, bound in enumerate(LATENCY_BUCKETS_S) if latency_s <= bound), len(LATENCY_BUCKETS_S))
         self.latency_buckets[bucket] += 1
@@ -86,6 +90,7 @@ class StatsCollector:
             replica_components={replica.id: replica.component for replica in supervisor.replicas()},
             replica_states={r.id: (r.component, r.state.value) for r in [*supervisor.replicas(), *supervisor.replacing()]},
             restarts=supervisor.restarts, slo=self.policy.stats(), prefetch=deployment.prefetcher.stats(),
+            pipelines=dict(self.by_pipeline),
         )
 
     def stats(self) -> dict[str, Any]:
@@ -103,7 +108,11 @@ class StatsCollector:
         requests: dict[str, float] = {"inflight": snapshot.inflight, **snapshot.outcomes}
         if snapshot.outcomes.get("ok"):
             requests["mean_latency_ms"] = 1000 * snapshot.latency_sum_s / snapshot.outcomes["ok"]
+        pipelines: dict[str, dict[str, dict[str, int]]] = {}
+        for (pipeline, version, outcome), count in sorted(snapshot.pipelines.items()):
+            pipelines.setdefault(pipeline, {}).setdefault(version, {})[outcome] = count
         return {"backend": supervisor.backend.name, "uptime_s": time.time() - self.started, "requests": requests,
+                "pipelines": pipelines,
                 "restarts": snapshot.restarts, "slo": dict(snapshot.slo), "prefetch": dict(snapshot.prefetch),
                 "components": components}
 

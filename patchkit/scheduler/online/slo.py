@@ -133,12 +133,13 @@ class SloPolicy:
         return bool(self.at_risk or self.lost)
 
     # -- risk -----------------------------------------------------------------------------------
-    def start(self, request_id: str, inputs: object, slo_ms: float | None) -> RequestState:
-        """Called when a request arrives, with its inputs and its SLO (None: the policies leave it alone)."""
+    def start(self, request_id: str, inputs: object, slo_ms: float | None, pipeline: str = "") -> RequestState:
+        """Called when a request arrives, with its inputs, its SLO (None: the policies leave it alone) and the
+        name of its pipeline, which its trace keeps."""
         now = self.clock()
         if slo_ms is None:
-            return RequestState(request_id, None, Trace(request_id, now, 0, []))
-        return RequestState(request_id, now + slo_ms / 1000, Trace(request_id, now, len(str(inputs)), []))
+            return RequestState(request_id, None, Trace(request_id, now, 0, [], pipeline=pipeline))
+        return RequestState(request_id, now + slo_ms / 1000, Trace(request_id, now, len(str(inputs)), [], pipeline=pipeline))
 
     def check(self, state: RequestState) -> float | None:
         """Called before each component call: the request's slack in seconds when it is at risk (the

@@ -41,6 +41,7 @@ class Trace:
     query_length: int  # a cheap size of the request's inputs
     visits: list[Visit] = field(default_factory=list)
     finished: float | None = None  # None while in flight
+    pipeline: str = ""  # the name of the pipeline it ran
 
     @property
     def position(self) -> str | None:
@@ -59,7 +60,8 @@ class Trace:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trace:
         visits = [Visit(**visit) for visit in data["visits"]]
-        return cls(data["request_id"], data["arrived"], data["query_length"], visits, data.get("finished"))
+        return cls(data["request_id"], data["arrived"], data["query_length"], visits, data.get("finished"),
+                   data.get("pipeline", ""))
 
 
 def prefixes(trace: Trace) -> Iterator[tuple[int, float]]:
