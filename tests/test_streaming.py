@@ -8,7 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -183,3 +185,33 @@ def test_the_front_end_process_logs_name_the_request(capfd: pytest.CaptureFixtur
         assert "".join(stream) == served.query(question="What is z?") == stream.output
     line = next(line for line in capfd.readouterr().err.splitlines() if "nope" in line)
     assert "front-end patchkit.server.http [log-me-3]: POST /v1/query: 400" in line
+
+
+def slow_pipeline(slow: Streamer) -> patchkit.Pipeline:
+    question = "long"
+    with patchkit.capture(run=False) as pipeline:
+        return slow.generate(question)  # type: ignore[no-any-return]
+    return pipeline
+
+
+def test_leaving_an_astream_early_closes_it_and_cancels_the_request(tmp_path: Path) -> None:
+    slow_pipeline(Streamer(str(tmp_path), wait_s=5.0))  # its last word waits for a file nobody writes
+    with patchkit.deploy(patchkit.last_pipeline(), backend="inprocess") as served:
+
+        async def first_chunk() -> str:
+            async with served.astream(question="long") as stream:
+                async for chunk in stream:
+                    return chunk
+            return ""
+
+        loop = asyncio.new_event_loop()  # closed right after, as a notebook's or a framework's loop may be
+        try:
+            assert loop.run_until_complete(first_chunk()) == "Answer"
+        finally:
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+        deadline = time.monotonic() + 10
+        while served.stats()["requests"].get("cancelled", 0) < 1:
+            assert time.monotonic() < deadline, served.stats()["requests"]
+            time.sleep(0.05)
+        assert served.stats()["requests"]["inflight"] == 0

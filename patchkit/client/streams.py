@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx
@@ -106,13 +106,39 @@ class Stream(_Reader):
 
 
 class AsyncStream(_Reader):
-    """What `Endpoint.astream` returns: `async for` it for text chunks, then read `output`."""
+    """What `Endpoint.astream` returns: `async for` it for text chunks, then read `output`.
+
+    Leaving the loop early closes the stream once the loop's generator is collected; to close it at a point
+    of your choosing (the endpoint then cancels the request), use it as a context manager, or `aclose()` it:
+
+        async with endpoint.astream(query="...") as stream:
+            async for chunk in stream:
+                break
+    """
 
     def __init__(self, open_response: Callable[[], Any], reply: Callable[[httpx.Response], Any]) -> None:
         super().__init__()
         self._open, self._reply = open_response, reply
+        self._iterations: list[AsyncGenerator[str, None]] = []
 
-    async def __aiter__(self) -> AsyncIterator[str]:
+    def __aiter__(self) -> AsyncIterator[str]:
+        iteration = self._chunks()
+        self._iterations.append(iteration)
+        return iteration
+
+    async def aclose(self) -> None:
+        """Close the stream where an iteration left it open: its connection closes, and the endpoint cancels its request."""
+        iterations, self._iterations = self._iterations, []
+        for iteration in iterations:
+            await iteration.aclose()
+
+    async def __aenter__(self) -> AsyncStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _chunks(self) -> AsyncGenerator[str, None]:
         async with self._open() as response:
             if not response.headers.get("content-type", "").startswith("text/event-stream"):
                 await response.aread()
