@@ -212,3 +212,17 @@ def test_each_pipeline_has_its_slo_and_its_counts_in_metrics_stats_and_traces() 
         assert f'patchkit_pipeline_requests_total{{outcome="ok",pipeline="whisper",version="1-{whisper_version}"}} 2.0' in metrics
     with pytest.raises(ConfigError, match="slo_ms names 'nope'"):
         patchkit.deploy(pipelines, backend="inprocess", slo_ms={"nope": 100})
+
+
+@pytest.mark.slow
+def test_deploy_plans_several_pipelines_as_one_with_their_weights() -> None:
+    shared = Tagger("shared")
+    pipelines = {"shout": shout_pipeline(Tagger("s"), shared), "whisper": whisper_pipeline(Tagger("w"), shared)}
+    with patchkit.deploy(pipelines, backend="inprocess", plan="auto", weights={"shout": 3, "whisper": 1},
+                         resources={"cpu": 2}) as endpoint:
+        applied = endpoint.plan()["plan"]
+        assert applied["weights"] == {"shout": 0.75, "whisper": 0.25}
+        assert sorted(applied["components"]) == ["shared", "tagger", "whisper/tagger"]
+        assert endpoint["whisper"].query(text="Hi").startswith("hi|w@")
+    with pytest.raises(ConfigError, match="weights= is for planning"):
+        patchkit.deploy(pipelines, backend="inprocess", weights={"shout": 1, "whisper": 1})
