@@ -109,9 +109,9 @@ def _source_file(target: str) -> Path | None:
 
     _working_directory_first()
     try:
-        spec = importlib.util.find_spec(target.partition(":")[0])
-    except (ImportError, ValueError):
-        return None  # `_load` says why
+        spec = importlib.util.find_spec(target.partition(":")[0])  # imports its parent packages, not the module
+    except Exception:  # noqa: BLE001 - a package that does not import: `_load` raises it as Python does
+        return None
     return Path(spec.origin) if spec is not None and spec.origin and spec.has_location else None
 
 

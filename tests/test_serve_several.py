@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from patchkit import ConfigError
-from patchkit.cli import Target, _load, main, parser, serve_settings, serve_targets
+from patchkit.cli import Target, _load, _source_file, main, parser, serve_settings, serve_targets
 from patchkit.config import DeploymentConfig
 from patchkit.config import file as cf
 from patchkit.reload import Reloader, Watched, reason, stamp
@@ -140,6 +140,25 @@ def test_a_script_that_captures_nothing_is_refused_even_after_another_captured(t
     assert _load(str(tmp_path / "shout.py")).components
     with pytest.raises(ConfigError, match=r"empty.py ran no `with patchkit.capture\(\):` block"):
         _load(str(tmp_path / "empty.py"))  # the capture before it is shout.py's, not empty.py's
+
+
+def test_a_module_target_is_imported_again_and_its_own_file_watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "loudapp").mkdir()
+    (tmp_path / "loudapp" / "__init__.py").write_text("")
+    module = tmp_path / "loudapp" / "main.py"
+    module.write_text(_shout("!"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    monkeypatch.delitem(sys.modules, "loudapp", raising=False)
+    monkeypatch.delitem(sys.modules, "loudapp.main", raising=False)
+    assert _source_file("loudapp.main:pipeline") == module
+    first = _load("loudapp.main:pipeline")
+    module.write_text(_shout("?"))
+    assert _load("loudapp.main:pipeline") is first  # imported once: the same module, the same pipeline
+    again = _load("loudapp.main:pipeline", again=True)
+    assert again is not first and again(text="yo") == "YO?"
+    sys.modules.pop("loudapp.main", None)
+    sys.modules.pop("loudapp", None)
 
 
 # -- the config file's pipelines: --------------------------------------------------------------------------------
