@@ -1,60 +1,158 @@
-"""The `patchkit` command: `patchkit serve FILE.py|module:attribute [--config deploy.yaml]` serves the pipeline
-a script captures (or a module holds), with options from a config file (config/file.py) and flags, `patchkit
-plan FILE.py` prints the plan the offline planner makes for it, `patchkit demo` deploys the
-CRAG example on real components and asks it questions, and `patchkit bench URL` sends load
-to an endpoint and reports its latency, throughput and SLO attainment."""
+"""The `patchkit` command: `patchkit serve [NAME=]FILE.py|module:attribute ... [--config deploy.yaml] [--reload]`
+serves the pipelines scripts capture (or modules hold), by name, with options from a config file (config/file.py)
+and flags, and with --reload serves a new version of each when its file changes (reload.py); `patchkit plan
+FILE.py` prints the plan the offline planner makes for it, `patchkit demo` deploys the CRAG example on real
+components and asks it questions, and `patchkit bench URL` sends load to an endpoint and reports its latency,
+throughput and SLO attainment."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import runpy
 import secrets
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline
+    from patchkit.reload import Reloader
     from patchkit.scheduler.offline.plan import Plan
 
-__all__ = ["main", "parser", "serve_settings"]
-
-def _load(command: str, target: str) -> Pipeline | None:
-    """The pipeline a `FILE.py` script's last capture made, or the one `module:attribute` names; None after
-    printing why not. Raises ConfigError for a module or attribute that is not there."""
-    if ":" in target and not target.endswith(".py") and not Path(target).is_file():
-        return _import(target)
-    return _run_script(command, target)
+__all__ = ["Target", "main", "parser", "serve_settings", "serve_targets"]
 
 
-def _run_script(command: str, file: str) -> Pipeline | None:
+@dataclass(frozen=True)
+class Target:
+    """A pipeline `patchkit serve` serves: the name it is served under, and where it is (`FILE.py` or
+    `module:attribute`). `named`: the name was given (`NAME=...`, or the config file's `pipelines:`), not
+    made from the file's stem or the attribute's name."""
+
+    name: str
+    where: str
+    named: bool = True
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        """`[NAME=]FILE.py|module:attribute`, as the command line gives it. Raises ConfigError for a name
+        without a target."""
+        from patchkit.errors import ConfigError
+
+        name, given, where = text.partition("=")
+        if given and not any(c in name for c in "/\\:") and not Path(text).exists():
+            if not where:
+                raise ConfigError(f"{text!r} names no pipeline: write NAME=FILE.py or NAME=module:attribute")
+            return cls(name, where)
+        default = text.partition(":")[2].rsplit(".", 1)[-1] if _is_module(text) else Path(text).stem
+        return cls(default, text, named=False)
+
+    def label(self, with_name: bool = False) -> str:
+        """As `patchkit serve` prints it: the file's name or module:attribute, after `NAME=` where it was named
+        (or `with_name`)."""
+        shown = Path(self.where).name if self.where.endswith(".py") else self.where
+        return f"{self.name}={shown}" if self.named or with_name else shown
+
+
+def serve_targets(given: Sequence[str], values: Mapping[str, Any], config_path: str | None) -> list[Target]:
+    """The pipelines to serve: the command line's targets, or the config file's `pipelines:` (not both).
+
+    Raises ConfigError where there are none, where both say, for a name a URL cannot hold, and for two
+    pipelines of one name (saying how to name them apart)."""
+    from patchkit.errors import ConfigError
+    from patchkit.serving.frontend import PIPELINE_NAME
+
+    in_file: Mapping[str, Mapping[str, Any]] = values.get("pipelines") or {}
+    if given and in_file:
+        raise ConfigError(f"pipelines come from the command line ({' '.join(given)}) or from {config_path}'s `pipelines:` "
+                          f"({', '.join(in_file)}), not both: drop one")
+    if not given and not in_file:
+        raise ConfigError("name a pipeline to serve: FILE.py or module:attribute (NAME=... to name it), or list them "
+                          "under `pipelines:` in the --config file")
+    targets = [Target.parse(text) for text in given] or [Target(name, options["target"]) for name, options in in_file.items()]
+    for target in targets:
+        if not PIPELINE_NAME.fullmatch(target.name):
+            how = "" if target.named else f" (made from {target.where!r}: name it as NAME={target.where})"
+            raise ConfigError(f"a pipeline's name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or "
+                              f"digit; got {target.name!r}{how}")
+    by_name: dict[str, list[Target]] = {}
+    for target in targets:
+        by_name.setdefault(target.name, []).append(target)
+    for name, same in by_name.items():
+        if len(same) > 1:
+            apart = " ".join(f"{name}{i}={t.where}" for i, t in enumerate(same, 1))
+            raise ConfigError(f"{len(same)} pipelines are named {name!r} ({', '.join(t.where for t in same)}): name each "
+                              f"as NAME=TARGET, such as {apart}")
+    return targets
+
+
+def _is_module(target: str) -> bool:
+    return ":" in target and not target.endswith(".py") and not Path(target).is_file()
+
+
+def _load(target: str, *, again: bool = False) -> Pipeline:
+    """The pipeline a `FILE.py` script's capture made (the script run again when `again`), or the one
+    `module:attribute` names (the module imported again when `again`). Raises ConfigError for a file,
+    module or attribute that is not there, and for a script that captures nothing."""
+    return _import(target, again=again) if _is_module(target) else _run_script(target)
+
+
+def _source_file(target: str) -> Path | None:
+    """The file `_load` reads for `target`, which `--reload` watches: the script, or the module's file."""
+    if not _is_module(target):
+        return Path(target).resolve()
+    import importlib.util
+
+    _working_directory_first()
+    try:
+        spec = importlib.util.find_spec(target.partition(":")[0])  # imports its parent packages, not the module
+    except Exception:  # noqa: BLE001 - a package that does not import: `_load` raises it as Python does
+        return None
+    return Path(spec.origin) if spec is not None and spec.origin and spec.has_location else None
+
+
+def _run_script(file: str) -> Pipeline:
     """Run the script as an imported module would, as `uvicorn module:app` runs one (its `if __name__ ==
-    "__main__":` block does not run), and return its last capture; None after printing why not."""
-    import patchkit
+    "__main__":` block does not run), and return the pipeline its last capture made."""
+    from patchkit.errors import ConfigError
 
     script = Path(file).resolve()
     if not script.is_file():
-        print(f"patchkit {command}: no such file: {file}", file=sys.stderr)
-        return None
+        raise ConfigError(f"no such file: {file}")
+    before = _last_capture()
     sys.argv = [str(script)]
-    sys.path.insert(0, str(script.parent))
+    if sys.path[:1] != [str(script.parent)]:
+        sys.path.insert(0, str(script.parent))
     runpy.run_path(str(script), run_name="__patchkit_serve__")
+    captured = _last_capture()
+    if captured is None or captured is before:  # the one before is another script's, or this one's last run's
+        raise ConfigError(f"{file} ran no `with patchkit.capture():` block; capture at module level (a block under "
+                          "`if __name__ == '__main__':` does not run here)")
+    return captured
+
+
+def _last_capture() -> Pipeline | None:
+    import patchkit
+
     try:
         return patchkit.last_pipeline()
     except patchkit.PatchkitError:
-        print(
-            f"patchkit {command}: {file} ran no `with patchkit.capture():` block; capture at module level "
-            "(a block under `if __name__ == '__main__':` does not run here)",
-            file=sys.stderr,
-        )
         return None
 
 
-def _import(target: str) -> Pipeline:
+def _working_directory_first() -> None:
+    if sys.path[:1] != [str(Path.cwd())]:
+        sys.path.insert(0, str(Path.cwd()))
+
+
+def _import(target: str, *, again: bool = False) -> Pipeline:
     """`module:attribute` (dotted on both sides), imported from the working directory first, as Ray Serve's
-    `serve run module:app` does; the attribute must be a Pipeline."""
+    `serve run module:app` does (`again`: the module imported anew, as `importlib.reload` does); the
+    attribute must be a Pipeline."""
     import difflib
     import importlib
 
@@ -64,13 +162,16 @@ def _import(target: str) -> Pipeline:
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"name a pipeline as module:attribute, such as app:pipeline; got {target!r}")
-    sys.path.insert(0, str(Path.cwd()))
+    _working_directory_first()
     try:
-        found: object = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)
+        if again:
+            module = importlib.reload(module)
     except ModuleNotFoundError as exc:
         if exc.name is None or not (module_name == exc.name or module_name.startswith(exc.name + ".")):
             raise  # the module is there; something it imports is not
         raise ConfigError(f"no module named {module_name!r} (looked in {Path.cwd()} and sys.path)") from None
+    found: object = module
     path = module_name
     for part in attribute.split("."):
         if not hasattr(found, part):
@@ -131,7 +232,8 @@ def _option_flag(command: argparse.ArgumentParser, name: str) -> None:
 
 def serve_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The config file's keys (if any) with the flags given on the command line over them. A --replicas or
-    --batch-size flag sets every component's, so it also overrides the file's per-component ones."""
+    --batch-size flag sets every component's, so it also overrides the file's per-component ones; --slo-ms
+    every pipeline's, so it overrides the file's per-pipeline ones."""
     from patchkit.config import file as config_file
 
     values = config_file.given(config_file.load(args.config) if args.config else config_file.ServeFile.model_validate({}))
@@ -142,44 +244,90 @@ def serve_settings(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("replicas", "batch_size"):
         if name in flags:
             values["components"] = {c: {**o, name: None} for c, o in values.get("components", {}).items()}
+    for name in set(config_file.PER_PIPELINE) & set(flags):
+        values["pipelines"] = {p: {**o, name: None} for p, o in values.get("pipelines", {}).items()}
     return values
 
 
 def _serve(args: argparse.Namespace) -> int:
     from patchkit.config import DeploymentConfig
     from patchkit.config import file as config_file
+    from patchkit.config.deployment import served_components
     from patchkit.scheduler.offline.planner import plan
     from patchkit.server.process import FrontendServer, serve_blocking
 
     values = serve_settings(args)
     options = {k: v for k, v in values.items() if k not in config_file.FILE_ONLY}
-    DeploymentConfig.check_options(options)  # before the pipeline loads: a script may take a while
+    DeploymentConfig.check_options(options)  # before the pipelines load: a script may take a while
+    targets = serve_targets(args.targets, values, args.config)
     logging.getLogger().setLevel((options.get("log_level") or "info").upper())
-    pipeline = _load("serve", args.target)
-    if pipeline is None:
-        return 2
-    arguments = config_file.deploy_arguments(values, pipeline.components)
+    sources = {target.name: _source_file(target.where) for target in targets} if args.reload else {}
+    stamps = {name: _stamp(path) for name, path in sources.items()}  # before loading: an edit while it loads is seen
+    loaded = {target.name: _load(target.where) for target in targets}
+    # One target without a name is served as today, under the config's `name`; else each by its own.
+    pipelines: Pipeline | dict[str, Pipeline] = loaded[targets[0].name] if not targets[0].named and len(targets) == 1 else loaded
+    arguments = config_file.deploy_arguments(values, served_components(pipelines))
     chosen = arguments["plan"] = _plan_file(values.get("plan"), "--plan" if args.plan is not None else "plan")
-    DeploymentConfig.check_arguments(pipeline, **arguments)
+    DeploymentConfig.check_arguments(pipelines, **arguments)
     if chosen == "auto":
-        arguments["plan"] = plan(pipeline, resources=values.get("resources"), slo_ms=values.get("slo_ms"))
-    config = DeploymentConfig.resolve(pipeline, secret=secrets.token_urlsafe(32), **arguments)
-    shown = Path(args.target).name if args.target.endswith(".py") else args.target
+        arguments["plan"] = plan(pipelines, weights=config_file.plan_weights(values), resources=values.get("resources"),
+                                 slo_ms=_strictest(arguments.get("slo_ms")))
+    elif config_file.plan_weights(values) is not None:
+        logging.getLogger(__name__).warning("the pipelines' weights are read with plan: auto only; without it they do nothing")
+    config = DeploymentConfig.resolve(pipelines, secret=secrets.token_urlsafe(32), **arguments)
+    reloader = _reloader(targets, sources, stamps, None if isinstance(pipelines, Mapping) else config.chat.name)
 
     def ready(server: FrontendServer) -> None:
+        shown = ", ".join(target.label(with_name=len(targets) > 1) for target in targets)
         print(f"patchkit: serving {shown} at {server.url} (Ctrl-C stops)", flush=True)
+        if reloader is not None:
+            reloader.start(server)
 
-    serve_blocking(pipeline, config, ready)
+    try:
+        serve_blocking(pipelines, config, ready)
+    finally:
+        if reloader is not None:
+            reloader.stop()
     print("patchkit: stopped", flush=True)
     return 0
+
+
+def _stamp(path: Path | None) -> tuple[int, int] | None:
+    from patchkit.reload import stamp
+
+    return None if path is None else stamp(path)
+
+
+def _reloader(targets: Sequence[Target], sources: Mapping[str, Path | None], stamps: Mapping[str, tuple[int, int] | None],
+              only_name: str | None) -> Reloader | None:
+    """With --reload, what watches each target's file (`patchkit.reload.Reloader`); None without. `only_name`: the
+    name the one unnamed target is served under (the config's `name`)."""
+    if not sources:
+        return None
+    from patchkit.reload import Reloader, Watched
+
+    watched = []
+    for target in targets:
+        path = sources[target.name]
+        if path is None:
+            logging.getLogger(__name__).warning("--reload cannot watch %s: it has no file of its own", target.where)
+            continue
+        load = functools.partial(_load, target.where, again=True)
+        watched.append(Watched(only_name or target.name, path, load, target.label(), stamps[target.name]))
+    return Reloader(watched) if watched else None
+
+
+def _strictest(slo_ms: float | Mapping[str, float | None] | None) -> float | None:
+    """The SLO a plan of several pipelines must meet: the tightest of theirs."""
+    if isinstance(slo_ms, Mapping):
+        return min((v for v in slo_ms.values() if v is not None), default=None)
+    return slo_ms
 
 
 def _plan(args: argparse.Namespace) -> int:
     from patchkit.scheduler.offline.planner import plan
 
-    pipeline = _load("plan", args.target)
-    if pipeline is None:
-        return 2
+    pipeline = _load(args.target)
     made = plan(pipeline, resources=_resources(args.resources), slo_ms=args.slo_ms)
     print(json.dumps(made.to_dict(), indent=2) if args.json else made.table(), flush=True)
     return 0
@@ -192,11 +340,16 @@ def parser() -> argparse.ArgumentParser:
     from patchkit.config.file import describe as describe_config_file
 
     serve = commands.add_parser(
-        "serve", help="serve a pipeline (a script's capture, or module:attribute) until Ctrl-C",
+        "serve", help="serve pipelines (a script's capture, or module:attribute), each by name, until Ctrl-C",
         epilog=describe_config_file(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("target", metavar="FILE.py|module:attribute",
-                       help="a Python script with a `with patchkit.capture():` block, or a module's Pipeline object")
+    serve.add_argument("targets", nargs="*", metavar="[NAME=]FILE.py|module:attribute",
+                       help="a Python script with a `with patchkit.capture():` block, or a module's Pipeline object; "
+                            "several are served by name (NAME=, else the file's stem or the attribute's name) at "
+                            "/v1/pipelines/NAME/query; or none, and the config file's `pipelines:`")
+    serve.add_argument("--reload", action="store_true",
+                       help="when a target's file changes, load it again and serve it as the pipeline's next version "
+                            "(a failed reload is logged and the version before keeps serving)")
     serve.add_argument("--config", default=None, metavar="FILE", help="deploy options from a YAML, JSON or TOML file (below)")
     for name in OPTION_FLAGS:
         _option_flag(serve, name)

@@ -1,14 +1,18 @@
-"""The config file of `patchkit serve --config deploy.yaml`: every deploy option, and options per component.
+"""The config file of `patchkit serve --config deploy.yaml`: every deploy option, options per component, and
+the pipelines to serve with options per pipeline.
 
     slo_ms: 2000
     backend: local
     components:
       llm: {replicas: 2, batch_size: {generate: 8}, min_replicas: 1, max_replicas: 4}
+    pipelines:
+      crag: examples/crag.py
+      hyde: {target: "app.hyde:pipeline", slo_ms: 500, priority: 1, weight: 3}
 
 The schema is a pydantic model: its top-level options are made from the options' field metadata
 (patchkit/config/options.py: their types, defaults, bounds, choices and help), so the file takes every option
-`deploy()` does and checks each as deploy() does; `components` holds a
-`ComponentOptions` per component. YAML, JSON or TOML, by the file's suffix. `load` reports every problem at
+`deploy()` does and checks each as deploy() does; `components` holds a `ComponentOptions` per component,
+`pipelines` a `PipelineOptions` per pipeline. YAML, JSON or TOML, by the file's suffix. `load` reports every problem at
 once, one line each, naming the key's path: an unknown key with the closest known one, a value of the
 wrong type or out of range with what is allowed. `keys` lists every key with its default and help: `describe`
 renders them for `patchkit serve --help`, `markdown_table` for the documentation's table of options.
@@ -26,17 +30,20 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
 
 from patchkit.config import OPTIONS, OptionSpec
 from patchkit.config.options import check_value
 from patchkit.errors import ConfigError
 
-__all__ = ["ComponentOptions", "ServeFile", "describe", "deploy_arguments", "given", "keys", "load", "markdown_table", "schema"]
+__all__ = ["ComponentOptions", "PipelineOptions", "ServeFile", "deploy_arguments", "describe", "given", "keys", "load",
+           "markdown_table", "plan_weights", "schema"]
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 # The keys that are no deploy() option.
-FILE_ONLY = ("replicas", "batch_size", "plan", "resources", "components")
+FILE_ONLY = ("replicas", "batch_size", "plan", "resources", "components", "pipelines")
+# The deploy options a pipeline of `pipelines:` sets for itself, passed to deploy() by pipeline name.
+PER_PIPELINE = ("slo_ms", "priority")
 # The command line's own defaults where they differ from deploy()'s.
 SERVE_DEFAULTS = {"port": 8000, "log_level": "info"}
 
@@ -68,8 +75,32 @@ class ComponentOptions(BaseModel):
     ray_actor_options: dict[str, Any] | None = Field(None, description="Ray actor options (num_cpus, num_gpus, ...)")
 
 
+def _target(value: Any) -> Any:
+    """A pipeline given as its target alone (`crag: examples/crag.py`) is one with no options of its own."""
+    return {"target": value} if isinstance(value, str) else value
+
+
+def _nonblank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must be FILE.py or module:attribute, as on the command line; got a blank string")
+    return value
+
+
+class PipelineOptions(BaseModel):
+    """`pipelines: {NAME: ...}`: one pipeline the deployment serves under NAME, and its own options; the target
+    alone (`NAME: app.py`) is one with none."""
+
+    model_config = STRICT
+    target: Annotated[str, AfterValidator(_nonblank)] = Field(
+        description="FILE.py or module:attribute, as `patchkit serve` takes on the command line")
+    slo_ms: float | None = Field(None, gt=0, description="slo_ms for this pipeline's requests, over the top-level key")
+    priority: int | None = Field(None, description="priority for this pipeline's requests, over the top-level key")
+    weight: float | None = Field(None, ge=0, description="with plan: auto, its share of the requests against the others' "
+                                 "(default 1)")
+
+
 class _FileOnly(BaseModel):
-    """The keys besides deploy()'s options: sizing every component at once, planning, and `components`."""
+    """The keys besides deploy()'s options: sizing every component at once, planning, `components` and `pipelines`."""
 
     model_config = STRICT
     replicas: Count | None = Field(None, description="replicas of every component (default 1)")
@@ -77,6 +108,8 @@ class _FileOnly(BaseModel):
     plan: str | None = Field(None, description="'auto' to plan first, or a plan file `patchkit plan --json` wrote")
     resources: dict[str, Count] | None = Field(None, description="with plan: auto, the pool, as {cpu: 8, gpu: 2}")
     components: dict[str, ComponentOptions] = Field({}, description="options by component name (see below)")
+    pipelines: dict[str, Annotated[PipelineOptions, BeforeValidator(_target)]] = Field(
+        {}, description="the pipelines to serve by name, instead of targets on the command line (see below)")
 
 
 def _option_field(spec: OptionSpec) -> tuple[Any, Any]:
@@ -170,9 +203,11 @@ def _problem(error: Mapping[str, Any]) -> str:
 
 
 def _keys_at(loc: list[str]) -> set[str]:
-    """The keys the schema allows at a path: the top level, or one component's."""
+    """The keys the schema allows at a path: the top level, one component's or one pipeline's."""
     if len(loc) == 2 and loc[0] == "components":
         return set(ComponentOptions.model_fields)
+    if len(loc) == 2 and loc[0] == "pipelines":
+        return set(PipelineOptions.model_fields)
     return set(ServeFile.model_fields)
 
 
@@ -184,24 +219,22 @@ def given(settings: BaseModel) -> dict[str, Any]:
 
 def deploy_arguments(values: Mapping[str, Any], components: Iterable[str]) -> dict[str, Any]:
     """`values` (the file's keys, command-line flags applied) as `DeploymentConfig.resolve`'s arguments for a
-    pipeline with these components: per-component options merged into the by-name forms resolve takes.
+    deployment with these components: per-component options merged into the by-name forms resolve takes, and
+    the per-pipeline ones of `pipelines` (`PER_PIPELINE`) into options by pipeline name, each pipeline that
+    sets none getting the top-level value.
 
-    Raises ConfigError for a component name the pipeline does not have, with the closest one.
+    Raises ConfigError for a component name the deployment does not have, with the closest one.
     """
     names = list(components)
-    arguments = {k: v for k, v in values.items() if k not in ("components", "resources")}
+    arguments = {k: v for k, v in values.items() if k not in ("components", "resources", "pipelines")}
     per_component: Mapping[str, Mapping[str, Any]] = values.get("components") or {}
     for name in per_component:
         if name not in names:
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"components names {name!r}, which the pipeline does not have{hint} (known: {', '.join(names)})")
-    for key in ("replicas", "min_replicas", "max_replicas", "ray_actor_options"):
-        own = {name: options[key] for name, options in per_component.items() if options.get(key) is not None}
-        if own:
-            everyone = arguments.get(key)
-            base = dict(everyone) if isinstance(everyone, Mapping) else dict.fromkeys(names, everyone) if everyone else {}
-            arguments[key] = {**base, **own}
+    _merge_by_name(arguments, per_component, ("replicas", "min_replicas", "max_replicas", "ray_actor_options"), names)
+    _merge_by_name(arguments, values.get("pipelines") or {}, PER_PIPELINE)
     sizes = {}
     for name, options in per_component.items():
         size = options.get("batch_size")
@@ -210,22 +243,51 @@ def deploy_arguments(values: Mapping[str, Any], components: Iterable[str]) -> di
         elif size is not None:
             sizes[name] = size
     if sizes:
-        everyone = arguments.get("batch_size")
-        arguments["batch_size"] = {**(dict.fromkeys(names, everyone) if everyone else {}), **sizes}
+        arguments["batch_size"] = {**_by_name(arguments.get("batch_size"), names), **sizes}
     if "optional_inputs" in arguments:
         arguments["optional_inputs"] = tuple(arguments["optional_inputs"])
     return arguments
 
 
+def _merge_by_name(arguments: dict[str, Any], own: Mapping[str, Mapping[str, Any]], keys: Iterable[str],
+                   names: Iterable[str] | None = None) -> None:
+    """Each of `keys` that an entry of `own` (options by component or pipeline name) sets, as that option by
+    name: the entries' own values over the top-level one, which every other name in `names` (default: own's)
+    keeps."""
+    for key in keys:
+        values = {name: options[key] for name, options in own.items() if options.get(key) is not None}
+        if values:
+            arguments[key] = {**_by_name(arguments.get(key), own if names is None else names), **values}
+
+
+def _by_name(everyone: Any, names: Iterable[str]) -> dict[str, Any]:
+    """A top-level option as values by name: as it is where it is by name already, else one value for each name."""
+    if isinstance(everyone, Mapping):
+        return dict(everyone)
+    return {} if everyone is None else dict.fromkeys(names, everyone)
+
+
+def plan_weights(values: Mapping[str, Any]) -> dict[str, float] | None:
+    """The `weight`s of `pipelines` as `plan(..., weights=)` takes them (a pipeline without one weighs 1); None
+    where none sets one (equal shares)."""
+    pipelines: Mapping[str, Mapping[str, Any]] = values.get("pipelines") or {}
+    if all(options.get("weight") is None for options in pipelines.values()):
+        return None
+    return {name: 1.0 if options.get("weight") is None else options["weight"] for name, options in pipelines.items()}
+
+
 def keys(model: type[BaseModel] = ServeFile) -> list[tuple[str, Any, str]]:
-    """Every key of `model` (the file's top level, or ComponentOptions) but `components`, as (name, default, help),
-    the default the one `patchkit serve` applies (None where there is none). What `describe` and `markdown_table`
-    render, so that `--help`, the documentation and the schema list the same keys."""
+    """Every key of `model` (the file's top level, ComponentOptions or PipelineOptions) but `components` and
+    `pipelines`, as (name, default, help), the default the one `patchkit serve` applies (None where there is none).
+    What `describe` and `markdown_table` render, so that `--help`, the documentation and the schema list the
+    same keys."""
     rows = []
     for name, info in model.model_fields.items():
-        if name == "components":
+        if name in ("components", "pipelines"):
             continue
-        default = info.default if model is ComponentOptions else SERVE_DEFAULTS.get(name, info.default)
+        default = None if info.is_required() else info.default
+        if issubclass(model, _FileOnly):
+            default = SERVE_DEFAULTS.get(name, default)
         rows.append((name, None if default == [] or default == {} else default, str(info.description)))
     return rows
 
@@ -236,6 +298,9 @@ def describe(model: type[BaseModel] = ServeFile) -> str:
     lines += _key_lines(keys(model))
     lines.append("  components: {NAME: {...}}   per component, overriding the keys above of the same name:")
     lines += _key_lines(keys(ComponentOptions), indent="    ")
+    lines.append("  pipelines: {NAME: {...}}    the pipelines to serve, instead of targets on the command line; NAME: FILE.py "
+                 "(or module:attribute) alone, or:")
+    lines += _key_lines(keys(PipelineOptions), indent="    ")
     return "\n".join(lines)
 
 
@@ -255,6 +320,9 @@ def markdown_table(model: type[BaseModel] = ServeFile) -> str:
     lines += [_table_row(f"`{name}`", default, text) for name, default, text in keys(model)]
     lines += [_table_row(f"`components.NAME.{name}`", default, f"per component, over the top-level key: {text}")
               for name, default, text in keys(ComponentOptions)]
+    lines.append(_table_row("`pipelines.NAME`", None, "a pipeline to serve under NAME, instead of targets on the command "
+                            "line: its target (FILE.py or module:attribute) alone, or the keys below"))
+    lines += [_table_row(f"`pipelines.NAME.{name}`", default, text) for name, default, text in keys(PipelineOptions)]
     return "\n".join(lines)
 
 
