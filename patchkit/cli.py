@@ -63,8 +63,8 @@ def serve_targets(given: Sequence[str], values: Mapping[str, Any], config_path: 
 
     Raises ConfigError where there are none, where both say, for a name a URL cannot hold, and for two
     pipelines of one name (saying how to name them apart)."""
+    from patchkit.config.deployment import check_pipeline_name
     from patchkit.errors import ConfigError
-    from patchkit.serving.frontend import PIPELINE_NAME
 
     in_file: Mapping[str, Mapping[str, Any]] = values.get("pipelines") or {}
     if given and in_file:
@@ -75,10 +75,11 @@ def serve_targets(given: Sequence[str], values: Mapping[str, Any], config_path: 
                           "under `pipelines:` in the --config file")
     targets = [Target.parse(text) for text in given] or [Target(name, options["target"]) for name, options in in_file.items()]
     for target in targets:
-        if not PIPELINE_NAME.fullmatch(target.name):
+        try:
+            check_pipeline_name(target.name)
+        except ConfigError as exc:
             how = "" if target.named else f" (made from {target.where!r}: name it as NAME={target.where})"
-            raise ConfigError(f"a pipeline's name is 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or "
-                              f"digit; got {target.name!r}{how}")
+            raise ConfigError(f"{exc}{how}") from None
     by_name: dict[str, list[Target]] = {}
     for target in targets:
         by_name.setdefault(target.name, []).append(target)
