@@ -123,11 +123,23 @@ def update_under_load(endpoint: patchkit.Endpoint, seconds: float = 1.5) -> None
     """Update `endpoint` (serving `shout_pipeline(Tagger("v1"), ...)`) to `whisper_pipeline(Tagger("v2"), ...)`
     under a steady load of at least 20 requests a second, and check what every request got: none failed, each
     answer wholly one version's, and none sent after `update()` returned answered by the old version."""
+    probes: list[int] = []
+    stop = threading.Event()
+
+    def probe() -> None:  # a load balancer's readiness checks: the endpoint stays in rotation throughout
+        while not stop.wait(0.05):
+            probes.append(httpx.get(f"{endpoint.url}/readyz", timeout=10).status_code)
+
+    prober = threading.Thread(target=probe)
     with Load(endpoint.url) as load:
+        prober.start()
         time.sleep(seconds)
         endpoint.update(whisper_pipeline(Tagger("v2"), Tagger("shared")))
         switched = time.monotonic()
         time.sleep(seconds)
+        stop.set()
+        prober.join()
+    assert probes and set(probes) == {200}, probes
     records = load.records
     assert len(records) / (2 * seconds) >= 20, f"{len(records)} requests in {2 * seconds:g} s"
     assert [r for r in records if r[2] is None] == []  # none failed

@@ -63,6 +63,7 @@ class Deployment:
         self.names: dict[str, str] = {}  # uid -> deployed name
         self.fingerprints: dict[str, str] = {}  # fingerprint -> deployed name
         self.aliases: dict[str, Component] = {}  # uid of a component a deployed one serves -> that one
+        self.starting: set[str] = set()  # components `add` is starting: they serve nothing yet
         self.sets: dict[str, ReplicaSet] = {}
         self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
         liveness = config.liveness
@@ -119,11 +120,14 @@ class Deployment:
         for name, component in components.items():
             self.config.components.setdefault(name, self._sizes(name, component))
             self._register(name, component)
+        self.starting.update(names)
         try:
             await self.supervisor.start(await self._specs(names))
         except BaseException:
             self._forget(names)
             raise
+        finally:
+            self.starting.difference_update(names)
         for pipeline in pipelines:
             self._adopt(pipeline)
         self.autoscaler.track(names)

@@ -53,7 +53,8 @@ class StatsCollector:
 
     def healthy(self) -> bool:
         """Whether every component has a healthy replica (alive, serving, its last health check passed): `/healthz`."""
-        return all(any(r.healthy for r in s.replicas) for s in self.deployment.sets.values())
+        starting = self.deployment.starting  # an update's new components: they serve nothing yet
+        return all(any(r.healthy for r in s.replicas) for n, s in self.deployment.sets.items() if n not in starting)
 
     def not_ready(self) -> list[str]:
         """Why not every worker is up, one line per replica (none: all are); part of `/readyz`, which asks no
@@ -61,6 +62,8 @@ class StatsCollector:
         supervisor = self.deployment.supervisor
         reasons = [f"{r.id} is {r.state.value}; another is starting in its place" for r in supervisor.replacing()]
         for name, replica_set in self.deployment.sets.items():
+            if name in self.deployment.starting:
+                continue  # an update's new component, serving nothing until all of it is up
             for replica in replica_set.replicas:
                 if not replica.alive:
                     reasons.append(f"{replica.id} is gone")
