@@ -53,3 +53,26 @@ def load_source(source: str, filename: str, extra: dict[str, Any] | None = None)
     namespace["__name__"] = "corpus"
     exec(compile(source, filename, "exec"), namespace)
     return namespace
+
+
+@pytest.fixture
+def profile_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Profiles cached under the test's own directory, not the user's cache."""
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path))
+    return tmp_path / "profiles"
+
+
+@pytest.fixture
+def workers_started(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The replica ids of every local worker started from here on (the profiler's are `profile-NAME`)."""
+    from patchkit.orchestrator.local import LocalBackend
+
+    started: list[str] = []
+    start = LocalBackend.start
+
+    async def counted(self: LocalBackend, spec: object, replica_id: str) -> object:
+        started.append(replica_id)
+        return await start(self, spec, replica_id)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LocalBackend, "start", counted)
+    return started

@@ -4,11 +4,14 @@ serve` in a subprocess, and a one-call generator pipeline deployed on workers.""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,32 @@ def start_serve(script: Path) -> tuple[subprocess.Popen[str], str]:
         server.wait()
         raise AssertionError("patchkit serve printed no URL")
     return server, url
+
+
+@contextmanager
+def serve_cli(cwd: Path, *arguments: str) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
+    """`patchkit serve ARGUMENTS --port 0` in `cwd` (the tests' components importable): the process, the URL it
+    printed and the file its log goes to; stopped with Ctrl-C afterwards, which must end it with status 0."""
+    log = cwd / "serve.log"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    with log.open("w") as stderr:
+        server = subprocess.Popen([sys.executable, "-m", "patchkit.cli", "serve", *arguments, "--port", "0"],
+                                  stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=cwd, env=env)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        found = re.search(r"^patchkit: serving (.*) at (http://127\.0\.0\.1:\d+) \(Ctrl-C stops\)$", line)
+        assert found is not None, f"patchkit serve printed {line!r}; its log:\n{log.read_text()}"
+        yield server, found.group(2), log
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 0
+        assert server.stdout.read() == "patchkit: stopped\n"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        if server.stdout is not None:
+            server.stdout.close()
 
 
 def ask_deployed_together(llm: patchkit.Component, questions: Sequence[str]) -> tuple[list[str], dict[str, Any]]:

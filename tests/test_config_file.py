@@ -8,9 +8,7 @@ module's Pipeline is found, or a clear error says why not; and a real `patchkit 
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import textwrap
@@ -19,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from serving import serve_cli
 
 import patchkit
 from patchkit import Component, ConfigError, make
@@ -285,15 +284,7 @@ def test_a_module_missing_a_dependency_raises_as_python_does(app_dir: Path) -> N
 def test_serve_with_a_config_file_end_to_end(app_dir: Path) -> None:
     """`patchkit serve shoutapp.main:pipeline --config deploy.yaml` on worker processes, queried, then stopped."""
     _write(app_dir, "port: 0\nslo_ms: 5000\ncomponents:\n  shout: {replicas: 2, batch_size: 4}\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen([sys.executable, "-m", "patchkit.cli", "serve", "shoutapp.main:pipeline", "--config",
-                               "deploy.yaml", "--log-level", "warning"], stdout=subprocess.PIPE, text=True, cwd=app_dir, env=env)
-    try:
-        assert server.stdout is not None
-        found = (re.search(r"serving shoutapp.main:pipeline at (http://127\.0\.0\.1:\d+)", line) for line in server.stdout)
-        match = next((m for m in found if m), None)
-        assert match is not None, "patchkit serve printed no URL"
-        url = match.group(1)
+    with serve_cli(app_dir, "shoutapp.main:pipeline", "--config", "deploy.yaml", "--log-level", "warning") as (_, url, _):
         request = urllib.request.Request(url + "/v1/query", data=json.dumps({"inputs": {"text": "hey"}}).encode(),
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=30) as reply:  # noqa: S310 - the local test server
@@ -302,12 +293,3 @@ def test_serve_with_a_config_file_end_to_end(app_dir: Path) -> None:
             plan: dict[str, Any] = json.loads(reply.read())
         assert plan["slo_ms"] == 5000 and plan["log_level"] == "WARNING"
         assert plan["components"]["shout"]["replicas"] == 2 and plan["components"]["shout"]["batch_sizes"] == {"shout": 4}
-        server.send_signal(signal.SIGINT)
-        assert server.wait(timeout=60) == 0
-        assert "patchkit: stopped" in server.stdout.read()
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-        if server.stdout is not None:
-            server.stdout.close()

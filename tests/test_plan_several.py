@@ -18,7 +18,6 @@ import pytest
 import patchkit
 from patchkit import Component, make
 from patchkit.components.testing import Simulated
-from patchkit.orchestrator.local import LocalBackend
 from patchkit.scheduler.offline.plan import Plan
 from patchkit.scheduler.offline.workload import interleave
 
@@ -26,24 +25,7 @@ POOL = {"cpu": 1, "gpu": 4}  # one core: every CPU component is profiled at 1 th
 CALIBRATION = {"crag": [{"question": "a"}], "hyde": [{"question": "b"}]}
 
 
-@pytest.fixture(autouse=True)
-def profile_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path))
-    return tmp_path / "profiles"
-
-
-@pytest.fixture
-def workers_started(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The replica ids of every worker started from here on (the profiler's are `profile-NAME`)."""
-    started: list[str] = []
-    start = LocalBackend.start
-
-    async def counted(self: LocalBackend, spec: object, replica_id: str) -> object:
-        started.append(replica_id)
-        return await start(self, spec, replica_id)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(LocalBackend, "start", counted)
-    return started
+pytestmark = pytest.mark.usefixtures("profile_cache")  # autouse: profiles cached under each test's directory
 
 
 class Noted(Component):

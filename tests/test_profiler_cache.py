@@ -4,42 +4,21 @@ starts no worker, in the same process or with components built again; a holder's
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 
 import patchkit
 from patchkit import Component, make
 from patchkit.components.testing import Simulated
-from patchkit.orchestrator.local import LocalBackend
 from patchkit.scheduler.offline.cache import digest
 from patchkit.scheduler.offline.pool import ResourcePool
 from patchkit.scheduler.offline.profiler import Profiler
-
-pytestmark = pytest.mark.slow
 
 POOL = {"cpu": 2, "gpu": 0}
 NAP_S = 0.2
 
 
-@pytest.fixture(autouse=True)
-def profile_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path))
-    return tmp_path / "profiles"
-
-
-@pytest.fixture
-def workers_started(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The replica ids of every worker started from here on."""
-    started: list[str] = []
-    start = LocalBackend.start
-
-    async def counted(self: LocalBackend, spec: object, replica_id: str) -> object:
-        started.append(replica_id)
-        return await start(self, spec, replica_id)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(LocalBackend, "start", counted)
-    return started
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("profile_cache")]  # profiles cached under each test's directory
 
 
 class Sleeper(Component):

@@ -13,21 +13,18 @@ import asyncio
 import functools
 import json
 import logging
-import os
 import re
-import signal
-import subprocess
 import sys
 import textwrap
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from serving import serve_cli
 
 from patchkit import ConfigError
 from patchkit.cli import Target, _load, _source_file, main, parser, serve_settings, serve_targets
@@ -305,32 +302,6 @@ def test_the_reloader_serves_each_change_and_keeps_the_version_before_when_one_f
 
 
 # -- the real command ---------------------------------------------------------------------------------------------
-@contextmanager
-def _serving(cwd: Path, *arguments: str) -> Iterator[tuple[subprocess.Popen[str], str, Path]]:
-    """`patchkit serve ARGUMENTS --port 0` in `cwd` (the tests' components importable): the process, the URL it
-    printed and the file its log goes to; stopped with Ctrl-C afterwards, which must end it with status 0."""
-    log = cwd / "serve.log"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TESTS)])}
-    with log.open("w") as stderr:
-        server = subprocess.Popen([sys.executable, "-m", "patchkit.cli", "serve", *arguments, "--port", "0"],
-                                  stdout=subprocess.PIPE, stderr=stderr, text=True, cwd=cwd, env=env)
-    try:
-        assert server.stdout is not None
-        line = server.stdout.readline()
-        found = re.search(r"^patchkit: serving (.*) at (http://127\.0\.0\.1:\d+) \(Ctrl-C stops\)$", line)
-        assert found is not None, f"patchkit serve printed {line!r}; its log:\n{log.read_text()}"
-        yield server, found.group(2), log
-        server.send_signal(signal.SIGINT)
-        assert server.wait(timeout=60) == 0
-        assert server.stdout.read() == "patchkit: stopped\n"
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-        if server.stdout is not None:
-            server.stdout.close()
-
-
 def _get(url: str) -> Any:
     with urllib.request.urlopen(url, timeout=30) as reply:  # noqa: S310 - the local test server
         return json.loads(reply.read())
@@ -362,7 +333,7 @@ def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 60.0)
 def test_serve_two_scripts_each_by_name(tmp_path: Path) -> None:
     (tmp_path / "gen.py").write_text(GENERATE)
     (tmp_path / "lookup.py").write_text(LOOKUP)
-    with _serving(tmp_path, "answer=gen.py", "lookup.py") as (server, url, _):
+    with serve_cli(tmp_path, "answer=gen.py", "lookup.py") as (server, url, _):
         listed = _listed(url)
         assert sorted(listed) == ["answer", "lookup"]
         assert {name: (row["version"], row["inputs"], row["state"]) for name, row in listed.items()} == {
@@ -391,7 +362,7 @@ def test_serve_the_pipelines_of_a_config_file(tmp_path: Path) -> None:
         components:
           shout: {replicas: 2}
     """))
-    with _serving(tmp_path, "--config", "deploy.yaml") as (server, url, _):
+    with serve_cli(tmp_path, "--config", "deploy.yaml") as (server, url, _):
         assert sorted(_listed(url)) == ["answer", "loud"]
         assert _query(url, "/v1/pipelines/loud/query", text="hey")[0] == "HEY!"
         assert _query(url, "/v1/pipelines/answer/query", question="a question")[0] == "G: a question"
@@ -405,7 +376,7 @@ def test_serve_reload_serves_an_edited_script_and_keeps_it_through_a_broken_one(
     script = tmp_path / "shout.py"
     script.write_text(_shout("!"))
     (tmp_path / "gen.py").write_text(GENERATE)
-    with _serving(tmp_path, "shout.py", "gen.py", "--reload") as (server, url, log):
+    with serve_cli(tmp_path, "shout.py", "gen.py", "--reload") as (server, url, log):
         workers = _children(server.pid)
         assert _query(url, "/v1/pipelines/shout/query", text="hey")[0] == "HEY!"
 
