@@ -53,7 +53,7 @@ def test_a_request_refused_while_closing_is_counted_as_overloaded_once() -> None
 
     async def body(frontend: Frontend) -> dict[str, Any]:
         await frontend.query({"query": "How do I open a file?"})
-        frontend.runner.closing = True
+        frontend.route().runner.closing = True
         with pytest.raises(Overloaded, match="shutting down"):
             await frontend.query({"query": "What is a list?"})
         return frontend.stats()["requests"]

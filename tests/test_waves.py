@@ -74,7 +74,8 @@ def test_a_deployment_without_pipelining_answers_every_request() -> None:
 
     async def body(frontend) -> list[int]:  # noqa: ANN001 - the Frontend
         results = await asyncio.gather(*(frontend.query({"value": v}) for v in range(20)))
-        assert frontend.runner.waves is not None and frontend.runner.waves.waves < 20  # requests shared waves
+        waves = frontend.route().runner.waves
+        assert waves is not None and waves.waves < 20  # requests shared waves
         return [r.output for r in results]
 
     assert run_frontend(pipeline, body, pipelining=False) == [v + 2 for v in range(20)]
