@@ -49,7 +49,7 @@ import patchkit  # noqa: E402
 from benchmarks.baselines.server import running  # noqa: E402
 from benchmarks.baselines.workloads import WORKLOADS, Workload  # noqa: E402
 from patchkit.bench import RequestRecord, run_bench, run_closed  # noqa: E402
-from patchkit.component import make_methods  # noqa: E402
+from patchkit.core import make_methods  # noqa: E402
 from patchkit.tables import text_table  # noqa: E402
 
 logger = logging.getLogger("throughput")

@@ -16,9 +16,9 @@ import argparse
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from patchkit.component import ensure_setup
 from patchkit.components.generators import huggingface
 from patchkit.components.generators.huggingface import TransformersGenerator
+from patchkit.core import ensure_setup
 from patchkit.tables import text_table
 
 TOPICS = ("dragon", "robot", "sailor", "baker", "wizard", "pirate", "gardener", "astronaut")

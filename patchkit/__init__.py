@@ -12,7 +12,7 @@ from patchkit.client.capture import capture
 from patchkit.client.endpoint import Endpoint, deploy
 from patchkit.client.pipeline import Pipeline, last_pipeline
 from patchkit.client.planning import plan
-from patchkit.component import Component, make
+from patchkit.core import Component, make
 from patchkit.errors import (
     CallError,
     CaptureError,

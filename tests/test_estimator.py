@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 import pytest
 
 from patchkit.capture.graph import OUTPUT, Graph, Node
-from patchkit.component import CallSite
+from patchkit.core import CallSite
 from patchkit.scheduler.online.averages import RunningAverage
 from patchkit.scheduler.online.estimator import accuracy
 from patchkit.scheduler.online.traces import Trace, Visit, nodes_remaining, prefixes

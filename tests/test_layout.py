@@ -1,7 +1,9 @@
-"""The package map holds: every import the table of docs/architecture.md allows, and no cycle.
+"""The package map holds: every import the table of docs/architecture.md allows, no cycle, and a module map
+that names every module.
 
 The rules are written once, as the table between the two marker comments of docs/architecture.md's
-"Which way the imports go"; this file parses it. Imports are read with `ast` from every module,
+"Which way the imports go"; this file parses it, and the module map under "The package map" (its
+convention is the comment above it). Imports are read with `ast` from every module,
 those inside functions included; only the ones under `if TYPE_CHECKING:` are left out, since they
 never run. A unit is a subpackage (`patchkit.capture`, `patchkit.scheduler.online`, ...) or a
 top-level module (`patchkit.errors`, `patchkit.cli`, ...).
@@ -22,6 +24,8 @@ PACKAGE = ROOT / "patchkit"
 NESTED = ("patchkit.scheduler.offline", "patchkit.scheduler.online")  # units one level deeper
 RULES_DOC = ROOT / "docs" / "architecture.md"
 BEGIN, END = "<!-- import rules: read by tests/test_layout.py -->", "<!-- end of import rules -->"
+MAP = "<!-- module map: read by tests/test_layout.py"
+DESCRIPTION_COLUMN = 25  # where an entry's description starts; a line indented this far goes on with the entry above
 
 
 def _module_name(path: Path) -> str:
@@ -165,7 +169,7 @@ RULES = read_rules(RULES_DOC.read_text())
 
 
 def test_the_graph_sees_the_units() -> None:
-    assert {"patchkit.capture", "patchkit.client", "patchkit.component", "patchkit.scheduler.online",
+    assert {"patchkit.capture", "patchkit.client", "patchkit.core", "patchkit.scheduler.online",
             "patchkit.serving"} <= set(GRAPH)
     assert "patchkit.capture" in GRAPH["patchkit.client"]  # a known edge: the reader finds imports at all
 
@@ -214,3 +218,81 @@ def test_the_table_parses_and_the_check_finds_an_import_it_does_not_allow() -> N
     client = RULES["patchkit.client"]
     narrower = {**RULES, client.unit: Rule(client.unit, False, client.may - {"patchkit.capture"}, client.never)}
     assert any(" imports patchkit.capture" in b for b in broken_rules(client.unit, narrower))
+
+
+def read_module_map(text: str) -> set[str]:
+    """The modules and packages the map in the first fenced block after MAP names, as dotted names.
+
+    An entry's line opens with `name/` (a package) or `name.py` (a module), indented two spaces per level under
+    the package above it; its `name.py` words, and those of the lines that go on with it, are modules of the
+    package the entry opens or sits in. Entries outside `patchkit/` are not read."""
+    if MAP not in text:
+        raise AssertionError(f"{RULES_DOC} lost its module map: keep the comment starting {MAP!r} above it")
+    block = text.split(MAP, 1)[1].split("```", 2)[1]
+    named: set[str] = set()
+    packages: list[str] = []  # the packages the current line sits in, outermost first
+    for line in block.splitlines()[1:]:  # the rest of the opening fence's line
+        if not line.strip():
+            continue
+        indent = len(line) - len(line.lstrip())
+        first = line.split()[0]
+        if indent < DESCRIPTION_COLUMN:  # an entry
+            if indent % 2 or indent // 2 > len(packages) or not re.fullmatch(r"\w+/|\w+\.py", first):
+                raise AssertionError(f"a line of the module map needs `name/` or `name.py` two spaces deeper than "
+                                     f"the package it sits in, or a description from column {DESCRIPTION_COLUMN}; "
+                                     f"got {line!r}")
+            packages = packages[: indent // 2] + ([first[:-1]] if first.endswith("/") else [])
+        if not packages or packages[0] != "patchkit":
+            continue
+        package = ".".join(packages)
+        named.add(package)
+        for module in re.findall(r"(?<![\w./])(\w+)\.py\b", line):
+            named.add(package if module == "__init__" else f"{package}.{module}")
+    return named
+
+
+def package_modules() -> set[str]:
+    """Every module and package under patchkit/, as dotted names."""
+    return {_module_name(path) for path in PACKAGE.rglob("*.py")}
+
+
+MODULE_MAP = read_module_map(RULES_DOC.read_text())
+
+
+def test_the_module_map_names_every_module() -> None:
+    missing = sorted(package_modules() - MODULE_MAP)
+    assert not missing, f"name {missing} in the module map of {RULES_DOC.relative_to(ROOT)}: what does each hold?"
+
+
+def test_the_module_map_names_only_modules_that_exist() -> None:
+    unknown = sorted(MODULE_MAP - package_modules())
+    assert not unknown, f"the module map of {RULES_DOC.relative_to(ROOT)} names {unknown}, which are not modules"
+
+
+def test_the_module_map_reads_entries_and_the_lines_that_go_on_with_them() -> None:
+    sample = "\n".join([
+        f"{MAP} (the convention) -->",
+        "```",
+        "patchkit/",
+        "  __init__.py            the public names",
+        "  errors.py  envs.py     leaves",
+        "  core/                  the leaf: base.py (Component), as a path `serving/runner.py` is not read,",
+        "                         calls.py (the hook)",
+        "  scheduler/",
+        "    offline/             plan.py",
+        "      pwl.py             the fit",
+        "    online/",
+        "  cli.py                 the command",
+        "examples/  tests/        not.py of patchkit",
+        "```",
+        "```",
+        "patchkit/",
+        "  later.py               a second block is not the map",
+        "```",
+    ])
+    assert read_module_map(sample) == {
+        "patchkit", "patchkit.errors", "patchkit.envs", "patchkit.core", "patchkit.core.base", "patchkit.core.calls",
+        "patchkit.scheduler", "patchkit.scheduler.offline", "patchkit.scheduler.offline.plan",
+        "patchkit.scheduler.offline.pwl", "patchkit.scheduler.online", "patchkit.cli"}
+    with pytest.raises(AssertionError, match="two spaces deeper"):
+        read_module_map(f"{MAP} -->\n```\npatchkit/\n      deep.py\n```\n")

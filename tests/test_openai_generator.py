@@ -26,9 +26,9 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("llama_cpp.server.app", reason="needs llama-cpp-python[server]")
 
 import patchkit  # noqa: E402
-from patchkit.component import ensure_setup  # noqa: E402
 from patchkit.components import Hit, OpenAIGenerator  # noqa: E402
 from patchkit.components.generators import LlamaCppGenerator, default_gguf_path  # noqa: E402
+from patchkit.core import ensure_setup  # noqa: E402
 from patchkit.orchestrator.execute import run_batch  # noqa: E402
 from patchkit.serving.frontend import Frontend  # noqa: E402
 

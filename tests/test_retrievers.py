@@ -10,9 +10,9 @@ pytest.importorskip("sentence_transformers", reason="the Embedder needs sentence
 pytest.importorskip("faiss", reason="the retrievers search FAISS indexes: pip install -e '.[retrieval]'")
 
 import patchkit  # noqa: E402
-from patchkit.component import ensure_setup  # noqa: E402
 from patchkit.components import ChromaRetriever, Embedder, FaissRetriever, Hit, QdrantRetriever  # noqa: E402
 from patchkit.components.documents import chunk, from_directory  # noqa: E402
+from patchkit.core import ensure_setup  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

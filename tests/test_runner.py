@@ -12,7 +12,7 @@ from components import Retriever
 from serving import run_frontend
 
 import patchkit
-from patchkit.component import CallSite, Component, MakeMethod, call_hook
+from patchkit.core import CallSite, Component, MakeMethod, call_hook
 from patchkit.errors import ComponentError, DeadlineExceeded, Overloaded, WorkerDiedError
 from patchkit.orchestrator.backend import ReplicaSpec, ReplicaState
 from patchkit.orchestrator.inprocess import InProcessBackend

@@ -55,7 +55,7 @@ def test_secret_arguments_are_masked_by_name_positional_keyword_or_nested() -> N
      ("max_tokens", False), ("tokenizer", False), ("topk", False), ("author", False), ("key", False)],
 )
 def test_which_names_are_secrets(name: str, secret: bool) -> None:
-    from patchkit.component import secret_like
+    from patchkit.core import secret_like
 
     assert secret_like(name) is secret
 

@@ -11,7 +11,7 @@ import pytest
 
 import patchkit
 from patchkit import Component, make
-from patchkit.component import ensure_setup
+from patchkit.core import ensure_setup
 
 
 class Engine(Component):

@@ -37,7 +37,7 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import make
-from patchkit.component import CallSite, Component, MakeMethod, call_hook
+from patchkit.core import CallSite, Component, MakeMethod, call_hook
 from patchkit.serving.frontend import Frontend
 
 TESTS = Path(__file__).parent

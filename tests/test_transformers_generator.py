@@ -21,9 +21,9 @@ pytest.importorskip("gguf")
 
 from serving import ask_deployed_together  # noqa: E402
 
-from patchkit.component import ensure_setup  # noqa: E402
 from patchkit.components import Hit, TransformersGenerator  # noqa: E402
 from patchkit.components.generators import default_gguf_path  # noqa: E402
+from patchkit.core import ensure_setup  # noqa: E402
 from patchkit.orchestrator.execute import run_batch  # noqa: E402
 
 pytestmark = pytest.mark.slow

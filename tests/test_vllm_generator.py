@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from serving import ask_deployed_together
 
-from patchkit.component import ensure_setup
 from patchkit.components import VLLMGenerator
+from patchkit.core import ensure_setup
 from patchkit.orchestrator.execute import run_batch
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from patchkit.component import Component, ensure_setup
+from patchkit.core import Component, ensure_setup
 
 logger = logging.getLogger(__name__)
 

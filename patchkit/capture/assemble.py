@@ -20,7 +20,7 @@ from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr
 
 from patchkit.capture.compat import PY312
 from patchkit.capture.ir import BlockExit, CapturedBlock
-from patchkit.component.calls import DeferredSites, deferring
+from patchkit.core.calls import DeferredSites, deferring
 
 __all__ = ["Program", "assemble"]
 

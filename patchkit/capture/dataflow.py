@@ -46,7 +46,7 @@ from patchkit.capture.values import (
     merge,
     union,
 )
-from patchkit.component import CallSite, Component, make_methods
+from patchkit.core import CallSite, Component, make_methods
 
 __all__ = ["build_graph"]
 

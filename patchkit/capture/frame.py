@@ -28,7 +28,7 @@ from bytecode import Instr
 from patchkit.capture.analysis import default_output, global_reads, instr_reads, instr_writes, live_in
 from patchkit.capture.holders import holds_components
 from patchkit.capture.ir import BlockExit, CapturedBlock
-from patchkit.component import Component
+from patchkit.core import Component
 from patchkit.errors import CaptureError
 
 __all__ = [

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from patchkit.capture import render
 from patchkit.capture.holders import constructor_components
 from patchkit.capture.recorder import CallRecord
-from patchkit.component import CallSite, Component
+from patchkit.core import CallSite, Component
 
 __all__ = ["OUTPUT", "PART", "Edge", "Graph", "Guard", "Loop", "Node"]
 

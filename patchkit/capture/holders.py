@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from patchkit.component import Component
+from patchkit.core import Component
 
 __all__ = ["MAX_DEPTH", "MAX_OBJECTS", "constructor_components", "held_components", "holds_components"]
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit.capture.holders import constructor_components
-from patchkit.component import CallSite, Component, MakeMethod
+from patchkit.core import CallSite, Component, MakeMethod
 
 __all__ = ["CallRecord", "Recorder"]
 

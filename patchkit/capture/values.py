@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patchkit.component import Component
+from patchkit.core import Component
 
 __all__ = [
     "EMPTY",

@@ -28,7 +28,7 @@ from patchkit.capture.parallel import parallel_program
 from patchkit.capture.recorder import Recorder
 from patchkit.capture.skip import BodySkipped, Skipper
 from patchkit.client.pipeline import Pipeline, set_last_pipeline
-from patchkit.component import call_hook
+from patchkit.core import call_hook
 from patchkit.errors import CaptureError
 
 __all__ = ["Capture", "capture"]

@@ -19,9 +19,9 @@ import cloudpickle
 from patchkit.capture.assemble import Program
 from patchkit.capture.graph import Graph
 from patchkit.capture.recorder import CallRecord, Recorder
-from patchkit.component import Component, active_call_hook, call_hook
-from patchkit.component.identity import code_digest, fingerprint
-from patchkit.component.pending import RUNTIME
+from patchkit.core import Component, active_call_hook, call_hook
+from patchkit.core.identity import code_digest, fingerprint
+from patchkit.core.pending import RUNTIME
 from patchkit.errors import PatchkitError, unknown_input
 
 __all__ = ["Pipeline", "last_pipeline", "set_last_pipeline"]
@@ -90,7 +90,7 @@ class Pipeline:
 
     def fingerprint(self) -> str:
         """A digest of what the pipeline runs: its code, inputs and output, and each component's fingerprint
-        (`patchkit.component.identity.fingerprint`); a version's content hash."""
+        (`patchkit.core.identity.fingerprint`); a version's content hash."""
         parts = [code_digest(self._program.code), repr(sorted(self._defaults.items())).encode(), str(self.output).encode()]
         parts += [f"{name}={fingerprint(c)}".encode() for name, c in sorted(self.components.items())]
         return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
@@ -187,7 +187,7 @@ def _unmarshal_code(data: bytes) -> types.CodeType:
     return _swap_consts(marshal.loads(data), _runtime_function)  # noqa: S302 - code this interpreter marshalled
 
 
-# A parallel program holds the functions of its runtime (`component/pending.py`) as constants, which marshal
+# A parallel program holds the functions of its runtime (`core/pending.py`) as constants, which marshal
 # cannot write: they travel as these marks, by name.
 _RUNTIME_MARK = "<patchkit runtime>"
 _RUNTIME_NAMES = {id(fn): name for name, fn in RUNTIME.items()}

@@ -10,9 +10,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from patchkit.component import Component, ensure_setup, make
 from patchkit.components.documents import Document, Hit, load_corpus, pydoc_corpus
 from patchkit.components.generators import Generator, LlamaCppGenerator, render_context
+from patchkit.core import Component, ensure_setup, make
 
 __all__ = ["Augmenter", "BM25Index", "BM25Search", "Grader", "Rewriter", "WebSearch", "parse_yes_no"]
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from patchkit.component import Component, make
 from patchkit.components.bundled import bundled_file
+from patchkit.core import Component, make
 
 __all__ = ["Embedder", "default_model_path"]
 

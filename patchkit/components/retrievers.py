@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 
 from patchkit import envs
-from patchkit.component import Component, ensure_setup, make
 from patchkit.components.documents import Hit, fingerprint, load_corpus
 from patchkit.components.embedder import Embedder
+from patchkit.core import Component, ensure_setup, make
 
 __all__ = ["ChromaRetriever", "FaissRetriever", "QdrantRetriever", "VectorRetriever"]
 

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from patchkit.component import Component, ensure_setup, make
 from patchkit.components.documents import Hit, fingerprint
 from patchkit.components.retrievers import VectorRetriever, Vectors
 from patchkit.components.stride import estimate_gamma, optimal_stride
+from patchkit.core import Component, ensure_setup, make
 
 __all__ = ["SpeculativeRetriever", "SpeculativeState"]
 

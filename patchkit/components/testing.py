@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from patchkit.component import Component, make
+from patchkit.core import Component, make
 
 __all__ = ["Simulated"]
 

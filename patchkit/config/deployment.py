@@ -14,8 +14,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from patchkit.component import Component, make_methods
-from patchkit.component.identity import deployed_names
 from patchkit.config.groups import (
     BACKENDS,
     LOG_LEVELS,
@@ -28,6 +26,8 @@ from patchkit.config.groups import (
     SloConfig,
 )
 from patchkit.config.options import check_counts, check_names, check_value, close_hint, collect, is_int, option
+from patchkit.core import Component, make_methods
+from patchkit.core.identity import deployed_names
 from patchkit.errors import ConfigError, InputError
 from patchkit.orchestrator.resources import SHARES_PER_CORE
 from patchkit.scheduler.offline.plan import Plan
@@ -187,7 +187,7 @@ class DeploymentConfig:
         """Build the config from deploy()'s arguments, naming any component, method or input it does not know.
 
         `pipeline`: the one served, or several by name, whose components are named as one deployment names
-        them (`patchkit.component.identity.deployed_names`).
+        them (`patchkit.core.identity.deployed_names`).
         `replicas`: one count for every component, or counts by component name. `batch_size`: one
         size for every method, or sizes by component ("retriever") or method ("retriever.retrieve").
         `plan`: replicas, batch sizes and placement of every component, instead of those two.

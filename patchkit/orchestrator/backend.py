@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
-from patchkit.component import Component
+from patchkit.core import Component
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Outcome
 from patchkit.orchestrator.handles import Handles

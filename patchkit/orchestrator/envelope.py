@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.component import Call
+from patchkit.core import Call
 
 __all__ = ["CallEnvelope"]
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.component import Call, CallHook, Component, MakeMethod, call_hook
+from patchkit.core import Call, CallHook, Component, MakeMethod, call_hook
 from patchkit.errors import CallError, Cancelled, ComponentError, DeadlineExceeded, PatchkitError
 
 __all__ = [

@@ -23,7 +23,7 @@ import grpc
 import grpc.aio
 
 from patchkit.capture.holders import constructor_components
-from patchkit.component import CallSite, Component, MakeMethod, mark_served_elsewhere
+from patchkit.core import CallSite, Component, MakeMethod, mark_served_elsewhere
 from patchkit.errors import CallError
 from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.rpc import OPTIONS, SECRET_KEY, decode, encode

@@ -22,8 +22,8 @@ from typing import Any
 
 from patchkit import telemetry
 from patchkit.capture.holders import held_components
-from patchkit.component import Component, MakeMethod, ensure_setup
-from patchkit.component.event_loop import component_loop
+from patchkit.core import Component, MakeMethod, ensure_setup
+from patchkit.core.event_loop import component_loop
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.envelope import CallEnvelope

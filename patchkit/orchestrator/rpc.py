@@ -36,7 +36,7 @@ import cloudpickle
 import grpc
 import grpc.aio
 
-from patchkit.component import Call
+from patchkit.core import Call
 from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Failure, Outcome, StopFlag

@@ -25,8 +25,8 @@ from typing import Any
 import grpc
 
 from patchkit import telemetry
-from patchkit.component import Call, CallHook, Component, make_methods
-from patchkit.component.event_loop import component_loop
+from patchkit.core import Call, CallHook, Component, make_methods
+from patchkit.core.event_loop import component_loop
 from patchkit.errors import Cancelled, DeadlineExceeded
 from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_calls, run_calls_async
 from patchkit.orchestrator.rpc import CHECK, SECRET_KEY, SERVICE, Batch, WireCall, decode_message, encode_chunk, encode_outcomes

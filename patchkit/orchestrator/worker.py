@@ -25,7 +25,7 @@ import cloudpickle
 import grpc
 
 from patchkit import telemetry
-from patchkit.component import CallHook, Component, ensure_setup
+from patchkit.core import CallHook, Component, ensure_setup
 from patchkit.errors import ComponentError, MakeError
 from patchkit.orchestrator.backend import ReplicaSpec
 from patchkit.orchestrator.execute import setup_error

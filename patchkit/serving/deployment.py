@@ -4,7 +4,7 @@ Shared by every pipeline the front-end (frontend.py) serves, and by every versio
 `ReplicaSet` per component, one `BatchQueue` per (component, method) with the batch size the config
 (or its plan) gives it, the `Supervisor` that starts the replicas the backend places, the
 `Autoscaler` and the `Prefetcher`. A component object several pipelines use is deployed once
-(`patchkit.component.identity.deployed_names`); a component of a new version whose fingerprint (class,
+(`patchkit.core.identity.deployed_names`); a component of a new version whose fingerprint (class,
 code, constructor arguments) is a deployed one's is served by that one, its workers, queues and caches kept.
 
 `add` starts a version's new components, all or none; `release` stops those no version in use calls.
@@ -22,9 +22,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from patchkit.capture.holders import constructor_components
-from patchkit.component import Component, make_methods
-from patchkit.component.identity import deployed_name, fingerprint
 from patchkit.config import ComponentConfig, DeploymentConfig
+from patchkit.core import Component, make_methods
+from patchkit.core.identity import deployed_name, fingerprint
 from patchkit.errors import PatchkitError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.envelope import CallEnvelope

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit.capture.graph import Graph
-from patchkit.component import CallSite, Component, MakeMethod
+from patchkit.core import CallSite, Component, MakeMethod
 
 __all__ = ["PREFETCH_METHOD", "PrefetchRoute", "Prefetcher", "find_routes"]
 

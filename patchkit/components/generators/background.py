@@ -10,7 +10,7 @@ import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-from patchkit.component.event_loop import CLOSE_TIMEOUT_S, iterate_on
+from patchkit.core.event_loop import CLOSE_TIMEOUT_S, iterate_on
 
 __all__ = ["BackgroundLoop"]
 

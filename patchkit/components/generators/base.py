@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from patchkit.component import Component
 from patchkit.components.bundled import bundled_file
+from patchkit.core import Component
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",

@@ -11,10 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from patchkit.component import make
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, default_gguf_path, replica_threads
 from patchkit.components.generators.hf_engine import BatchEngine
 from patchkit.components.generators.streaming import TokenText, stripped
+from patchkit.core import make
 
 if TYPE_CHECKING:
     import torch

@@ -6,7 +6,6 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from patchkit.component import make
 from patchkit.components.generators.base import (
     DEFAULT_SYSTEM_PROMPT,
     RAG_TEMPLATE,
@@ -18,6 +17,7 @@ from patchkit.components.generators.base import (
 from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
 from patchkit.components.generators.llama_sequence import common_prefix
 from patchkit.components.generators.streaming import decoded, stripped
+from patchkit.core import make
 
 __all__ = ["LlamaCppGenerator"]
 

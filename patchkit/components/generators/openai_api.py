@@ -18,10 +18,10 @@ import weakref
 from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from patchkit.component import make
-from patchkit.component.event_loop import CLOSE_TIMEOUT_S, component_loop
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, Request
 from patchkit.components.generators.streaming import StrippedText
+from patchkit.core import make
+from patchkit.core.event_loop import CLOSE_TIMEOUT_S, component_loop
 
 if TYPE_CHECKING:
     import openai

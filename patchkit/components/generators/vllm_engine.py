@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from patchkit.component import make
 from patchkit.components.generators.background import BackgroundLoop
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator
 from patchkit.components.generators.streaming import stripped
+from patchkit.core import make
 
 __all__ = ["VLLMGenerator"]
 

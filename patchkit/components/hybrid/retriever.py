@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from patchkit.component import make
 from patchkit.components.embedder import Embedder
 from patchkit.components.hybrid.budget import CpuLatencyModel, SloChoice, choose_share
 from patchkit.components.hybrid.device import pick_device
 from patchkit.components.hybrid.index import IvfIndex, build_ivf, load_ivf
 from patchkit.components.hybrid.search import HybridSearch
 from patchkit.components.retrievers import VectorRetriever, Vectors
+from patchkit.core import make
 
 __all__ = ["HybridIVFRetriever"]
 

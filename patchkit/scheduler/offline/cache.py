@@ -19,7 +19,7 @@ from typing import Any
 import cloudpickle
 
 from patchkit import envs
-from patchkit.component import Component
+from patchkit.core import Component
 from patchkit.scheduler.offline.profiles import MethodProfile
 
 __all__ = ["ProfileCache", "identity"]

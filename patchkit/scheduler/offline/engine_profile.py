@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.component import Call, Component
+from patchkit.core import Call, Component
 from patchkit.errors import PlanError
 from patchkit.orchestrator.backend import Replica
 from patchkit.scheduler.offline.costmodel import Counters, EngineCall, EngineCosts, fit, relative_error

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from patchkit.component import make_methods
+from patchkit.core import make_methods
 from patchkit.errors import InputError, PlanError
 from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, lending_units
 from patchkit.scheduler.offline.calibration import CalibrationCache

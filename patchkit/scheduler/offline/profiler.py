@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from patchkit.capture.holders import constructor_components
 from patchkit.capture.recorder import CallRecord
-from patchkit.component import Call, Component, make_methods
+from patchkit.core import Call, Component, make_methods
 from patchkit.errors import PlanError
 from patchkit.orchestrator.backend import Replica, ReplicaSpec
 from patchkit.orchestrator.local import LocalBackend

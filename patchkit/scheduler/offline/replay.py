@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from patchkit.capture.recorder import CallRecord
-from patchkit.component import Component
+from patchkit.core import Component
 from patchkit.orchestrator.execute import Failure, Outcome, run_batch
 from patchkit.orchestrator.handles import CallService, Handles
 from patchkit.scheduler.offline.cache import digest

@@ -6,7 +6,7 @@ import asyncio
 import time
 from typing import Any
 
-from patchkit.component import Call
+from patchkit.core import Call
 from patchkit.errors import ComponentError
 from patchkit.orchestrator.backend import Replica
 from patchkit.orchestrator.envelope import CallEnvelope

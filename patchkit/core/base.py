@@ -19,10 +19,10 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Gene
 from contextvars import ContextVar
 from typing import Any, TypeVar, overload
 
-from patchkit.component.calls import Call, CallHook, active_call_hook, call_hook, site_of
-from patchkit.component.event_loop import component_loop, on_component_loop, watched
-from patchkit.component.guards import allow_descriptor
-from patchkit.component.spec import ComponentSpec
+from patchkit.core.calls import Call, CallHook, active_call_hook, call_hook, site_of
+from patchkit.core.event_loop import component_loop, on_component_loop, watched
+from patchkit.core.guards import allow_descriptor
+from patchkit.core.spec import ComponentSpec
 from patchkit.errors import MakeError
 
 __all__ = ["BoundMake", "Component", "MakeMethod", "ensure_setup", "make", "make_methods", "mark_served_elsewhere"]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import cloudpickle
 
 if TYPE_CHECKING:
-    from patchkit.component.base import Component
+    from patchkit.core.base import Component
 
 __all__ = ["code_digest", "deployed_name", "deployed_names", "fingerprint"]
 
@@ -54,7 +54,7 @@ def fingerprint(component: Component) -> str:
     spec = component._patchkit_spec
     digest = hashlib.sha256()
     for cls in spec.cls.__mro__:
-        if cls.__module__.startswith("patchkit.component") or cls is object:
+        if cls.__module__.startswith("patchkit.core.") or cls is object:  # Component (patchkit.core.base), not the built-ins
             continue
         digest.update(f"{cls.__module__}.{cls.__qualname__}".encode())
         for name, value in sorted(vars(cls).items()):
@@ -102,6 +102,6 @@ class _ArgumentPickler(cloudpickle.Pickler):
     """Pickles arguments with each component they hold as its fingerprint (its uid differs in every process)."""
 
     def persistent_id(self, obj: Any) -> str | None:
-        from patchkit.component.base import Component
+        from patchkit.core.base import Component
 
         return fingerprint(obj) if isinstance(obj, Component) else None

@@ -5,9 +5,9 @@ decorator, `spec` how a component is rebuilt elsewhere and shown, `calls` a call
 `pending` a request's calls in flight (parallel calls), `event_loop` the loop async components run on.
 """
 
-from patchkit.component.base import BoundMake, Component, MakeMethod, ensure_setup, make, make_methods, mark_served_elsewhere
-from patchkit.component.calls import Call, CallHook, CallSite, active_call_hook, call_hook
-from patchkit.component.spec import ComponentSpec, secret_like
+from patchkit.core.base import BoundMake, Component, MakeMethod, ensure_setup, make, make_methods, mark_served_elsewhere
+from patchkit.core.calls import Call, CallHook, CallSite, active_call_hook, call_hook
+from patchkit.core.spec import ComponentSpec, secret_like
 
 __all__ = [
     "BoundMake",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from patchkit.component.base import Component, MakeMethod
+    from patchkit.core.base import Component, MakeMethod
 
 __all__ = ["Call", "CallHook", "CallSite", "DeferredSites", "active_call_hook", "call_hook", "deferring", "site_of"]
 
