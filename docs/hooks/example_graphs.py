@@ -30,7 +30,7 @@ class ExampleGraph:
 
     example: str  # the file's stem: "crag"
     name: str  # the module-level name of the pipeline: "pipeline"
-    summary: str  # the first line of the module's docstring
+    summary: str  # the first paragraph of the module's docstring
     calls: int
     svg: str
 
@@ -53,7 +53,7 @@ def _load(path: Path) -> Any:
 
 def _summary(path: Path) -> str:
     doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-    return doc.strip().splitlines()[0] if doc.strip() else ""
+    return " ".join(doc.strip().split("\n\n")[0].split())  # its first paragraph, on one line
 
 
 @functools.cache
