@@ -146,6 +146,18 @@ def markdown(results: tuple[Result, ...], components: str) -> str:
     return "\n".join(parts)
 
 
+def on_pre_build(config: Any) -> None:
+    """Called by MkDocs before each build: `mkdocs serve` rebuilds with what the files hold now."""
+    load_results.cache_clear()
+    plot_files.cache_clear()
+
+
+def on_serve(server: Any, config: Any, builder: Any) -> Any:
+    """Called by `mkdocs serve`: an edit of benchmarks/results/ rebuilds the site too."""
+    server.watch(str(ROOT / "benchmarks" / "results"))
+    return server
+
+
 def on_files(files: Any, config: Any) -> Any:
     """Called by MkDocs once the documentation files are collected: each plot becomes a file of the site."""
     from mkdocs.structure.files import File

@@ -91,6 +91,17 @@ def markdown(graphs: tuple[ExampleGraph, ...]) -> str:
     return "\n".join(parts)
 
 
+def on_pre_build(config: Any) -> None:
+    """Called by MkDocs before each build: `mkdocs serve` rebuilds with what the files hold now."""
+    example_graphs.cache_clear()
+
+
+def on_serve(server: Any, config: Any, builder: Any) -> Any:
+    """Called by `mkdocs serve`: an edit of examples/ rebuilds the site too."""
+    server.watch(str(ROOT / "examples"))
+    return server
+
+
 def on_files(files: Any, config: Any) -> Any:
     """Called by MkDocs once the documentation files are collected: each graph becomes a file of the site."""
     from mkdocs.structure.files import File
