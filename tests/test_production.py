@@ -64,7 +64,8 @@ def test_the_dockerfile_installs_extras_that_exist_and_serves_a_pipeline_that_lo
     command = _exec_form("CMD")
     args = parser().parse_args(["serve", *command])
     assert (args.host, args.port) == ("0.0.0.0", 8000)  # reachable from outside the container
-    assert isinstance(_load("serve", args.target), Pipeline)  # the default target loads (nothing runs: run=False)
+    [target] = args.targets
+    assert isinstance(_load(target), Pipeline)  # the default target loads (nothing runs: run=False)
     assert _instructions("STOPSIGNAL") == ["SIGTERM"]  # what the front-end drains on
 
 

@@ -59,7 +59,10 @@ def test_a_request_span_holds_its_calls_queue_batch_and_execution(exporter: InMe
     assert reply.status_code == 200
     spans = exporter.get_finished_spans()
     [request] = by_name(spans, "patchkit.request")
-    assert request.attributes == {"patchkit.request_id": "otel-1", "patchkit.outcome": "ok"}
+    version = reply.headers["X-Pipeline-Version"]
+    assert version.startswith("1-")  # the only pipeline's first version answered: its span names both
+    assert request.attributes == {"patchkit.request_id": "otel-1", "patchkit.outcome": "ok", "patchkit.pipeline": "patchkit",
+                                  "patchkit.pipeline_version": version}
     [call] = by_name(spans, "llm.generate")
     assert call.parent is not None and call.parent.span_id == request.context.span_id
     for child in ("queue", "batch", "llm.generate run"):
