@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import secrets
 import subprocess
 import sys
@@ -38,8 +39,6 @@ CONNECT_TIMEOUT_S = 10.0
 # client, whose waits would count against each call's timeout); this many idle ones are kept for the next calls.
 LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=100)
 QUERY_PATH = "/v1/query"
-# deploy()'s own parameters, besides the options of DeploymentConfig: what a misspelt name may be close to.
-DEPLOY_ARGUMENTS = ("pipeline", "resources", "calibration", "weights")
 
 
 # How an endpoint's pipelines are changed: (pipelines by name, names to remove) -> the versions now served, by name.
@@ -421,6 +420,10 @@ def deploy(
                         updater=thread.update)
     return _deploy_local(pipeline, config)
 
+
+# deploy()'s own parameters, besides the options of DeploymentConfig: what a misspelt name may be close to.
+DEPLOY_ARGUMENTS = tuple(name for name, parameter in inspect.signature(deploy).parameters.items()
+                         if parameter.kind is not inspect.Parameter.VAR_KEYWORD and name not in OPTIONS)
 
 if deploy.__doc__ is not None:  # None under `python -OO`
     deploy.__doc__ = deploy.__doc__.rstrip(" ") + reference(OPTIONS.values()) + "\n"

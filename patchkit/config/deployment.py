@@ -8,6 +8,7 @@ from a `Plan` when one is given, else from the arguments or the components' own 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -62,7 +63,7 @@ class DeploymentConfig:
 
     components: dict[str, ComponentConfig]
     backend: str = option("local", help="'local' (a process per replica), 'inprocess' (a thread of this process) or "
-                          "'ray' (Ray actors across a cluster)", choices=BACKENDS, described=True)
+                          "'ray' (Ray actors across a cluster)", choices=BACKENDS, described=True, flag=True)
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
@@ -289,8 +290,9 @@ def _grouped(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- checks: each raises a ConfigError naming the option, its value, and what it may be ------------------------------
-# The arguments of `resolve` beside the options: names a misspelt option may be close to.
-ARGUMENTS = ("replicas", "batch_size", "optional_inputs", "plan")
+# The arguments of `resolve` beside the options (its keyword parameters): names a misspelt option may be close to.
+ARGUMENTS = tuple(name for name, parameter in inspect.signature(DeploymentConfig.resolve).parameters.items()
+                  if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def _check_option_names(options: Mapping[str, Any], known: Iterable[str]) -> None:

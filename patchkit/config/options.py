@@ -1,10 +1,11 @@
 """What one deploy option is: its field's metadata, and the checks that metadata drives.
 
 A group of options (groups.py) is a frozen dataclass whose every field is made by `option()`: its default,
-its help line, its bounds (`gt`, `ge`, `le`), its choices, whether `GET /v1/plan` shows it (`described`).
-Those fields are the one source of every option's name, type, default, bounds and help: `OptionGroup`
-checks them when a group is built, `file.py` makes the config file's schema from them (and from it
-`patchkit serve --help` and the documentation's table), and `deploy()`'s docstring lists them.
+its help line, its bounds (`gt`, `ge`, `le`), its choices, whether `GET /v1/plan` shows it (`described`), whether
+`patchkit serve` takes it as a flag (`flag`). Those fields are the one source of every option's name, type,
+default, bounds and help: `OptionGroup` checks them when a group is built, `file.py` makes the config file's
+schema from them (and from it `patchkit serve --help` and the documentation's table), the command line's flags
+are those marked `flag`, and `deploy()`'s docstring lists them. Adding an option is adding a field.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Option:
     # (None: nothing). Off unless asked for, so that no later option (a path, an address, a key) is served.
     described: bool | Callable[[Any], Any] = False
     secret: bool = False  # never in a repr, a plan or an error message
+    flag: bool = False  # also a flag of `patchkit serve` (`--batch-wait-ms`), made from this metadata
 
 
 def option(
@@ -64,9 +66,10 @@ def option(
     check: Callable[[str, Any], None] | None = None,
     described: bool | Callable[[Any], Any] = False,
     secret: bool = False,
+    flag: bool = False,
 ) -> Any:
     """A group's field that is a deploy option (see `Option` for what each argument records)."""
-    meta = Option(help, name, gt, ge, le, choices, any_case, nonempty, check, described, secret)
+    meta = Option(help, name, gt, ge, le, choices, any_case, nonempty, check, described, secret, flag)
     return field(default=default, repr=not secret, metadata={OPTION: meta})
 
 
@@ -132,7 +135,10 @@ def _specs(cls: type) -> tuple[OptionSpec, ...]:
             raise TypeError(f"{cls.__name__}.{f.name} is secret: GET /v1/plan may not show it")
         if _compound(hints[f.name]) and meta.check is None:
             raise TypeError(f"{cls.__name__}.{f.name} is a {hints[f.name]}: a compound option needs a check=")
-        found.append(OptionSpec(meta.name or f.name, None, f.name, hints[f.name], f.default, meta))
+        spec = OptionSpec(meta.name or f.name, None, f.name, hints[f.name], f.default, meta)
+        if meta.flag:
+            simple_type(spec)  # a flag takes one simple value: raises TypeError where it has none
+        found.append(spec)
     return tuple(found)
 
 
