@@ -106,9 +106,11 @@ class SpeculativeState:
 
     @property
     def verified(self) -> bool:
+        """Whether every speculation has been checked against the base retriever."""
         return not self.unverified and self.pending is None
 
     def copy(self) -> SpeculativeState:
+        """A copy whose lists are its own: a call returns a new state, never changing the one it was given."""
         # Calls never mutate the state they are given: an eager pipeline may still hold it.
         return replace(self, docs=list(self.docs), unverified=list(self.unverified), window=list(self.window))
 
@@ -156,6 +158,7 @@ class SpeculativeRetriever(Component):
         self.max_stride, self.gamma_max, self.window, self.cache_limit = max_stride, gamma_max, window, cache_limit
 
     def setup(self) -> None:
+        """Set up the base retriever and take its corpus and index."""
         ensure_setup(self.base)
         self.topk = self.base.topk
         self.corpus = f"{fingerprint(self.base.docs)}-{self.base.embedder.name}"
@@ -349,8 +352,10 @@ class SpeculativeRetriever(Component):
         return tuple(int(state.cache_ids[i]) for i in picked), [float(v) for v in values]
 
     def _add_to_cache(self, state: SpeculativeState, ids: np.ndarray[Any, np.dtype[np.int64]]) -> None:
-        """Insert documents (best first), newest kept when over `cache_limit`; kept sorted by index so
-        that ties break as the base breaks them, by document index."""
+        """Insert documents (best first), newest kept when over `cache_limit`.
+
+        Kept sorted by index so that ties break as the base breaks them, by document index.
+        """
         new = ids[~np.isin(ids, state.cache_ids)]
         if not len(new):
             return

@@ -52,6 +52,7 @@ class ServerConfig(OptionGroup):
         super().__post_init__()
 
     def check(self) -> None:
+        """Make `optional_inputs` a tuple and `log_level` upper case."""
         object.__setattr__(self, "optional_inputs", tuple(self.optional_inputs))
         if self.log_level is not None:
             object.__setattr__(self, "log_level", self.log_level.upper())
@@ -74,6 +75,7 @@ class LimitsConfig(OptionGroup):
                                   "is first needed; false: one call at a time, as plain Python", described=True)
 
     def check(self) -> None:
+        """Refuse a `max_inflight_bytes` below `max_body_bytes`: a body of the largest size could never be admitted."""
         if self.max_inflight_bytes < self.max_body_bytes:
             raise ConfigError(f"max_inflight_bytes ({self.max_inflight_bytes}) must be >= max_body_bytes "
                               f"({self.max_body_bytes}): a body of the largest size could never be admitted")
@@ -124,6 +126,7 @@ class SloConfig(OptionGroup):
                             "call starts", described=True)
 
     def check(self) -> None:
+        """Keep `slo_ms` and `priority` by pipeline name as plain dicts."""
         for name in ("slo_ms", "priority"):
             if isinstance(value := getattr(self, name), Mapping):  # a plain dict, so that describe() stays JSON-able
                 object.__setattr__(self, name, dict(value))
@@ -133,6 +136,7 @@ class SloConfig(OptionGroup):
         return self.slo_ms.get(pipeline) if isinstance(self.slo_ms, dict) else self.slo_ms
 
     def priority_of(self, pipeline: str) -> int:
+        """The priority of pipeline `pipeline`'s calls in the queues of the components it shares."""
         return self.priority.get(pipeline, 0) if isinstance(self.priority, dict) else self.priority
 
 
@@ -154,6 +158,7 @@ class AutoscalingConfig(OptionGroup):
         check=check_counts, described=True)
 
     def check(self) -> None:
+        """Keep the bounds by name as plain dicts; refuse a `max_replicas` below `min_replicas`."""
         for name in ("min_replicas", "max_replicas"):
             value = getattr(self, name)
             if isinstance(value, Mapping):  # a plain dict, so that describe() stays JSON-able
@@ -176,8 +181,11 @@ def _requested_resources(actor_options: Mapping[str, Mapping[str, Any]] | None) 
 
 @dataclass(frozen=True)
 class RayConfig(OptionGroup):
-    """The ray backend's (orchestrator/ray_options.py says each in full): the cluster, Ray's restarts of a dead
-    actor, how long a replica may wait for resources, actor options by component, and TLS to the workers."""
+    """The ray backend's (orchestrator/ray_options.py says each in full).
+
+    The cluster, Ray's restarts of a dead actor, how long a replica may wait for resources, actor options by component, and TLS to
+    the workers.
+    """
 
     backend: ClassVar[str | None] = "ray"
 
@@ -198,6 +206,7 @@ class RayConfig(OptionGroup):
     tls_server_name: str | None = option(None, help="the name the certificate is checked against")
 
     def check(self) -> None:
+        """The rules between the TLS options (a cert with its key, no file with `tls=False`, files that exist)."""
         self.options()  # the rules between them: tls_cert with tls_key, no file with tls=False, files that exist
         if self.actor_options is not None:
             object.__setattr__(self, "actor_options", {k: dict(v) for k, v in self.actor_options.items()})

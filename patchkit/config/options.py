@@ -75,8 +75,11 @@ def option(
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """An option as the rest of patchkit sees it: its flat `name`, where it lives (`config.<group>.<field>`;
-    `group` None: a field of DeploymentConfig itself), its resolved type hint, default and metadata."""
+    """An option as the rest of patchkit sees it.
+
+    Its flat `name`, where it lives (`config.<group>.<field>`; `group` None: a field of DeploymentConfig itself), its resolved
+    type hint, default and metadata.
+    """
 
     name: str
     group: str | None
@@ -97,8 +100,11 @@ class OptionSpec:
 
 
 class OptionGroup:
-    """The base of every group of options: built frozen, each field checked by its metadata, then by the
-    group's own rules (`check`), which name both values when two fields conflict."""
+    """The base of every group of options.
+
+    Built frozen, each field checked by its metadata, then by the group's own rules (`check`), which name both values when two
+    fields conflict.
+    """
 
     # Set where the group's options belong to one backend: given for another, they are a mistake.
     backend: ClassVar[str | None] = None
@@ -158,8 +164,10 @@ def collect(config: type) -> tuple[dict[str, OptionSpec], dict[str, type[OptionG
 
 # -- checks: each raises a ConfigError naming the option, its value, and what it may be ------------------------------
 def check_value(spec: OptionSpec, value: object) -> None:
-    """One option's value against its type and metadata (called by every group as it is built, and by the
-    config file's schema after its own checks)."""
+    """Check one option's value against its type and metadata; raises ConfigError.
+
+    Called by every group as it is built, and by the config file's schema after its own checks.
+    """
     meta, name = spec.option, spec.name
     got = "" if meta.secret else f"; got {value!r}"
     if meta.check is not None:
@@ -228,10 +236,12 @@ def simple_type(spec: OptionSpec) -> type:
 
 
 def is_int(value: object) -> bool:
+    """Whether `value` is an integer, and not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def close_hint(given: object, known: Iterable[str]) -> str:
+    """The end of an error message: "; did you mean 'NAME'?" with the known name closest to `given`, or nothing."""
     close = difflib.get_close_matches(str(given), sorted(known), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -280,8 +290,10 @@ def check_names(argument: str, value: object) -> None:
 
 
 def reference(specs: Iterable[OptionSpec], indent: str = "    ") -> str:
-    """Every option, under its group's name, one line each with its help and default: the list that deploy()'s
-    docstring ends with."""
+    """Every option, under its group's name, one line each with its help and default.
+
+    The list that deploy()'s docstring ends with.
+    """
     lines: list[str] = []
     for group, members in itertools.groupby(specs, key=lambda spec: spec.group):
         if group is not None:

@@ -1,5 +1,8 @@
-"""`TransformersGenerator`: a chat model through Hugging Face transformers, on CPU or CUDA, streaming
-its tokens; the calls in flight together decode as one batch (`hf_engine.BatchEngine`)."""
+"""`TransformersGenerator`.
+
+A chat model through Hugging Face transformers, on CPU or CUDA, streaming its tokens; the calls in flight together decode as one
+batch (`hf_engine.BatchEngine`).
+"""
 
 from __future__ import annotations
 
@@ -106,8 +109,10 @@ class TransformersGenerator(Generator):
 
     @make(stream=True, max_concurrency=MAX_BATCH, read_only=True)
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
-        """Stream the answer as the engine decodes it; called in a thread of its own for each call, so
-        that the calls in flight together share the engine's next batch."""
+        """Stream the answer as the engine decodes it.
+
+        Called in a thread of its own for each call, so that the calls in flight together share the engine's next batch.
+        """
         request = self.request(prompt, docs, max_tokens)
         with self._tokenizer_lock:
             ids: list[int] = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, return_dict=False)
@@ -120,6 +125,7 @@ class TransformersGenerator(Generator):
         return engine.stats() if engine is not None else {}
 
     def check_health(self) -> None:
+        """Raise when the engine's thread has stopped."""
         engine: BatchEngine | None = self.__dict__.get("engine")
         if engine is not None and not engine.alive():
             raise RuntimeError("the transformers engine thread has stopped")

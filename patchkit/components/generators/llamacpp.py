@@ -75,6 +75,7 @@ class LlamaCppGenerator(Generator):
         self.engine: LlamaEngine | None = None
 
     def setup(self) -> None:
+        """Load the model into an engine and its chat template, with this replica's threads."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         # Prompt evaluation too: llama.cpp's own default is every core, which oversubscribes a replica's share.
@@ -100,10 +101,12 @@ class LlamaCppGenerator(Generator):
         return self.prompt(messages)[0]
 
     def prompt(self, messages: list[dict[str, str]], docs: Sequence[Any] | None = None) -> tuple[list[int], list[int]]:
-        """The tokens of `messages` (built by `messages(prompt, docs)`), and where in them the pieces the
-        document cache keeps end: the system prompt with the template's head, then each document (none
-        without documents or a document cache). A piece ends at the last token the text up to its end
-        tokenizes to alike alone and in the whole prompt, so the pieces are the prompt's own tokens."""
+        """The tokens of `messages` (built by `messages(prompt, docs)`), and where in them cached pieces end.
+
+        The pieces the document cache keeps: the system prompt with the template's head, then each document
+        (none without documents or a document cache). A piece ends at the last token the text up to its end
+        tokenizes to alike alone and in the whole prompt, so the pieces are the prompt's own tokens.
+        """
         assert self.engine is not None
         chat: Any = messages  # llama-cpp-python types each message as its own TypedDict
         formatted = self.chat(messages=chat)
@@ -123,8 +126,11 @@ class LlamaCppGenerator(Generator):
         return tokens, ends
 
     def reuse_order(self, prompt: str, docs: Sequence[Any]) -> list[Any]:
-        """`docs` with those the document cache holds after the system prompt first, in an order it holds
-        them (each time the first in `docs` that continues a held path), then the rest in their order."""
+        """`docs` with those the document cache holds after the system prompt first, then the rest.
+
+        The held ones in an order the cache holds them (each time the first in `docs` that continues a held
+        path), the rest in their order.
+        """
         assert self.engine is not None
         order: list[Any] = []
         rest = list(docs)
@@ -145,8 +151,10 @@ class LlamaCppGenerator(Generator):
     def generate(  # type: ignore[override]
         self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None
     ) -> Iterator[str]:
-        """Yield the answer's text as the engine makes it, stripped as a whole; closing the generator
-        early aborts the call's sequence in the engine. Called from the worker's threads, many at once."""
+        """Yield the answer's text as the engine makes it, stripped as a whole.
+
+        Closing the generator early aborts the call's sequence in the engine. Called from the worker's threads, many at once.
+        """
         assert self.engine is not None
         if docs and self.reorder_docs and self.document_cache:
             docs = self.reuse_order(prompt, docs)
@@ -162,10 +170,12 @@ class LlamaCppGenerator(Generator):
             stream.close()
 
     def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-        """The key of the system prompt and the first document alone, so that calls whose documents start
-        alike go to the replica whose slots or document cache hold that start (its engine reuses any
-        shared prefix, not only whole lists of documents); calls over the same documents share it too.
-        Without prefix reuse (`prefix_cache=False`): the key of all the documents."""
+        """The key of the system prompt and the first document alone.
+
+        Calls whose documents start alike go to the replica whose slots or document cache hold that start
+        (its engine reuses any shared prefix, not only whole lists of documents); calls over the same
+        documents share it too. Without prefix reuse (`prefix_cache=False`): the key of all the documents.
+        """
         docs = args[1] if len(args) > 1 else kwargs.get("docs")
         if not self.prefix_cache or not docs:
             return super().prefix_key(method, args, kwargs)
@@ -173,10 +183,11 @@ class LlamaCppGenerator(Generator):
 
     def profile_call(self, method: str, call: tuple[tuple[Any, ...], dict[str, Any]], max_tokens: int) -> tuple[
             tuple[Any, ...], dict[str, Any]]:
-        """`call` of `generate` (its args and kwargs) answering at most `max_tokens` tokens. The planner fits
-        this engine's cost model from such short calls and the counters of `stats()`: a component whose
-        engine batches by itself opts into the cost model with this method. Called in the planning process;
-        loads nothing."""
+        """`call` of `generate` (its args and kwargs) answering at most `max_tokens` tokens.
+
+        The planner fits this engine's cost model from such short calls and the counters of `stats()`: a component whose engine
+        batches by itself opts into the cost model with this method. Called in the planning process; loads nothing.
+        """
         if method != "generate":
             raise ValueError(f"LlamaCppGenerator has no engine method {method!r}; its engine runs generate")
         args, kwargs = call
@@ -184,9 +195,12 @@ class LlamaCppGenerator(Generator):
         return (), {**given, "max_tokens": min(given.get("max_tokens") or self.sampling.max_tokens, max_tokens)}
 
     def stats(self) -> dict[str, Any]:
-        """The engine's counters: requests, prompt tokens evaluated and reused, generated tokens, decode steps,
-        mean sequences per step, aborted calls, and the document cache's hits, misses, tokens saved, bytes
-        held, entries and evictions (see `LlamaEngine.stats`); empty before setup."""
+        """The engine's counters.
+
+        Requests, prompt tokens evaluated and reused, generated tokens, decode steps, mean sequences per step, aborted calls, and
+        the document cache's hits, misses, tokens saved, bytes held, entries and evictions (see `LlamaEngine.stats`); empty before
+        setup.
+        """
         return dict(self.engine.stats()) if self.engine is not None else {}
 
     def check_health(self) -> None:

@@ -1,5 +1,8 @@
-"""`VLLMGenerator`: a chat model on NVIDIA GPUs through vLLM's async engine, whose continuous
-batching admits each call as it arrives and streams its tokens back."""
+"""`VLLMGenerator`.
+
+A chat model on NVIDIA GPUs through vLLM's async engine, whose continuous batching admits each call as it arrives and streams its
+tokens back.
+"""
 
 from __future__ import annotations
 
@@ -112,8 +115,10 @@ class VLLMGenerator(Generator):
 
     @make(stream=True, max_concurrency=MAX_CONCURRENCY, read_only=True)
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
-        """Stream the answer as the engine makes it; called in a thread of its own for each call, while the
-        engine batches every request in flight between its steps."""
+        """Stream the answer as the engine makes it.
+
+        Called in a thread of its own for each call, while the engine batches every request in flight between its steps.
+        """
         from vllm import SamplingParams
 
         request = self.request(prompt, docs, max_tokens)
@@ -132,8 +137,10 @@ class VLLMGenerator(Generator):
         loop.run(self.engine.check_health(), HEALTH_TIMEOUT_S)
 
     async def _deltas(self, prompt_ids: list[int], params: Any) -> AsyncIterator[str]:
-        """The new text of one request as the engine's outputs grow, on the loop; aborted in the engine
-        when its consumer stops reading first (the task running it is cancelled)."""
+        """The new text of one request as the engine's outputs grow, on the loop.
+
+        Aborted in the engine when its consumer stops reading first (the task running it is cancelled).
+        """
         request_id = uuid.uuid4().hex
         text, finished = "", False
         try:

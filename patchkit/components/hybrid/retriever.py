@@ -1,5 +1,7 @@
-"""`HybridIVFRetriever`: the component. FAISS IVF on the CPU plus a device tier of hot clusters,
-lookahead prefetch, a device budget sized from a search SLO, and an exact merge.
+"""`HybridIVFRetriever`.
+
+The component. FAISS IVF on the CPU plus a device tier of hot clusters, lookahead prefetch, a device budget sized from a search
+SLO, and an exact merge.
 
 Its answers equal `FaissRetriever(index="ivf")` at the same nlist and nprobe over the same index:
 the device tier changes where a cluster is searched, never what is found.
@@ -151,6 +153,7 @@ class HybridIVFRetriever(VectorRetriever):
         return choice.budget_bytes
 
     def search(self, queries: Vectors, k: int) -> list[list[tuple[int, float]]]:
+        """(document index, cosine similarity) pairs per query, best first, from the hybrid index."""
         distances, ids = self.engine.search(queries, min(k, self.engine.index.ntotal))
         return [[(int(i), float(s)) for i, s in zip(row_ids, row_d) if i >= 0] for row_ids, row_d in zip(ids, distances)]
 
