@@ -10,6 +10,7 @@
     ├── WorkerDiedError     the worker process serving a component died
     ├── DeadlineExceeded    a request ran past its deadline
     ├── Overloaded          admission is closed: carries the queue length and its limit
+    ├── PipelineNotFound    a request named a pipeline the endpoint does not serve (also a LookupError)
     └── PlanError           no plan fits the resources or the SLO: says what is missing and how to declare it
 
 Errors cross process boundaries as JSON (`error_to_json` / `error_from_json`), never as pickles.

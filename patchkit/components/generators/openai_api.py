@@ -44,15 +44,6 @@ CONTEXT_EXCEEDED = re.compile(r"context.(length|size|window)|maximum model lengt
 class OpenAIGenerator(Generator):
     """A chat model served by an OpenAI-compatible server, asked at `POST {base_url}/chat/completions`.
 
-    `base_url`: the API root, such as "http://127.0.0.1:8080/v1". `model`: the name sent with every
-    request (default: the first model the server lists, asked at `setup()`). `api_key`: sent as a
-    bearer token (default: $OPENAI_API_KEY where the generator runs, read by `setup()` in each worker,
-    else none); a constructor argument is recorded in the component's spec and travels to its workers
-    (every repr shows it as '***'), so prefer the variable, which stays out of your code and the spec.
-    `extra_body`: server-specific fields added to every request, as `{"repeat_penalty": 1.0}` for
-    llama-cpp-python's server, whose default of 1.1 otherwise makes its answers differ from
-    `LlamaCppGenerator`'s for the same model.
-
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as every
     Generator, and streams it to a streaming request: it asks with `"stream": true` and yields each
     delta's content as it arrives. It is an async generator on `AsyncOpenAI`: a replica takes up to
@@ -62,6 +53,27 @@ class OpenAIGenerator(Generator):
     cancelling its call (its request ended), closes its HTTP response. llama-cpp-python's server cuts
     a streamed answer short when another request arrives unless it runs with
     `--interrupt_requests False`: start it so to send it calls together.
+
+    Args:
+        base_url: the API root, such as "http://127.0.0.1:8080/v1".
+        model: the name sent with every request (default: the first model the server lists, asked at
+            `setup()`).
+        api_key: sent as a bearer token (default: $OPENAI_API_KEY where the generator runs, read by
+            `setup()` in each worker, else none). A constructor argument is recorded in the component's
+            spec and travels to its workers (every repr shows it as '***'), so prefer the variable, which
+            stays out of your code and the spec.
+        max_tokens: the most tokens an answer takes unless its call says otherwise.
+        temperature: 0 answers greedily; above it, answers are sampled.
+        seed: the sampling generator's seed.
+        system_prompt: the chat's system prompt (None: none).
+        timeout_s: how long one request to the server may take.
+        max_concurrency: the requests at the server at once, per replica.
+        extra_body: server-specific fields added to every request, as `{"repeat_penalty": 1.0}` for
+            llama-cpp-python's server, whose default of 1.1 otherwise makes its answers differ from
+            `LlamaCppGenerator`'s for the same model.
+
+    Raises:
+        ValueError: a `base_url` that is not an http(s) URL, or a bound out of range.
     """
 
     client: openai.AsyncOpenAI  # made by setup(), on the loop the calls run on

@@ -29,19 +29,24 @@ HEALTH_TIMEOUT_S = 30.0
 class VLLMGenerator(Generator):
     """A chat model served in-process by vLLM's `AsyncLLMEngine`, on one or more NVIDIA GPUs.
 
-    `model`: a local model directory, or the Hugging Face id of a model already in the local
-    Hugging Face cache; nothing is downloaded (fetch it first, as `huggingface-cli download ID`).
-    `gpu_memory_utilization`: the share of each GPU's memory vLLM takes for weights and KV cache.
-    `max_model_len`: the context, in tokens (default: the model's own). `dtype`: "auto" (the
-    checkpoint's, float16 where that is float32), "float16", "bfloat16" or "float32".
-    `tensor_parallel_size`: GPUs to shard the model over.
-
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as every
     Generator, and streams it to a streaming request. The engine runs on an event loop in a thread of
     the replica (`setup()` starts both); each call submits its request there, joins the engine's
     running batch at its next step, and reads the new text as it comes. A replica takes up to 256
     calls at once. A caller that closes its stream aborts its request in the engine. Greedy at
     temperature 0; above it, each prompt samples with its own generator seeded with `seed`.
+
+    Args:
+        model: a local model directory, or the Hugging Face id of a model already in the local Hugging
+            Face cache; nothing is downloaded (fetch it first, as `huggingface-cli download ID`).
+        max_tokens: the most tokens an answer takes unless its call says otherwise.
+        temperature: 0 answers greedily; above it, answers are sampled.
+        seed: the sampling generator's seed.
+        system_prompt: the chat's system prompt (None: none).
+        gpu_memory_utilization: the share of each GPU's memory vLLM takes for weights and KV cache.
+        max_model_len: the context, in tokens (default: the model's own).
+        dtype: "auto" (the checkpoint's, float16 where that is float32), "float16", "bfloat16" or "float32".
+        tensor_parallel_size: GPUs to shard the model over.
     """
 
     devices = ("gpu",)
