@@ -147,8 +147,8 @@ class OpenAIGenerator(Generator):
     def batch_limit(self, method: str) -> int:
         """Calls one replica takes at once.
 
-        8 for each request it sends the server at once (the others wait their turn at the replica, not at the front-end), at most
-        MAX_CONCURRENCY; deploy()'s default and where the profiler's search starts.
+        That is 8 for each request it sends the server at once (the others wait their turn at the replica, not at the
+        front-end), at most MAX_CONCURRENCY; deploy()'s default and where the profiler's search starts.
         """
         super().batch_limit(method)  # a MakeError for a method that is not @make
         return min(MAX_CONCURRENCY, 8 * self.max_concurrency)
