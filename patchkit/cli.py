@@ -210,10 +210,14 @@ def _resources(text: str | None) -> dict[str, int] | None:
     return dict(ResourcePool.parse(text).capacity) if text else None
 
 
-# The deploy options `patchkit serve` takes as flags (each made from the option's metadata), then all its flags;
-# a flag overrides the config file's key of the same name.
-OPTION_FLAGS = ("host", "port", "backend", "batch_wait_ms", "slo_ms", "log_level")
-SERVE_FLAGS = (*OPTION_FLAGS, "replicas", "batch_size", "plan")
+def _option_flags() -> tuple[str, ...]:
+    """The deploy options `patchkit serve` takes as flags: those whose metadata says `flag`."""
+    from patchkit.config import OPTIONS
+
+    return tuple(name for name, spec in OPTIONS.items() if spec.option.flag)
+
+
+OPTION_FLAGS = _option_flags()
 
 
 def _option_flag(command: argparse.ArgumentParser, name: str) -> None:
@@ -231,6 +235,13 @@ def _option_flag(command: argparse.ArgumentParser, name: str) -> None:
                          type=str.lower if spec.option.any_case else kind)
 
 
+def _file_flag(command: argparse.ArgumentParser, name: str, kind: type) -> None:
+    """A flag for a config-file key that is no deploy option (`--replicas`): its help the key's."""
+    from patchkit.config.file import ServeFile
+
+    command.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=ServeFile.model_fields[name].description)
+
+
 def serve_settings(args: argparse.Namespace) -> dict[str, Any]:
     """The config file's keys (if any) with the flags given on the command line over them. A --replicas or
     --batch-size flag sets every component's, so it also overrides the file's per-component ones; --slo-ms
@@ -238,9 +249,11 @@ def serve_settings(args: argparse.Namespace) -> dict[str, Any]:
     from patchkit.config import file as config_file
 
     values = config_file.given(config_file.load(args.config) if args.config else config_file.ServeFile.model_validate({}))
-    flags = {name: getattr(args, name) for name in SERVE_FLAGS if getattr(args, name) is not None}
-    if args.resources is not None:
-        flags["resources"] = _resources(args.resources)
+    # A flag given overrides the config file's key of the same name.
+    keys = config_file.ServeFile.model_fields
+    flags = {name: value for name, value in vars(args).items() if name in keys and value is not None}
+    if "resources" in flags:
+        flags["resources"] = _resources(flags["resources"])
     values.update(flags)
     for name in ("replicas", "batch_size"):
         if name in flags:
@@ -354,9 +367,8 @@ def parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=None, metavar="FILE", help="deploy options from a YAML, JSON or TOML file (below)")
     for name in OPTION_FLAGS:
         _option_flag(serve, name)
-    serve.add_argument("--replicas", type=int, default=None, help="replicas of every component (default 1)")
-    serve.add_argument("--batch-size", type=int, default=None, help="batch size of every method (default: the method's own)")
-    serve.add_argument("--plan", default=None, help="'auto' to plan first, or a plan saved by `patchkit plan --json`")
+    for name, kind in (("replicas", int), ("batch_size", int), ("plan", str)):
+        _file_flag(serve, name, kind)
     serve.add_argument("--resources", default=None, help="with --plan auto: the pool, as cpu=5,gpu=2 (default: this machine)")
     planner = commands.add_parser("plan", help="profile a script's pipeline and print the plan that maximises its throughput")
     planner.add_argument("target", metavar="FILE.py|module:attribute",

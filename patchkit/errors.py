@@ -1,7 +1,5 @@
 """The exceptions patchkit raises, split by what the user can do about them.
 
-::
-
     PatchkitError
     ├── CaptureError        fix the pipeline code: names your file, line and construct, with a hint
     ├── MakeError           @make or a Component is used wrongly (also a TypeError)
@@ -12,6 +10,7 @@
     ├── WorkerDiedError     the worker process serving a component died
     ├── DeadlineExceeded    a request ran past its deadline
     ├── Overloaded          admission is closed: carries the queue length and its limit
+    ├── PipelineNotFound    a request named a pipeline the endpoint does not serve (also a LookupError)
     └── PlanError           no plan fits the resources or the SLO: says what is missing and how to declare it
 
 Errors cross process boundaries as JSON (`error_to_json` / `error_from_json`), never as pickles.
@@ -52,6 +51,12 @@ class CaptureError(PatchkitError):
     """A `with patchkit.capture():` block holds code patchkit cannot turn into a pipeline.
 
     The message names the user's file and line, the construct, and what to write instead.
+
+    Attributes:
+        construct: what could not be captured, as the message says it ("a `try` statement").
+        filename: the user's file.
+        lineno: the line in it, where known.
+        hint: what to write instead.
     """
 
     def __init__(self, construct: str, *, filename: str, lineno: int | None, hint: str) -> None:
@@ -72,12 +77,22 @@ class InputError(PatchkitError, TypeError):
 
 
 class ConfigError(PatchkitError, ValueError):
-    """A deployment option is unknown, out of range, or conflicts with another: the message names it,
-    suggests the closest known name for a misspelt one, and gives both values of a conflict."""
+    """A deployment option is unknown, out of range, or conflicts with another.
+
+    The message names it, suggests the closest known name for a misspelt one, and gives both values of a
+    conflict.
+    """
 
 
 class ComponentError(PatchkitError):
-    """A component method raised; `traceback_text` holds the component's own traceback."""
+    """A component method raised.
+
+    Attributes:
+        component: the component's name in the deployment.
+        method: the method that raised.
+        traceback_text: the component's own traceback, as text (empty where the endpoint sent none: it
+            sends it with `debug=True` only).
+    """
 
     def __init__(self, component: str, method: str, message: str, traceback_text: str = "") -> None:
         self.component = component
@@ -87,9 +102,15 @@ class ComponentError(PatchkitError):
 
 
 class CallError(PatchkitError):
-    """A component call failed between the front-end and its worker, not in the component: its arguments
-    could not be pickled or unpickled, or its result could not be. Only that call (or, for a reply that
-    cannot be read, that batch) fails; the worker keeps serving."""
+    """A component call failed between the front-end and its worker, not in the component.
+
+    Its arguments could not be pickled or unpickled, or its result could not be. Only that call (or, for a
+    reply that cannot be read, that batch) fails; the worker keeps serving.
+
+    Attributes:
+        component: the component's name in the deployment.
+        method: the method called.
+    """
 
     def __init__(self, component: str, method: str, message: str) -> None:
         self.component = component
@@ -106,12 +127,19 @@ class DeadlineExceeded(PatchkitError):
 
 
 class Cancelled(PatchkitError):
-    """A request ended before its call did (its client went away, or its caller cancelled it): the call
-    was withdrawn from its queue or aborted where it ran."""
+    """A request ended before its call did (its client went away, or its caller cancelled it).
+
+    The call was withdrawn from its queue or aborted where it ran.
+    """
 
 
 class Overloaded(PatchkitError):
-    """Admission is closed because the admission queue is full."""
+    """Admission is closed because the admission queue is full (HTTP 503, with Retry-After).
+
+    Attributes:
+        queue_length: the requests waiting when this one was refused.
+        limit: the most that may wait (`admission_queue_limit`, or `max_inflight_requests`).
+    """
 
     def __init__(self, queue_length: int, limit: int, reason: str | None = None) -> None:
         self.queue_length = queue_length
@@ -129,15 +157,23 @@ class PipelineNotFound(PatchkitError, LookupError):
 
 
 class PlanError(PatchkitError):
-    """The planner found no plan: the resources or the SLO cannot hold the pipeline; the message says
-    what is missing (which components, how many units of which resource) and what to declare."""
+    """The planner found no plan: the resources or the SLO cannot hold the pipeline.
+
+    The message says what is missing (which components, how many units of which resource) and what to
+    declare.
+    """
 
 
 def error_to_json(error: BaseException, *, traceback: bool = True) -> dict[str, Any]:
     """The JSON form of an error: its type name, message and, for component errors, where it came from.
 
-    `traceback=False` leaves out a component error's traceback (the HTTP API's replies, unless the
-    deployment has `debug=True`): its paths and source lines stay on the server.
+    Args:
+        error: the error to send.
+        traceback: False leaves out a component error's traceback (the HTTP API's replies, unless the
+            deployment has `debug=True`): its paths and source lines stay on the server.
+
+    Returns:
+        A JSON-able dict, which `error_from_json` reads back.
     """
     payload: dict[str, Any] = {"type": type(error).__name__, "message": str(error)}
     if isinstance(error, ComponentError):
@@ -154,7 +190,13 @@ def error_to_json(error: BaseException, *, traceback: bool = True) -> dict[str, 
 def error_from_json(payload: dict[str, Any]) -> PatchkitError:
     """Rebuild an error sent by `error_to_json` in another process, as the closest patchkit error.
 
-    A component error sent without its traceback has an empty `traceback_text`."""
+    Args:
+        payload: what `error_to_json` made.
+
+    Returns:
+        The error, of the same type where it is a public one (a component error sent without its traceback
+        has an empty `traceback_text`), else a `PatchkitError` with its message.
+    """
     kind, message = payload.get("type", ""), str(payload.get("message", ""))
     if kind == "ComponentError":
         error = ComponentError(payload.get("component", "?"), payload.get("method", "?"), "", payload.get("traceback", ""))

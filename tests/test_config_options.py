@@ -19,7 +19,7 @@ from patchkit.cli import OPTION_FLAGS, main, parser
 from patchkit.components.testing import Simulated
 from patchkit.config import OPTIONS, DeploymentConfig, OptionSpec
 from patchkit.config import file as cf
-from patchkit.config.options import OptionGroup, collect, option, reference, simple_type
+from patchkit.config.options import OptionGroup, collect, option, reference, simple_type, specs_of
 
 # What `GET /v1/plan` served before the options had groups: the same flat keys, no more (no host, port, address,
 # path, token or secret), so that clients reading it keep working.
@@ -197,3 +197,35 @@ def test_an_option_with_metadata_reaches_the_checks_the_schema_the_table_and_the
     assert "| `warmup_s` | `1.5` | how long a new replica warms up before its first call |" in cf.markdown_table(model)
     listed = reference(options.values())  # what deploy()'s docstring ends with
     assert listed == "    warmup:\n        warmup_s: how long a new replica warms up before its first call (default 1.5)"
+
+
+def test_the_serve_flags_are_the_options_marked_flag_and_keys_of_the_file() -> None:
+    """Marking an option `flag=True` is all it takes to make it a flag; every flag that is not the command's own
+    is a config-file key, which it overrides."""
+    root = parser()
+    commands = next(action for action in root._actions if isinstance(action, argparse._SubParsersAction))
+    dests = {action.dest for action in commands.choices["serve"]._actions} - {"help", "targets", "config", "reload"}
+    assert dests <= set(cf.ServeFile.model_fields)
+    assert {name for name in dests if name in OPTIONS} == {name for name, spec in OPTIONS.items() if spec.option.flag}
+    assert set(OPTION_FLAGS) == {name for name, spec in OPTIONS.items() if spec.option.flag}
+
+
+def test_a_flag_needs_one_simple_type() -> None:
+    @dataclass(frozen=True)
+    class Listed(OptionGroup):
+        names: tuple[str, ...] = option((), help="names", check=lambda name, value: None, flag=True)
+
+    with pytest.raises(TypeError, match="no one simple type"):
+        specs_of(Listed)
+
+
+def test_deploy_parameters_that_are_options_default_as_their_metadata_says() -> None:
+    from inspect import Parameter, signature
+
+    from patchkit.client.endpoint import DEPLOY_ARGUMENTS
+
+    for name, parameter in signature(patchkit.deploy).parameters.items():
+        if name in OPTIONS:
+            assert parameter.default == OPTIONS[name].default, name
+        elif parameter.kind is not Parameter.VAR_KEYWORD:
+            assert name in DEPLOY_ARGUMENTS, name

@@ -74,8 +74,10 @@ def _parallel(
     output: str | None,
     module_globals: dict[str, Any],
 ) -> Program | None:
-    """The block rewritten for parallel calls (`graph.overlap_groups` filled), made once per block and
-    calls found; None, with a warning, should the rewrite fail: the pipeline then runs one call at a time."""
+    """The block rewritten for parallel calls (`graph.overlap_groups` filled), made once per block and calls found.
+
+    None, with a warning, should the rewrite fail: the pipeline then runs one call at a time.
+    """
     per_code = _PARALLEL.setdefault(code, {})
     classes = {name: type(component) for name, component in graph.components().items()}
     calls = tuple((n.site, n.id, n.method, classes.get(n.component)) for n in graph.nodes.values())
@@ -155,9 +157,27 @@ class Capture:
 def capture(*, output: str | None = None, run: bool = True) -> Capture:
     """Capture the body of `with patchkit.capture() as pipeline:` as a Pipeline.
 
-    output: the variable the pipeline returns. Left out, a block that contains `return` returns
-        what it returns, and any other block returns the variable it assigns last.
-    run: run the body once now, recording every component call (True, the default), or skip it
-        so that nothing runs or loads here (False).
+        with patchkit.capture() as pipeline:
+            docs = retriever.retrieve(query)
+            answer = generator.generate(query, docs)
+
+        pipeline(query="What is a generator?")
+
+    Every name the block reads before writing it, bound to a plain value when the block starts (`query`),
+    is an input, its value at capture the input's default; components, modules, functions and classes are
+    bound by identity instead.
+
+    Args:
+        output: the variable the pipeline returns. Left out, a block that contains `return` returns
+            what it returns, and any other block returns the variable it assigns last.
+        run: run the body once now, recording every component call (True, the default), or skip it
+            so that nothing runs or loads here (False).
+
+    Returns:
+        The context manager; entering it gives the `Pipeline`.
+
+    Raises:
+        CaptureError: on entry, for code the block holds that patchkit cannot turn into a pipeline
+            (naming the file, line and construct, with what to write instead).
     """
     return Capture(output, run)

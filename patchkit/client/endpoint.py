@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import secrets
 import subprocess
 import sys
@@ -38,8 +39,6 @@ CONNECT_TIMEOUT_S = 10.0
 # client, whose waits would count against each call's timeout); this many idle ones are kept for the next calls.
 LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=100)
 QUERY_PATH = "/v1/query"
-# deploy()'s own parameters, besides the options of DeploymentConfig: what a misspelt name may be close to.
-DEPLOY_ARGUMENTS = ("pipeline", "resources", "calibration", "weights")
 
 
 # How an endpoint's pipelines are changed: (pipelines by name, names to remove) -> the versions now served, by name.
@@ -47,21 +46,34 @@ Updater = Callable[[dict[str, Pipeline], list[str]], dict[str, dict[str, Any]]]
 
 
 class Endpoint:
-    """Deployed pipelines: `url`, `query(**inputs)`, `await aquery(**inputs)`, `stream(**inputs)`,
-    `astream(**inputs)` (where one pipeline is served), `endpoint[name]` (one of several), `pipelines()`,
-    `update(...)`, `remove(name)`, `stats()`, `close()`.
+    """Deployed pipelines, as `deploy()` returns them: query them, update them, close them.
 
-    Calls share pooled keep-alive connections: one client for every thread's `query`, one per event loop
-    for `aquery`. A call that gets no answer within the endpoint's `request_timeout_s` (plus a margin)
-    raises DeadlineExceeded. Also a context manager; whatever is still open closes when the interpreter exits.
+        with patchkit.deploy(pipeline) as endpoint:
+            endpoint.query(query="What is a generator?")
+            for chunk in endpoint.stream(query="What is a generator?"):
+                print(chunk, end="")
+
+    `query`, `aquery`, `stream` and `astream` run the one pipeline served; `endpoint[name]` is one of
+    several. Calls share pooled keep-alive connections: one client for every thread's `query`, one per
+    event loop for `aquery`. A call that gets no answer within the endpoint's `request_timeout_s` (plus a
+    margin) raises DeadlineExceeded. Also a context manager; whatever is still open closes when the
+    interpreter exits.
+
+    Args:
+        url: where the endpoint's HTTP API answers.
+        closer: what `close()` calls to stop the front-end and its workers.
+        timeout_s: the endpoint's request timeout.
+        headers: sent with every request (sync and async), such as its bearer token.
+        updater: how `update` reaches the front-end (None: this endpoint takes no updates).
+
+    Attributes:
+        url: where the endpoint's HTTP API answers (`POST {url}/v1/query`).
     """
 
     def __init__(
         self, url: str, closer: Callable[[], None], *, timeout_s: float = 300.0, headers: Mapping[str, str] | None = None,
         updater: Updater | None = None,
     ) -> None:
-        """`timeout_s`: the endpoint's request timeout; `headers`: sent with every request (sync and async);
-        `updater`: how `update` reaches the front-end (None: this endpoint takes no updates)."""
         self.url = url
         self._updater = updater
         self._headers = {"Accept": "application/json", **(headers or {})}
@@ -78,32 +90,81 @@ class Endpoint:
 
     # -- requests -------------------------------------------------------------------------------
     def query(self, **inputs: Any) -> Any:
-        """Run the pipeline on `inputs` and return its output; raises the error the endpoint answered."""
+        """Run the pipeline on `inputs` and return its output.
+
+        Args:
+            **inputs: the pipeline's inputs by name; those left out keep their value at capture.
+
+        Returns:
+            What `pipeline(**inputs)` returns, as JSON carried it.
+
+        Raises:
+            PatchkitError: the error the endpoint answered, as its type: InputError, ComponentError,
+                DeadlineExceeded, Overloaded, ...
+            ConnectionError: the endpoint cannot be reached.
+        """
         return self._query(QUERY_PATH, inputs)
 
     async def aquery(self, **inputs: Any) -> Any:
-        """`query` for asyncio code: thousands may wait at once on one event loop."""
+        """`query` for asyncio code: thousands may wait at once on one event loop.
+
+        Args:
+            **inputs: the pipeline's inputs by name.
+
+        Returns:
+            The pipeline's output.
+
+        Raises:
+            PatchkitError: the error the endpoint answered, as `query` raises it.
+            ConnectionError: the endpoint cannot be reached.
+        """
         return await self._aquery(QUERY_PATH, inputs)
 
     def stream(self, **inputs: Any) -> Stream:
-        """Run the pipeline on `inputs`, streaming: iterate the result for the output's text as it is
-        produced, then read its `output` (and `request_id`). Nothing is sent until iteration starts.
+        """Run the pipeline on `inputs`, streaming.
+
+        Iterate the result for the output's text as it is produced, then read its `output` (and `request_id`). Nothing is sent
+        until iteration starts.
 
             stream = endpoint.stream(query="What is a generator?")
             for chunk in stream:
                 print(chunk, end="", flush=True)
             stream.output   # what query() returns
 
-        Raises, while iterating, the error the endpoint answered or sent as its last event."""
+        Args:
+            **inputs: the pipeline's inputs by name.
+
+        Returns:
+            The stream. While iterating, it raises the error the endpoint answered or sent as its last event.
+        """
         return self._stream(QUERY_PATH, inputs)
 
     def astream(self, **inputs: Any) -> AsyncStream:
-        """`stream` for asyncio code: `async for chunk in endpoint.astream(...)`, then its `output`. Leaving the
-        loop early (`break`) closes the stream: the endpoint cancels the request."""
+        """`stream` for asyncio code.
+
+        `async for chunk in endpoint.astream(...)`, then its `output`. Leaving the loop early (`break`) closes the stream: the
+        endpoint cancels the request.
+
+        Args:
+            **inputs: the pipeline's inputs by name.
+
+        Returns:
+            The async stream.
+        """
         return self._astream(QUERY_PATH, inputs)
 
     def __getitem__(self, name: str) -> PipelineClient:
-        """The client of pipeline `name` (one of those `pipelines()` lists): its `query`, `aquery`, `stream`, `astream`."""
+        """The client of pipeline `name` (one of those `pipelines()` lists): its `query`, `aquery`, `stream`, `astream`.
+
+        Args:
+            name: the pipeline's name, as it was deployed (`deploy({"crag": crag, ...})`).
+
+        Returns:
+            Its client; a name the endpoint does not serve fails at the first call, with PipelineNotFound.
+
+        Raises:
+            TypeError: `name` is not a non-empty string.
+        """
         if not isinstance(name, str) or not name:
             raise TypeError(f"endpoint[name] takes a pipeline's name; got {name!r:.80}")
         return PipelineClient(self, name)
@@ -146,21 +207,35 @@ class Endpoint:
 
     # -- pipelines ------------------------------------------------------------------------------
     def pipelines(self) -> list[dict[str, Any]]:
-        """Each pipeline served, as `GET /v1/pipelines` lists it: name, version, digest, inputs, output, state
-        ("ready", "unready", "starting", "draining"; an older version still ending its requests: "retiring"),
-        the components it calls and its requests in flight."""
+        """Each pipeline served, as `GET /v1/pipelines` lists it.
+
+        Name, version, digest, inputs, output, state ("ready", "unready", "starting", "draining"; an older version still ending
+        its requests: "retiring"), the components it calls and its requests in flight.
+        """
         result: list[dict[str, Any]] = self._request("GET", "/v1/pipelines")["pipelines"]
         return result
 
     def update(self, pipelines: Pipeline | Mapping[str, Pipeline]) -> dict[str, dict[str, Any]]:
-        """Serve new versions while serving: one Pipeline replaces the only one served; a mapping updates pipelines
-        by name, a new name adds one. Returns each new version as `pipelines()` lists it.
+        """Serve new versions while serving.
 
         A component whose class, code and constructor arguments are unchanged keeps its workers (and their
         caches); any other starts new workers, `setup()` done, before a request reaches them. Every request that
         starts after this returns runs on the new version; those in flight end on theirs, and the workers no
-        version calls any more stop once they have. Raises, with nothing changed, the reason it cannot: a
-        component that fails to start, a name or pipeline that is not one."""
+        version calls any more stop once they have.
+
+        Args:
+            pipelines: one Pipeline, which replaces the only one served; or a mapping that updates pipelines
+                by name, a new name adding one.
+
+        Returns:
+            Each new version as `pipelines()` lists it, by name.
+
+        Raises:
+            ConfigError: one Pipeline for an endpoint that serves several, or a name or pipeline that is
+                not one; nothing is changed.
+            PatchkitError: a component that fails to start (nothing is changed), or an endpoint that takes
+                no updates from here.
+        """
         if isinstance(pipelines, Pipeline):
             served = [row["name"] for row in self.pipelines() if row["state"] != "retiring"]
             if len(served) != 1:
@@ -172,7 +247,14 @@ class Endpoint:
         return self._update(dict(pipelines), [])
 
     def remove(self, name: str) -> None:
-        """Stop serving pipeline `name`: its requests in flight end, then the workers no other pipeline calls stop."""
+        """Stop serving pipeline `name`: its requests in flight end, then the workers no other pipeline calls stop.
+
+        Args:
+            name: the pipeline's name.
+
+        Raises:
+            PatchkitError: a name the endpoint does not serve, or an endpoint that takes no updates from here.
+        """
         self._update({}, [name])
 
     def _update(self, pipelines: dict[str, Pipeline], remove: list[str]) -> dict[str, dict[str, Any]]:
@@ -202,8 +284,10 @@ class Endpoint:
         return result
 
     def traces(self) -> list[Trace]:
-        """The last finished requests with an SLO (up to 5,000), each call with its times and queue
-        wait: what the SLO estimators learn from, for `patchkit.scheduler.online.estimator.accuracy`."""
+        """The last finished requests with an SLO (up to 5,000), each call with its times and queue wait.
+
+        What the SLO estimators learn from, for `patchkit.scheduler.online.estimator.accuracy`.
+        """
         from patchkit.scheduler.online.traces import Trace
 
         result: dict[str, Any] = self._request("GET", "/v1/traces")
@@ -304,7 +388,12 @@ class Endpoint:
 
 
 class PipelineClient:
-    """One pipeline of an endpoint (`endpoint[name]`): its requests go to `POST /v1/pipelines/{name}/query`."""
+    """One pipeline of an endpoint (`endpoint[name]`): its requests go to `POST /v1/pipelines/{name}/query`.
+
+    Args:
+        endpoint: the endpoint that serves it.
+        name: the pipeline's name.
+    """
 
     def __init__(self, endpoint: Endpoint, name: str) -> None:
         self.endpoint, self.name = endpoint, name
@@ -331,8 +420,10 @@ class PipelineClient:
 
 
 async def _hold(client: httpx.AsyncClient) -> AsyncGenerator[None, None]:
-    """Holds an event loop's client open until the generator is closed: by `Endpoint.close()`, or by the loop's
-    `shutdown_asyncgens()` when it closes first."""
+    """Holds an event loop's client open until the generator is closed.
+
+    By `Endpoint.close()`, or by the loop's `shutdown_asyncgens()` when it closes first.
+    """
     try:
         yield
     finally:
@@ -367,22 +458,43 @@ def deploy(
     whose name another pipeline's component took is named `pipeline/name` in `replicas=`, `batch_size=` and
     stats. `endpoint.update()` changes them while they serve.
 
-    `backend`: "local" (a front-end process and one worker process per replica) or "inprocess"
-    (a thread of this process running your own component objects, for tests and pdb) or "ray" (one
-    Ray actor per replica, placed across a Ray cluster: `ray_address` names it; the options of its
-    group `ray` below take it further). `replicas`: a count for every component, or
-    counts by component name; `batch_size`: a size for every method, or sizes by component or
-    "component.method" (default: each method's `@make(max_batch_size=...)`; of a `max_concurrency`
-    method, its calls at once per replica, at most that bound). `plan`: a `Plan` to
-    apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=, calibration=,
-    weights=, slo_ms=)`: it sets every component's replicas, batch size and placement.
+    Every argument is checked before anything is planned or started. Every other option is a keyword
+    argument (`**options`), held by a group of `patchkit.config.DeploymentConfig`; `patchkit serve` takes
+    the same as config-file keys. `help(patchkit.deploy)` lists them at its end, and the documentation's
+    table of options with their defaults.
 
-    Every argument is checked before anything is planned or started: a ConfigError names an unknown
-    option (with the closest known name), a value out of range, or two options that conflict.
+    Args:
+        pipeline: the pipeline to serve, or several by name (default: the last one captured).
+        backend: "local" (a front-end process and one worker process per replica) or "inprocess" (a thread
+            of this process running your own component objects, for tests and pdb) or "ray" (one Ray actor
+            per replica, placed across a Ray cluster: `ray_address` names it; the options of its group
+            `ray` take it further).
+        slo_ms: the latency target of every request that brings none, in milliseconds; or targets by
+            pipeline name.
+        host: the address the HTTP server listens on.
+        port: the port it listens on (0: any free port).
+        replicas: a count for every component, or counts by component name (default 1).
+        batch_size: a size for every method, or sizes by component or "component.method" (default: each
+            method's `@make(max_batch_size=...)`; of a `max_concurrency` method, its calls at once per
+            replica, at most that bound).
+        plan: a `Plan` to apply, or "auto" to make one first with `patchkit.plan(pipeline, resources=,
+            calibration=, weights=, slo_ms=)`: it sets every component's replicas, batch size and placement.
+        resources: with `plan="auto"`, the pool to plan for, such as `{"cpu": 8, "gpu": 2}` (default: this
+            machine's; with the ray backend, the cluster's).
+        calibration: with `plan="auto"`, inputs to profile the pipeline on (by pipeline name, with several).
+        weights: with `plan="auto"` and several pipelines, each one's share of the requests.
+        ray_address: the Ray cluster the ray backend joins (default: the one this process is connected
+            to, else RAY_ADDRESS, else a local one).
+        **options: every other option by its flat name (`max_inflight_requests=`, `autoscale=`, ...).
 
-    The options, each a keyword argument, by the group of `patchkit.config.DeploymentConfig` that holds it
-    (`patchkit serve` takes the same as config-file keys):
+    Returns:
+        The Endpoint, every worker ready.
 
+    Raises:
+        ConfigError: an unknown option (with the closest known name), a value out of range, two options
+            that conflict, or a planning argument without `plan="auto"`.
+        PlanError: with `plan="auto"`, no plan fits the resources or the SLO.
+        PatchkitError: a component that cannot travel to its workers, or a worker that fails to start.
     """
     pipeline = pipeline if pipeline is not None else last_pipeline()
     if not isinstance(pipeline, Pipeline) and not (
@@ -422,8 +534,13 @@ def deploy(
     return _deploy_local(pipeline, config)
 
 
+# deploy()'s own parameters, besides the options of DeploymentConfig: what a misspelt name may be close to.
+DEPLOY_ARGUMENTS = tuple(name for name, parameter in inspect.signature(deploy).parameters.items()
+                         if parameter.kind is not inspect.Parameter.VAR_KEYWORD and name not in OPTIONS)
+
 if deploy.__doc__ is not None:  # None under `python -OO`
-    deploy.__doc__ = deploy.__doc__.rstrip(" ") + reference(OPTIONS.values()) + "\n"
+    deploy.__doc__ += "\n    The options, by the group of `patchkit.config.DeploymentConfig` that holds each:\n\n" + reference(
+        OPTIONS.values()) + "\n"
 
 
 def _check_calibration(pipeline: Pipeline | Mapping[str, Pipeline], calibration: object) -> None:
@@ -456,8 +573,10 @@ def _ray_address(given: str | None) -> str | None:
 
 
 def _deploy_local(pipeline: Pipeline | Mapping[str, Pipeline], config: DeploymentConfig) -> Endpoint:
-    """The front-end in a process of its own, which starts the workers (local) or the actors (ray); updates
-    travel to it over its private pipe."""
+    """The front-end in a process of its own, which starts the workers (local) or the actors (ray).
+
+    Updates travel to it over its private pipe.
+    """
     import pickle
 
     from patchkit.orchestrator.process import spawn

@@ -32,11 +32,8 @@ MAX_RECORDED_CALLS = 10_000
 class Pipeline:
     """What `with patchkit.capture() as pipeline:` gives back.
 
-    - `inputs`: the input names with their values at capture as defaults;
-    - `output`: the variable the pipeline returns, or "return" when the block's `return` is it;
-    - `pipeline(**overrides)`: run again, locally and eagerly, on new inputs;
-    - `graph`: the component calls with their data and control dependencies, and visit counts;
-    - `components`: the components the pipeline calls, by name.
+    `pipeline(**overrides)` runs it again, locally and eagerly, on new inputs; `patchkit.deploy(pipeline)`
+    serves it.
 
     Called inside another pipeline (a capture block, or a deployed front-end running one), a
     Pipeline is bound by identity like a component, its components are the outer pipeline's too,
@@ -45,6 +42,12 @@ class Pipeline:
     A Pipeline pickles (with pickle or cloudpickle; components travel as specs) and answers the same
     in the process that loads it, its calls at the same call sites: this is how the front-end
     receives it, and how it knows which calls stream the output.
+
+    Attributes:
+        output: the variable the pipeline returns, or "return" when the block's `return` is it.
+        graph: the component calls with their data and control dependencies, and visit counts.
+        recorded: the calls of its eager runs (the capture's, if it ran, and each `pipeline(...)`), up
+            to 10,000, for profiling.
     """
 
     def __init__(
@@ -68,17 +71,21 @@ class Pipeline:
 
     @property
     def inputs(self) -> dict[str, Any]:
+        """The input names, with their values at capture as defaults."""
         return dict(self._defaults)
 
     @property
     def components(self) -> dict[str, Component]:
+        """The components the pipeline calls, by name."""
         return self.graph.components()
 
     def component_aliases(self) -> dict[str, Component]:
-        """In a process that loaded this pipeline (a front-end), the components its modules hold where the
-        capturing process's modules held this pipeline's components, by their uid: a helper of the user's
-        module travels by reference and reads that module's globals again, where its import made new objects
-        (`llm = LlamaCppGenerator()` run twice). The front-end sends their calls to the deployed components."""
+        """The components a loading process's modules hold in place of this pipeline's, by their uid.
+
+        In a process that loaded this pipeline (a front-end), a helper of the user's module travels by
+        reference and reads that module's globals again, where its import made new objects (`llm =
+        LlamaCppGenerator()` run twice). The front-end sends their calls to the deployed components.
+        """
         deployed = {c._patchkit_spec.uid: c for c in self.components.values()}
         aliases: dict[str, Component] = {}
         for module_name, name, uid in self._component_globals:
@@ -89,8 +96,11 @@ class Pipeline:
         return aliases
 
     def fingerprint(self) -> str:
-        """A digest of what the pipeline runs: its code, inputs and output, and each component's fingerprint
-        (`patchkit.core.identity.fingerprint`); a version's content hash."""
+        """A digest of what the pipeline runs.
+
+        Its code, inputs and output, and each component's fingerprint (`patchkit.core.identity.fingerprint`); a version's
+        content hash.
+        """
         parts = [code_digest(self._program.code), repr(sorted(self._defaults.items())).encode(), str(self.output).encode()]
         parts += [f"{name}={fingerprint(c)}".encode() for name, c in sorted(self.components.items())]
         return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
@@ -102,7 +112,14 @@ class Pipeline:
     def variables(self, overrides: Mapping[str, Any]) -> dict[str, Any]:
         """Every parameter of the program for one run: overrides, fresh copies of defaults, bindings.
 
-        Raises InputError naming an unknown input and the known ones.
+        Args:
+            overrides: inputs by name; those left out keep (a copy of) their value at capture.
+
+        Returns:
+            The program's variables by name.
+
+        Raises:
+            InputError: an input the pipeline does not have (with the closest known name).
         """
         for name in overrides:
             if name not in self._defaults:
@@ -119,22 +136,40 @@ class Pipeline:
         """Run the body once with `variables` from `variables()`; component calls go to the active hook.
 
         `parallel`: run the body rewritten for parallel calls (capture/parallel.py), whose deferred calls
-        the hook may answer with a `Pending`: only a deployment's runner, which waits for them, asks for it."""
+        the hook may answer with a `Pending`: only a deployment's runner, which waits for them, asks for it.
+        """
         if parallel and self._parallel is not None:
             return self._parallel.run(variables)
         return self._program.run(variables)
 
     def __call__(self, **overrides: Any) -> Any:
-        """Run again on new inputs. Inside another pipeline's run its calls go to that run's hook
-        (recorded by the outer capture, or sent to workers by the front-end); otherwise they run
-        here and are counted in this pipeline's graph."""
+        """Run again on new inputs.
+
+        Inside another pipeline's run its calls go to that run's hook (recorded by the outer capture, or sent to workers by the
+        front-end); otherwise they run here and are counted in this pipeline's graph.
+
+        Args:
+            **overrides: inputs by name; those left out keep their value at capture.
+
+        Returns:
+            The pipeline's output.
+
+        Raises:
+            InputError: an input the pipeline does not have.
+        """
         if active_call_hook() is not None:
             return self.run(self.variables(overrides))
         return self.recorded_run(overrides)[0]
 
     def recorded_run(self, overrides: Mapping[str, Any]) -> tuple[Any, list[CallRecord]]:
-        """Run here, eagerly, on `overrides` of the inputs: counted in the graph and kept for profiling
-        (`absorb`). Returns the output and the run's calls, all of them (the kept record is bounded)."""
+        """Run here, eagerly, on `overrides` of the inputs; counted in the graph and kept for profiling (`absorb`).
+
+        Args:
+            overrides: inputs by name.
+
+        Returns:
+            The output and the run's calls, all of them (the kept record is bounded).
+        """
         recorder = Recorder()
         with call_hook(recorder):
             result = self.run(self.variables(overrides))
@@ -149,8 +184,10 @@ class Pipeline:
             self.recorded.extend(calls[:room])
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Whatever pickles it, the pipeline's state travels as `_dumps` bytes, so the code it runs
-        keeps the call sites its graph names; inputs recorded for profiling stay in this process."""
+        """Pickle it as `_dumps` bytes, whatever pickles it.
+
+        The code it runs keeps the call sites its graph names; inputs recorded for profiling stay in this process.
+        """
         state = self.__dict__.copy()
         del state["_lock"]
         state["recorded"] = []
@@ -164,8 +201,10 @@ class Pipeline:
 
 
 def _component_globals(components: Iterable[Component]) -> tuple[tuple[str, str, str], ...]:
-    """(module, name, uid) for each global of an imported module (not `__main__`, which travels by value)
-    that holds one of `components`."""
+    """(module, name, uid) for each global of an imported module that holds one of `components`.
+
+    `__main__` is left out: it travels by value.
+    """
     wanted = {id(c): c for c in components}
     found = []
     for module_name, module in list(sys.modules.items()):
@@ -218,7 +257,8 @@ class _SitePickler(cloudpickle.Pickler):
     calls that stream the output, or feed a prefetch, by their sites in the graph. cloudpickle
     (3.1) names every code object it pickles by value "<dynamic-code>": the captured body always,
     and the functions and classes of a script's `__main__`; then no call in the front-end is at
-    the site its node has. The front-end runs on the interpreter that pickled it, as marshal needs."""
+    the site its node has. The front-end runs on the interpreter that pickled it, as marshal needs.
+    """
 
     dispatch_table = ChainMap({types.CodeType: _marshal_code}, cloudpickle.Pickler.dispatch_table)
 
@@ -240,12 +280,20 @@ _last: Pipeline | None = None
 
 
 def set_last_pipeline(pipeline: Pipeline) -> None:
+    """Make `pipeline` the one `last_pipeline()` returns; called by every capture as its block ends."""
     global _last
     _last = pipeline
 
 
 def last_pipeline() -> Pipeline:
-    """The pipeline of the most recent capture in this process: what `deploy()` uses by default."""
+    """The pipeline of the most recent capture in this process: what `deploy()` uses by default.
+
+    Returns:
+        That pipeline.
+
+    Raises:
+        PatchkitError: no block was captured yet.
+    """
     if _last is None:
         raise PatchkitError("no pipeline captured yet: run a `with patchkit.capture():` block first")
     return _last

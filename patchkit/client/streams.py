@@ -40,8 +40,10 @@ class _Events:
 
 
 def sse_data(lines: Iterator[str]) -> Iterator[str]:
-    """The `data` of each server-sent event in `lines` (multi-line data joined by newlines), each
-    as soon as the line that ends it is read: `Stream` hands on chunks while the output is made."""
+    """The `data` of each server-sent event in `lines` (multi-line data joined by newlines).
+
+    Each as soon as the line that ends it is read: `Stream` hands on chunks while the output is made.
+    """
     events = _Events()
     for line in itertools.chain(lines, [""]):
         if (data := events.feed(line)) is not None:
@@ -72,8 +74,10 @@ class _Reader:
         return None
 
     def check(self, response: httpx.Response, reply: Callable[[httpx.Response], Any]) -> bool:
-        """Whether the reply is an event stream; else the endpoint answered JSON: raise its error, or
-        take its reply as the final event."""
+        """Whether the reply is an event stream.
+
+        Else the endpoint answered JSON: raise its error, or take its reply as the final event.
+        """
         if response.headers.get("content-type", "").startswith("text/event-stream"):
             return True
         data = reply(response)

@@ -1,6 +1,7 @@
-"""Built-in components: an embedder, document loaders, retrievers over FAISS, Chroma and Qdrant, a hybrid CPU/GPU IVF
-retriever, generators over llama.cpp, transformers, vLLM and OpenAI-compatible servers, and a speculative
-retriever for iterative pipelines.
+"""Built-in components.
+
+An embedder, document loaders, retrievers over FAISS, Chroma and Qdrant, a hybrid CPU/GPU IVF retriever, generators over
+llama.cpp, transformers, vLLM and OpenAI-compatible servers, and a speculative retriever for iterative pipelines.
 
 They know only `Component` and `make`; their heavy libraries load in `setup()`, in the process that
 runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.

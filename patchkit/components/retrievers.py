@@ -40,6 +40,17 @@ class VectorRetriever(Component):
     broken by corpus order, so the result is exactly deterministic; a hit's `score` is then that sum,
     not a cosine similarity. It finds the chunk that names a question's words ("CSV", "SHA-256")
     where the embedding alone ranks a merely similar topic first.
+
+    Args:
+        corpus: "pydoc" (the Python documentation this interpreter ships), a directory of text files, or a
+            list of texts.
+        topk: how many hits `retrieve` returns unless its call says otherwise.
+        embedder: embeds the corpus (in `setup()`) and the queries (default: an `Embedder`).
+        lexical: fuse the vector ranking with BM25's, as above.
+
+    Raises:
+        ValueError: `topk` below 1, or an empty list of texts.
+        FileNotFoundError: a corpus that is neither "pydoc" nor a directory.
     """
 
     in_place = ("embedder",)  # it embeds the corpus with it in setup(): a private part, not a shared deployment
@@ -59,6 +70,7 @@ class VectorRetriever(Component):
         self.lexical = lexical
 
     def setup(self) -> None:
+        """Load the corpus, embed it (cached on disk by its fingerprint and the model), index it."""
         ensure_setup(self.embedder)
         self.docs = load_corpus(self.corpus)
         vectors = self._vectors()
@@ -94,6 +106,15 @@ class VectorRetriever(Component):
 
     @make(batch=True, max_batch_size=64, read_only=True)
     def retrieve(self, query: list[str], topk: list[int | None] = None) -> list[list[Hit]]:  # type: ignore[assignment]
+        """The best chunks for a query (a batch method: pipeline code calls `retrieve(query, topk=None)`).
+
+        Args:
+            query: the queries.
+            topk: per query, how many hits (None: the retriever's `topk`).
+
+        Returns:
+            Each query's hits, best first.
+        """
         # Called per question as retrieve(query, topk=None); `topk` left out is None per item: self.topk.
         k = max(t or self.topk for t in topk)
         if self.lexical:
@@ -116,7 +137,21 @@ class VectorRetriever(Component):
 
 
 class FaissRetriever(VectorRetriever):
-    """FAISS on the CPU: `index="flat"` (exact) or `"ivf"` (inverted lists; `nlist`, `nprobe`)."""
+    """FAISS on the CPU: `index="flat"` (exact) or `"ivf"` (inverted lists).
+
+    Args:
+        corpus: "pydoc" (the Python documentation this interpreter ships), a directory of text files, or a
+            list of texts.
+        topk: how many hits `retrieve` returns unless its call says otherwise.
+        embedder: embeds the corpus (in `setup()`) and the queries (default: an `Embedder`).
+        index: "flat" (exact) or "ivf" (inverted lists).
+        nlist: with "ivf", its number of lists (default: about the square root of the chunks).
+        nprobe: with "ivf", the lists a search visits.
+        lexical: fuse the vector ranking with BM25's (see `VectorRetriever`).
+
+    Raises:
+        ValueError: an index that is neither "flat" nor "ivf".
+    """
 
     def __init__(
         self,
@@ -135,6 +170,7 @@ class FaissRetriever(VectorRetriever):
         self.index_kind, self.nlist, self.nprobe = index, nlist, nprobe
 
     def build(self, vectors: Vectors) -> None:
+        """Index the corpus's vectors in FAISS; called once by `setup()`."""
         import faiss
 
         dim = vectors.shape[1]
@@ -152,12 +188,21 @@ class FaissRetriever(VectorRetriever):
         self.index = index
 
     def search(self, queries: Vectors, k: int) -> list[list[tuple[int, float]]]:
+        """(document index, cosine similarity) pairs per query, best first, from FAISS."""
         scores, ids = self.index.search(queries, min(k, self.index.ntotal))
         return [[(int(i), float(s)) for i, s in zip(row_ids, row_scores) if i >= 0] for row_ids, row_scores in zip(ids, scores)]
 
 
 class ChromaRetriever(VectorRetriever):
-    """Chroma, embedded: persistent at `path`, or in memory; telemetry off, our own embeddings."""
+    """Chroma, embedded: persistent at `path`, or in memory; telemetry off, our own embeddings.
+
+    Args:
+        corpus: "pydoc" (the Python documentation this interpreter ships), a directory of text files, or a
+            list of texts.
+        topk: how many hits `retrieve` returns unless its call says otherwise.
+        embedder: embeds the corpus (in `setup()`) and the queries (default: an `Embedder`).
+        path: the directory Chroma keeps its collection in (None: in memory).
+    """
 
     def __init__(
         self, corpus: str | Sequence[str] = "pydoc", *, topk: int = 3, path: str | None = None, embedder: Embedder | None = None
@@ -166,6 +211,7 @@ class ChromaRetriever(VectorRetriever):
         self.path = path
 
     def build(self, vectors: Vectors) -> None:
+        """Index the corpus's vectors in a Chroma collection; called once by `setup()`."""
         import chromadb
         from chromadb.config import Settings
 
@@ -180,13 +226,26 @@ class ChromaRetriever(VectorRetriever):
         self.client, self.collection = client, collection
 
     def search(self, queries: Vectors, k: int) -> list[list[tuple[int, float]]]:
+        """(document index, cosine similarity) pairs per query, best first, from a Chroma collection."""
         found = self.collection.query(query_embeddings=queries, n_results=min(k, len(self.docs)), include=["distances"])
         distances = found["distances"] or []
         return [[(int(i), 1.0 - float(d)) for i, d in zip(ids, dist)] for ids, dist in zip(found["ids"], distances)]
 
 
 class QdrantRetriever(VectorRetriever):
-    """Qdrant: local mode on disk at `path` or in memory (exact search in Python), or a server at `url`."""
+    """Qdrant: local mode on disk at `path` or in memory (exact search in Python), or a server at `url`.
+
+    Args:
+        corpus: "pydoc" (the Python documentation this interpreter ships), a directory of text files, or a
+            list of texts.
+        topk: how many hits `retrieve` returns unless its call says otherwise.
+        embedder: embeds the corpus (in `setup()`) and the queries (default: an `Embedder`).
+        path: the directory of Qdrant's local mode (None, and no `url`: in memory).
+        url: a Qdrant server's URL, instead of `path`.
+
+    Raises:
+        ValueError: both `path` and `url`.
+    """
 
     def __init__(
         self,
@@ -203,6 +262,7 @@ class QdrantRetriever(VectorRetriever):
         self.path, self.url = path, url
 
     def build(self, vectors: Vectors) -> None:
+        """Index the corpus's vectors in a Qdrant collection; called once by `setup()`."""
         from qdrant_client import QdrantClient, models
 
         if self.url:
@@ -229,6 +289,7 @@ class QdrantRetriever(VectorRetriever):
         self.client, self.name = client, name
 
     def search(self, queries: Vectors, k: int) -> list[list[tuple[int, float]]]:
+        """(document index, cosine similarity) pairs per query, best first, from a Qdrant collection."""
         from qdrant_client import models
 
         requests = [models.QueryRequest(query=q.tolist(), limit=k) for q in queries]

@@ -106,9 +106,11 @@ class SpeculativeState:
 
     @property
     def verified(self) -> bool:
+        """Whether every speculation has been checked against the base retriever."""
         return not self.unverified and self.pending is None
 
     def copy(self) -> SpeculativeState:
+        """A copy whose lists are its own: a call returns a new state, never changing the one it was given."""
         # Calls never mutate the state they are given: an eager pipeline may still hold it.
         return replace(self, docs=list(self.docs), unverified=list(self.unverified), window=list(self.window))
 
@@ -118,10 +120,24 @@ class SpeculativeRetriever(Component):
 
     Pipeline code: `state = retriever.start(question)`, then `state = retriever.retrieve(state, query)`
     for each further retrieval, reading `state.docs` and rolling back when `state.rollback` is set,
-    and `state = retriever.settle(state)` before the output (it verifies what is left). `stride`: the
-    speculations per verification, an int or "auto" (the optimal stride scheduler: stride 1 for a
-    request's first guess, then from its measurements, seeded with this replica's decode latency);
-    `cache_topk`: the documents each real retrieval adds to the cache.
+    and `state = retriever.settle(state)` before the output (it verifies what is left).
+
+    Args:
+        base: the retriever whose answers are speculated and verified.
+        cache_topk: the documents each real retrieval adds to the cache.
+        stride: the speculations per verification, an int or "auto" (the optimal stride scheduler:
+            stride 1 for a request's first guess, then from its measurements, seeded with this replica's
+            decode latency).
+        async_verify: run each check in the background while the pipeline generates its next step; the
+            next call collects it.
+        max_stride: the largest stride (with "auto", the largest it picks).
+        gamma_max: the speculation accuracy "auto" assumes with no evidence yet, and the cap of its
+            estimate, in (0, 1).
+        window: the recent verifications "auto" estimates the accuracy from.
+        cache_limit: the most documents a request's cache holds (the newest kept).
+
+    Raises:
+        ValueError: a bound out of range.
     """
 
     in_place = ("base",)  # it reads the base's index and vectors: a private part, not a shared deployment
@@ -156,6 +172,7 @@ class SpeculativeRetriever(Component):
         self.max_stride, self.gamma_max, self.window, self.cache_limit = max_stride, gamma_max, window, cache_limit
 
     def setup(self) -> None:
+        """Set up the base retriever and take its corpus and index."""
         ensure_setup(self.base)
         self.topk = self.base.topk
         self.corpus = f"{fingerprint(self.base.docs)}-{self.base.embedder.name}"
@@ -349,8 +366,10 @@ class SpeculativeRetriever(Component):
         return tuple(int(state.cache_ids[i]) for i in picked), [float(v) for v in values]
 
     def _add_to_cache(self, state: SpeculativeState, ids: np.ndarray[Any, np.dtype[np.int64]]) -> None:
-        """Insert documents (best first), newest kept when over `cache_limit`; kept sorted by index so
-        that ties break as the base breaks them, by document index."""
+        """Insert documents (best first), newest kept when over `cache_limit`.
+
+        Kept sorted by index so that ties break as the base breaks them, by document index.
+        """
         new = ids[~np.isin(ids, state.cache_ids)]
         if not len(new):
             return

@@ -1,5 +1,6 @@
-"""How a deployment is configured: per component, its replicas and per-method batch sizes, and deploy()'s
-options in their groups.
+"""How a deployment is configured.
+
+Per component, its replicas and per-method batch sizes, and deploy()'s options in their groups.
 
 `DeploymentConfig.resolve` turns deploy()'s arguments into a config: replicas and batch sizes come
 from a `Plan` when one is given, else from the arguments or the components' own defaults
@@ -8,6 +9,7 @@ from a `Plan` when one is given, else from the arguments or the components' own 
 
 from __future__ import annotations
 
+import inspect
 import logging
 import re
 from collections.abc import Iterable, Mapping
@@ -41,6 +43,18 @@ __all__ = ["OPTIONS", "ComponentConfig", "DeploymentConfig", "check_pipeline_nam
 
 @dataclass(frozen=True)
 class ComponentConfig:
+    """One component's size in a deployment, validated when built.
+
+    Attributes:
+        replicas: how many replicas run it.
+        batch_sizes: by `@make` method, its batch size; of a `max_concurrency` method, its calls at once per replica.
+        resource: what each replica takes `units` of, when a plan placed it ("cpu" or "gpu").
+        units: shares of a core on "cpu" (SHARES_PER_CORE: one core), GPUs on "gpu".
+
+    Raises:
+        ConfigError: a count below 1.
+    """
+
     replicas: int
     batch_sizes: dict[str, int]  # per @make method; of a max_concurrency method, its calls at once per replica
     resource: str = "cpu"  # what each replica takes `units` of, when a plan placed it
@@ -56,13 +70,31 @@ class ComponentConfig:
 
 @dataclass(frozen=True)
 class DeploymentConfig:
-    """Everything the front-end needs besides the pipeline, validated when built: the components' sizes,
-    the backend, and the options by group (`config.server.port`, `config.slo.slo_ms`, `config.ray.address`).
-    `OPTIONS` maps each option's flat name, the one users pass, to where it lives."""
+    """Everything the front-end needs besides the pipeline, validated when built.
+
+    The components' sizes, the backend, and the options by group (`config.server.port`, `config.slo.slo_ms`,
+    `config.ray.address`). `OPTIONS` maps each option's flat name, the one users pass, to where it lives.
+    Built by `resolve` from deploy()'s arguments; each group is a frozen dataclass of options.
+
+    Attributes:
+        components: each component's `ComponentConfig`, by its deployed name.
+        backend: "local", "inprocess" or "ray".
+        server: the HTTP server (`ServerConfig`).
+        limits: what may be in flight, batching and admission (`LimitsConfig`).
+        liveness: timeouts, retries, health checks and draining (`LivenessConfig`).
+        slo: the latency target and its policies (`SloConfig`).
+        autoscaling: the autoscaler's bounds and pace (`AutoscalingConfig`).
+        ray: the ray backend's options (`RayConfig`).
+        chat: the OpenAI chat API (`ChatConfig`).
+        plan: the Plan applied, as `Plan.to_dict()` (None: none).
+
+    Raises:
+        ConfigError: an option out of range, or two that conflict (naming both values).
+    """
 
     components: dict[str, ComponentConfig]
     backend: str = option("local", help="'local' (a process per replica), 'inprocess' (a thread of this process) or "
-                          "'ray' (Ray actors across a cluster)", choices=BACKENDS, described=True)
+                          "'ray' (Ray actors across a cluster)", choices=BACKENDS, described=True, flag=True)
     server: ServerConfig = field(default_factory=ServerConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     liveness: LivenessConfig = field(default_factory=LivenessConfig)
@@ -76,8 +108,10 @@ class DeploymentConfig:
     secret: str = field(default="", repr=False)
 
     def __post_init__(self) -> None:
-        """The options not in a group checked, then the rules across groups and components (each group
-        checked itself as it was built): a ConfigError naming the option, its value, and what it may be."""
+        """Check the options not in a group, then the rules across groups and components.
+
+        Each group checked itself as it was built. Raises a ConfigError naming the option, its value, and what it may be.
+        """
         for spec in OPTIONS.values():
             if spec.group is None:
                 check_value(spec, spec.value_of(self))
@@ -114,8 +148,10 @@ class DeploymentConfig:
 
     @classmethod
     def check_options(cls, options: Mapping[str, Any], known: Iterable[str] = (), /) -> None:
-        """Check options on their own, before there is a pipeline (`patchkit serve` checks its flags before it
-        runs the script): each name, type and range, and conflicts between them. Raises ConfigError."""
+        """Check options on their own, before there is a pipeline (`patchkit serve` checks its flags before it runs the script).
+
+        Each name, type and range, and conflicts between them. Raises ConfigError.
+        """
         _check_option_names(options, known)
         _grouped(options)
 
@@ -218,9 +254,11 @@ class DeploymentConfig:
         return cls(components=configs, secret=secret, **grouped)
 
     def describe(self) -> dict[str, Any]:
-        """The plan the front-end runs, for `GET /v1/plan`, by flat option name: only the options whose metadata
-        says `described` (an allow-list, so that nothing added later, a path, a key, an environment, is served by
-        default), each as it says; the components' sizes; the Plan applied."""
+        """The plan the front-end runs, for `GET /v1/plan`, by flat option name.
+
+        Only the options whose metadata says `described` (an allow-list, so that nothing added later, a path, a key, an
+        environment, is served by default), each as it says; the components' sizes; the Plan applied.
+        """
         data: dict[str, Any] = {}
         for name, spec in OPTIONS.items():
             shown = spec.option.described
@@ -273,9 +311,11 @@ def _planned(components: Mapping[str, Component], plan: Plan) -> dict[str, Compo
 
 
 def _grouped(options: Mapping[str, Any]) -> dict[str, Any]:
-    """Flat options (their names known) as DeploymentConfig's keyword arguments: its own options checked, and
-    each group built from its options, which checks them; a group's options given for another backend are
-    refused first, as the mistake to name."""
+    """Flat options (their names known) as DeploymentConfig's keyword arguments.
+
+    Its own options checked, and each group built from its options, which checks them; a group's options given for another backend
+    are refused first, as the mistake to name.
+    """
     own: dict[str, Any] = {}
     given: dict[str, dict[str, Any]] = {group: {} for group in GROUPS}
     for name, value in options.items():
@@ -289,8 +329,9 @@ def _grouped(options: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # -- checks: each raises a ConfigError naming the option, its value, and what it may be ------------------------------
-# The arguments of `resolve` beside the options: names a misspelt option may be close to.
-ARGUMENTS = ("replicas", "batch_size", "optional_inputs", "plan")
+# The arguments of `resolve` beside the options (its keyword parameters): names a misspelt option may be close to.
+ARGUMENTS = tuple(name for name, parameter in inspect.signature(DeploymentConfig.resolve).parameters.items()
+                  if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
 
 
 def _check_option_names(options: Mapping[str, Any], known: Iterable[str]) -> None:
@@ -301,8 +342,10 @@ def _check_option_names(options: Mapping[str, Any], known: Iterable[str]) -> Non
 
 
 def _check_backend_options(backend: str, values: Mapping[str, Any]) -> None:
-    """An option of a group that belongs to one backend (RayConfig's), given for another, is a mistake, not something
-    to ignore. `values` maps flat names to what was given (or is held)."""
+    """An option of a group that belongs to one backend (RayConfig's), given for another, is a mistake, not something to ignore.
+
+    `values` maps flat names to what was given (or is held).
+    """
     for name, spec in OPTIONS.items():
         owner = GROUPS[spec.group].backend if spec.group is not None else None
         if owner is not None and owner != backend and name in values and values[name] != spec.default:

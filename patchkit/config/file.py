@@ -40,10 +40,6 @@ __all__ = ["ComponentOptions", "PipelineOptions", "ServeFile", "deploy_arguments
            "markdown_table", "plan_weights", "schema"]
 
 STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
-# The keys that are no deploy() option.
-FILE_ONLY = ("replicas", "batch_size", "plan", "resources", "components", "pipelines")
-# The deploy options a pipeline of `pipelines:` sets for itself, passed to deploy() by pipeline name.
-PER_PIPELINE = ("slo_ms", "priority")
 # The command line's own defaults where they differ from deploy()'s.
 SERVE_DEFAULTS = {"port": 8000, "log_level": "info"}
 
@@ -110,6 +106,15 @@ class _FileOnly(BaseModel):
     components: dict[str, ComponentOptions] = Field({}, description="options by component name (see below)")
     pipelines: dict[str, Annotated[PipelineOptions, BeforeValidator(_target)]] = Field(
         {}, description="the pipelines to serve by name, instead of targets on the command line (see below)")
+
+
+# The keys that are no deploy() option.
+FILE_ONLY = tuple(_FileOnly.model_fields)
+# The deploy options a pipeline of `pipelines:` sets for itself, passed to deploy() by pipeline name.
+PER_PIPELINE = tuple(name for name in PipelineOptions.model_fields if name in OPTIONS)
+# The options a component of `components:` sets for itself, passed to deploy() by component name (its batch_size
+# by component or method).
+PER_COMPONENT = tuple(name for name in ComponentOptions.model_fields if name != "batch_size")
 
 
 def _option_field(spec: OptionSpec) -> tuple[Any, Any]:
@@ -233,7 +238,7 @@ def deploy_arguments(values: Mapping[str, Any], components: Iterable[str]) -> di
             close = difflib.get_close_matches(name, names, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise ConfigError(f"components names {name!r}, which the pipeline does not have{hint} (known: {', '.join(names)})")
-    _merge_by_name(arguments, per_component, ("replicas", "min_replicas", "max_replicas", "ray_actor_options"), names)
+    _merge_by_name(arguments, per_component, PER_COMPONENT, names)
     _merge_by_name(arguments, values.get("pipelines") or {}, PER_PIPELINE)
     sizes = {}
     for name, options in per_component.items():

@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from patchkit import envs
 from patchkit.config.options import OptionGroup, check_counts, check_names, check_priorities, check_targets, option
 from patchkit.errors import ConfigError
-
-if TYPE_CHECKING:
-    from patchkit.orchestrator.ray_options import RayOptions
+from patchkit.orchestrator.ray_options import ACTOR_OPTIONS, ACTOR_RESOURCES, RayOptions
 
 __all__ = [
     "BACKENDS", "ESTIMATORS", "LOG_LEVELS", "AutoscalingConfig", "ChatConfig", "LimitsConfig", "LivenessConfig",
@@ -26,7 +24,6 @@ __all__ = [
 BACKENDS = ("local", "inprocess", "ray")
 ESTIMATORS = ("average", "xgboost")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-DESCRIBED_ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")  # not runtime_env
 
 
 @dataclass(frozen=True)
@@ -34,8 +31,8 @@ class ServerConfig(OptionGroup):
     """The HTTP server: where it listens, what a request must bring, what replies and logs show."""
 
     host: str = option("127.0.0.1", help="the address the HTTP server listens on",
-                       nonempty="an address to listen on, such as '127.0.0.1' or '0.0.0.0'")
-    port: int = option(0, help="the port it listens on (0: any free port)", ge=0, le=65535)
+                       nonempty="an address to listen on, such as '127.0.0.1' or '0.0.0.0'", flag=True)
+    port: int = option(0, help="the port it listens on (0: any free port)", ge=0, le=65535, flag=True)
     read_timeout_s: float = option(30.0, help="a request's headers and body must arrive within this, else 408",
                                    gt=0, described=True)
     auth_token: str | None = option(None, help="a bearer token for every route but /healthz and /readyz (default: "
@@ -46,7 +43,8 @@ class ServerConfig(OptionGroup):
     debug: bool = option(False, help="error replies carry tracebacks", described=True)
     # None: as the deploying process's `patchkit` logger (its effective level), which `resolve` reads.
     log_level: str | None = option(None, help="what the front-end and the workers log: debug, info, warning, error or critical",
-                                   choices=tuple(level.lower() for level in LOG_LEVELS), any_case=True, described=True)
+                                   choices=tuple(level.lower() for level in LOG_LEVELS), any_case=True, described=True,
+                                   flag=True)
 
     def __post_init__(self) -> None:
         if self.auth_token is None:  # the environment's, checked as a given one is
@@ -54,6 +52,7 @@ class ServerConfig(OptionGroup):
         super().__post_init__()
 
     def check(self) -> None:
+        """Make `optional_inputs` a tuple and `log_level` upper case."""
         object.__setattr__(self, "optional_inputs", tuple(self.optional_inputs))
         if self.log_level is not None:
             object.__setattr__(self, "log_level", self.log_level.upper())
@@ -70,12 +69,13 @@ class LimitsConfig(OptionGroup):
     max_inflight_batches: int = option(2, help="batches per replica at once: one running, one on the wire", gt=0,
                                        described=True)
     batch_wait_ms: float = option(0.0, help="a partial batch leaves once its oldest call waited this long", ge=0,
-                                  described=True)
+                                  described=True, flag=True)
     pipelining: bool = option(True, help="false: requests run in waves, each waiting for the one before", described=True)
     parallel_calls: bool = option(True, help="a request's independent calls overlap, each waited for where its result "
                                   "is first needed; false: one call at a time, as plain Python", described=True)
 
     def check(self) -> None:
+        """Refuse a `max_inflight_bytes` below `max_body_bytes`: a body of the largest size could never be admitted."""
         if self.max_inflight_bytes < self.max_body_bytes:
             raise ConfigError(f"max_inflight_bytes ({self.max_inflight_bytes}) must be >= max_body_bytes "
                               f"({self.max_body_bytes}): a body of the largest size could never be admitted")
@@ -111,7 +111,7 @@ class SloConfig(OptionGroup):
 
     slo_ms: float | dict[str, float] | None = option(
         None, help="the latency target of every request that brings none: one number of ms, or by pipeline name",
-        check=check_targets, described=True)
+        check=check_targets, described=True, flag=True)
     priority: int | dict[str, int] = option(
         0, help="of a pipeline's calls in the queues of the components it shares: higher leaves first; one integer, or by "
         "pipeline name", check=check_priorities, described=True)
@@ -126,6 +126,7 @@ class SloConfig(OptionGroup):
                             "call starts", described=True)
 
     def check(self) -> None:
+        """Keep `slo_ms` and `priority` by pipeline name as plain dicts."""
         for name in ("slo_ms", "priority"):
             if isinstance(value := getattr(self, name), Mapping):  # a plain dict, so that describe() stays JSON-able
                 object.__setattr__(self, name, dict(value))
@@ -135,6 +136,7 @@ class SloConfig(OptionGroup):
         return self.slo_ms.get(pipeline) if isinstance(self.slo_ms, dict) else self.slo_ms
 
     def priority_of(self, pipeline: str) -> int:
+        """The priority of pipeline `pipeline`'s calls in the queues of the components it shares."""
         return self.priority.get(pipeline, 0) if isinstance(self.priority, dict) else self.priority
 
 
@@ -156,6 +158,7 @@ class AutoscalingConfig(OptionGroup):
         check=check_counts, described=True)
 
     def check(self) -> None:
+        """Keep the bounds by name as plain dicts; refuse a `max_replicas` below `min_replicas`."""
         for name in ("min_replicas", "max_replicas"):
             value = getattr(self, name)
             if isinstance(value, Mapping):  # a plain dict, so that describe() stays JSON-able
@@ -166,22 +169,23 @@ class AutoscalingConfig(OptionGroup):
 
 
 def _check_actor_options(name: str, value: object) -> None:
-    from patchkit.orchestrator.ray_options import RayOptions  # its rules: what Ray takes
-
-    RayOptions(actor_options=value)  # type: ignore[arg-type]
+    RayOptions(actor_options=value)  # type: ignore[arg-type]  # its rules: what Ray takes  # type: ignore[arg-type]
 
 
 def _requested_resources(actor_options: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any] | None:
     """What `GET /v1/plan` shows of ray_actor_options: the resources each component asks for, never its environment."""
     if actor_options is None:
         return None
-    return {name: {k: v for k, v in given.items() if k in DESCRIBED_ACTOR_OPTIONS} for name, given in actor_options.items()}
+    return {name: {k: v for k, v in given.items() if k in ACTOR_RESOURCES} for name, given in actor_options.items()}
 
 
 @dataclass(frozen=True)
 class RayConfig(OptionGroup):
-    """The ray backend's (orchestrator/ray_options.py says each in full): the cluster, Ray's restarts of a dead
-    actor, how long a replica may wait for resources, actor options by component, and TLS to the workers."""
+    """The ray backend's (orchestrator/ray_options.py says each in full).
+
+    The cluster, Ray's restarts of a dead actor, how long a replica may wait for resources, actor options by component, and TLS to
+    the workers.
+    """
 
     backend: ClassVar[str | None] = "ray"
 
@@ -194,7 +198,7 @@ class RayConfig(OptionGroup):
                                         help="how long a replica may wait for cluster resources")
     actor_options: dict[str, dict[str, Any]] | None = option(
         None, name="ray_actor_options", check=_check_actor_options, described=_requested_resources,
-        help="Ray actor options by component (num_cpus, num_gpus, memory, resources, accelerator_type, runtime_env)")
+        help=f"Ray actor options by component ({', '.join(ACTOR_OPTIONS)})")
     tls: bool = option(True, help="TLS between the front-end and Ray workers (false: plaintext)", described=True)
     tls_cert: str | None = option(None, help="the workers' certificate file (default: one made for the deployment)")
     tls_key: str | None = option(None, help="its private key file")
@@ -202,14 +206,13 @@ class RayConfig(OptionGroup):
     tls_server_name: str | None = option(None, help="the name the certificate is checked against")
 
     def check(self) -> None:
+        """The rules between the TLS options (a cert with its key, no file with `tls=False`, files that exist)."""
         self.options()  # the rules between them: tls_cert with tls_key, no file with tls=False, files that exist
         if self.actor_options is not None:
             object.__setattr__(self, "actor_options", {k: dict(v) for k, v in self.actor_options.items()})
 
     def options(self) -> RayOptions:
         """As the orchestrator's `RayOptions`, which the ray backend takes (the orchestrator never reads a config)."""
-        from patchkit.orchestrator.ray_options import RayOptions
-
         given = {f.name: getattr(self, f.name) for f in fields(self)}
         return RayOptions(**{**given, "actor_options": self.actor_options or {}})
 

@@ -1,10 +1,11 @@
 """What one deploy option is: its field's metadata, and the checks that metadata drives.
 
 A group of options (groups.py) is a frozen dataclass whose every field is made by `option()`: its default,
-its help line, its bounds (`gt`, `ge`, `le`), its choices, whether `GET /v1/plan` shows it (`described`).
-Those fields are the one source of every option's name, type, default, bounds and help: `OptionGroup`
-checks them when a group is built, `file.py` makes the config file's schema from them (and from it
-`patchkit serve --help` and the documentation's table), and `deploy()`'s docstring lists them.
+its help line, its bounds (`gt`, `ge`, `le`), its choices, whether `GET /v1/plan` shows it (`described`), whether
+`patchkit serve` takes it as a flag (`flag`). Those fields are the one source of every option's name, type,
+default, bounds and help: `OptionGroup` checks them when a group is built, `file.py` makes the config file's
+schema from them (and from it `patchkit serve --help` and the documentation's table), the command line's flags
+are those marked `flag`, and `deploy()`'s docstring lists them. Adding an option is adding a field.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Option:
     # (None: nothing). Off unless asked for, so that no later option (a path, an address, a key) is served.
     described: bool | Callable[[Any], Any] = False
     secret: bool = False  # never in a repr, a plan or an error message
+    flag: bool = False  # also a flag of `patchkit serve` (`--batch-wait-ms`), made from this metadata
 
 
 def option(
@@ -64,16 +66,20 @@ def option(
     check: Callable[[str, Any], None] | None = None,
     described: bool | Callable[[Any], Any] = False,
     secret: bool = False,
+    flag: bool = False,
 ) -> Any:
     """A group's field that is a deploy option (see `Option` for what each argument records)."""
-    meta = Option(help, name, gt, ge, le, choices, any_case, nonempty, check, described, secret)
+    meta = Option(help, name, gt, ge, le, choices, any_case, nonempty, check, described, secret, flag)
     return field(default=default, repr=not secret, metadata={OPTION: meta})
 
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """An option as the rest of patchkit sees it: its flat `name`, where it lives (`config.<group>.<field>`;
-    `group` None: a field of DeploymentConfig itself), its resolved type hint, default and metadata."""
+    """An option as the rest of patchkit sees it.
+
+    Its flat `name`, where it lives (`config.<group>.<field>`; `group` None: a field of DeploymentConfig itself), its resolved
+    type hint, default and metadata.
+    """
 
     name: str
     group: str | None
@@ -94,8 +100,11 @@ class OptionSpec:
 
 
 class OptionGroup:
-    """The base of every group of options: built frozen, each field checked by its metadata, then by the
-    group's own rules (`check`), which name both values when two fields conflict."""
+    """The base of every group of options.
+
+    Built frozen, each field checked by its metadata, then by the group's own rules (`check`), which name both values when two
+    fields conflict.
+    """
 
     # Set where the group's options belong to one backend: given for another, they are a mistake.
     backend: ClassVar[str | None] = None
@@ -132,7 +141,10 @@ def _specs(cls: type) -> tuple[OptionSpec, ...]:
             raise TypeError(f"{cls.__name__}.{f.name} is secret: GET /v1/plan may not show it")
         if _compound(hints[f.name]) and meta.check is None:
             raise TypeError(f"{cls.__name__}.{f.name} is a {hints[f.name]}: a compound option needs a check=")
-        found.append(OptionSpec(meta.name or f.name, None, f.name, hints[f.name], f.default, meta))
+        spec = OptionSpec(meta.name or f.name, None, f.name, hints[f.name], f.default, meta)
+        if meta.flag:
+            simple_type(spec)  # a flag takes one simple value: raises TypeError where it has none
+        found.append(spec)
     return tuple(found)
 
 
@@ -152,8 +164,10 @@ def collect(config: type) -> tuple[dict[str, OptionSpec], dict[str, type[OptionG
 
 # -- checks: each raises a ConfigError naming the option, its value, and what it may be ------------------------------
 def check_value(spec: OptionSpec, value: object) -> None:
-    """One option's value against its type and metadata (called by every group as it is built, and by the
-    config file's schema after its own checks)."""
+    """Check one option's value against its type and metadata; raises ConfigError.
+
+    Called by every group as it is built, and by the config file's schema after its own checks.
+    """
     meta, name = spec.option, spec.name
     got = "" if meta.secret else f"; got {value!r}"
     if meta.check is not None:
@@ -222,10 +236,12 @@ def simple_type(spec: OptionSpec) -> type:
 
 
 def is_int(value: object) -> bool:
+    """Whether `value` is an integer, and not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def close_hint(given: object, known: Iterable[str]) -> str:
+    """The end of an error message: "; did you mean 'NAME'?" with the known name closest to `given`, or nothing."""
     close = difflib.get_close_matches(str(given), sorted(known), n=1)
     return f"; did you mean {close[0]!r}?" if close else ""
 
@@ -274,8 +290,10 @@ def check_names(argument: str, value: object) -> None:
 
 
 def reference(specs: Iterable[OptionSpec], indent: str = "    ") -> str:
-    """Every option, under its group's name, one line each with its help and default: the list that deploy()'s
-    docstring ends with."""
+    """Every option, under its group's name, one line each with its help and default.
+
+    The list that deploy()'s docstring ends with.
+    """
     lines: list[str] = []
     for group, members in itertools.groupby(specs, key=lambda spec: spec.group):
         if group is not None:

@@ -52,6 +52,7 @@ class Component:
     in_place: tuple[str, ...] = ()
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """Record the constructor's arguments: the component travels to its workers as them (its spec)."""
         self = super().__new__(cls)
         self.__dict__["_patchkit_spec"] = ComponentSpec(cls, args, dict(kwargs), uuid.uuid4().hex)
         self.__dict__["_patchkit_setup_lock"] = threading.RLock()
@@ -68,30 +69,54 @@ class Component:
         return None
 
     def stats(self) -> dict[str, Any]:
-        """The component's own figures (hit rates, bytes moved, seconds spent): called by its worker
-        when the front-end asks a replica for its stats, on a thread other than the one running
-        batches. Numbers, nested dicts of numbers allowed, appear in `/metrics` per replica; other
-        values only in `Endpoint.stats()`. None by default."""
+        """The component's own figures (hit rates, bytes moved, seconds spent).
+
+        Called by its worker when the front-end asks a replica for its stats, on a thread other than the one running batches.
+        Numbers, nested dicts of numbers allowed, appear in `/metrics` per replica; other values only in `Endpoint.stats()`. None
+        by default.
+        """
         return {}
 
     def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-        """A key naming the state a call of `method` reuses on the replica that ran it (the prompt prefix
-        whose KV state an LLM keeps), or None. A deployment sends a call with a key to the replica that
-        last ran a call with that key, unless that one is much busier than the least loaded (cache-aware
-        routing). Called by the front-end for every call, so it must be cheap. None by default."""
+        """A key naming the state a call of `method` reuses on the replica that ran it, or None.
+
+        The state is, for instance, the prompt prefix whose KV state an LLM keeps. A deployment sends a call
+        with a key to the replica that last ran a call with that key, unless that one is much busier than
+        the least loaded (cache-aware routing). Called by the front-end for every call, so it must be cheap.
+
+        Args:
+            method: the `@make` method called.
+            args: the call's positional arguments.
+            kwargs: its keyword arguments.
+
+        Returns:
+            The key, or None (the default): no replica is preferred.
+        """
         return None
 
     def check_health(self) -> None:
-        """Raise if this replica should no longer serve (a lost connection, a wedged engine): called by
-        its worker for every periodic health check (`health_check_period_s`), on a thread other than
-        the one running batches. A check that raises, or does not return within
-        `health_check_timeout_s`, fails; after `health_check_failures` failures in a row the replica is
-        recycled (stopped, another started in its place). Passes by default."""
+        """Raise if this replica should no longer serve (a lost connection, a wedged engine).
+
+        Called by its worker for every periodic health check (`health_check_period_s`), on a thread other than the one running
+        batches. A check that raises, or does not return within `health_check_timeout_s`, fails; after `health_check_failures`
+        failures in a row the replica is recycled (stopped, another started in its place). Passes by default.
+        """
 
     def batch_limit(self, method: str) -> int:
-        """The largest batch of `method` this instance takes (its memory bound): the method's
-        `@make(max_batch_size=...)` unless the instance knows better. Read by deploy() for default
-        batch sizes and by the profiler as the batch size its search starts from."""
+        """The largest batch of `method` this instance takes (its memory bound).
+
+        The method's `@make(max_batch_size=...)` unless the instance knows better. Read by deploy() for default batch sizes and by
+        the profiler as the batch size its search starts from.
+
+        Args:
+            method: the name of a `@make` method.
+
+        Returns:
+            The largest batch size.
+
+        Raises:
+            MakeError: `method` is not a `@make` method.
+        """
         found = getattr(type(self), method, None)
         if not isinstance(found, MakeMethod):
             raise MakeError(f"{type(self).__name__}.{method} is not a @make method")
@@ -111,12 +136,14 @@ _SETTING_UP: ContextVar[frozenset[int]] = ContextVar("patchkit_setting_up", defa
 
 
 def _once(setup: Callable[[Component], Any]) -> Callable[[Component], Any]:
-    """`setup` run at most once per instance: later calls return at once, and concurrent first calls
-    wait for the one that runs it. A subclass's setup calling `super().setup()` runs the parent's
-    inside its own run; the instance is ready when the outermost returns (not if it raises).
+    """`setup` run at most once per instance.
+
+    Later calls return at once, and concurrent first calls wait for the one that runs it. A subclass's setup calling
+    `super().setup()` runs the parent's inside its own run; the instance is ready when the outermost returns (not if it raises).
 
     An `async def setup` runs on the component loop (`event_loop.py`) while its caller waits; called on
-    that loop (`await super().setup()` inside another async setup) it returns the coroutine to await."""
+    that loop (`await super().setup()` inside another async setup) it returns the coroutine to await.
+    """
 
     # The wrapper names only `setup` and module-level functions: a class defined in `__main__` or a
     # notebook travels by value, and so does this wrapper with whatever it refers to.
@@ -128,8 +155,11 @@ def _once(setup: Callable[[Component], Any]) -> Callable[[Component], Any]:
 
 
 def _setup_once(component: Component, setup: Callable[[Component], Any]) -> Coroutine[Any, Any, None] | None:
-    """What `once` does: run `setup` unless the instance is ready, in this context if its setup runs here
-    already (a parent's), else under the instance's lock, marking it ready when it returns."""
+    """What `once` does.
+
+    Run `setup` unless the instance is ready, in this context if its setup runs here already (a parent's), else under the
+    instance's lock, marking it ready when it returns.
+    """
     asynchronous = inspect.iscoroutinefunction(setup)
     if asynchronous and on_component_loop():
         return _once_on_loop(component, setup)
@@ -164,8 +194,11 @@ async def _watched_setup(component: Component, setup: Callable[[Component], Any]
 
 
 async def _once_on_loop(component: Component, setup: Callable[[Component], Any]) -> None:
-    """An async setup called on the component loop: the parent's, inside the instance's own setup, runs
-    there; the instance's whole setup, if it has not run, runs from a thread that waits for the loop."""
+    """An async setup called on the component loop.
+
+    The parent's, inside the instance's own setup, runs there; the instance's whole setup, if it has not run, runs from a thread
+    that waits for the loop.
+    """
     if component.__dict__["_patchkit_ready"]:
         return
     if id(component) in _SETTING_UP.get():
@@ -175,8 +208,10 @@ async def _once_on_loop(component: Component, setup: Callable[[Component], Any])
 
 
 def ensure_setup(component: Component) -> None:
-    """Run `component.setup()` once in this process; called before any local execution. A call the
-    component's own setup makes runs on what that setup has loaded so far."""
+    """Run `component.setup()` once in this process.
+
+    Called before any local execution. A call the component's own setup makes runs on what that setup has loaded so far.
+    """
     state = component.__dict__
     if state["_patchkit_ready"] or id(component) in _SETTING_UP.get():
         return
@@ -193,8 +228,10 @@ def ensure_setup(component: Component) -> None:
 
 
 def mark_served_elsewhere(component: Component) -> None:
-    """Mark `component` as served by its own deployment, not by this process: it is held by a worker's
-    component, whose calls of it go through the worker's hook, so its `setup()` never runs here."""
+    """Mark `component` as served by its own deployment, not by this process.
+
+    It is held by a worker's component, whose calls of it go through the worker's hook, so its `setup()` never runs here.
+    """
     component.__dict__["_patchkit_ready"] = True
 
 
@@ -306,8 +343,10 @@ class MakeMethod:
     def run_chunks(
         self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any], hook: CallHook | None = None
     ) -> Generator[str, None, None]:
-        """One call of a `stream=True` method, chunk by chunk, set up and under `hook` as `run_batch`
-        runs it. Closing the iterator closes the method's own generator, which ends its work there."""
+        """One call of a `stream=True` method, chunk by chunk, set up and under `hook` as `run_batch` runs it.
+
+        Closing the iterator closes the method's own generator, which ends its work there.
+        """
         ensure_setup(component)
         if self.asynchronous:
             with call_hook(hook):  # the stream starts on the loop now, in this context: with the hook
@@ -336,15 +375,19 @@ class MakeMethod:
         return self._results(self.fn(component, *self._columns(component, calls)), calls)
 
     async def run_batch_async(self, component: Component, calls: Sequence[Call], hook: CallHook | None = None) -> list[Any]:
-        """`run_batch` of an `async def` method, awaited on the component loop by a worker or the inprocess
-        backend for a batch of it; the component is set up. A per-item method's calls are awaited one after
-        another; a batch method is awaited once for the whole batch."""
+        """`run_batch` of an `async def` method, on the component loop; the component is set up.
+
+        Awaited by a worker or the inprocess backend for a batch of it. A per-item method's calls are awaited
+        one after another; a batch method is awaited once for the whole batch.
+        """
         with call_hook(hook):
             return await self._arun_batch(component, calls)
 
     async def call_async(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """One call of an `async def` per-item method, awaited on the component loop (the caller's context
-        holds its hook); each of its steps watched (`event_loop.watched`)."""
+        """One call of an `async def` per-item method, awaited on the component loop (the caller's context holds its hook).
+
+        Each of its steps watched (`event_loop.watched`).
+        """
         return await watched(self.fn(component, *args, **kwargs), self.qualname)
 
     async def _arun_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
@@ -366,8 +409,10 @@ class MakeMethod:
         return list(results)
 
     def chunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Generator[str, None, None]:
-        """The text chunks of one call of a `stream=True` method, as it yields them; each checked to be a str.
-        An async generator runs on the component loop, its chunks handed to this thread as they come."""
+        """The text chunks of one call of a `stream=True` method, as it yields them.
+
+        Each checked to be a str. An async generator runs on the component loop, its chunks handed to this thread as they come.
+        """
         if self.asynchronous:
             yield from component_loop().iterate(self.achunks(component, args, kwargs), self.qualname)
             return
@@ -379,8 +424,10 @@ class MakeMethod:
             made.close()
 
     async def achunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncGenerator[str, None]:
-        """The text chunks of one call of an async `stream=True` method, on the component loop; each step
-        of the method watched, each chunk checked to be a str. Closing it closes the method's generator."""
+        """The text chunks of one call of an async `stream=True` method, on the component loop.
+
+        Each step of the method watched, each chunk checked to be a str. Closing it closes the method's generator.
+        """
         made = self.fn(component, *args, **kwargs)
         try:
             while True:
@@ -429,6 +476,7 @@ class BoundMake:
         self.method = method
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call the method: through the active hook (recorded, or sent to a worker), else here, eagerly."""
         hook = active_call_hook()
         if hook is not None:  # the call site is the frame calling this method: the code that wrote the call
             return hook(self.component, self.method, args, kwargs, site_of(sys._getframe(1)))
@@ -502,34 +550,51 @@ def make(
     """Mark a Component method as a pipeline step: `@make`, `@make()` or `@make(batch=True)`.
 
     The method may be `async def` (an async generator with `stream=True`): pipeline code calls it as
-    any method, while its coroutines run on the process's component loop (`event_loop.py`), a
-    replica's concurrent calls as tasks there, with no thread each.
-
-    With `batch=True` the method is written over lists (one list per parameter, a list of results
-    back) while pipeline code still calls it with one item, as Ray Serve's `@serve.batch`.
-    `max_batch_size` is the deployed batch size unless deploy() or a Plan sets one (default: 32 for
-    a batch method, 1 for a per-item method, `max_concurrency` where that is given).
-
-    When deployed: `timeout_s` bounds how long one batch of the method may run (default: the
-    deployment's `call_timeout_s`); past it the replica is recycled and the batch's calls are
-    retried elsewhere or fail with DeadlineExceeded. `retries` is how many times a call is re-sent
-    to another replica after its replica died or got stuck (default: the deployment's
-    `max_retries`); 0 for a method whose calls must not run twice. `max_concurrency`: the method is
-    safe to run from several threads at once, and a replica takes its calls as they arrive, up to
-    this many in flight, without waiting for the batch ahead to finish (an engine that batches
-    internally, as vLLM's, or a method that mostly waits on others); its deployed batch size is its
-    calls in flight per replica (at most `max_concurrency`: a Plan or deploy(batch_size=...) that
-    picks c runs c at once), and the profiler measures it at 1 to `max_concurrency` calls at once,
-    not at batch sizes. `stream=True` marks a per-item generator function yielding str chunks
-    (tokens): pipeline code still gets the whole string, while a streaming request to a deployment
-    whose output it makes receives the chunks as they come.
+    any method, while its coroutines run on the process's component loop, a replica's concurrent calls
+    as tasks there, with no thread each.
 
     Parallel calls (deployed, a request's calls are submitted as its code reaches them and waited for where
-    their results are first used): `read_only=True` declares that the method changes nothing another call
-    or the pipeline's code could see (no store, file or state written), so its calls overlap other
-    read-only calls. A call of any other method keeps plain Python's place: it waits for every call issued
-    before it, and the code waits for it before going on. `ordered=True` says the same explicitly, for a
-    method with effects. All are checked here, when the decorator is applied.
+    their results are first used): a call of a `read_only` method overlaps other read-only calls; a call
+    of any other method keeps plain Python's place: it waits for every call issued before it, and the code
+    waits for it before going on.
+
+        class Retriever(patchkit.Component):
+            @patchkit.make(batch=True, max_batch_size=64, read_only=True)
+            def retrieve(self, queries: list[str]) -> list[list[str]]:
+                ...
+
+    Args:
+        fn: the method, when the decorator is written without parentheses (`@make`).
+        batch: the method is written over lists (one list per parameter, a list of results back) while
+            pipeline code still calls it with one item, as Ray Serve's `@serve.batch`.
+        max_batch_size: the deployed batch size unless deploy() or a Plan sets one (default: 32 for a
+            batch method, 1 for a per-item method, `max_concurrency` where that is given).
+        timeout_s: when deployed, how long one batch of the method may run (default: the deployment's
+            `call_timeout_s`); past it the replica is recycled and the batch's calls are retried elsewhere
+            or fail with DeadlineExceeded.
+        retries: how many times a call is re-sent to another replica after its replica died or got stuck
+            (default: the deployment's `max_retries`); 0 for a method whose calls must not run twice.
+        max_concurrency: the method is safe to run from several threads at once, and a replica takes its
+            calls as they arrive, up to this many in flight, without waiting for the batch ahead to finish
+            (an engine that batches internally, as vLLM's, or a method that mostly waits on others). Its
+            deployed batch size is its calls in flight per replica (at most `max_concurrency`: a Plan or
+            deploy(batch_size=...) that picks c runs c at once), and the profiler measures it at 1 to
+            `max_concurrency` calls at once, not at batch sizes.
+        stream: marks a per-item generator function yielding str chunks (tokens): pipeline code still
+            gets the whole string, while a streaming request to a deployment whose output it makes
+            receives the chunks as they come.
+        ordered: the method has effects: its calls keep plain Python's order (the default for a method
+            that is not `read_only`, said explicitly).
+        read_only: the method changes nothing another call or the pipeline's code could see (no store,
+            file or state written), so its calls overlap other read-only calls.
+
+    Returns:
+        The method marked (`@make`), or the decorator that marks it (`@make(...)`).
+
+    Raises:
+        MakeError: a target or option it cannot serve, when the decorator is applied: a function that is
+            not a Component's instance method, options given positionally, a bound that is not a positive
+            number, `ordered` with `read_only`.
     """
     options: dict[str, Any] = {"batch": batch, "max_batch_size": max_batch_size, "timeout_s": timeout_s, "retries": retries,
                "max_concurrency": max_concurrency, "stream": stream, "ordered": ordered, "read_only": read_only}

@@ -11,13 +11,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import grpc
+from typing import TYPE_CHECKING, Any
 
 from patchkit.errors import ConfigError
 
-__all__ = ["ACTOR_OPTIONS", "WORKER_SERVER_NAME", "RayOptions", "TlsFiles"]
+if TYPE_CHECKING:
+    import grpc  # loaded by the front-end that dials the workers, not by the config that names this module's options
+
+__all__ = ["ACTOR_OPTIONS", "ACTOR_RESOURCES", "WORKER_SERVER_NAME", "RayOptions", "TlsFiles"]
 
 # The name a per-deployment certificate is issued to: the front-end checks it instead of the worker's address,
 # which is not known when the certificate is made (Ray places the actors afterwards).
@@ -25,8 +26,10 @@ WORKER_SERVER_NAME = "patchkit-worker"
 CERTIFICATE_DAYS = 3650  # a deployment's own certificate, trusted by that deployment only, outlives the deployment
 
 # What `ray_actor_options` may set per component, as Ray Serve's option of the same name: they override
-# what the plan asks for (num_cpus, num_gpus) and add what it does not know (memory, custom resources).
-ACTOR_OPTIONS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type", "runtime_env")
+# what the plan asks for (num_cpus, num_gpus) and add what it does not know (memory, custom resources). The
+# resources a replica asks for, which `GET /v1/plan` shows, then its environment, which it never shows.
+ACTOR_RESOURCES = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")
+ACTOR_OPTIONS = (*ACTOR_RESOURCES, "runtime_env")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class TlsFiles:
 
     def channel_credentials(self) -> tuple[grpc.ChannelCredentials, list[tuple[str, Any]]]:
         """The front-end's credentials and channel options for a worker's address (an IP the certificate may not name)."""
+        import grpc
+
         options: list[tuple[str, Any]] = []
         if self.server_name:
             options.append(("grpc.ssl_target_name_override", self.server_name))

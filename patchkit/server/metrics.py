@@ -15,9 +15,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 from patchkit.server.loop_lag import LoopLag
-from patchkit.serving.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot
+from patchkit.serving.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot, MethodSnapshot
 
-__all__ = ["CONTENT_TYPE", "DeploymentMetrics", "FrontendCollector", "render_metrics"]
+__all__ = ["CONTENT_TYPE", "DeploymentMetrics", "FrontendCollector", "catalogue", "render_metrics"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Request outcomes shown even at zero, so that a rate over them exists from the first scrape; any other
@@ -192,3 +192,26 @@ def _numbers(data: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, f
             yield f"{prefix}{key}", float(value)
         elif isinstance(value, Mapping):
             yield from _numbers(value, f"{prefix}{key}_")
+
+
+def catalogue() -> list[tuple[str, str, tuple[str, ...], str]]:
+    """Every metric `/metrics` shows, as (name, type, labels, help), in the order it shows them.
+
+    Read from the collector itself, on a snapshot with one of everything (a method, a replica, a pipeline, a
+    component's figure), so that the documentation's list of metrics is made from the code that serves them.
+    """
+    snapshot = FrontendSnapshot(
+        outcomes={}, inflight=0, slo_met=0, latency_buckets=(0,) * (len(LATENCY_BUCKETS_S) + 1), latency_sum_s=0.0,
+        methods=(MethodSnapshot("c", "m", 1, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0),), live_replicas={"c": 1},
+        replica_components={"c#0": "c"}, replica_states={"c#0": ("c", "serving")}, restarts=0,
+        slo={"at_risk_now": 0, "admission_waiting": 0, **dict.fromkeys(SLO_DECISIONS, 0)},
+        prefetch={"bytes_requested": 0, **dict.fromkeys(PREFETCH_OUTCOMES, 0)}, pipelines={("p", "1-0", "ok"): 0},
+    )
+    collector = FrontendCollector(lambda: snapshot, LoopLag())
+    collector.reports = {"c#0": {"component_stats": {"stat": 0}}}
+    found = []
+    for metric in collector.collect():
+        suffix = {"counter": "_total"}.get(metric.type, "")
+        labels = tuple(dict.fromkeys(k for s in metric.samples for k in s.labels if k != "le"))
+        found.append((metric.name + suffix, metric.type, labels, metric.documentation))
+    return found

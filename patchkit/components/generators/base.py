@@ -1,5 +1,8 @@
-"""What every generator shares: its sampling arguments, the requests a batch of calls becomes (chat
-messages built from a prompt and documents, and a token limit), and the context check."""
+"""What every generator shares.
+
+Its sampling arguments, the requests a batch of calls becomes (chat messages built from a prompt and documents, and a token
+limit), and the context check.
+"""
 
 from __future__ import annotations
 
@@ -39,9 +42,12 @@ def default_gguf_path() -> Path:
 
 
 def replica_threads() -> int:
-    """The threads a generator should compute with: its replica's share of the cores when it runs in a
-    worker (the `OMP_NUM_THREADS` the backend sets), else every core this process may use. More threads
-    than that oversubscribe the cores, which spinning thread pools such as llama.cpp's pay for dearly."""
+    """The threads a generator should compute with.
+
+    Its replica's share of the cores when it runs in a worker (the `OMP_NUM_THREADS` the backend sets), else every core this
+    process may use. More threads than that oversubscribe the cores, which spinning thread pools such as llama.cpp's pay for
+    dearly.
+    """
     share = os.environ.get("OMP_NUM_THREADS", "")
     if share.isdigit() and int(share) > 0:
         return int(share)
@@ -59,8 +65,10 @@ def render_context(docs: Sequence[Any]) -> str:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a generator samples an answer, checked where it is given: at most `max_tokens` new tokens,
-    at `temperature` (0: greedy), from a generator seeded with `seed`."""
+    """How a generator samples an answer, checked where it is given.
+
+    At most `max_tokens` new tokens, at `temperature` (0: greedy), from a generator seeded with `seed`.
+    """
 
     max_tokens: int = 96
     temperature: float = 0.0
@@ -73,9 +81,11 @@ class Sampling:
             raise ValueError(f"temperature ({self.temperature}) must be >= 0")
 
     def keywords(self, max_tokens: int) -> dict[str, Any]:
-        """These arguments for one call whose answer may take `max_tokens` tokens, under the names that
-        llama-cpp-python's `create_chat_completion`, vLLM's `SamplingParams` and OpenAI's chat
-        completions all give them."""
+        """These arguments for one call whose answer may take `max_tokens` tokens.
+
+        Under the names that llama-cpp-python's `create_chat_completion`, vLLM's `SamplingParams` and OpenAI's
+        chat completions all give them.
+        """
         return {"max_tokens": max_tokens, "temperature": self.temperature, "seed": self.seed}
 
 
@@ -99,22 +109,30 @@ class Generator(Component):
     system_prompt: str | None
 
     def __init__(self, *, max_tokens: int, temperature: float, seed: int, system_prompt: str | None) -> None:
-        """Called by every subclass's `__init__` with its own arguments of these names; a ValueError
-        when one is out of range."""
+        """Called by every subclass's `__init__` with its own arguments of these names.
+
+        Raises:
+            ValueError: `max_tokens` below 1 or a negative `temperature`.
+        """
         self.sampling = Sampling(max_tokens, temperature, seed)
         self.system_prompt = system_prompt
 
     def messages(self, prompt: str, docs: Sequence[Any] | None = None) -> list[dict[str, str]]:
-        """The chat for one call: the system prompt, then a user message with the documents (when given)
-        before the instruction and `prompt`, so calls over the same documents share a prefix."""
+        """The chat for one call.
+
+        The system prompt, then a user message with the documents (when given) before the instruction and `prompt`, so calls over
+        the same documents share a prefix.
+        """
         content = RAG_TEMPLATE.format(context=render_context(docs), prompt=prompt) if docs else prompt
         system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
         return [*system, {"role": "user", "content": content}]
 
     def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-        """For `generate(prompt, docs)` with documents: a short hash of the system prompt and the rendered
-        documents, the prompt prefix every call over them shares, so a deployment sends them to the
-        replica whose engine holds it. None for a call without documents."""
+        """For `generate(prompt, docs)` with documents.
+
+        A short hash of the system prompt and the rendered documents, the prompt prefix every call over them shares, so a
+        deployment sends them to the replica whose engine holds it. None for a call without documents.
+        """
         docs = args[1] if len(args) > 1 else kwargs.get("docs")
         if method != "generate" or not docs:
             return None
@@ -128,13 +146,25 @@ class Generator(Component):
     def requests(
         self, prompt: Sequence[str], docs: Sequence[Sequence[Any] | None], max_tokens: Sequence[int | None]
     ) -> list[Request]:
-        """A batch's requests, in order: called first by a batched `generate` with the lists `@make`
-        hands it, which hold one entry per call of `generate(prompt, docs=None, max_tokens=None)`, the
-        defaults included. A call the engine cannot run (a prompt past the context) raises for the
-        whole batch, and the runtime re-runs the batch call by call, so that only that call fails."""
+        """A batch's requests, in order.
+
+        Called first by a batched `generate` with the lists `@make` hands it, which hold one entry per call of `generate(prompt,
+        docs=None, max_tokens=None)`, the defaults included. A call the engine cannot run (a prompt past the context) raises for
+        the whole batch, and the runtime re-runs the batch call by call, so that only that call fails.
+        """
         return [self.request(p, d, limit) for p, d, limit in zip(prompt, docs, max_tokens)]
 
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> str:
+        """Answer `prompt`, over `docs` where given; each subclass's own, marked with `@make`.
+
+        Args:
+            prompt: the instruction or question.
+            docs: documents to answer from (`Hit`s, `Document`s or strings), put before the prompt.
+            max_tokens: the most tokens the answer may take (None: the generator's own).
+
+        Returns:
+            The answer's text.
+        """
         raise NotImplementedError
 
     @staticmethod

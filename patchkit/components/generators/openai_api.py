@@ -1,8 +1,10 @@
-"""`OpenAIGenerator`: a model behind any server speaking OpenAI's `/v1/chat/completions` (vLLM,
-llama.cpp's server, llama-cpp-python's, Ollama), through the `openai` package's `AsyncOpenAI`: each call
-streams its answer, as a coroutine on its replica's event loop, so that one replica holds hundreds of
-calls in flight with no thread each, and the calls in flight together reach the server together, for
-the servers that batch them (vLLM; llama.cpp's server with --parallel)."""
+"""`OpenAIGenerator`.
+
+A model behind any server speaking OpenAI's `/v1/chat/completions` (vLLM, llama.cpp's server, llama-cpp-python's, Ollama), through
+the `openai` package's `AsyncOpenAI`: each call streams its answer, as a coroutine on its replica's event loop, so that one
+replica holds hundreds of calls in flight with no thread each, and the calls in flight together reach the server together, for the
+servers that batch them (vLLM; llama.cpp's server with --parallel).
+"""
 
 from __future__ import annotations
 
@@ -42,15 +44,6 @@ CONTEXT_EXCEEDED = re.compile(r"context.(length|size|window)|maximum model lengt
 class OpenAIGenerator(Generator):
     """A chat model served by an OpenAI-compatible server, asked at `POST {base_url}/chat/completions`.
 
-    `base_url`: the API root, such as "http://127.0.0.1:8080/v1". `model`: the name sent with every
-    request (default: the first model the server lists, asked at `setup()`). `api_key`: sent as a
-    bearer token (default: $OPENAI_API_KEY where the generator runs, read by `setup()` in each worker,
-    else none); a constructor argument is recorded in the component's spec and travels to its workers
-    (every repr shows it as '***'), so prefer the variable, which stays out of your code and the spec.
-    `extra_body`: server-specific fields added to every request, as `{"repeat_penalty": 1.0}` for
-    llama-cpp-python's server, whose default of 1.1 otherwise makes its answers differ from
-    `LlamaCppGenerator`'s for the same model.
-
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as every
     Generator, and streams it to a streaming request: it asks with `"stream": true` and yields each
     delta's content as it arrives. It is an async generator on `AsyncOpenAI`: a replica takes up to
@@ -60,6 +53,27 @@ class OpenAIGenerator(Generator):
     cancelling its call (its request ended), closes its HTTP response. llama-cpp-python's server cuts
     a streamed answer short when another request arrives unless it runs with
     `--interrupt_requests False`: start it so to send it calls together.
+
+    Args:
+        base_url: the API root, such as "http://127.0.0.1:8080/v1".
+        model: the name sent with every request (default: the first model the server lists, asked at
+            `setup()`).
+        api_key: sent as a bearer token (default: $OPENAI_API_KEY where the generator runs, read by
+            `setup()` in each worker, else none). A constructor argument is recorded in the component's
+            spec and travels to its workers (every repr shows it as '***'), so prefer the variable, which
+            stays out of your code and the spec.
+        max_tokens: the most tokens an answer takes unless its call says otherwise.
+        temperature: 0 answers greedily; above it, answers are sampled.
+        seed: the sampling generator's seed.
+        system_prompt: the chat's system prompt (None: none).
+        timeout_s: how long one request to the server may take.
+        max_concurrency: the requests at the server at once, per replica.
+        extra_body: server-specific fields added to every request, as `{"repeat_penalty": 1.0}` for
+            llama-cpp-python's server, whose default of 1.1 otherwise makes its answers differ from
+            `LlamaCppGenerator`'s for the same model.
+
+    Raises:
+        ValueError: a `base_url` that is not an http(s) URL, or a bound out of range.
     """
 
     client: openai.AsyncOpenAI  # made by setup(), on the loop the calls run on
@@ -93,9 +107,11 @@ class OpenAIGenerator(Generator):
         self.timeout_s, self.max_concurrency, self.extra_body = timeout_s, max_concurrency, dict(extra_body or {})
 
     async def setup(self) -> None:
-        """Called once in the process that runs the generator, before its first call, on the event loop its
-        calls run on: opens the client every call shares, checks that the server answers (a ConnectionError
-        naming the URL if not) and asks it for its model when none was given."""
+        """Called once in the process that runs the generator, before its first call, on the event loop its calls run on.
+
+        Opens the client every call shares, checks that the server answers (a ConnectionError naming the URL if not) and asks it
+        for its model when none was given.
+        """
         try:
             import openai
         except ImportError:
@@ -117,8 +133,10 @@ class OpenAIGenerator(Generator):
     async def generate(  # type: ignore[override]
         self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None
     ) -> AsyncIterator[str]:
-        """Stream the answer as the server sends it, on the replica's event loop; stopping the stream (closing
-        it, cancelling the call) closes its HTTP response, so the server sees the client leave."""
+        """Stream the answer as the server sends it, on the replica's event loop.
+
+        Stopping the stream (closing it, cancelling the call) closes its HTTP response, so the server sees the client leave.
+        """
         request = self.request(prompt, docs, max_tokens)
         text = StrippedText()  # its chunks join to exactly the answer a call returns
         async with self._gate:
@@ -127,9 +145,11 @@ class OpenAIGenerator(Generator):
                     yield chunk
 
     def batch_limit(self, method: str) -> int:
-        """Calls one replica takes at once: 8 for each request it sends the server at once (the others wait
-        their turn at the replica, not at the front-end), at most MAX_CONCURRENCY; deploy()'s default and
-        where the profiler's search starts."""
+        """Calls one replica takes at once.
+
+        That is 8 for each request it sends the server at once (the others wait their turn at the replica, not at the
+        front-end), at most MAX_CONCURRENCY; deploy()'s default and where the profiler's search starts.
+        """
         super().batch_limit(method)  # a MakeError for a method that is not @make
         return min(MAX_CONCURRENCY, 8 * self.max_concurrency)
 
@@ -138,10 +158,12 @@ class OpenAIGenerator(Generator):
                 **self.sampling.keywords(request.max_tokens)}
 
     async def _deltas(self, body: dict[str, Any]) -> AsyncIterator[str]:
-        """The content of each delta of one streamed chat completion. A stream that breaks before its first
-        delta, or ends without a finish reason, is asked again whole: llama-cpp-python's server reports a
-        prompt past the context only that way, by failing a stream it already answered 200 to, and a server
-        that does not stream answers once."""
+        """The content of each delta of one streamed chat completion.
+
+        A stream that breaks before its first delta, or ends without a finish reason, is asked again whole: llama-cpp-python's
+        server reports a prompt past the context only that way, by failing a stream it already answered 200 to, and a server that
+        does not stream answers once.
+        """
         url = self.base_url + "/chat/completions"
         streamed = False
         try:
@@ -176,9 +198,10 @@ class OpenAIGenerator(Generator):
 
     @contextlib.asynccontextmanager
     async def _failures(self, path: str) -> AsyncIterator[None]:
-        """The client's errors for a request to `path` (reading its stream included) as errors that say what
-        to do about them: a ValueError for a prompt past the context, ConnectionError, TimeoutError, or a
-        RuntimeError with the server's answer."""
+        """The client's errors for a request to `path` (reading its stream included) as errors that say what to do about them.
+
+        A ValueError for a prompt past the context, ConnectionError, TimeoutError, or a RuntimeError with the server's answer.
+        """
         import openai
 
         url = self.base_url + path
@@ -201,8 +224,10 @@ class OpenAIGenerator(Generator):
 
 
 def _close(client: openai.AsyncOpenAI) -> None:
-    """Close a collected generator's client (its pooled connections) on the loop it was used on; from
-    another thread, wait for that up to CLOSE_TIMEOUT_S."""
+    """Close a collected generator's client (its pooled connections) on the loop it was used on.
+
+    From another thread, wait for that up to CLOSE_TIMEOUT_S.
+    """
     loop = component_loop()
     closing = loop.submit(client.close())
     if not loop.on_loop():
@@ -211,8 +236,10 @@ def _close(client: openai.AsyncOpenAI) -> None:
 
 
 def _transport_errors() -> tuple[type[Exception], ...]:
-    """The transport errors of the HTTP library under `openai` (httpx, or its successor): the client raises
-    them as they are when a stream breaks after its response began."""
+    """The transport errors of the HTTP library under `openai` (httpx, or its successor).
+
+    The client raises them as they are when a stream breaks after its response began.
+    """
     import openai
 
     library = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])

@@ -1,5 +1,8 @@
-"""`VLLMGenerator`: a chat model on NVIDIA GPUs through vLLM's async engine, whose continuous
-batching admits each call as it arrives and streams its tokens back."""
+"""`VLLMGenerator`.
+
+A chat model on NVIDIA GPUs through vLLM's async engine, whose continuous batching admits each call as it arrives and streams its
+tokens back.
+"""
 
 from __future__ import annotations
 
@@ -26,19 +29,24 @@ HEALTH_TIMEOUT_S = 30.0
 class VLLMGenerator(Generator):
     """A chat model served in-process by vLLM's `AsyncLLMEngine`, on one or more NVIDIA GPUs.
 
-    `model`: a local model directory, or the Hugging Face id of a model already in the local
-    Hugging Face cache; nothing is downloaded (fetch it first, as `huggingface-cli download ID`).
-    `gpu_memory_utilization`: the share of each GPU's memory vLLM takes for weights and KV cache.
-    `max_model_len`: the context, in tokens (default: the model's own). `dtype`: "auto" (the
-    checkpoint's, float16 where that is float32), "float16", "bfloat16" or "float32".
-    `tensor_parallel_size`: GPUs to shard the model over.
-
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as every
     Generator, and streams it to a streaming request. The engine runs on an event loop in a thread of
     the replica (`setup()` starts both); each call submits its request there, joins the engine's
     running batch at its next step, and reads the new text as it comes. A replica takes up to 256
     calls at once. A caller that closes its stream aborts its request in the engine. Greedy at
     temperature 0; above it, each prompt samples with its own generator seeded with `seed`.
+
+    Args:
+        model: a local model directory, or the Hugging Face id of a model already in the local Hugging
+            Face cache; nothing is downloaded (fetch it first, as `huggingface-cli download ID`).
+        max_tokens: the most tokens an answer takes unless its call says otherwise.
+        temperature: 0 answers greedily; above it, answers are sampled.
+        seed: the sampling generator's seed.
+        system_prompt: the chat's system prompt (None: none).
+        gpu_memory_utilization: the share of each GPU's memory vLLM takes for weights and KV cache.
+        max_model_len: the context, in tokens (default: the model's own).
+        dtype: "auto" (the checkpoint's, float16 where that is float32), "float16", "bfloat16" or "float32".
+        tensor_parallel_size: GPUs to shard the model over.
     """
 
     devices = ("gpu",)
@@ -112,8 +120,10 @@ class VLLMGenerator(Generator):
 
     @make(stream=True, max_concurrency=MAX_CONCURRENCY, read_only=True)
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
-        """Stream the answer as the engine makes it; called in a thread of its own for each call, while the
-        engine batches every request in flight between its steps."""
+        """Stream the answer as the engine makes it.
+
+        Called in a thread of its own for each call, while the engine batches every request in flight between its steps.
+        """
         from vllm import SamplingParams
 
         request = self.request(prompt, docs, max_tokens)
@@ -132,8 +142,10 @@ class VLLMGenerator(Generator):
         loop.run(self.engine.check_health(), HEALTH_TIMEOUT_S)
 
     async def _deltas(self, prompt_ids: list[int], params: Any) -> AsyncIterator[str]:
-        """The new text of one request as the engine's outputs grow, on the loop; aborted in the engine
-        when its consumer stops reading first (the task running it is cancelled)."""
+        """The new text of one request as the engine's outputs grow, on the loop.
+
+        Aborted in the engine when its consumer stops reading first (the task running it is cancelled).
+        """
         request_id = uuid.uuid4().hex
         text, finished = "", False
         try:

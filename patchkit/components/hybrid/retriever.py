@@ -1,5 +1,7 @@
-"""`HybridIVFRetriever`: the component. FAISS IVF on the CPU plus a device tier of hot clusters,
-lookahead prefetch, a device budget sized from a search SLO, and an exact merge.
+"""`HybridIVFRetriever`.
+
+The component. FAISS IVF on the CPU plus a device tier of hot clusters, lookahead prefetch, a device budget sized from a search
+SLO, and an exact merge.
 
 Its answers equal `FaissRetriever(index="ivf")` at the same nlist and nprobe over the same index:
 the device tier changes where a cluster is searched, never what is found.
@@ -32,21 +34,30 @@ CALIBRATION_QUERIES = 512  # corpus vectors standing in for queries when none ar
 class HybridIVFRetriever(VectorRetriever):
     """Dense retrieval over a FAISS IVF index with the hottest clusters also on a GPU.
 
-    - `nlist`, `nprobe`: the IVF index (nlist defaults to about sqrt(corpus size)).
-    - `index_path`: load the IndexIVFFlat from this file when it exists (it must hold the corpus's
-      vectors, in order), else build it from the corpus and write it there.
-    - `device`: the torch device of the resident clusters; default "cuda" when torch sees a GPU,
-      else "cpu". On "cpu" the tier runs the very torch code a GPU runs: this is how it is tested
-      on machines without one.
-    - `gpu_budget`: bytes (int), a share of the index (float in [0, 1]), or "slo": the smallest
-      share whose predicted batch search time meets `search_slo_ms` for batches of `slo_batch`
-      (profiled at setup, see `budget.py`), limited by `max_gpu_bytes` when given.
-    - `cache_share`: the part of the budget for hot clusters; the rest holds prefetched ones.
-    - `refresh_every`, `decay`: the hot set is recomputed in the background every that many
-      batches, from access counts that decay by that factor per batch.
-    - `generation_s`: the first guess of the time between `prefetch` and the search it serves
-      (re-measured as prefetched clusters get used); with the measured link bandwidth it sizes a prefetch.
-    - `calibration`: query texts that rank clusters for the SLO budget (default: corpus chunks).
+    Args:
+        corpus: "pydoc", a directory of text files, or a list of texts (as `VectorRetriever`'s).
+        topk: how many hits `retrieve` returns unless its call says otherwise.
+        nlist: the IVF index's lists (default: about the square root of the corpus's size).
+        nprobe: the lists a search visits.
+        index_path: load the IndexIVFFlat from this file when it exists (it must hold the corpus's
+            vectors, in order), else build it from the corpus and write it there.
+        device: the torch device of the resident clusters; default "cuda" when torch sees a GPU, else
+            "cpu". On "cpu" the tier runs the very torch code a GPU runs: this is how it is tested on
+            machines without one.
+        gpu_budget: bytes (int), a share of the index (float in [0, 1]), or "slo": the smallest share
+            whose predicted batch search time meets `search_slo_ms` for batches of `slo_batch` (profiled
+            at setup), limited by `max_gpu_bytes` when given.
+        search_slo_ms: with `gpu_budget="slo"`, the batch search time to meet.
+        slo_batch: with `gpu_budget="slo"`, the batch size that time is for.
+        max_gpu_bytes: the most device memory the budget may take.
+        cache_share: the part of the budget for hot clusters; the rest holds prefetched ones.
+        refresh_every: the hot set is recomputed in the background every that many batches.
+        decay: from access counts that decay by this factor per batch.
+        generation_s: the first guess of the time between `prefetch` and the search it serves
+            (re-measured as prefetched clusters get used); with the measured link bandwidth it sizes a
+            prefetch.
+        calibration: query texts that rank clusters for the SLO budget (default: corpus chunks).
+        embedder: embeds the corpus and the queries (default: an `Embedder`).
     """
 
     devices = ("cpu", "gpu")
@@ -151,6 +162,7 @@ class HybridIVFRetriever(VectorRetriever):
         return choice.budget_bytes
 
     def search(self, queries: Vectors, k: int) -> list[list[tuple[int, float]]]:
+        """(document index, cosine similarity) pairs per query, best first, from the hybrid index."""
         distances, ids = self.engine.search(queries, min(k, self.engine.index.ntotal))
         return [[(int(i), float(s)) for i, s in zip(row_ids, row_d) if i >= 0] for row_ids, row_d in zip(ids, distances)]
 

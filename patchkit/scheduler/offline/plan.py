@@ -1,8 +1,7 @@
-"""`Plan`: per component its resource type, replicas, threads (or share of a core) and batch size, with the
-throughput predicted.
+"""`Plan`: per component its resource type, replicas, threads (or share of a core) and batch size.
 
-Made by `plan()` from profiles and the MILP, or by hand; shown to the user as a table (the shape of
-Patchwork's Table 3) and applied by `deploy(plan=...)`, which serves it at `GET /v1/plan`.
+With the throughput predicted. Made by `plan()` from profiles and the MILP, or by hand; shown to the user as a
+table and applied by `deploy(plan=...)`, which serves it at `GET /v1/plan`.
 """
 
 from __future__ import annotations
@@ -20,10 +19,26 @@ __all__ = ["ComponentPlan", "Plan"]
 
 @dataclass(frozen=True)
 class ComponentPlan:
-    """One component's part of a plan. On "cpu" a replica either holds `threads` whole cores, one
-    thread each (units = threads * SHARES_PER_CORE), or as many cores lending part of its last one to
-    share replicas (one of LENT_SIZES fewer units), or runs 1 thread on a core it shares with other
-    replicas, taking `units` of its SHARES_PER_CORE shares (one of SHARE_SIZES)."""
+    """One component's part of a plan.
+
+    On "cpu" a replica either holds `threads` whole cores, one thread each (units = threads * SHARES_PER_CORE), or as many cores
+    lending part of its last one to share replicas (one of LENT_SIZES fewer units), or runs 1 thread on a core it shares with
+    other replicas, taking `units` of its SHARES_PER_CORE shares (one of SHARE_SIZES).
+
+    Attributes:
+        resource: "cpu" or "gpu".
+        replicas: how many replicas to run.
+        batch_size: the batch size of its methods (of a `max_concurrency` method, its calls at once per replica).
+        throughput: calls/s its replicas sustain together, predicted.
+        units: per replica, shares of a core on "cpu", GPUs on "gpu".
+        visits: calls per request, measured on the calibration inputs.
+        default_batch_size: what the component's own `@make` declares.
+        threads: per replica, its math-library threads (OMP_NUM_THREADS).
+        model_error: planned from a cost model: its largest relative error against measured calls.
+
+    Raises:
+        InputError: a count below 1, or CPU units a replica of that many threads cannot take.
+    """
 
     resource: str  # "cpu" | "gpu"
     replicas: int
@@ -64,8 +79,21 @@ class ComponentPlan:
 
 @dataclass(frozen=True)
 class Plan:
-    """Per component (by its deployed name) its `ComponentPlan`, with the requests/s predicted and the
-    component that limits them. Made by `plan()` or by hand; applied by `deploy(plan=...)`."""
+    """Per component (by its deployed name) its `ComponentPlan`, with the requests/s predicted.
+
+    Made by `patchkit.plan()` or by hand; applied by `deploy(plan=...)`; `print(plan)` shows its table.
+
+    Attributes:
+        components: each component's `ComponentPlan`, by its deployed name.
+        throughput: requests/s the pipeline (several: their mix, by `weights`) sustains, predicted.
+        bottleneck: the component that limits it.
+        solver: what made the plan: the MILP solver's name, or "manual".
+        capacity: the pool planned for, cores and GPUs by resource type.
+        virtual: resource types the machine lacks: their replicas run on virtual devices.
+        slo_ms: the latency target the batch sizes were chosen to fit, if any.
+        weights: each pipeline's share of the requests it was planned for (summing to 1), with several
+            pipelines; empty for one.
+    """
 
     components: Mapping[str, ComponentPlan]
     throughput: float  # requests/s the pipeline (several: their mix, by `weights`) sustains, predicted
@@ -85,8 +113,12 @@ class Plan:
         return used
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able: `{"components": {NAME: {"resource", "replicas", "batch_size", "throughput", ...}},
-        "throughput", "bottleneck", "weights": {PIPELINE: share}, ...}`."""
+        """The plan as JSON-able data, what `patchkit plan --json` prints and `from_dict` reads.
+
+        Returns:
+            `{"components": {NAME: {"resource", "replicas", "batch_size", "throughput", ...}}, "throughput",
+            "bottleneck", "weights": {PIPELINE: share}, ...}`.
+        """
         return {
             "components": {name: asdict(c) for name, c in self.components.items()},
             "throughput": self.throughput,
@@ -102,8 +134,18 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Plan:
-        """A plan saved with `to_dict()` (as `patchkit plan --json` prints it), or by an older patchkit
-        (no threads: a CPU replica's units were whole cores; or another number of shares a core)."""
+        """A plan saved with `to_dict()`, as `patchkit plan --json` prints it.
+
+        Args:
+            data: what `to_dict()` returned, or an older patchkit's (no threads: a CPU replica's units were
+                whole cores; or another number of shares a core).
+
+        Returns:
+            The plan.
+
+        Raises:
+            InputError: `data` is not a plan.
+        """
         try:
             per_core = int(data.get("shares_per_core", SHARES_PER_CORE))
             components = {name: ComponentPlan(**_current(c, per_core)) for name, c in data["components"].items()}
@@ -155,8 +197,11 @@ class Plan:
 
 
 def _current(component: Mapping[str, Any], per_core: int) -> dict[str, Any]:
-    """A component's saved plan in today's fields: before `threads`, a CPU replica's units were its cores;
-    a plan counting `per_core` shares a core has its CPU units counted again in today's."""
+    """A component's saved plan in today's fields.
+
+    Before `threads`, a CPU replica's units were its cores; a plan counting `per_core` shares a core has its CPU units counted
+    again in today's.
+    """
     fields = dict(component)
     if fields.get("resource") != "cpu":
         return fields

@@ -59,32 +59,8 @@ def plan(
     """Profile the pipelines' components and choose, per component, a resource type, replicas and a
     batch size that maximise the requests/s served on `resources` (default: this machine).
 
-    Called by `patchkit.plan`, `deploy(plan="auto")` and `patchkit plan` / `patchkit serve --plan auto`.
-
-    Args:
-        pipelines: one pipeline, or several that one deployment serves, by name. The plan's components
-            are named as the deployment names them (`deployed_names`): a component object several
-            pipelines call is one component, planned once, its visits per request the pipelines' visits
-            weighted by `weights`; the throughput is then requests/s of that mix.
-        weights: with several pipelines, each one's share of the requests (numbers >= 0, at least one
-            > 0, one per pipeline; normalised to sum 1). Default: equal shares.
-        resources: the pool to plan for, such as `{"cpu": 5, "gpu": 2}` (default: this machine's).
-        calibration: inputs to run a pipeline on first, eagerly and locally, as `pipeline(**inputs)`;
-            with several pipelines, a mapping name -> inputs (a pipeline it does not name keeps what it
-            recorded). Their calls (and theirs only) become the profiler's inputs, and they count in each
-            component's visits per request. Without them, every call the pipeline recorded is used.
-            Profiles are cached: planning the same pipelines with the same calibration again profiles
-            nothing, whatever the weights.
-        slo_ms: plans only batch sizes whose latency fits it.
-        progress: show a progress line per component while profiling.
-
-    Returns:
-        The `Plan`, which records the weights it was made for (none for one pipeline given alone).
-
-    Raises:
-        ConfigError: `pipelines` or `weights` is not as above (the message says what to fix).
-        InputError: `calibration` is not a list of input dicts (by pipeline name, with several).
-        PlanError: a pipeline never ran and has no calibration, or no plan fits the resources or the SLO.
+    Called by `patchkit.plan`, `deploy(plan="auto")` and `patchkit plan` / `patchkit serve --plan auto`;
+    `patchkit.plan`'s docstring says each argument, what it returns and raises.
     """
     from patchkit.scheduler.offline.profiler import Profiler  # starts workers: gRPC loads only here
 
