@@ -14,6 +14,8 @@ from serving import metric
 import patchkit
 from patchkit.components.documents import Hit
 from patchkit.components.generators import Generator
+from patchkit.components.generators.base import RAG_TEMPLATE
+from patchkit.components.generators.llama_sequence import cut_pieces
 from patchkit.components.generators.streaming import decoded, stripped
 
 QUESTIONS = [
@@ -260,6 +262,17 @@ def test_a_prompt_names_its_system_prompt_and_documents_as_pieces(llm: Any) -> N
     assert llm.stats()["kv_cache_budget_bytes"] == 512 << 20
 
 
+def test_documents_tokenized_once_cut_the_prompt_where_its_text_does(llm: Any) -> None:
+    for docs in (DOCS, LONG_DOCS[:3], [LONG_DOCS[2], "A plain string, ending in a question?"], LONG_DOCS):
+        messages = llm.messages("Why?", docs)
+        tokens, ends = llm.prompt(messages, docs)
+        text = llm.chat(messages=messages).prompt
+        context = text.find(messages[-1]["content"]) + RAG_TEMPLATE.index("{context}")
+        assert ends == llm._cut_ends(text, context, docs, tokens, add_bos=False)
+        assert all(llm.line(i, doc) == llm.line(i, doc) for i, doc in enumerate(docs, 1))
+    assert (1, f"{DOCS[0].title}: {DOCS[0].text}") in llm.lines  # each line tokenized once, then kept
+
+
 @pytest.mark.slow
 def test_the_document_cache_restores_documents_the_slots_lost_and_changes_no_answer(llm: Any) -> None:
     cached, plain = small_engines(llm, 64 << 20)
@@ -281,6 +294,11 @@ def test_the_document_cache_restores_documents_the_slots_lost_and_changes_no_ans
         assert found["prompt_tokens_evaluated"] == baseline["prompt_tokens_evaluated"] - found["kv_cache_tokens_saved"]
         assert 0 < found["kv_cache_bytes_held"] <= 64 << 20 and found["kv_cache_entries"] >= 8
         assert found["kv_cache_evictions"] == 0 and baseline["kv_cache_hits"] == baseline["kv_cache_entries"] == 0
+        # Each restore wrote its cells once, into one state of exactly the restored pieces' bytes.
+        cache = cached._documents
+        restored_runs = [[node.state for node in cache.tree.match(cut_pieces(*llm.prompt(llm.messages(q, docs), docs)))[:n]]
+                         for q, docs, n in ((*calls[2], 3), (*calls[5], 4))]
+        assert found["kv_cache_bytes_joined"] == sum(cache.layout.size([r for r in runs if r]) for runs in restored_runs)
     finally:
         cached.close()
         plain.close()

@@ -43,6 +43,17 @@ __all__ = ["EngineConfig", "LlamaEngine"]
 
 logger = logging.getLogger(__name__)
 
+
+@dataclass(frozen=True)
+class Placement:
+    """What a sequence's slot is loaded with before its prompt is evaluated: the document cache's `path`
+    restored, or the stream of the running slot `source` copied (-1: neither); the prefix it keeps is
+    the sequence's `evaluated`."""
+
+    sequence: LlamaSequence
+    path: list[Any]
+    source: int
+
 @dataclass(frozen=True)
 class EngineConfig:
     """How an engine is sized: up to `max_sequences` running at once, in slots of `n_ctx` tokens each, and
@@ -206,6 +217,7 @@ class LlamaEngine:
     def close(self) -> None:
         """`stop`, then free the context (the model stays, for tokenizing). Idempotent."""
         self.stop()
+        self._documents.close()
         if not self._thread.is_alive():
             self._batch.close()
             self._ctx.close()
@@ -231,28 +243,36 @@ class LlamaEngine:
                 return False
             for sequence in [s for s in self._running if s.aborted]:
                 self._finish(sequence, aborted=True)
-            self._admit()
+            placed = self._admit()
+        for placement in placed:
+            self._load(placement)
         self._prefill()
         self._decode()
         return True
 
-    def _admit(self) -> None:
-        """Move waiting sequences into idle slots, oldest first, up to max_sequences running (lock held)."""
+    def _admit(self) -> list[Placement]:
+        """Move waiting sequences into idle slots, oldest first, up to max_sequences running; what each
+        slot must be loaded with (lock held: the loading itself runs without it)."""
+        placed: list[Placement] = []
+        if self._waiting and self._idle and len(self._running) < self.config.max_sequences:
+            self._documents.settle()  # the pieces of every prompt evaluated so far, in the tree
         while self._waiting and self._idle and len(self._running) < self.config.max_sequences:
             sequence = self._waiting.popleft()
             if sequence.aborted:
                 self._counts["aborted"] += 1
                 continue
-            self._place(sequence)
+            placed.append(self._place(sequence, {p.sequence for p in placed}))
             self._running.append(sequence)
             self._counts["max_active"] = max(self._counts["max_active"], len(self._running))
+        return placed
 
-    def _place(self, sequence: LlamaSequence) -> None:
+    def _place(self, sequence: LlamaSequence, loading: set[LlamaSequence]) -> Placement:
         """Give the sequence the idle slot holding the longest prefix of its prompt (the least recently used
         one when none does), or a copy of a running slot's stream, or the least recently used slot with
         the document cache's states restored, whichever holds most; drop the slot's KV past the shared
         prefix, cut to a block boundary. The last prompt token is always evaluated again, for the logits
-        the first sampled token comes from."""
+        the first sampled token comes from. Lock held; `_load` does what it decides (a stream is copied
+        only from a running slot already loaded, none of those in `loading`)."""
         limit = len(sequence.prompt) - 1 if self.config.prefix_cache else 0
         limit -= limit % self.config.block
         slot, reused = next(iter(self._idle)), 0
@@ -260,27 +280,40 @@ class LlamaEngine:
             if (common := self._aligned(min(limit, common_prefix(kept, sequence.prompt)))) > reused:
                 slot, reused = idle, common
         shared = {s.slot: self._aligned(min(limit, common_prefix(s.prompt[: s.evaluated], sequence.prompt)))
-                  for s in self._running}
+                  for s in self._running if s not in loading}
         source = max(shared, key=shared.__getitem__, default=-1)
         path = self._documents.longest(sequence.pieces, limit)
         restore = bool(path) and path[-1].kept > max(reused, shared.get(source, 0))
         if restore:
             slot = next(iter(self._idle))
         del self._idle[slot]
-        memory = self._ctx.memory
         self._documents.count(sequence.pieces, hit=restore)
-        if restore:
-            reused = self._documents.restore(slot, path)
-        elif shared.get(source, 0) > reused:
-            # Across streams llama.cpp copies whole streams; the prefix cells never change while the source runs.
-            self._lib.llama_memory_seq_rm(memory, slot, -1, -1)
-            self._lib.llama_memory_seq_cp(memory, source, slot, -1, -1)
+        copy = not restore and shared.get(source, 0) > reused
+        if copy:
             reused = shared[source]
             self._counts["stream_copies"] += 1
-        self._lib.llama_memory_seq_rm(memory, slot, reused, -1)
+        elif restore:
+            reused = path[-1].kept
         sequence.slot, sequence.evaluated = slot, reused
-        self._counts["prompt_tokens_reused"] += reused
-        self._counts["cache_hits"] += reused > 0
+        return Placement(sequence, path if restore else [], source if copy else -1)
+
+    def _load(self, placement: Placement) -> None:
+        """Load a placed sequence's slot as `_place` decided: its cached path restored, or a running
+        stream copied, then everything past the reused prefix dropped. Engine thread, lock not held:
+        only this thread touches the context."""
+        sequence, memory = placement.sequence, self._ctx.memory
+        slot, reused = sequence.slot, sequence.evaluated
+        if placement.path and not self._documents.restore(slot, placement.path):
+            reused = 0
+        elif placement.source >= 0:
+            # Across streams llama.cpp copies whole streams; the prefix cells never change while the source runs.
+            self._lib.llama_memory_seq_rm(memory, slot, -1, -1)
+            self._lib.llama_memory_seq_cp(memory, placement.source, slot, -1, -1)
+        self._lib.llama_memory_seq_rm(memory, slot, reused, -1)
+        with self._lock:
+            sequence.evaluated = reused
+            self._counts["prompt_tokens_reused"] += reused
+            self._counts["cache_hits"] += reused > 0
 
     def _aligned(self, tokens: int) -> int:
         return tokens - tokens % self.config.block

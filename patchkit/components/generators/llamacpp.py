@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ from patchkit.components.generators.streaming import decoded, stripped
 __all__ = ["LlamaCppGenerator"]
 
 MAX_CONCURRENCY = 16  # calls one replica runs at once: the engine's sequence slots
+LINES_KEPT = 4096  # documents' lines kept tokenized, each at its place in a prompt
 KV_CACHE_BYTES = 512 << 20  # the document KV cache's default budget: about 23,000 tokens of SmolLM2-135M (23 KB each)
 
 
@@ -73,6 +77,8 @@ class LlamaCppGenerator(Generator):
         self.model_path, self.n_ctx, self.threads, self.prefix_cache = str(path), n_ctx, threads, prefix_cache
         self.kv_cache_bytes, self.reorder_docs = kv_cache_bytes, reorder_docs
         self.engine: LlamaEngine | None = None
+        self.lines: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
+        self._lines_lock = threading.Lock()
 
     def setup(self) -> None:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -103,7 +109,8 @@ class LlamaCppGenerator(Generator):
         """The tokens of `messages` (built by `messages(prompt, docs)`), and where in them the pieces the
         document cache keeps end: the system prompt with the template's head, then each document (none
         without documents or a document cache). A piece ends at the last token the text up to its end
-        tokenizes to alike alone and in the whole prompt, so the pieces are the prompt's own tokens."""
+        tokenizes to alike alone and in the whole prompt, so the pieces are the prompt's own tokens.
+        The prompt is tokenized once, and each document's line once while it stays in `lines`."""
         assert self.engine is not None
         chat: Any = messages  # llama-cpp-python types each message as its own TypedDict
         formatted = self.chat(messages=chat)
@@ -113,6 +120,36 @@ class LlamaCppGenerator(Generator):
         if not docs or not self.document_cache or content < 0:
             return tokens, []
         context = content + RAG_TEMPLATE.index("{context}")
+        head = self.engine.tokenize(text[:context], add_bos=add_bos)
+        joined = [*head, *(t for i, doc in enumerate(docs, 1) for t in self.line(i, doc))]
+        if common_prefix(joined, tokens) < len(joined) - 1:  # pieces that merge across their ends: cut one by one
+            return tokens, self._cut_ends(text, context, docs, tokens, add_bos)
+        matched = common_prefix(joined, tokens)  # all but, maybe, the last newline (the template's next merges it)
+        lengths = [len(head), *(len(self.line(i, doc)) for i, doc in enumerate(docs, 1))]
+        ends = [min(end, matched) for end in itertools.accumulate(lengths)]
+        return tokens, [end for i, end in enumerate(ends) if end > (ends[i - 1] if i else 0)]
+
+    def line(self, index: int, doc: Any) -> tuple[int, ...]:
+        """The tokens of document `doc`'s line at `index` (from 1) in a prompt, with its newline; kept in
+        `lines` (least recently used out past LINES_KEPT), so a document is tokenized once per place."""
+        assert self.engine is not None
+        text = render_context([doc])[len("[1] "):]
+        key = (index, text)
+        with self._lines_lock:  # generate runs on many threads at once
+            if (found := self.lines.get(key)) is not None:
+                self.lines.move_to_end(key)
+                return found
+        found = tuple(self.engine.tokenize(f"[{index}] {text}\n", add_bos=False))
+        with self._lines_lock:
+            self.lines[key] = found
+            if len(self.lines) > LINES_KEPT:
+                self.lines.popitem(last=False)
+        return found
+
+    def _cut_ends(self, text: str, context: int, docs: Sequence[Any], tokens: list[int], add_bos: bool) -> list[int]:
+        """Piece ends found by tokenizing the prompt's text up to each one: for documents whose lines
+        tokenize otherwise alone than in the prompt."""
+        assert self.engine is not None
         # Each document's line with the newline after it: the next one starts a piece at "[".
         cuts = [context] + [context + len(render_context(docs[:i])) + 1 for i in range(1, len(docs) + 1)]
         ends: list[int] = []
@@ -120,20 +157,26 @@ class LlamaCppGenerator(Generator):
             end = common_prefix(self.engine.tokenize(text[:cut], add_bos=add_bos), tokens)
             if end > (ends[-1] if ends else 0):
                 ends.append(end)
-        return tokens, ends
+        return ends
 
     def reuse_order(self, prompt: str, docs: Sequence[Any]) -> list[Any]:
         """`docs` with those the document cache holds after the system prompt first, in an order it holds
-        them (each time the first in `docs` that continues a held path), then the rest in their order."""
+        them (each time the first in `docs` that continues a held path), then the rest in their order.
+        The prompt is rendered once; a trial order's pieces are its documents' lines, tokenized once."""
         assert self.engine is not None
+        tokens, ends = self.prompt(self.messages(prompt, docs), docs)
+        if not ends:
+            return list(docs)
+        pieces: list[tuple[int, ...]] = [tuple(tokens[: ends[0]])]
         order: list[Any] = []
         rest = list(docs)
         while rest:
             for doc in rest:
-                trial = [*order, doc, *(d for d in rest if d is not doc)]
-                tokens, ends = self.prompt(self.messages(prompt, trial), trial)
-                if self.engine.cached_pieces(tokens, ends[: len(order) + 2]) == len(order) + 2:
+                trial = [*pieces, self.line(len(order) + 1, doc)]
+                held = list(itertools.chain.from_iterable(trial))
+                if self.engine.cached_pieces(held, list(itertools.accumulate(map(len, trial)))) == len(trial):
                     order.append(doc)
+                    pieces = trial
                     rest.remove(doc)
                     break
             else:
