@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pytest
 from serving import metric
 
@@ -385,3 +386,113 @@ def test_a_deployed_generator_reports_its_document_cache_in_metrics() -> None:
     assert 0 < held <= metric(text, "patchkit_component_stat", component="llm", replica=replica, stat="kv_cache_budget_bytes")
     assert metric(text, "patchkit_component_stat", component="llm", replica=replica, stat="kv_cache_entries") >= 2
     assert metric(text, "patchkit_component_stat", component="llm", replica=replica, stat="kv_cache_misses") == 1
+
+
+# -- position-independent document KV (kv_reuse="blend") ------------------------------------------------
+
+def blend_engine(llm: Any, **options: Any) -> Any:
+    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+
+    config = {"n_ctx": 1024, "max_sequences": 1, "cache_slots": 0, "threads": 1, "kv_cache_bytes": 64 << 20,
+              "kv_reuse": "blend", **options}
+    return LlamaEngine(EngineConfig(llm.model_path, **config))
+
+
+def keys(engine: Any, slot: int, start: int, end: int) -> list[np.ndarray]:
+    """The keys of `slot`'s cells at positions [start, end), a float32 array per layer."""
+    from patchkit.components.generators.kv_state import StateLayout
+
+    layout, cells = StateLayout.read(engine._documents.state(slot), engine._documents.n_layer)
+    return [k.view(np.float16).astype(np.float32) for k in layout.cut(cells, start, end).keys]
+
+
+def distance(a: list[np.ndarray], b: list[np.ndarray]) -> list[float]:
+    """Per layer, the norm of a - b relative to b's."""
+    return [float(np.linalg.norm(x - y) / np.linalg.norm(y)) for x, y in zip(a, b)]
+
+
+def test_a_placed_document_holds_the_keys_it_would_have_evaluated_alone_at_its_place(llm: Any) -> None:
+    from patchkit.components.generators.kv_blend import Stop
+
+    engine = blend_engine(llm, cache_slots=2)
+    engine.stop()  # the test drives the context itself, as the engine thread would
+    try:
+        tokens, pieces = llm.prompt(llm.messages("Why?", LONG_DOCS[:1]), LONG_DOCS[:1])
+        start, end = llm.bodies(tokens, pieces, LONG_DOCS[:1])[0]
+        doc, head, k = tokens[start:end], tokens[:37], 5
+        at = len(head)
+        engine._evaluate_alone([*head, *doc[:k]], 0, 0)  # the prompt up to the document's recompute point
+        # Evaluated alone at the parking positions, then its cells from k on moved behind the prompt's.
+        assert engine._blender.place(0, [*head, *doc], Stop(at + k, at, at + len(doc), None)) == len(doc)
+        engine._evaluate_alone([tokens[end]], at + len(doc), 0)  # the next token: llama.cpp rotates the keys first
+        placed = keys(engine, 0, at + k, at + len(doc))
+        engine._evaluate_alone(doc, at, 1)  # the document alone, evaluated at its place
+        alone = keys(engine, 1, at + k, at + len(doc))
+        engine._evaluate_alone(doc, at + 1, 2)  # and one position further
+        off_by_one = keys(engine, 2, at + 1 + k, at + 1 + len(doc))
+        error = distance(placed, alone)
+        # The first layer's keys depend on the token and its position alone: equal within float16 rounding.
+        # Deeper layers carry the rounding of other positions' rotations, as any other place would (1-2%).
+        assert error[0] < 1e-3 and max(error) < 0.03, error
+        assert min(distance(off_by_one, alone)) > 3 * max(error)
+    finally:
+        engine.close()
+
+
+def test_blend_recomputing_whole_documents_answers_exactly_and_exact_mode_is_unchanged(llm: Any) -> None:
+    everything, exact = blend_engine(llm, recompute=1.0), blend_engine(llm, kv_reuse="exact")
+    try:
+        a, b, c, _, e = LONG_DOCS
+        for question, docs in [("What does json.dumps return?", [a, b, c]), ("How do I read a CSV file?", [c, a, b]),
+                               ("How do I push onto a heap?", [e, a])]:
+            assert answer(llm, everything, question, docs) == answer(llm, exact, question, docs)
+        found = everything.stats()
+        assert found["blend_documents_reused"] == found["blend_tokens_reused"] == 0
+        assert "blend_documents_reused" not in exact.stats()
+    finally:
+        everything.close()
+        exact.close()
+
+
+def blend_answer(llm: Any, engine: Any, question: str, docs: list[Any]) -> str:
+    tokens, pieces = llm.prompt(llm.messages(question, docs), docs)
+    bodies = llm.bodies(tokens, pieces, docs)
+    return b"".join(engine.submit(tokens, 24, pieces=pieces, documents=bodies).pieces()).decode()
+
+
+@pytest.mark.slow
+def test_blend_reuses_documents_at_any_place_within_its_byte_budget(llm: Any) -> None:
+    budget = 6 << 20  # about 260 tokens of cells: two of the documents
+    engine, exact = blend_engine(llm, kv_cache_bytes=budget), blend_engine(llm, kv_reuse="exact", kv_cache_bytes=budget)
+    try:
+        a, b, c, d, e = LONG_DOCS
+        calls = [("Which is first?", [a, b]), ("Which is first?", [b, a]), ("Which is first?", [c, d]),
+                 ("Which is first?", [e, c]), ("Which is first?", [a, e])]
+        for question, docs in calls:
+            assert blend_answer(llm, engine, question, docs).strip()
+            answer(llm, exact, question, docs)
+            assert engine.stats()["kv_cache_bytes_held"] <= budget
+        found, plain = engine.stats(), exact.stats()
+        # [b, a] reuses both documents at new places; c after [c, d] is reused behind e; the budget evicts.
+        assert found["blend_documents_reused"] >= 3 and found["kv_cache_evictions"] >= 1
+        assert found["blend_documents_evaluated"] + found["blend_documents_reused"] == 2 * len(calls)
+        assert found["blend_documents_evaluated"] > len(LONG_DOCS)  # a document evicted is evaluated again
+        assert found["prompt_tokens_evaluated"] < plain["prompt_tokens_evaluated"] - found["blend_tokens_reused"] // 2
+        assert 0 < found["blend_tokens_recomputed"] < found["blend_tokens_reused"]
+    finally:
+        engine.close()
+        exact.close()
+
+
+def test_blend_options_are_checked_where_they_are_given() -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    try:
+        with pytest.raises(ValueError, match=r"kv_reuse \('fast'\) must be 'exact' or 'blend'"):
+            LlamaCppGenerator(kv_reuse="fast")
+    except FileNotFoundError as exc:
+        pytest.skip(f"the bundled model is absent: {exc}")
+    with pytest.raises(ValueError, match=r"prefix_cache \(True\) must be True and kv_cache_bytes \(0\) > 0"):
+        LlamaCppGenerator(kv_reuse="blend", kv_cache_bytes=0)
+    with pytest.raises(ValueError, match=r"recompute \(1.5\) must be within \[0, 1\]"):
+        LlamaCppGenerator(kv_reuse="blend", recompute=1.5)

@@ -92,7 +92,7 @@ class DocumentCache:
         self._lib, self._ctx, self._model, self._block, self._lock = lib, ctx, model, block, lock
         self._tree: KnowledgeTree[Cells] | None = KnowledgeTree(budget) if budget else None
         self._layout: StateLayout | None = None  # the sequence states' layout, read from the first one saved
-        self._n_layer = lib.llama_model_n_layer(model.model)
+        self.n_layer = lib.llama_model_n_layer(model.model)
         self._span = self._attention_span()
         self._counts = dict.fromkeys(("kv_cache_hits", "kv_cache_misses", "kv_cache_tokens_saved",
                                       "kv_cache_state_bytes_read", "kv_cache_bytes_joined"), 0)
@@ -233,7 +233,7 @@ class DocumentCache:
 
     def _keep(self, job: _Save) -> None:
         try:
-            layout, cells = StateLayout.read(job.state, self._n_layer)
+            layout, cells = StateLayout.read(job.state, self.n_layer)
         except StateLayoutError as exc:
             logger.warning("the document KV cache is off: %s", exc)
             with self._lock:
@@ -256,6 +256,15 @@ class DocumentCache:
                     break
                 node = child
             tree.prune(node)
+
+    def keep_document(self, key: tuple[int, ...], layout: StateLayout, cells: Cells) -> None:
+        """Keep a document's cells, evaluated alone, under the tree's root as `key`, as far as the budget
+        allows; its recompute cost is its tokens' at the start of a prompt. Engine thread, lock not held."""
+        with self._lock:
+            self._layout = layout
+            if self._tree is not None:
+                self._tree.insert(self._tree.root, key, cells.end - cells.start, cells, cells.nbytes,
+                                  self._cost(0, cells.end - cells.start))
 
     def close(self) -> None:
         """Stop the saver thread once the saves queued are kept; called by the engine when it closes."""

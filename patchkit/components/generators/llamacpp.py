@@ -27,6 +27,7 @@ __all__ = ["LlamaCppGenerator"]
 MAX_CONCURRENCY = 16  # calls one replica runs at once: the engine's sequence slots
 LINES_KEPT = 4096  # documents' lines kept tokenized, each at its place in a prompt
 KV_CACHE_BYTES = 512 << 20  # the document KV cache's default budget: about 23,000 tokens of SmolLM2-135M (23 KB each)
+RECOMPUTE = 0.15  # under kv_reuse="blend", the share of each reused document's leading tokens evaluated again
 
 
 class LlamaCppGenerator(Generator):
@@ -50,6 +51,14 @@ class LlamaCppGenerator(Generator):
     holds (in an order it holds), the others after in their given order: more reuse, but the model
     reads the documents in another order, which may change its answer. `stats()` counts hits, tokens
     saved, bytes held.
+
+    `kv_reuse="blend"` (opt-in) reuses a document's KV wherever it appears, after any prefix: each
+    document is evaluated once on its own, its cells kept in the document cache and moved to the
+    positions it takes in a prompt (llama.cpp rotates their keys), and the first `recompute` share of
+    its tokens (default 0.15) evaluated again in place to restore some attention across documents;
+    the question and the answer are evaluated normally. Faster where documents recur in new orders,
+    but the model no longer reads each document after the ones before it, so answers may change
+    (benchmarks/README.md measures how much). The default, "exact", never changes an answer.
     """
 
     def __init__(
@@ -65,17 +74,19 @@ class LlamaCppGenerator(Generator):
         prefix_cache: bool = True,
         kv_cache_bytes: int = KV_CACHE_BYTES,
         reorder_docs: bool = False,
+        kv_reuse: str = "exact",
+        recompute: float = RECOMPUTE,
     ) -> None:
         path = Path(model).expanduser() if model is not None else default_gguf_path()
         if not path.is_file():
             raise FileNotFoundError(f"model file {path} does not exist; pass the path of a .gguf file")
         if n_ctx < 16:
             raise ValueError(f"n_ctx ({n_ctx}) must be >= 16")
-        if kv_cache_bytes < 0:
-            raise ValueError(f"kv_cache_bytes ({kv_cache_bytes}) must be >= 0 (0 keeps no document KV cache)")
         super().__init__(max_tokens=max_tokens, temperature=temperature, seed=seed, system_prompt=system_prompt)
         self.model_path, self.n_ctx, self.threads, self.prefix_cache = str(path), n_ctx, threads, prefix_cache
         self.kv_cache_bytes, self.reorder_docs = kv_cache_bytes, reorder_docs
+        self.kv_reuse, self.recompute = kv_reuse, recompute
+        self.engine_config()  # checks the engine's options where they are given
         self.engine: LlamaEngine | None = None
         self.lines: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
         self._lines_lock = threading.Lock()
@@ -83,11 +94,7 @@ class LlamaCppGenerator(Generator):
     def setup(self) -> None:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        # Prompt evaluation too: llama.cpp's own default is every core, which oversubscribes a replica's share.
-        config = EngineConfig(self.model_path, n_ctx=self.n_ctx, max_sequences=MAX_CONCURRENCY,
-                              threads=self.threads or replica_threads(), prefix_cache=self.prefix_cache,
-                              kv_cache_bytes=self.kv_cache_bytes)
-        self.engine = engine = LlamaEngine(config)
+        self.engine = engine = LlamaEngine(self.engine_config())
         model = engine.model
         # The model's chat template, as Llama.create_chat_completion applies it.
         self.chat = Jinja2ChatFormatter(
@@ -95,6 +102,13 @@ class LlamaCppGenerator(Generator):
             eos_token=model.token_get_text(model.token_eos()),
             bos_token=model.token_get_text(model.token_bos()),
         )
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's configuration; raises ValueError naming the options that conflict."""
+        # Prompt evaluation too: llama.cpp's own default is every core, which oversubscribes a replica's share.
+        return EngineConfig(self.model_path, n_ctx=self.n_ctx, max_sequences=MAX_CONCURRENCY,
+                            threads=self.threads or replica_threads(), prefix_cache=self.prefix_cache,
+                            kv_cache_bytes=self.kv_cache_bytes, kv_reuse=self.kv_reuse, recompute=self.recompute)
 
     @property
     def document_cache(self) -> bool:
@@ -159,6 +173,23 @@ class LlamaCppGenerator(Generator):
                 ends.append(end)
         return ends
 
+    def bodies(self, tokens: Sequence[int], pieces: Sequence[int], docs: Sequence[Any]) -> list[tuple[int, int]]:
+        """The [start, end) tokens of each document's body in a prompt cut at `pieces` (by `prompt`): its
+        line without the label "[i] " that numbers it and without its newline, the same tokens wherever
+        the document stands. None when the pieces are not one per document."""
+        assert self.engine is not None
+        if len(pieces) != len(docs) + 1:
+            return []
+        found = []
+        for i, (start, end) in enumerate(zip(pieces, pieces[1:]), 1):
+            label = tuple(self.engine.tokenize(f"[{i}]", add_bos=False))
+            while label and tuple(tokens[start:start + len(label)]) != label:
+                label = label[:-1]
+            end -= self.engine.piece(tokens[end - 1]) == b"\n"
+            if start + len(label) < end:
+                found.append((start + len(label), end))
+        return found
+
     def reuse_order(self, prompt: str, docs: Sequence[Any]) -> list[Any]:
         """`docs` with those the document cache holds after the system prompt first, in an order it holds
         them (each time the first in `docs` that continues a held path), then the rest in their order.
@@ -197,8 +228,9 @@ class LlamaCppGenerator(Generator):
         tokens, pieces = self.prompt(request.messages, docs)
         self.check_length(len(tokens), request.max_tokens, self.n_ctx, "raise n_ctx")
         sampling = self.sampling
-        stream = self.engine.submit(
-            tokens, request.max_tokens, temperature=sampling.temperature, seed=sampling.seed, pieces=pieces)
+        bodies = self.bodies(tokens, pieces, docs) if self.kv_reuse == "blend" and docs else []
+        stream = self.engine.submit(tokens, request.max_tokens, temperature=sampling.temperature, seed=sampling.seed,
+                                    pieces=pieces, documents=bodies)
         try:
             yield from stripped(decoded(stream.pieces()))
         finally:
