@@ -496,3 +496,30 @@ def test_blend_options_are_checked_where_they_are_given() -> None:
         LlamaCppGenerator(kv_reuse="blend", kv_cache_bytes=0)
     with pytest.raises(ValueError, match=r"recompute \(1.5\) must be within \[0, 1\]"):
         LlamaCppGenerator(kv_reuse="blend", recompute=1.5)
+
+
+@pytest.mark.slow
+def test_a_deployed_blend_generator_places_documents_it_saw_in_another_order() -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    pytest.importorskip("llama_cpp", reason="the engine needs llama-cpp-python: pip install -e '.[llm]'")
+    llm = LlamaCppGenerator(max_tokens=8, threads=1, n_ctx=1024, kv_reuse="blend")
+    texts = [f"{d.title}: {d.text}" for d in LONG_DOCS[:2]]
+
+    def answer(question: str, docs: list[str]) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return llm.generate(question, docs)  # type: ignore[no-any-return]
+        return pipeline
+
+    answer("x", texts)
+    with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
+        assert endpoint.query(question="What does json.dumps return?", docs=texts)
+        assert endpoint.query(question="How do I read a CSV file?", docs=texts[::-1])
+        with urllib.request.urlopen(endpoint.url + "/metrics", timeout=30) as reply:  # noqa: S310 - a local test server
+            text = reply.read().decode()
+        [replica] = endpoint.stats()["replica_reports"]
+    stat = {name: metric(text, "patchkit_component_stat", component="llm", replica=replica, stat=name)
+            for name in ("blend_documents_reused", "blend_documents_evaluated", "blend_tokens_reused")}
+    # The first call evaluates both documents alone; the second, in the other order, places both.
+    assert stat["blend_documents_evaluated"] == 2 and stat["blend_documents_reused"] == 2
+    assert stat["blend_tokens_reused"] > 100
