@@ -1,6 +1,7 @@
 """What blending documents' KV (`kv_reuse="blend"`) costs in answers, against exact prefill, per recompute share.
 
-    python benchmarks/blend_quality.py --ratios 0,0.15,0.3 --json blend-quality.json --plot blend-quality.png
+    python benchmarks/blend_quality.py --ratios 0,0.15,0.3 --json blend-quality.json --plot blend-quality.png \\
+        --replay replay.json   # a prefix_replay.py --json result: its speed on the stream, in the plot
 
 The labelled question sets (benchmarks/recall_questions*.json: 20 + 20 + the demo's 8), each question
 with its top 3 pydoc chunks from MiniLM over FAISS (as rag_stream.py retrieves), asked in order of one
@@ -137,7 +138,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--limit", type=int, default=0, help="questions from each set (0: all)")
     parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--plot", help="draw prompt speed-up against the NLL ratio here (PNG)")
+    parser.add_argument("--plot", help="draw speed against the NLL ratio here (PNG)")
+    parser.add_argument("--replay", help="a prefix_replay.py --json file: its blend gains are the plot's speed")
     args = parser.parse_args()
     questions = [q["question"] for name in SETS
                  for q in json.loads((ROOT / "benchmarks" / name).read_text())[: args.limit or None]]
@@ -184,24 +186,31 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": vars(args), "questions": questions, "results": results}, indent=1))
     if args.plot:
-        plot(results, args.plot)
+        plot(results, args.plot, json.loads(Path(args.replay).read_text()) if args.replay else None)
 
 
-def plot(results: dict[str, Any], path: str) -> None:
-    """Prompt-evaluation speed-up over exact against the exact answer's NLL ratio, one point per arm."""
+def plot(results: dict[str, Any], path: str, replay: dict[str, Any] | None) -> None:
+    """Speed against the exact answer's NLL ratio, one point per arm: the replayed stream's time over the
+    exact document cache's when `replay` (a prefix_replay.py result) is given, else this run's prompt
+    seconds over exact's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     base = results["exact"]
+    gains = replay["rows"][0]["blend_gain_over_document_cache"] if replay else {}
     figure, axes = plt.subplots(figsize=(5, 3.5))
     for name, found in results.items():
-        x, y = found["nll"] / base["nll"], base["prompt_s"] / found["prompt_s"]
+        ratio = "exact" if name == "exact" else str(float(name.split()[1]))
+        if replay and ratio != "exact" and ratio not in gains:
+            continue
+        x = found["nll"] / base["nll"]
+        y = (1.0 if ratio == "exact" else gains[ratio]) if replay else base["prompt_s"] / found["prompt_s"]
         axes.scatter([x], [y])
         axes.annotate(name, (x, y), textcoords="offset points", xytext=(4, 4))
     axes.set_xlabel("NLL of the exact answer, ratio to exact KV")
-    axes.set_ylabel("prompt evaluation speed-up over exact")
+    axes.set_ylabel("replayed stream, over the exact cache" if replay else "prompt evaluation speed-up over exact")
     axes.axvline(1.1, linestyle=":", color="grey")
     figure.tight_layout()
     figure.savefig(path, dpi=120)
