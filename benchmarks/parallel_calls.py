@@ -48,12 +48,12 @@ class Stage(Component):
         self.name = name
         self.delay_s = delay_s
 
-    @make(batch=True, max_batch_size=64)
+    @make(batch=True, max_batch_size=64, read_only=True)
     def run(self, text: list[str]) -> list[str]:
         time.sleep(self.delay_s)
         return [f"{self.name}({t})" for t in text]
 
-    @make(batch=True, max_batch_size=64)
+    @make(batch=True, max_batch_size=64, read_only=True)
     def merge(self, first: list[str], second: list[str]) -> list[str]:
         time.sleep(self.delay_s)
         return [f"{self.name}({a}, {b})" for a, b in zip(first, second)]

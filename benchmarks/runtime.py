@@ -51,13 +51,13 @@ class Stage(Component):
     def __init__(self, name: str) -> None:
         self.name = name
 
-    @make(batch=True, max_batch_size=64)
+    @make(batch=True, max_batch_size=64, read_only=True)
     def run(self, text: list[str]) -> list[str]:
         return text
 
 
 class Echo(Component):
-    @make
+    @make(read_only=True)
     def echo(self, payload: bytes) -> bytes:
         return payload
 

@@ -23,7 +23,7 @@ class Retriever(Component):
     def setup(self) -> None:
         self.index = {key: set(text.lower().split()) | {key} for key, text in DOCS.items()}
 
-    @make(batch=True)
+    @make(batch=True, read_only=True)
     def retrieve(self, query: list[str]) -> list[list[str]]:
         hits = []
         for q in query:
@@ -37,7 +37,7 @@ class Grader(Component):
     def __init__(self, sys_prompt: str) -> None:
         self.sys_prompt = sys_prompt
 
-    @make
+    @make(read_only=True)
     def generate(self, docs: list[str]) -> bool:
         return bool(docs)
 
@@ -46,13 +46,13 @@ class Rewriter(Component):
     def __init__(self, writer_prompt: str) -> None:
         self.writer_prompt = writer_prompt
 
-    @make
+    @make(read_only=True)
     def custom_inference(self, query: str) -> str:
         return query + " linux python"
 
 
 class WebSearch(Component):
-    @make
+    @make(read_only=True)
     def search(self, query: str) -> list[str]:
         return [f"web result for {query!r}"]
 
@@ -61,7 +61,7 @@ class LLM(Component):
     def __init__(self, temp: float = 0.7) -> None:
         self.temp = temp
 
-    @make
+    @make(read_only=True)
     def generate(self, query: str, docs: list[str]) -> str:
         return f"Q: {query} | based on {len(docs)} document(s): {docs[0] if docs else 'none'}"
 

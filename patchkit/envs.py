@@ -7,7 +7,7 @@ from pathlib import Path
 
 from patchkit.errors import ConfigError
 
-__all__ = ["auth_token", "cache_dir", "worker_start_timeout_s", "worker_stop_timeout_s"]
+__all__ = ["auth_token", "cache_dir", "slow_step_s", "worker_start_timeout_s", "worker_stop_timeout_s"]
 
 
 def _float(name: str, default: float) -> float:
@@ -40,6 +40,12 @@ def cache_dir() -> Path:
 
 
 def auth_token() -> str | None:
-    """PATCHKIT_AUTH_TOKEN: the bearer token every HTTP route but /healthz asks for, when
+    """PATCHKIT_AUTH_TOKEN: the bearer token every HTTP route but /healthz and /readyz asks for, when
     `deploy(auth_token=...)` gives none (unset: no authentication)."""
     return os.environ.get("PATCHKIT_AUTH_TOKEN") or None
+
+
+def slow_step_s() -> float:
+    """PATCHKIT_SLOW_STEP_S: how long one step of an `async def` component method (its code between two
+    awaits) may hold the event loop before a warning names the method (0.1, asyncio debug mode's threshold)."""
+    return _float("PATCHKIT_SLOW_STEP_S", 0.1)

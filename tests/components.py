@@ -36,7 +36,7 @@ class Retriever(Component):
         self.loads += 1
         self.index = {k: set(v.lower().replace(".", "").split()) | {k} for k, v in CORPUS.items()}
 
-    @make(batch=True)
+    @make(batch=True, read_only=True)
     def retrieve(self, query: list[str]) -> list[list[str]]:
         out = []
         for q in query:
@@ -46,7 +46,7 @@ class Retriever(Component):
             out.append([CORPUS[k] for k in scored[: self.topk] if words & self.index[k]])
         return out
 
-    @make
+    @make(read_only=True)
     def lookup(self, key: str) -> dict[str, str]:
         refuse("lookup", key)
         return {"title": key, "text": CORPUS.get(key, "")}
@@ -56,12 +56,12 @@ class Grader(Component):
     def __init__(self, threshold: int = 1) -> None:
         self.threshold = threshold
 
-    @make
+    @make(read_only=True)
     def grade(self, query: str, docs: list[str]) -> bool:
         refuse("grade", query)
         return len(docs) >= self.threshold
 
-    @make
+    @make(read_only=True)
     def score(self, text: str) -> int:
         refuse("score", text)
         return sum(map(ord, text)) % 7
@@ -71,13 +71,13 @@ class Generator(Component):
     def __init__(self, prefix: str = "A") -> None:
         self.prefix = prefix
 
-    @make
+    @make(read_only=True)
     def generate(self, prompt: str, docs: list[str] | None = None, max_words: int = 6) -> str:
         refuse(f"{self.prefix}.generate", prompt)
         words = (prompt + " " + " ".join(docs or [])).split()
         return f"{self.prefix}: " + " ".join(words[:max_words])
 
-    @make(batch=True)
+    @make(batch=True, read_only=True)
     def rewrite(self, query: list[str]) -> list[str]:
         for q in query:
             refuse("rewrite", q)
@@ -85,7 +85,7 @@ class Generator(Component):
 
 
 class Flaky(Component):
-    @make
+    @make(read_only=True)
     def check(self, text: str) -> str:
         if "fail" in text:
             raise ValueError(f"cannot check {text!r}")
@@ -98,12 +98,12 @@ class Slow(Component):
     def __init__(self, seconds: float = 0.01) -> None:
         self.seconds = seconds
 
-    @make
+    @make(read_only=True)
     def echo(self, text: str) -> str:
         time.sleep(self.seconds)
         return text.upper()
 
-    @make(batch=True)
+    @make(batch=True, read_only=True)
     def nap(self, text: list[str]) -> list[str]:
         time.sleep(self.seconds)  # once per batch
         return [t[::-1] for t in text]
@@ -130,7 +130,7 @@ class Streamer(Component):
         self.ack_dir = ack_dir
         self.wait_s = wait_s
 
-    @make(stream=True)
+    @make(stream=True, read_only=True)
     def generate(self, prompt: str) -> Iterator[str]:
         yield "Answer"
         for word in ("to", prompt, "is"):

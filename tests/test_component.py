@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+from collections.abc import AsyncIterator
 
 import cloudpickle
 import pytest
@@ -121,15 +122,15 @@ def test_make_on_non_component_class_names_the_method() -> None:
     assert "NotAComponent.run" in str(error) and "patchkit.Component" in str(error)
 
 
-def test_make_rejects_static_async_and_star_args_batches() -> None:
+def test_make_rejects_static_unstreamed_generators_and_star_args_batches() -> None:
     with pytest.raises(MakeError, match="staticmethod"):
         make(staticmethod(lambda x: x))
-    with pytest.raises(MakeError, match="plain def"):
+    with pytest.raises(MakeError, match="a method yielding text chunks takes @make\\(stream=True\\)"):
 
-        class Async(Component):
+        class Yielding(Component):
             @make
-            async def run(self, x: int) -> int:
-                return x
+            async def run(self, x: int) -> AsyncIterator[int]:
+                yield x
 
     with pytest.raises(MakeError, match="cannot be batched"):
 

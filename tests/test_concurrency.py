@@ -61,7 +61,7 @@ class Teller(Component):
         self.closed_early = 0
         self.finished = 0
 
-    @make(stream=True, max_concurrency=8)
+    @make(stream=True, max_concurrency=8, read_only=True)
     def tell(self, text: str) -> Iterator[str]:
         done = False
         try:

@@ -249,7 +249,7 @@ def test_describe_serves_no_environment_runtime_env_path_token_or_secret(tmp_pat
 
 
 # -- 4. the bearer token ---------------------------------------------------------------------------
-def test_every_route_but_healthz_needs_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_route_but_the_probes_needs_the_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATCHKIT_AUTH_TOKEN", "from-the-environment")
     with patchkit.deploy(echo_pipeline(), backend="inprocess") as served:
         for method, path in (("POST", "/v1/query"), ("GET", "/v1/plan"), ("GET", "/v1/stats"), ("GET", "/metrics"),
@@ -259,6 +259,7 @@ def test_every_route_but_healthz_needs_the_token(monkeypatch: pytest.MonkeyPatch
                 assert status == 401 and reply["error"]["type"] == "Unauthorized", (path, given)
                 assert headers["WWW-Authenticate"].startswith("Bearer")
         assert call(served.url, "GET", "/healthz")[0] == 200
+        assert call(served.url, "GET", "/readyz")[0] == 200
         status, reply, _ = call(served.url, "POST", "/v1/query", query_body(b"1"),
                                 {"Authorization": "Bearer from-the-environment"})
         assert status == 200 and reply["output"] == {"query": "x", "meta": 1}

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ from components import Hanger, Slow
 from serving import run_frontend
 from test_deploy_local import _in_threads, _join, _running, _wait_until
 from test_queues import HeldChannel, mark_stuck, settle
-from wire_components import Checked, Journal, Replier, Sleeper, Spawner, argument
+from wire_components import Checked, Journal, Ledger, Replier, Sleeper, Spawner, argument
 
 import patchkit
 from patchkit import Component, DeadlineExceeded, MakeError, WorkerDiedError, make
@@ -41,7 +42,9 @@ from patchkit.errors import CallError, ConfigError
 from patchkit.orchestrator.backend import Replica, ReplicaSpec, ReplicaState
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Outcome
+from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.rpc import GrpcChannel
+from patchkit.orchestrator.supervisor import Supervisor
 from patchkit.scheduler.online.frontend import Frontend
 from patchkit.scheduler.online.queues import BatchQueue
 from patchkit.scheduler.online.replicas import ReplicaSet
@@ -245,50 +248,92 @@ class _Wedged:
 
 
 class _Recycled:
-    """One queue of `llm.generate` on its replicas, a stuck one recycled as the supervisor does: killed,
-    and another started in its place on the next turn of the loop."""
+    """One queue of `llm.generate` on its replicas, a stuck one replaced as the supervisor does: one past a call
+    timeout killed at once and another started on the next turn of the loop; one whose batches serve nobody
+    replaced as a surge, another started on the next turn and the old one killed once its set says it may be."""
 
     def __init__(self, *, batch_size: int = 1, concurrency: int | None = None, grace_s: float = 0.05) -> None:
         self.recycled: list[tuple[str, str]] = []
         self.channels: list[_Wedged] = []
+        self.events: list[str] = []  # "started llm#1", "killed llm#0", in the order they happened
         self.queue_concurrency = concurrency
-        self.set = ReplicaSet("llm", 2, self._recycle, abandoned_grace_s=grace_s)
+        self.set = ReplicaSet("llm", 2, self._recycle, abandoned_grace_s=grace_s, surge=self._surge)
         self._start()
         self.queue = BatchQueue(self.set, "generate", batch_size=batch_size, batch_wait_s=0.0, max_retries=0,
                                 concurrency=concurrency)
 
     def _start(self) -> None:
         self.channels.append(_Wedged(serial=self.queue_concurrency is None))
-        self.set.add(Replica(f"llm#{len(self.channels) - 1}", ReplicaSpec("llm", Slow()), self.channels[-1]))
+        replica_id = f"llm#{len(self.channels) - 1}"
+        self.set.add(Replica(replica_id, ReplicaSpec("llm", Slow()), self.channels[-1]))
+        self.events.append(f"started {replica_id}")
+
+    def _kill(self, replica: Replica) -> None:
+        self.channels[int(replica.id.split("#")[1])].kill()
+        self.events.append(f"killed {replica.id}")
 
     def _recycle(self, replica: Replica, why: str) -> None:
         mark_stuck(replica, why)
         self.recycled.append((replica.id, why))
-        self.channels[int(replica.id.split("#")[1])].kill()
+        self._kill(replica)
         asyncio.get_running_loop().call_soon(self._start)
 
+    def _surge(self, replica: Replica, why: str, retired: asyncio.Future[None]) -> None:
+        mark_stuck(replica, why)
+        self.recycled.append((replica.id, why))
+        asyncio.get_running_loop().call_soon(self._start)
+        retired.add_done_callback(lambda _: self._kill(replica))
 
-ABANDONED = r"a batch of llm\.generate ran 0\.\d s past the deadline of every request it served"
+
+ABANDONED = r"a batch of llm\.generate ran past the deadline of every request it served"
 
 
-def test_a_batch_that_serves_only_ended_requests_past_their_deadlines_recycles_its_replica() -> None:
-    """No call timeout at all: the batch's request ended, so past its deadline and the grace the replica is
-    stuck, and the batch sent there behind it, never started, goes to the replacement."""
+def test_a_batch_that_serves_only_ended_requests_is_replaced_at_once_and_the_batch_behind_it_moves() -> None:
+    """No call timeout at all: the running batch's request ended at its deadline, so its replica is replaced at
+    once (a surge), and the batch lined up behind it, never started, is answered by the replacement while the
+    stuck one still runs; the stuck one is killed once its grace has passed."""
 
-    async def scenario() -> tuple[_Recycled, Outcome]:
-        pool = _Recycled()
+    async def scenario() -> tuple[_Recycled, Outcome, list[str]]:
+        pool = _Recycled(grace_s=5.0)
         now = asyncio.get_running_loop().time()
         hung = pool.queue.submit(CallEnvelope(("hang",), {}, expires=now + 0.1))
         behind = pool.queue.submit(CallEnvelope(("next",), {}, expires=now + 60))  # a live request, lined up on the same replica
         await asyncio.sleep(0.1)
         hung.future.cancel()  # its request timed out
-        return pool, await asyncio.wait_for(behind.future, 10)
+        outcome = await asyncio.wait_for(behind.future, 10)
+        events_when_answered = list(pool.events)
+        await asyncio.wait_for(pool.channels[0].lost.wait(), 10)  # then the grace ends
+        return pool, outcome, events_when_answered
 
-    pool, outcome = asyncio.run(scenario())
+    pool, outcome, events_when_answered = asyncio.run(scenario())
     [(replica, why)] = pool.recycled
     assert replica == "llm#0" and re.fullmatch(ABANDONED, why), why
     assert outcome == (True, "next")  # with max_retries=0: it never ran on the stuck replica, so it was sent again
     assert [c.values for c in pool.channels] == [["hang", "next"], ["next"]]  # answered by the replacement
+    assert events_when_answered == ["started llm#0", "started llm#1"]  # before the stuck one was stopped
+    assert pool.events == ["started llm#0", "started llm#1", "killed llm#0"]
+
+
+def test_a_replica_whose_batch_serves_nobody_gets_no_second_batch() -> None:
+    """Calls made after the hung batch's request ended wait for the replacement, though the stuck replica
+    has a free slot (max_inflight_batches=2), and the stuck one is stopped as soon as its batch is back."""
+
+    async def scenario() -> tuple[_Recycled, list[Outcome]]:
+        pool = _Recycled(grace_s=60.0)
+        now = asyncio.get_running_loop().time()
+        hung = pool.queue.submit(CallEnvelope(("hang",), {}, expires=now + 0.05))
+        await asyncio.sleep(0.05)
+        hung.future.cancel()
+        later = [pool.queue.submit(CallEnvelope((f"later-{i}",), {}, expires=now + 60)).future for i in range(3)]
+        outcomes = await asyncio.wait_for(asyncio.gather(*later), 10)
+        pool.channels[0].release("hang")  # its batch comes back long before the grace ends
+        await asyncio.wait_for(pool.channels[0].lost.wait(), 10)
+        return pool, list(outcomes)
+
+    pool, outcomes = asyncio.run(scenario())
+    assert outcomes == [(True, f"later-{i}") for i in range(3)]
+    assert [c.values for c in pool.channels] == [["hang"], ["later-0", "later-1", "later-2"]]
+    assert pool.events == ["started llm#0", "started llm#1", "killed llm#0"]
 
 
 def test_a_batch_with_a_live_request_keeps_its_replica_until_that_request_ends_too() -> None:
@@ -354,6 +399,36 @@ def test_a_replica_running_a_live_call_beside_an_abandoned_one_serves_on_until_t
     assert beside_a_live_call == [] and outcome == (True, "hang-2")
     [(replica, why)] = after  # once back, only the abandoned call runs there
     assert replica == "llm#0" and re.fullmatch(ABANDONED, why), why
+
+
+def test_a_surge_starts_the_replacement_first_and_stops_the_old_replica_when_it_is_retired_or_at_close() -> None:
+    """The supervisor's side of a surge, on the inprocess backend: the replacement serves while the old replica
+    still runs; the old one stops once its set says it may (`retired`), and close() stops one still waiting."""
+
+    async def scenario() -> tuple[list[str], list[str], list[str], list[str]]:
+        backend = InProcessBackend()
+        serving: list[str] = []
+        supervisor = Supervisor(backend, lambda r: serving.append(r.id), lambda r, why: serving.remove(r.id))
+        await supervisor.start([ReplicaSpec("slow", Slow()), ReplicaSpec("slow", Slow())])
+        first, second = supervisor.replicas()
+        retired: list[asyncio.Future[None]] = [asyncio.get_running_loop().create_future() for _ in range(2)]
+        supervisor.surge(first, "a batch of slow.echo ran past the deadline of every request it served", retired[0])
+        supervisor.surge(second, "a batch of slow.echo ran past the deadline of every request it served", retired[1])
+        while len(serving) < 2:
+            await asyncio.sleep(0.01)
+        surged = sorted(r.id for r in backend.replicas())  # the replacements serve; the old ones still run
+        retired[0].set_result(None)
+        while first in backend.replicas():
+            await asyncio.sleep(0.01)
+        after_retired = sorted(r.id for r in backend.replicas())
+        await asyncio.wait_for(supervisor.close(), 10)  # the second old replica's batch never came back
+        return sorted(serving), surged, after_retired, [r.id for r in backend.replicas()]
+
+    serving, surged, after_retired, after_close = asyncio.run(scenario())
+    assert serving == ["slow#2", "slow#3"]
+    assert surged == ["slow#0", "slow#1", "slow#2", "slow#3"]
+    assert after_retired == ["slow#1", "slow#2", "slow#3"]
+    assert after_close == []
 
 
 def test_abandoned_grace_s_must_be_positive() -> None:
@@ -428,11 +503,13 @@ def test_a_replica_failing_its_health_checks_is_reported_then_recycled() -> None
         while not frontend.deployment.supervisor.replicas()[0].failed_checks:
             await asyncio.sleep(0.01)
         failing = frontend.healthy(), frontend.stats()["components"]["moody"]["replicas"][0]
+        assert frontend.readiness().status == "unready"
         while frontend.deployment.supervisor.restarts == 0:  # the third failure in a row recycles it
             await asyncio.sleep(0.01)
         moody.unwell = False
         while not frontend.healthy():
             await asyncio.sleep(0.01)
+        assert frontend.readiness().ready
         return *failing, frontend.healthy(), frontend.deployment.supervisor.restarts
 
     healthy, described, recovered, restarts = run_frontend(
@@ -519,37 +596,90 @@ def test_a_call_past_its_timeout_recycles_its_replica_and_the_calls_behind_it_ar
 
 
 hanger = Hanger()
-ATTEMPTS = 20  # requests of 2 s at most: 40 s in all, well under the 300 s of call_timeout_s
+ORDINARY = 19  # requests after the hung one, each with 2 s to be answered
 
 
 @pytest.mark.slow
-def test_a_call_that_outlives_its_request_recycles_the_only_replica_and_later_requests_are_answered() -> None:
+def test_a_call_that_outlives_its_request_has_its_only_replica_replaced_with_no_request_failing() -> None:
+    """The hung call's request times out: its replica gets nothing more and its replacement starts at once, so
+    every request after it is answered (a worker starts well within their 2 s); the stuck worker is stopped
+    once its grace has passed."""
+
     def body(text: str) -> patchkit.Pipeline:
         with patchkit.capture(run=False) as pipeline:
             return hanger.echo(text)  # type: ignore[no-any-return]
         return pipeline
 
-    with patchkit.deploy(_capture(body), request_timeout_s=2, autoscale=False) as endpoint:
+    with patchkit.deploy(_capture(body), request_timeout_s=2, abandoned_grace_s=5, autoscale=False) as endpoint:
         pid = _pid(endpoint, "hanger")
         with pytest.raises(DeadlineExceeded):
             endpoint.query(text="hang")
-        timed_out = 0
-        for _ in range(ATTEMPTS):  # queued behind the hung call until its replica is replaced
+        answers: list[Any] = []
+        for i in range(ORDINARY):
             try:
-                first = endpoint.query(text="after")
-            except DeadlineExceeded:
-                timed_out += 1
-            else:
-                break
-        assert timed_out < ATTEMPTS, "every request after the hung one timed out"
-        assert first == "AFTER" and [endpoint.query(text=f"then {i}") for i in range(3)] == [f"THEN {i}" for i in range(3)]
+                answers.append(endpoint.query(text=f"after {i}"))
+            except DeadlineExceeded as exc:
+                answers.append(exc)
+            if i == 0:
+                still_running = _running(pid)  # answered within its 2 s: the grace of 5 s has not ended
+        assert answers == [f"AFTER {i}" for i in range(ORDINARY)]
+        assert still_running, "the stuck worker was stopped before its replacement served"
         stats = endpoint.stats()
         assert stats["restarts"] == 1 and _pid(endpoint, "hanger") != pid
         [replaced] = stats["components"]["hanger"]["replaced"]
         assert replaced["state"] == "stuck"
-        why = r"a batch of hanger\.echo ran \d+\.\d s past the deadline of every request it served"
-        assert re.fullmatch(why, replaced["why"]), replaced
+        assert replaced["why"] == "a batch of hanger.echo ran past the deadline of every request it served", replaced
         _wait_until(lambda: not _running(pid), "the stuck worker was killed")
+
+
+@pytest.mark.slow
+def test_close_during_a_replaced_replica_s_grace_stops_it_too() -> None:
+    def body(text: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return hanger.echo(text)  # type: ignore[no-any-return]
+        return pipeline
+
+    with patchkit.deploy(_capture(body), request_timeout_s=2, abandoned_grace_s=600, autoscale=False) as endpoint:
+        stuck = _pid(endpoint, "hanger")
+        with pytest.raises(DeadlineExceeded):
+            endpoint.query(text="hang")
+        assert endpoint.query(text="after") == "AFTER"  # answered by the replacement
+        replacement = _pid(endpoint, "hanger")
+        assert _running(stuck), "the stuck worker was stopped before its grace ended"
+    _wait_until(lambda: not _running(stuck) and not _running(replacement), "close() stopped both workers", 15)
+
+
+@pytest.mark.slow
+def test_a_call_moved_off_a_replaced_replica_is_never_started_there(tmp_path: Path) -> None:
+    """A slow call outlives its request (3 s): its replica is replaced at once, and the call lined up behind it
+    on that worker moves. The slow call comes back at 3.8 s while the moved call's request still runs: the old
+    worker, told the moved call is not its own any more, skips it, so a `retries=0` call cannot run twice."""
+    path = tmp_path / "ledger.txt"
+    path.write_text("")
+    ledger = Ledger(str(path))
+
+    def body(text: str) -> patchkit.Pipeline:
+        seconds = 0.0
+        with patchkit.capture(run=False) as pipeline:
+            return ledger.run(text, seconds)  # type: ignore[no-any-return]
+        return pipeline
+
+    with patchkit.deploy(_capture(body), request_timeout_s=3, abandoned_grace_s=5, autoscale=False) as endpoint:
+        old = _pid(endpoint, "ledger")
+        slow_call, _ = _in_threads(lambda i: endpoint.query(text="first", seconds=3.8), 1)
+        _wait_until(lambda: path.read_text(), "the slow call started")
+        time.sleep(1.5)  # the next request's deadline (4.5 s) falls after the slow call comes back (3.8 s)
+        behind, behind_result = _in_threads(lambda i: endpoint.query(text="second", seconds=0.0), 1)
+        _join(slow_call + behind)
+        _wait_until(lambda: not _running(old), "the replaced worker was stopped")
+        [replaced] = endpoint.stats()["components"]["ledger"]["replaced"]
+    runs = [line.split() for line in path.read_text().splitlines()]
+    assert runs[0] == ["first", str(old)]
+    moved = [pid for text, pid in runs if text == "second"]  # on the replacement, if it started in time
+    assert str(old) not in moved, "the replaced worker started the call moved off it"
+    assert len(moved) <= 1
+    assert replaced["why"] == "a batch of ledger.run ran past the deadline of every request it served"
+    assert behind_result[0] == "SECOND" or isinstance(behind_result[0], DeadlineExceeded), behind_result
 
 
 @pytest.mark.slow
@@ -576,7 +706,7 @@ def _echo(text: str) -> patchkit.Pipeline:
 
 
 @pytest.mark.slow
-def test_healthz_and_stats_report_a_replica_whose_check_health_raises(tmp_path: Path) -> None:
+def test_readyz_and_stats_report_a_replica_whose_check_health_raises_and_healthz_stays_200(tmp_path: Path) -> None:
     flag = tmp_path / "unwell"
     checked = Checked(str(flag))
 
@@ -586,17 +716,22 @@ def test_healthz_and_stats_report_a_replica_whose_check_health_raises(tmp_path: 
         return pipeline
 
     with patchkit.deploy(_capture(body), health_check_period_s=0.1, health_check_failures=10_000) as endpoint:
-        assert _get(endpoint.url + "/healthz")[0] == 200
+        assert _get(endpoint.url + "/readyz")[0] == 200
         flag.touch()
-        status, reply = _wait_until(lambda: (s := _get(endpoint.url + "/healthz"))[0] == 503 and s, "/healthz said 503")
-        assert reply["status"] == "degraded"
+        status, reply = _wait_until(lambda: (s := _get(endpoint.url + "/readyz"))[0] == 503 and s, "/readyz said 503")
+        assert reply["status"] == "unready"
+        [reason] = reply["reasons"]
+        assert re.fullmatch(r"checked#0 failed its last \d+ health checks", reason), reason
+        status, health = _get(endpoint.url + "/healthz")  # the process answers: liveness holds
+        assert status == 200 and health["status"] == "ok" and health["workers"] == "degraded"
         [replica] = _replicas(endpoint, "checked")
         assert replica["health"].startswith("failing: ")
         assert f"check_health() raised RuntimeError: {flag} says I am unwell" in replica["health"]
         assert endpoint.query(text="still") == "STILL"  # failing checks, below the threshold: it still serves
         flag.unlink()
-        _wait_until(lambda: _get(endpoint.url + "/healthz")[0] == 200, "/healthz said 200 again")
+        _wait_until(lambda: _get(endpoint.url + "/readyz")[0] == 200, "/readyz said 200 again")
         assert _replicas(endpoint, "checked")[0]["health"] == "ok"
+        assert _get(endpoint.url + "/healthz")[1]["workers"] == "ok"
 
 
 @pytest.mark.slow
@@ -618,7 +753,9 @@ def test_a_timed_out_request_s_call_is_not_run_later(tmp_path: Path) -> None:
         assert all(isinstance(r, DeadlineExceeded) for r in [*first_result.values(), *late_results.values()])
         assert endpoint.stats()["components"]["journal"]["methods"]["again"]["queue_length"] == 0
         _wait_until(lambda: _replicas(endpoint, "journal")[0]["inflight_batches"] == 0, "the worker was done")
-        assert endpoint.stats()["restarts"] == 0
+        # The first call ran on past its request's deadline: its replica was replaced, and stopped once it was back.
+        [replaced] = endpoint.stats()["components"]["journal"]["replaced"]
+        assert replaced["why"] == "a batch of journal.again ran past the deadline of every request it served"
     assert journal_path.read_text().split() == ["first"]  # none of the late ones ran
 
 

@@ -71,3 +71,37 @@ def test_the_quickstart_notebook_runs_on_real_components(tmp_path: Path) -> None
     assert "<svg" in svg and "retriever.retrieve" in svg and "llm.generate" in svg
     assert "'answer':" in shown(4) and "'answer':" in shown(5)
     assert "llm.generate" in shown(6) and "retriever.retrieve" in shown(6)
+
+
+ASYNC_CELLS = [
+    "import asyncio\nimport patchkit",
+    # Defined in the notebook: its class travels to the worker by value, its async setup with it.
+    "class Lookup(patchkit.Component):\n"
+    "    async def setup(self) -> None:\n"
+    "        self.table = {'a': 1, 'b': 2}\n"
+    "    @patchkit.make(max_concurrency=8)\n"
+    "    async def find(self, key: str) -> int:\n"
+    "        await asyncio.sleep(0.01)\n"
+    "        return self.table[key]\n"
+    "    @patchkit.make(stream=True)\n"
+    "    async def spell(self, key: str):\n"
+    "        for letter in key * 2:\n"
+    "            await asyncio.sleep(0)\n"
+    "            yield letter\n"
+    "lookup = Lookup()\n"
+    "print(lookup.find('a'), lookup.spell('b'))",  # the kernel's loop is running while the cell runs
+    "key = 'b'\n"
+    "with patchkit.capture(output='found') as found_it:\n"
+    "    found = (lookup.find(key), lookup.spell(key))\n"
+    "print(found, found_it(key='a'))",
+    "with patchkit.deploy(found_it) as endpoint:\n"
+    "    print(endpoint.query(key='a'), await endpoint.aquery(key='b'))",
+]
+
+
+@pytest.mark.slow
+def test_async_components_in_a_notebook_cell(tmp_path: Path) -> None:
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in ASYNC_CELLS])
+    nbclient.NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    printed = ["".join(o.get("text", "") for o in cell.outputs).strip() for cell in nb.cells[1:]]
+    assert printed == ["1 bb", "(2, 'bb') (1, 'aa')", "[1, 'aa'] [2, 'bb']"]

@@ -17,8 +17,10 @@ import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
+from serving import run_frontend
 
 pytest.importorskip("llama_cpp")
 pytest.importorskip("llama_cpp.server.app", reason="needs llama-cpp-python[server]")
@@ -28,6 +30,7 @@ from patchkit.component import ensure_setup  # noqa: E402
 from patchkit.components import Hit, OpenAIGenerator  # noqa: E402
 from patchkit.components.generators import LlamaCppGenerator, default_gguf_path  # noqa: E402
 from patchkit.orchestrator.execute import run_batch  # noqa: E402
+from patchkit.scheduler.online.frontend import Frontend  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -221,3 +224,20 @@ def test_a_deployed_generator_given_no_key_reads_it_in_its_worker(base_url: str,
     answer("x")
     with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
         assert same_opening(endpoint.query(question=QUESTIONS[1]), local_answer(QUESTIONS[1]))
+
+
+@pytest.mark.parametrize("backend", ["local", "inprocess"])
+def test_a_deployed_streaming_request_gets_the_answer_delta_by_delta(llm: OpenAIGenerator, backend: str) -> None:
+    def answer(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return llm.generate(question)
+        return pipeline
+
+    async def body(frontend: Frontend) -> tuple[list[str], Any]:
+        deltas: list[str] = []
+        result = await frontend.query({"question": QUESTIONS[0]}, on_delta=deltas.append)
+        return deltas, result.output
+
+    deltas, output = run_frontend(answer("x"), body, backend=backend)
+    assert len(deltas) >= 2 and "".join(deltas) == output  # the async generator's chunks, as the server sent them
+    assert same_opening(output, local_answer(QUESTIONS[0]))

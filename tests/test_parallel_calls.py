@@ -50,7 +50,7 @@ class Clock(Component):
     def __init__(self, seconds: float = 0.4) -> None:
         self.seconds = seconds
 
-    @make
+    @make(read_only=True)
     def span(self, tag: str) -> list[float]:
         start = time.time()
         time.sleep(self.seconds)
@@ -62,7 +62,7 @@ class Clock(Component):
         time.sleep(self.seconds)
         return [start, time.time()]
 
-    @make(batch=True)
+    @make(batch=True, read_only=True)
     def sizes(self, tag: list[str]) -> list[int]:
         time.sleep(self.seconds)
         return [len(tag)] * len(tag)
@@ -74,7 +74,7 @@ class Fails(Component):
     def __init__(self, seconds: float, kind: type[Exception]) -> None:
         self.seconds, self.kind = seconds, kind
 
-    @make
+    @make(read_only=True)
     def run(self, text: str) -> str:
         time.sleep(self.seconds)
         raise self.kind(f"{type(self).__name__} {self.kind.__name__} on {text}")
@@ -244,7 +244,7 @@ def test_a_diamond_overlaps_its_two_sides_and_a_chain_nothing() -> None:
 
 
 class Quick(Component):
-    @make
+    @make(read_only=True)
     def fetch(self, text: str) -> list[str]:
         return [text, text.upper()]
 

@@ -111,6 +111,69 @@ def run(query):
         del tmp
         return total
 ''',
+    "builtins_and_containers_over_results": '''
+def run(query):
+    with patchkit.capture():
+        a = grader.score(query)
+        b = grader.score(query[::-1])
+        words = query.split()
+        ranked = sorted(words, key=lambda w: (-len(w), w), reverse=True)
+        table = {"a": a, "b": b, **{w: len(w) for w in words[:2]}}
+        kinds = {a % 2, b % 2} | set(words[:1])
+        first, *rest = [a, b, max(a, b, key=lambda v: -v)]
+        found = "generator" in query and a in (1, 2, 3)
+        label = f"{a:>3}|{b!r}|{query[1:4]}|{len(rest)}"
+        c = llm.generate(label)
+        return ranked, sorted(table.items()), sorted(kinds, key=str), first, rest, found, c
+''',
+    "changes_after_calls": '''
+def run(query):
+    with patchkit.capture():
+        words = query.split()
+        counts = {"n": 1}
+        a = llm.generate(query, max_words=len(words))
+        b = grader.score(query)
+        words += ["later"]
+        counts |= {"m": 2}
+        text = query
+        text += "!"
+        n = b
+        n *= 2
+        c = llm2.generate(text, max_words=n % 4 + 1)
+        words *= 2
+        return a, c, words, sorted(counts), n
+''',
+    "user_code_between_calls": '''
+seen = []
+
+class Tag:
+    def __init__(self, text):
+        self.text = text
+    def __str__(self):
+        seen.append(self.text)
+        return "<" + self.text + ">"
+    @property
+    def size(self):
+        seen.append("size")
+        return len(self.text)
+
+def steps(text):
+    for w in text.split():
+        seen.append(w)
+        yield w
+
+def run(query):
+    tag = Tag(query[:5])
+    with patchkit.capture():
+        del seen[:]
+        a = llm.generate(query)
+        b = grader.score(query)
+        shown = str(tag) + f"{tag}" + str(tag.size)
+        picked = sorted(query.split(), key=lambda w: seen.append(w) or len(w))
+        total = sum(len(w) for w in steps(query))
+        c = llm2.generate(shown, max_words=total % 5 + 1)
+        return a, b, c, picked, list(seen)
+''',
     "try_except_around_calls": '''
 def run(query):
     with patchkit.capture():

@@ -5,11 +5,13 @@ authentication token inside the test's own temporary directory, with 4 CPUs, 2 (
 custom resources `node_a`/`node_b` standing for the nodes of a cluster. Deployed answers equal the
 local backend's; fractional GPUs and custom resources are what Ray reserves; an actor killed under
 load costs no request and Ray restarts it; a replica that cannot be placed fails deploy() with an
-error naming what is missing; TLS (on by default) and the secret guard the workers.
+error naming what is missing; TLS (on by default) and the secret guard the workers; async components
+serve there as on the local backend.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import importlib.util
 import json
@@ -21,7 +23,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -298,3 +300,30 @@ def test_workers_serve_tls_by_default_and_plaintext_only_when_asked(cluster: str
         with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
             channel.unary_unary(HEALTH)(b"", timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED  # plaintext reaches it: only the secret guards
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_async_components_serve_on_ray_actors(cluster: str) -> None:
+    class Awaiting(patchkit.Component):  # travels to the actor by value, its async setup with it
+        async def setup(self) -> None:
+            await asyncio.sleep(0)
+            self.offset = 10
+
+        @patchkit.make(max_concurrency=16)
+        async def add(self, x: int) -> int:
+            await asyncio.sleep(0.05)
+            return x + self.offset
+
+        @patchkit.make(stream=True)
+        async def spell(self, text: str) -> AsyncIterator[str]:
+            for letter in text:
+                await asyncio.sleep(0)
+                yield letter
+
+    awaiting = Awaiting()
+    x = 1
+    with patchkit.capture(run=False) as pipeline:
+        answer = awaiting.spell(str(awaiting.add(x)))  # noqa: F841 - the block's output
+    with patchkit.deploy(pipeline, backend="ray", ray_address=cluster) as endpoint, ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(lambda value: endpoint.query(x=value), range(8))) == [str(v + 10) for v in range(8)]

@@ -27,7 +27,7 @@ from patchkit.scheduler.online.runner import outcome_of
     [
         (None, "ok"),
         (DeadlineExceeded("past request_timeout_s"), "timeout"),
-        (TimeoutError(), "timeout"),
+        (TimeoutError("a component's own: a socket's, a future's"), "error"),
         (Overloaded(3, 2), "overloaded"),
         (Overloaded(0, 0, "the endpoint is shutting down"), "overloaded"),
         (WorkerDiedError("gone"), "worker_died"),

@@ -94,3 +94,17 @@ class Spawner(Component):
     @make
     def echo(self, text: str) -> str:
         return text.upper()
+
+
+class Ledger(Component):
+    """Writes "text pid" to `path` as each call starts, then sleeps `seconds`: which worker ran which call."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    @make(retries=0)
+    def run(self, text: str, seconds: float) -> str:
+        with open(self.path, "a") as ledger:
+            ledger.write(f"{text} {os.getpid()}\n")
+        time.sleep(seconds)
+        return text.upper()

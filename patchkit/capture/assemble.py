@@ -9,6 +9,8 @@ a fresh namespace built per run, so comprehensions and lambdas in it see the inp
 from __future__ import annotations
 
 import builtins
+import contextlib
+import functools
 import types
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,10 +20,7 @@ from bytecode import Bytecode, CellVar, CompilerFlags, FreeVar, Instr
 
 from patchkit.capture.compat import PY312
 from patchkit.capture.ir import BlockExit, CapturedBlock
-from patchkit.component.calls import defer_calls
-from patchkit.component.pending import RUNTIME
-
-_RUNTIME_NAME = next(iter(RUNTIME))
+from patchkit.component.calls import DeferredSites, deferring
 
 __all__ = ["Program", "assemble"]
 
@@ -33,10 +32,10 @@ class Program:
     """Runs a captured body: `run(variables)` returns the pipeline's output.
 
     `variables` maps every parameter (inputs and bound objects) to its value for this run.
-    Function-scope programs resolve globals in the module of the captured code. A program rewritten for
-    parallel calls (`parallel.py`) lists its deferred calls: per code object (the path of constants from
-    `code` to it), the indexes of its call instructions; they are marked when the program is made,
-    in each process that loads it.
+    Function-scope programs resolve globals in the module of the captured code, and add nothing to them.
+    A program rewritten for parallel calls (`parallel.py`) lists its deferred calls: per code object (the
+    path of constants from `code` to it), the indexes of its call instructions; while it runs, calls made
+    there have `deferred=True` sites (`component.calls.deferring`), and nowhere else.
     """
 
     scope: str
@@ -46,25 +45,30 @@ class Program:
     module_name: str
     deferred: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...] = ()
 
-    def __post_init__(self) -> None:
+    @functools.cached_property
+    def deferred_sites(self) -> DeferredSites | None:
+        """The marks of its deferred calls, made once per program (and process)."""
+        if not self.deferred:
+            return None
+        marks = []
         for path, indexes in self.deferred:
             code = self.code
             for k in path:
                 code = code.co_consts[k]
-            defer_calls(code, indexes)
+            marks.append((code, indexes))
+        return DeferredSites(marks)
 
     def _function(self) -> types.FunctionType:
         assert self.module_globals is not None
         return types.FunctionType(self.code, self.module_globals, PIPELINE_CODE_NAME)  # type: ignore[arg-type]
 
     def run(self, variables: Mapping[str, Any]) -> Any:
-        if self.scope == "function":
-            if self.deferred and _RUNTIME_NAME not in self.module_globals:  # type: ignore[operator]
-                self.module_globals.update(RUNTIME)  # type: ignore[union-attr]
-            return self._function()(**variables)
-        runtime = RUNTIME if self.deferred else {}
-        namespace = {"__builtins__": builtins, "__name__": self.module_name, **runtime, **variables}
-        return eval(self.code, namespace)  # noqa: S307 - the user's own captured code
+        sites = self.deferred_sites
+        with deferring(sites) if sites is not None else contextlib.nullcontext():
+            if self.scope == "function":
+                return self._function()(**variables)
+            namespace = {"__builtins__": builtins, "__name__": self.module_name, **variables}
+            return eval(self.code, namespace)  # noqa: S307 - the user's own captured code
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Function scope pickles as a function, so cloudpickle carries the globals the code reads.

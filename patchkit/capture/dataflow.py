@@ -65,7 +65,7 @@ class _Analysis:
     def __init__(self, graph: Graph, filename: str) -> None:
         self.graph = graph
         self.filename = filename
-        self._memo: dict[tuple[Any, ...], frozenset[str]] = {}
+        self._memo: dict[tuple[Any, ...], tuple[frozenset[str], frozenset[str]]] = {}
         self._registered: set[int] = set()
         self.output_parts: frozenset[str] = EMPTY  # the `parts` of what the block returns or outputs
 
@@ -87,13 +87,15 @@ class _Analysis:
         output: str | None = None,
         depth: int = 0,
         comprehension: bool = False,
-    ) -> frozenset[str]:
-        """Interpret `body` from `env` to a fixed point; returns the sources of what it returns."""
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """Interpret `body` from `env` to a fixed point; returns the sources of what it returns, and the calls
+        whose results it returns as they are (its `parts`)."""
         if not body:
-            return EMPTY
+            return EMPTY, EMPTY
         shape = ControlFlow(body, filename, comprehension, self.graph)
         conditions: dict[int, frozenset[str]] = {}
         returned: frozenset[str] = EMPTY
+        parts: frozenset[str] = EMPTY
         entry: dict[int, tuple[tuple[Value, ...], Env]] = {0: ((), env)}
         todo = [0]
         while todo:
@@ -109,20 +111,22 @@ class _Analysis:
                 entry[j] = (out_stack, out_env)
                 todo.append(j)
             returned |= step.returned
-            if depth == 0:
-                self.output_parts |= step.parts
-        return returned
+            parts |= step.parts
+        if depth == 0:
+            self.output_parts |= parts
+        return returned, parts
 
     def call(
         self, code: types.CodeType, scope: Scope, env: Env, context: tuple[list[Guard], list[str]], depth: int
-    ) -> frozenset[str]:
-        """Analyse code called from the body (a comprehension, lambda or helper) in place."""
+    ) -> tuple[frozenset[str], frozenset[str]]:
+        """Analyse code called from the body (a comprehension, lambda or helper) in place: the sources of what
+        it returns, and the calls whose results it returns unchanged."""
         if depth >= MAX_DEPTH:
-            return EMPTY
+            return EMPTY, EMPTY
         key = (code, tuple(sorted((k, v.taint) for k, v in env.items())), tuple(context[1]), depth)
         if key in self._memo:
             return self._memo[key]
-        self._memo[key] = EMPTY  # recursion guard
+        self._memo[key] = EMPTY, EMPTY  # recursion guard
         body = tuple(Bytecode.from_code(code))
         comprehension = code.co_name in ("<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>")
         result = self.run(body, scope, env, code.co_filename, context, depth=depth + 1, comprehension=comprehension)
@@ -295,17 +299,18 @@ class _Step:
         if len(popped) == 4 and any(v.obj is builtins.super for v in popped[:2]) and isinstance(popped[2].obj, type):
             stack.append(Value(taint, SuperRef(popped[2].obj, popped[3].obj)))  # super(cls, self)
             return
-        result = taint
-        if ref is not None:
-            result |= self._enter(i, ref, taint)
+        result, parts = taint, EMPTY
+        if ref is not None:  # a helper returning a call's result as it is returns a part of what it is given
+            returned, parts = self._enter(i, ref, taint)
+            result |= returned
         for v in args:  # a lambda or helper passed as an argument runs with the other arguments
             if isinstance(v.obj, CodeRef) or is_user_function(v.obj):
-                result |= self._enter(i, v.obj, taint)
+                result |= self._enter(i, v.obj, taint)[0]
         receiver = popped[1] if len(popped) > 1 else Value()
         absorb(self.env, receiver.origin, taint - receiver.taint)
-        stack.append(Value(result))
+        stack.append(Value(result, parts=parts))
 
-    def _enter(self, i: int, ref: Any, taint: frozenset[str]) -> frozenset[str]:
+    def _enter(self, i: int, ref: Any, taint: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
         if isinstance(ref, CodeRef):
             code = ref.code
             scope = Scope(False, self.scope.globals, outer=self.scope, outer_env=dict(self.env))
@@ -359,7 +364,7 @@ def build_graph(
         analysis.register(obj, name)
     scope = Scope(module_level, module_globals)
     body = tuple(_as_cell(e) for e in block.body)
-    returned = analysis.run(body, scope, variables, block.filename, ([], []), output)
+    returned, _ = analysis.run(body, scope, variables, block.filename, ([], []), output)
     graph.name_held()
     for src in sorted(returned):
         graph.add_edge(src, OUTPUT, "data", PART if src in analysis.output_parts else "")

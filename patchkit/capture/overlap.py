@@ -1,17 +1,25 @@
 """Parallel calls, where the code must wait: a forward pass over a captured body's control flow.
 
-A component call whose result goes straight into a variable (`docs = retriever.retrieve(q)`), into a
-comprehension's list (`[grader.grade(q, d) for d in docs]`) or nowhere is *deferred*: deployed, the call
-hook submits it and hands back a `Pending` (`component/pending.py`), and the code goes on. The pass knows,
+A call of a `read_only=True` method whose result goes straight into a variable
+(`docs = retriever.retrieve(q)`), into a comprehension's list (`[grader.grade(q, d) for d in docs]`) or
+nowhere is *deferred*: deployed, the call hook submits it and hands back a `Pending`
+(`component/pending.py`), and the code goes on. A call of any other method keeps plain Python's place, as
+`ordered=True` does: every open call is waited for before it is made, and it is waited for where it is made,
+so what it writes every later call reads, and it is never made after an earlier call failed. The pass knows,
 at each instruction, which variables may hold a Pending, which calls may be open and which stack items hold
 Pendings, and so where the code must wait (`Actions`, written into the body by `parallel.py`):
 
 - before a variable's first use, `v = resolve(v)` (the call's result, or the list with its results);
 - before code that could have effects outside the block, or could see a Pending (a call of any other
-  function, a store into an object, `return`, `raise`, an `ordered=True` method, entering a `try`),
+  function, a store into an object, `return`, `raise`, a call that keeps its place, entering a `try`),
   `settle()` (every open call waited for in issue order, the earliest error raised) and every variable
   resolved. So a *window* stays open only over local work (loads, stores, arithmetic, string building,
-  branches, loops over containers, builtins that only compute) and other component calls;
+  branches, loops over containers, builtins) and other read-only component calls;
+- before local work that runs user code on some values (an operator's dunder, a truth test, a format, a
+  property, a builtin's key function or generator), a `guard` that settles first unless the running values
+  are plain data (`component/guards.py`): so no user code runs while calls are open, and nothing changes an
+  object an open call holds (`x += y` on a mutable `x` settles first), which is what keeps a call's
+  arguments as they were when it was made;
 - before a loop starts, `iterable(...)`: a generator's steps settle first, as they run the user's code.
 
 Calls inside a `try` body or handler are not deferred (a handler must see the variables as plain Python
@@ -34,11 +42,13 @@ from patchkit.capture.analysis import successors
 from patchkit.capture.compat import CALL_OPS, PY313, name_of
 from patchkit.capture.ir import BlockExit
 from patchkit.capture.stack import pops_pushes
+from patchkit.component.guards import INPLACE_OPS, SHALLOW_OPS
 
-__all__ = ["COMPREHENSION", "EMPTY", "OUTER", "STORES", "Actions", "OverlapPass", "SiteNode", "State",
+__all__ = ["COMPREHENSION", "EMPTY", "OUTER", "STORES", "Actions", "Guard", "OverlapPass", "SiteNode", "State",
            "is_comprehension", "reads_of"]
 
-SiteNode = Callable[[Instr], "tuple[str, bool] | None"]  # a call instruction -> (its graph node, ordered=True?)
+# A call instruction -> (its graph node, whether it keeps its place: its method is not read-only, or ordered)
+SiteNode = Callable[[Instr], "tuple[str, bool] | None"]
 EMPTY: frozenset[Any] = frozenset()
 OUTER = ""  # in a comprehension's own code: calls of the code around it may be open
 
@@ -66,11 +76,23 @@ _DELETES = frozenset({"DELETE_FAST", "DELETE_NAME", "DELETE_DEREF"})
 _DEFER_INTO = STORES | {"LIST_APPEND", "POP_TOP"}
 _MOVES = _DEFER_INTO | {"SWAP", "COPY"}  # what moves a Pending (or a list of them) without looking at it
 # Builtins whose calls only compute from their arguments; called under their own name (not shadowed by a
-# global or a variable of the block), they keep a window open as arithmetic does.
+# global or a variable of the block), they keep a window open as arithmetic does, behind a guard that
+# their arguments are data and their key functions safe.
 _PURE_BUILTINS = frozenset({"len", "str", "int", "float", "bool", "abs", "round", "isinstance", "range", "enumerate",
                             "zip", "list", "tuple", "dict", "set", "frozenset", "sum", "any", "all", "repr", "reversed",
                             "min", "max", "sorted"})
 COMPREHENSION = "<listcomp>"  # 3.11 runs a list comprehension as its own code; 3.12+ inline it
+# The window's instructions that may run user code, by the check (`component/guards.py`) of their operands.
+_CHECKED = {
+    "COMPARE_OP": "deep", "CONTAINS_OP": "deep", "FORMAT_VALUE": "deep", "FORMAT_SIMPLE": "deep",
+    "FORMAT_WITH_SPEC": "deep", "CONVERT_VALUE": "deep", "BUILD_SET": "deep", "SET_ADD": "deep", "MAP_ADD": "deep",
+    "BUILD_MAP": "deep", "UNARY_NEGATIVE": "shallow", "UNARY_NOT": "shallow", "UNARY_INVERT": "shallow",
+    "TO_BOOL": "shallow", "UNPACK_SEQUENCE": "shallow", "UNPACK_EX": "shallow", "LIST_EXTEND": "shallow",
+    "BINARY_SLICE": "shallow", "BINARY_SUBSCR": "subscript", "LOAD_ATTR": "attribute", "LOAD_METHOD": "attribute",
+}
+_TRUTH_TESTS = frozenset({"POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
+                          "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE", "JUMP_IF_TRUE_OR_POP",
+                          "JUMP_IF_FALSE_OR_POP"})
 
 
 @dataclass(frozen=True)
@@ -115,15 +137,27 @@ class State:
         return replace(self, pending=self.pending - gone, holds=holds, open=self.open - released)
 
 
+@dataclass(frozen=True)
+class Guard:
+    """A check of the operands an instruction is about to use: `kind` names it in `component/guards.py`;
+    `depths` are the operands' places on the stack (1 its top), in the order the check takes them; `extra`
+    constants follow them (an attribute's name, an operator's number)."""
+
+    kind: str
+    depths: tuple[int, ...]
+    extra: tuple[Any, ...] = ()
+
+
 @dataclass
 class Actions:
     """What goes before one element: a settle, variables resolved, the top of the stack resolved or
-    made a loop's `iterable`."""
+    made a loop's `iterable`, then a guard of what it uses."""
 
     settle: bool = False
     resolve: list[str] = field(default_factory=list)
     resolve_top: bool = False
     iterate_top: bool = False
+    guard: Guard | None = None
 
 
 class _Demote(Exception):
@@ -265,7 +299,10 @@ class OverlapPass:
         if e.name == "GET_ITER":
             acts.iterate_top = True
         moves = e.name in _MOVES and not (e.name == "LIST_APPEND" and popped[-1].holder)  # lists of lists: one level
-        return state if moves else self._resolve_top(acts, state, popped)
+        state = state if moves else self._resolve_top(acts, state, popped)
+        if state.open:
+            acts.guard = _guard(e, popped) if not pure else _call_guard(popped)
+        return state
 
     def _loop_exit(self, i: int) -> bool:
         """An instruction an ended loop jumps past (3.12's END_FOR, and 3.13's POP_TOP after it): nothing may
@@ -347,6 +384,29 @@ class OverlapPass:
         pure = name in ("LOAD_GLOBAL", "LOAD_NAME") and name_of(e.arg) in self.pure_builtins
         stack += [_PLAIN] * (pushes - 1) + [_Slot(comprehension=code, pure=pure)] if pushes else []
         return replace(state, stack=tuple(stack))
+
+
+def _guard(e: Instr, popped: tuple[_Slot, ...]) -> Guard | None:
+    """The check `e` needs while calls may be open, or None where it runs no code of the user's."""
+    if e.name == "BINARY_OP":
+        op = int(e.arg)
+        if op in INPLACE_OPS:
+            return Guard("inplace", (2, 1), (op,))
+        return Guard("shallow" if op in SHALLOW_OPS else "deep", (2, 1))
+    kind = "shallow" if e.name in _TRUTH_TESTS else _CHECKED.get(e.name)
+    if kind is None:
+        return None
+    if kind == "attribute":
+        return Guard(kind, (1,), (name_of(e.arg),))
+    n = 1 if e.name in _TRUTH_TESTS or e.name in ("SET_ADD", "LIST_EXTEND") else len(popped)
+    return Guard(kind, tuple(range(n, 0, -1))) if n else None
+
+
+def _call_guard(popped: tuple[_Slot, ...]) -> Guard:
+    """A builtin's call: the function (never the NULL beside it: below it before 3.13, above it since) and
+    every argument above them."""
+    n = len(popped)
+    return Guard("call", (n if PY313 else n - 1, *range(n - 2, 0, -1)))
 
 
 def _guarded(body: list[Any], label_at: dict[int, int]) -> list[bool]:

@@ -2,9 +2,9 @@
 
 `rewrite` runs the overlap pass over the block (and over each 3.11 list comprehension's own code, which
 it rewrites too), places each wait before its instruction (ahead of a call's KW_NAMES and PRECALL),
-and `parallel_program` assembles the result into a `Program` that marks its deferred call instructions
-(`component.calls.defer_calls`), and fills the graph's overlap groups. The waits call the runtime's
-functions (`component/pending.py`) by the names `Program.run` puts in the globals the code runs with.
+and `parallel_program` assembles the result into a `Program` that knows its deferred call instructions
+(`Program.deferred_sites`), and fills the graph's overlap groups. The waits call the runtime's functions
+(`component/pending.py`), which the code holds as constants: nothing is added to the user's namespace.
 Called once per block and calls found, by `client/capture.py`.
 """
 
@@ -27,6 +27,7 @@ from patchkit.capture.overlap import (
     EMPTY,
     OUTER,
     Actions,
+    Guard,
     OverlapPass,
     SiteNode,
     State,
@@ -34,7 +35,7 @@ from patchkit.capture.overlap import (
     reads_of,
 )
 from patchkit.component import CallSite, make_methods
-from patchkit.component.pending import RUNTIME_NAMES
+from patchkit.component.pending import RUNTIME
 
 __all__ = ["ParallelBody", "call_indexes", "parallel_program", "rewrite"]
 
@@ -58,17 +59,16 @@ class ParallelBody:
 # -- emitting ------------------------------------------------------------------------------------------
 
 
-def _load(fn: str, scope: str, location: Any) -> Instr:
-    """Load one of the runtime's functions, which `Program.run` puts in the globals the code runs with."""
-    if scope == "module":
-        return Instr("LOAD_NAME", RUNTIME_NAMES[fn], location=location)
-    return Instr("LOAD_GLOBAL", (False, RUNTIME_NAMES[fn]), location=location)
+def _load(fn: str, location: Any) -> Instr:
+    """Load one of the runtime's functions: a constant of the code, so that nothing is added to the
+    namespace the user's code runs in (their module's globals)."""
+    return Instr("LOAD_CONST", RUNTIME[fn], location=location)
 
 
-def _call(fn: str, scope: str, args: list[Instr], location: Any) -> list[Instr]:
+def _call(fn: str, args: list[Instr], location: Any) -> list[Instr]:
     """Call the runtime's `fn` with the values `args` push; its result is left on the stack."""
     n = len(args)
-    head = [_load(fn, scope, location), Instr("PUSH_NULL", location=location)]
+    head = [_load(fn, location), Instr("PUSH_NULL", location=location)]
     if not PY313:
         head.reverse()
     tail = [Instr("CALL", n, location=location)]
@@ -77,33 +77,44 @@ def _call(fn: str, scope: str, args: list[Instr], location: Any) -> list[Instr]:
     return head + args + tail
 
 
-def _on_top(fn: str, scope: str, location: Any) -> list[Instr]:
+def _on_top(fn: str, location: Any) -> list[Instr]:
     """Replace the top of the stack by `fn(top)`, slipping the callable (and NULL) under it."""
     if PY313:
-        pre = [_load(fn, scope, location), Instr("SWAP", 2, location=location),
+        pre = [_load(fn, location), Instr("SWAP", 2, location=location),
                Instr("PUSH_NULL", location=location), Instr("SWAP", 2, location=location)]
     else:
         pre = [Instr("PUSH_NULL", location=location), Instr("SWAP", 2, location=location),
-               _load(fn, scope, location), Instr("SWAP", 2, location=location)]
+               _load(fn, location), Instr("SWAP", 2, location=location)]
     tail = [Instr("CALL", 1, location=location)]
     if not PY312:
         tail.insert(0, Instr("PRECALL", 1, location=location))
     return pre + tail
 
 
-def _emit(p: OverlapPass, acts: Actions, scope: str, location: Any) -> list[Instr]:
+def _check(guard: Guard, location: Any) -> list[Instr]:
+    """`guard(kind, *operands, *extra)`, the operands copied from the stack, which is left as it was."""
+    # After the callable, its NULL, the kind and j copies, an operand first at depth d is at d + 3 + j.
+    copies = [Instr("COPY", d + 3 + j, location=location) for j, d in enumerate(guard.depths)]
+    args = [Instr("LOAD_CONST", guard.kind, location=location), *copies]
+    args += [Instr("LOAD_CONST", x, location=location) for x in guard.extra]
+    return _call("guard", args, location) + [Instr("POP_TOP", location=location)]
+
+
+def _emit(p: OverlapPass, acts: Actions, location: Any) -> list[Instr]:
     """The instructions of one element's waits, in the order they must run."""
     out: list[Instr] = []
     if acts.settle:
-        out += _call("settle", scope, [], location) + [Instr("POP_TOP", location=location)]
+        out += _call("settle", [], location) + [Instr("POP_TOP", location=location)]
     if acts.resolve_top:
-        out += _on_top("resolve", scope, location)
+        out += _on_top("resolve", location)
     for var in acts.resolve:
         store = p.store_ops[var]
         load = Instr(_LOAD_OF[store.name], store.arg, location=location)
-        out += _call("resolve", scope, [load], location) + [Instr(store.name, store.arg, location=location)]
+        out += _call("resolve", [load], location) + [Instr(store.name, store.arg, location=location)]
     if acts.iterate_top:
-        out += _on_top("iterable", scope, location)
+        out += _on_top("iterable", location)
+    if acts.guard is not None:
+        out += _check(acts.guard, location)
     return out
 
 
@@ -150,7 +161,7 @@ def rewrite(
     deferred: set[int] = set()
     pairs = set(p.pairs)
     for i, e in enumerate(body):
-        waits = _emit(p, actions[i], block.scope, getattr(e, "location", None))
+        waits = _emit(p, actions[i], getattr(e, "location", None))
         if isinstance(e, Instr) and is_comprehension(e.arg):
             outer_open = p.comprehension_open.get(id(e.arg), EMPTY)
             code, indexes, inner_pairs = _comprehension(e.arg, site_node, outer_open, shadowed)
@@ -179,7 +190,7 @@ def _comprehension(
     for i, e in enumerate(body):
         if isinstance(e, Instr) and e.name in CALL_OPS and states[i] is not None and p.kind(i) == "deferred":
             deferred.append(e)
-        _place(new_body, e, _emit(p, actions[i], "function", getattr(e, "location", None)))
+        _place(new_body, e, _emit(p, actions[i], getattr(e, "location", None)))
     bc.clear()
     bc.extend(new_body)
     new = bc.to_code()
@@ -197,8 +208,8 @@ def call_indexes(code: types.CodeType, body: Iterable[Any], deferred: set[int]) 
 
 
 def _site_nodes(filename: str, graph: Graph) -> SiteNode:
-    """For a call instruction: its graph node and whether its method is `ordered=True`; None when the
-    graph has no component call there."""
+    """For a call instruction: its graph node and whether it keeps its place (its method is not
+    `read_only=True`, or is `ordered=True`); None when the graph has no component call there."""
     components = graph.components()
 
     def lookup(e: Instr) -> tuple[str, bool] | None:
@@ -210,7 +221,7 @@ def _site_nodes(filename: str, graph: Graph) -> SiteNode:
         if node is None:
             return None
         method = make_methods(type(components[node.component])).get(node.method)
-        return node.id, bool(method is not None and method.ordered)
+        return node.id, method is None or method.ordered or not method.read_only
 
     return lookup
 

@@ -6,10 +6,11 @@ import copy
 import io
 import marshal
 import pickle
+import sys
 import threading
 import types
 from collections import ChainMap
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import cloudpickle
@@ -18,6 +19,7 @@ from patchkit.capture.assemble import Program
 from patchkit.capture.graph import Graph
 from patchkit.capture.recorder import CallRecord, Recorder
 from patchkit.component import Component, active_call_hook, call_hook
+from patchkit.component.pending import RUNTIME
 from patchkit.errors import PatchkitError, unknown_input
 
 __all__ = ["Pipeline", "last_pipeline", "set_last_pipeline"]
@@ -60,6 +62,7 @@ class Pipeline:
         self.graph = graph
         self.recorded: list[CallRecord] = []
         self._lock = threading.Lock()
+        self._component_globals: tuple[tuple[str, str, str], ...] = ()  # set when it is pickled: see component_aliases
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -68,6 +71,20 @@ class Pipeline:
     @property
     def components(self) -> dict[str, Component]:
         return self.graph.components()
+
+    def component_aliases(self) -> dict[str, Component]:
+        """In a process that loaded this pipeline (a front-end), the components its modules hold where the
+        capturing process's modules held this pipeline's components, by their uid: a helper of the user's
+        module travels by reference and reads that module's globals again, where its import made new objects
+        (`llm = LlamaCppGenerator()` run twice). The front-end sends their calls to the deployed components."""
+        deployed = {c._patchkit_spec.uid: c for c in self.components.values()}
+        aliases: dict[str, Component] = {}
+        for module_name, name, uid in self._component_globals:
+            module = sys.modules.get(module_name)
+            value = vars(module).get(name) if module is not None else None
+            if isinstance(value, Component) and uid in deployed and value._patchkit_spec.uid != uid:
+                aliases[value._patchkit_spec.uid] = deployed[uid]
+        return aliases
 
     def __patchkit_components__(self) -> dict[str, Component]:
         """What capture registers when another pipeline's block holds this one (capture/holders.py)."""
@@ -128,6 +145,7 @@ class Pipeline:
         state = self.__dict__.copy()
         del state["_lock"]
         state["recorded"] = []
+        state["_component_globals"] = _component_globals(self.components.values())
         return (_load_pipeline, (_dumps(state),))
 
     def __repr__(self) -> str:
@@ -136,8 +154,52 @@ class Pipeline:
         return f"<Pipeline inputs=({inputs}) output={self.output!r} components=({names})>"
 
 
+def _component_globals(components: Iterable[Component]) -> tuple[tuple[str, str, str], ...]:
+    """(module, name, uid) for each global of an imported module (not `__main__`, which travels by value)
+    that holds one of `components`."""
+    wanted = {id(c): c for c in components}
+    found = []
+    for module_name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if module_name == "__main__" or not isinstance(namespace, dict):
+            continue
+        for name, value in list(namespace.items()):
+            component = wanted.get(id(value))
+            if component is not None and component is value:
+                found.append((module_name, name, component._patchkit_spec.uid))
+    return tuple(found)
+
+
 def _marshal_code(code: types.CodeType) -> tuple[Any, ...]:
-    return (marshal.loads, (marshal.dumps(code),))
+    return (_unmarshal_code, (marshal.dumps(_swap_consts(code, _runtime_mark)),))
+
+
+def _unmarshal_code(data: bytes) -> types.CodeType:
+    return _swap_consts(marshal.loads(data), _runtime_function)  # noqa: S302 - code this interpreter marshalled
+
+
+# A parallel program holds the functions of its runtime (`component/pending.py`) as constants, which marshal
+# cannot write: they travel as these marks, by name.
+_RUNTIME_MARK = "<patchkit runtime>"
+_RUNTIME_NAMES = {id(fn): name for name, fn in RUNTIME.items()}
+
+
+def _runtime_mark(const: Any) -> Any:
+    name = _RUNTIME_NAMES.get(id(const))
+    return (_RUNTIME_MARK, name) if name is not None and RUNTIME[name] is const else const
+
+
+def _runtime_function(const: Any) -> Any:
+    marked = type(const) is tuple and len(const) == 2 and const[0] == _RUNTIME_MARK
+    return RUNTIME[const[1]] if marked else const
+
+
+def _swap_consts(code: types.CodeType, swap: Callable[[Any], Any]) -> types.CodeType:
+    """`code` with each constant (in nested code too) replaced by `swap(constant)`; itself where none changes."""
+    consts = tuple(_swap_consts(c, swap) if isinstance(c, types.CodeType) else swap(c) for c in code.co_consts)
+    if all(a is b for a, b in zip(consts, code.co_consts)):
+        return code
+    return code.replace(co_consts=consts)
 
 
 class _SitePickler(cloudpickle.Pickler):

@@ -8,16 +8,20 @@ records calls, the front-end routes them to workers) and runs locally otherwise.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import math
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Sequence
+from contextvars import ContextVar
 from typing import Any, TypeVar, overload
 
 from patchkit.component.calls import Call, CallHook, active_call_hook, call_hook, site_of
+from patchkit.component.event_loop import component_loop, on_component_loop, watched
+from patchkit.component.guards import allow_descriptor
 from patchkit.component.spec import ComponentSpec
 from patchkit.errors import MakeError
 
@@ -34,7 +38,8 @@ class Component:
     anything. Heavy state (models, indexes) belongs in `setup()`, which runs once, lazily, in the
     process that executes the component: the first local call, or a worker at start. A subclass's
     `setup` runs once per instance however often it is called (the user's own call included), so
-    calling it ahead of the first call loads nothing twice.
+    calling it ahead of the first call loads nothing twice. It may be `async def` (an async client
+    opened on the loop its `async def` methods run on): calling it still loads, and returns, at once.
     """
 
     _patchkit_spec: ComponentSpec
@@ -51,7 +56,6 @@ class Component:
         self.__dict__["_patchkit_spec"] = ComponentSpec(cls, args, dict(kwargs), uuid.uuid4().hex)
         self.__dict__["_patchkit_setup_lock"] = threading.RLock()
         self.__dict__["_patchkit_ready"] = False
-        self.__dict__["_patchkit_in_setup"] = False
         return self
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -59,8 +63,9 @@ class Component:
         if inspect.isfunction(own := cls.__dict__.get("setup")):
             cls.setup = _once(own)  # type: ignore[method-assign,assignment]
 
-    def setup(self) -> None:
+    def setup(self) -> Awaitable[None] | None:
         """Load heavy state. Called once per instance in the process that runs it, before its first call there."""
+        return None
 
     def stats(self) -> dict[str, Any]:
         """The component's own figures (hit rates, bytes moved, seconds spent): called by its worker
@@ -100,41 +105,90 @@ class Component:
         return self._patchkit_spec.describe()
 
 
-def _once(setup: Callable[[Component], None]) -> Callable[[Component], None]:
+# The components whose setup() runs in this context (thread, task), so that the calls their own setup
+# makes (`super().setup()`, a `@make` call) run on what it has loaded so far instead of waiting for it.
+_SETTING_UP: ContextVar[frozenset[int]] = ContextVar("patchkit_setting_up", default=frozenset())
+
+
+def _once(setup: Callable[[Component], Any]) -> Callable[[Component], Any]:
     """`setup` run at most once per instance: later calls return at once, and concurrent first calls
     wait for the one that runs it. A subclass's setup calling `super().setup()` runs the parent's
-    inside its own run; the instance is ready when the outermost returns (not if it raises)."""
+    inside its own run; the instance is ready when the outermost returns (not if it raises).
 
+    An `async def setup` runs on the component loop (`event_loop.py`) while its caller waits; called on
+    that loop (`await super().setup()` inside another async setup) it returns the coroutine to await."""
+
+    # The wrapper names only `setup` and module-level functions: a class defined in `__main__` or a
+    # notebook travels by value, and so does this wrapper with whatever it refers to.
     @functools.wraps(setup)
-    def once(self: Component) -> None:
-        state = self.__dict__
-        if state["_patchkit_ready"]:
-            return
-        with state["_patchkit_setup_lock"]:
-            if state["_patchkit_in_setup"]:
-                setup(self)
-                return
-            if state["_patchkit_ready"]:
-                return
-            state["_patchkit_in_setup"] = True
-            try:
-                setup(self)
-            finally:
-                state["_patchkit_in_setup"] = False
-            state["_patchkit_ready"] = True
+    def once(self: Component) -> Coroutine[Any, Any, None] | None:
+        return _setup_once(self, setup)
 
     return once
+
+
+def _setup_once(component: Component, setup: Callable[[Component], Any]) -> Coroutine[Any, Any, None] | None:
+    """What `once` does: run `setup` unless the instance is ready, in this context if its setup runs here
+    already (a parent's), else under the instance's lock, marking it ready when it returns."""
+    asynchronous = inspect.iscoroutinefunction(setup)
+    if asynchronous and on_component_loop():
+        return _once_on_loop(component, setup)
+    state = component.__dict__
+    if state["_patchkit_ready"]:
+        return None
+    if id(component) in _SETTING_UP.get():
+        _run_setup(component, setup)
+        return None
+    with state["_patchkit_setup_lock"]:
+        if state["_patchkit_ready"]:
+            return None
+        token = _SETTING_UP.set(_SETTING_UP.get() | {id(component)})
+        try:
+            _run_setup(component, setup)
+        finally:
+            _SETTING_UP.reset(token)
+        state["_patchkit_ready"] = True
+    return None
+
+
+def _run_setup(component: Component, setup: Callable[[Component], Any]) -> None:
+    """`setup` itself, in this thread; an async one on the component loop, this thread waiting."""
+    if inspect.iscoroutinefunction(setup):
+        component_loop().run(_watched_setup(component, setup), setup.__qualname__)
+    else:
+        setup(component)
+
+
+async def _watched_setup(component: Component, setup: Callable[[Component], Any]) -> None:
+    await watched(setup(component), setup.__qualname__)
+
+
+async def _once_on_loop(component: Component, setup: Callable[[Component], Any]) -> None:
+    """An async setup called on the component loop: the parent's, inside the instance's own setup, runs
+    there; the instance's whole setup, if it has not run, runs from a thread that waits for the loop."""
+    if component.__dict__["_patchkit_ready"]:
+        return
+    if id(component) in _SETTING_UP.get():
+        await watched(setup(component), setup.__qualname__)
+        return
+    await asyncio.to_thread(ensure_setup, component)
 
 
 def ensure_setup(component: Component) -> None:
     """Run `component.setup()` once in this process; called before any local execution. A call the
     component's own setup makes runs on what that setup has loaded so far."""
     state = component.__dict__
-    if state["_patchkit_ready"]:
+    if state["_patchkit_ready"] or id(component) in _SETTING_UP.get():
         return
     with state["_patchkit_setup_lock"]:
-        if not state["_patchkit_in_setup"]:
-            component.setup()
+        if not state["_patchkit_ready"]:
+            if (pending := component.setup()) is not None:  # an async setup, asked for on the loop it runs on
+                if inspect.iscoroutine(pending):
+                    pending.close()
+                raise MakeError(
+                    f"{type(component).__name__} is not set up, and code running on patchkit's event loop (an "
+                    "async method) cannot wait for its async setup(): set it up before, or call it from a plain def"
+                )
             state["_patchkit_ready"] = True  # for the base's empty setup, which nothing wraps
 
 
@@ -158,10 +212,17 @@ class MakeMethod:
         max_concurrency: int | None = None,
         stream: bool = False,
         ordered: bool = False,
+        read_only: bool = False,
     ) -> None:
         _check_target(fn, batch=batch, stream=stream)
-        if not isinstance(ordered, bool):
-            raise MakeError(f"@make on {fn.__qualname__}: ordered must be True or False; got {ordered!r}")
+        for option, value in (("ordered", ordered), ("read_only", read_only)):
+            if not isinstance(value, bool):
+                raise MakeError(f"@make on {fn.__qualname__}: {option} must be True or False; got {value!r}")
+        if ordered and read_only:
+            raise MakeError(
+                f"@make on {fn.__qualname__}: ordered=True (a method with effects, kept in its place) and "
+                "read_only=True (a method with none) contradict each other; keep the one that is true"
+            )
         if max_batch_size is not None and (not _is_int(max_batch_size) or max_batch_size < 1):
             raise MakeError(f"@make on {fn.__qualname__}: max_batch_size must be a positive int; got {max_batch_size!r}")
         if timeout_s is not None and (
@@ -180,6 +241,10 @@ class MakeMethod:
         # Its calls never overlap with the request's other calls (a method with side effects): deployed with
         # parallel calls, the request waits for every call in flight before it, and for it before going on.
         self.ordered = ordered
+        # It changes nothing another call or the pipeline's code could see (a search, an embedding, a
+        # generation): deployed with parallel calls, only such calls overlap one another. A method not declared
+        # so keeps plain Python's place, as `ordered=True` does: whatever it writes, a later call reads.
+        self.read_only = read_only
         # What a deployment batches this method's calls up to unless deploy() or a Plan says otherwise:
         # a batch method batches for real; a per-item method runs its calls one by one, or, with
         # max_concurrency, that many at once (its batch size is its calls in flight per replica).
@@ -191,11 +256,15 @@ class MakeMethod:
         self.retries: int | None = retries
         # Calls one replica runs at once, from batches sent as calls arrive without waiting for those
         # ahead (continuous batching: an engine that batches internally admits them between its steps);
-        # None: one batch at a time. Such a method must be safe to run from several threads at once.
+        # None: one batch at a time. Such a method must be safe to run from several threads at once (an async
+        # one: several of its calls awaiting at once on the loop).
         self.max_concurrency: int | None = max_concurrency
         # A generator function yielding text chunks: a pipeline's call gets their concatenation, and a
         # deployment can send the chunks to a streaming client as they are made.
         self.stream: bool = stream
+        # An `async def` (or an async generator): its coroutines run on the process's component loop,
+        # a replica's concurrent calls as tasks there, not threads (see event_loop.py).
+        self.asynchronous: bool = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
         self.name: str = fn.__name__
         self.qualname: str = fn.__qualname__
         self.signature = inspect.signature(fn)
@@ -240,6 +309,11 @@ class MakeMethod:
         """One call of a `stream=True` method, chunk by chunk, set up and under `hook` as `run_batch`
         runs it. Closing the iterator closes the method's own generator, which ends its work there."""
         ensure_setup(component)
+        if self.asynchronous:
+            with call_hook(hook):  # the stream starts on the loop now, in this context: with the hook
+                streamed = component_loop().iterate(self.achunks(component, args, kwargs), self.qualname)
+            yield from streamed
+            return
         chunks = self.chunks(component, args, kwargs)
         try:
             while True:
@@ -253,12 +327,36 @@ class MakeMethod:
 
     def _run_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
         ensure_setup(component)
+        if self.asynchronous:  # on the component loop, this thread waiting: a running loop here is no matter
+            return component_loop().run(self._arun_batch(component, calls), self.qualname)
         if self.stream:
             return ["".join(self.chunks(component, args, kwargs)) for args, kwargs in calls]
         if not self.batch:
             return [self.fn(component, *args, **kwargs) for args, kwargs in calls]
+        return self._results(self.fn(component, *self._columns(component, calls)), calls)
+
+    async def run_batch_async(self, component: Component, calls: Sequence[Call], hook: CallHook | None = None) -> list[Any]:
+        """`run_batch` of an `async def` method, awaited on the component loop by a worker or the inprocess
+        backend for a batch of it; the component is set up. A per-item method's calls are awaited one after
+        another; a batch method is awaited once for the whole batch."""
+        with call_hook(hook):
+            return await self._arun_batch(component, calls)
+
+    async def call_async(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of an `async def` per-item method, awaited on the component loop (the caller's context
+        holds its hook); each of its steps watched (`event_loop.watched`)."""
+        return await watched(self.fn(component, *args, **kwargs), self.qualname)
+
+    async def _arun_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
+        if self.stream:
+            return ["".join([chunk async for chunk in self.achunks(component, args, kwargs)]) for args, kwargs in calls]
+        if not self.batch:
+            return [await self.call_async(component, args, kwargs) for args, kwargs in calls]
         columns = self._columns(component, calls)
-        results = self.fn(component, *columns)
+        return self._results(await watched(self.fn(component, *columns), self.qualname), calls)
+
+    def _results(self, results: Any, calls: Sequence[Call]) -> list[Any]:
+        """A batch method's results, checked to be one per call."""
         if not isinstance(results, (list, tuple)) or len(results) != len(calls):
             got = f"{len(results)} results" if isinstance(results, (list, tuple)) else type(results).__name__
             raise MakeError(
@@ -268,16 +366,37 @@ class MakeMethod:
         return list(results)
 
     def chunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Generator[str, None, None]:
-        """The text chunks of one call of a `stream=True` method, as it yields them; each checked to be a str."""
+        """The text chunks of one call of a `stream=True` method, as it yields them; each checked to be a str.
+        An async generator runs on the component loop, its chunks handed to this thread as they come."""
+        if self.asynchronous:
+            yield from component_loop().iterate(self.achunks(component, args, kwargs), self.qualname)
+            return
         made = self.fn(component, *args, **kwargs)
         try:
             for chunk in made:
-                if not isinstance(chunk, str):
-                    got = type(chunk).__name__
-                    raise MakeError(f"{self.qualname} is @make(stream=True): it must yield str chunks; it yielded a {got}")
-                yield chunk
+                yield self._chunk(chunk)
         finally:
             made.close()
+
+    async def achunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncGenerator[str, None]:
+        """The text chunks of one call of an async `stream=True` method, on the component loop; each step
+        of the method watched, each chunk checked to be a str. Closing it closes the method's generator."""
+        made = self.fn(component, *args, **kwargs)
+        try:
+            while True:
+                try:
+                    chunk = await watched(made.__anext__(), self.qualname)
+                except StopAsyncIteration:
+                    return
+                yield self._chunk(chunk)
+        finally:
+            await made.aclose()
+
+    def _chunk(self, chunk: Any) -> str:
+        if not isinstance(chunk, str):
+            got = type(chunk).__name__
+            raise MakeError(f"{self.qualname} is @make(stream=True): it must yield str chunks; it yielded a {got}")
+        return chunk
 
     def _columns(self, component: Component, calls: Sequence[Call]) -> list[list[Any]]:
         params = list(self.signature.parameters)[1:]
@@ -295,6 +414,9 @@ class MakeMethod:
             for column, name in zip(columns, params):
                 column.append(bound.arguments[name])
         return columns
+
+
+allow_descriptor(MakeMethod)  # reading `component.method` makes a BoundMake: patchkit's code, not the user's
 
 
 class BoundMake:
@@ -332,13 +454,14 @@ def _check_target(fn: Any, *, batch: bool, stream: bool) -> None:
             f"@make on {fn.__qualname__}: it is a plain function; define it as a method of a class "
             "that derives from patchkit.Component"
         )
-    if stream and (batch or not inspect.isgeneratorfunction(fn)):
-        shape = "a per-item method, not batch=True" if batch else "a generator function (a def that yields)"
+    generator = inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn)
+    if stream and (batch or not generator):
+        shape = "a per-item method, not batch=True" if batch else "a generator function (a def or async def that yields)"
         raise MakeError(f"@make(stream=True) on {fn.__qualname__}: it must be {shape} yielding str chunks; "
                         "an engine batching concurrent calls itself takes max_concurrency=N")
-    if inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn) or (inspect.isgeneratorfunction(fn) and not stream):
-        hint = "; a method yielding text chunks takes @make(stream=True)" if inspect.isgeneratorfunction(fn) else ""
-        raise MakeError(f"@make on {fn.__qualname__}: write it as a plain def returning its result{hint}")
+    if generator and not stream:
+        raise MakeError(f"@make on {fn.__qualname__}: a method yielding text chunks takes @make(stream=True); "
+                        "any other returns its result (a def, or an async def)")
     params = list(inspect.signature(fn).parameters.values())
     if not params or params[0].kind not in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD):
         raise MakeError(f"@make on {fn.__qualname__}: a method needs `self` as its first parameter")
@@ -361,6 +484,7 @@ def make(
     max_concurrency: int | None = None,
     stream: bool = False,
     ordered: bool = False,
+    read_only: bool = False,
 ) -> Callable[[F], F]: ...
 def make(
     fn: Any = None,
@@ -373,8 +497,13 @@ def make(
     max_concurrency: int | None = None,
     stream: bool = False,
     ordered: bool = False,
+    read_only: bool = False,
 ) -> Any:
     """Mark a Component method as a pipeline step: `@make`, `@make()` or `@make(batch=True)`.
+
+    The method may be `async def` (an async generator with `stream=True`): pipeline code calls it as
+    any method, while its coroutines run on the process's component loop (`event_loop.py`), a
+    replica's concurrent calls as tasks there, with no thread each.
 
     With `batch=True` the method is written over lists (one list per parameter, a list of results
     back) while pipeline code still calls it with one item, as Ray Serve's `@serve.batch`.
@@ -393,14 +522,17 @@ def make(
     picks c runs c at once), and the profiler measures it at 1 to `max_concurrency` calls at once,
     not at batch sizes. `stream=True` marks a per-item generator function yielding str chunks
     (tokens): pipeline code still gets the whole string, while a streaming request to a deployment
-    whose output it makes receives the chunks as they come. `ordered=True` keeps a method with side
-    effects out of parallel calls: deployed, a request's calls are submitted as its code reaches them
-    and overlap until their results are needed, but a call of this method waits for every call issued
-    before it and is waited for before the code goes on. All are checked here, when the decorator is
-    applied.
+    whose output it makes receives the chunks as they come.
+
+    Parallel calls (deployed, a request's calls are submitted as its code reaches them and waited for where
+    their results are first used): `read_only=True` declares that the method changes nothing another call
+    or the pipeline's code could see (no store, file or state written), so its calls overlap other
+    read-only calls. A call of any other method keeps plain Python's place: it waits for every call issued
+    before it, and the code waits for it before going on. `ordered=True` says the same explicitly, for a
+    method with effects. All are checked here, when the decorator is applied.
     """
     options: dict[str, Any] = {"batch": batch, "max_batch_size": max_batch_size, "timeout_s": timeout_s, "retries": retries,
-               "max_concurrency": max_concurrency, "stream": stream, "ordered": ordered}
+               "max_concurrency": max_concurrency, "stream": stream, "ordered": ordered, "read_only": read_only}
     if fn is None:
         return lambda f: MakeMethod(f, **options)
     if not callable(fn):

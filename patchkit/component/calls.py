@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from patchkit.component.base import Component, MakeMethod
 
-__all__ = ["Call", "CallHook", "CallSite", "active_call_hook", "call_hook", "defer_calls", "site_of"]
+__all__ = ["Call", "CallHook", "CallSite", "DeferredSites", "active_call_hook", "call_hook", "deferring", "site_of"]
 
 Call = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -29,7 +29,7 @@ class CallSite:
     """Where in the user's source a component method is called: the key of a graph node.
 
     `deferred`: the call is made by code rewritten for parallel calls (`capture/parallel.py`), which takes a
-    `Pending` and waits where the result is first used; not part of the key."""
+    `Pending` and waits where the result is first used (`DeferredSites`); not part of the key."""
 
     filename: str
     lineno: int
@@ -38,22 +38,42 @@ class CallSite:
     deferred: bool = field(default=False, compare=False)
 
 
-# Per code object, by identity (hashing a code object reads all of it), the site of each instruction,
-# made when first asked for. The code is held with its sites (so its id is not reused meanwhile): the
-# pipelines' and components' code, a few; past MAX_CODES (code made at run time) they are forgotten.
-_SITES: dict[int, tuple[types.CodeType, list[Any], dict[int, CallSite | None]]] = {}
-MAX_CODES = 4096
-# The instructions (indexes of code units) of rewritten pipeline code whose calls are deferred, by code
-# identity, for as long as the code lives.
-_DEFERRED: dict[int, tuple[weakref.ref[types.CodeType], frozenset[int]]] = {}
+# Per code object, by identity (hashing a code object reads all of it), the positions of its instructions
+# and the sites made from them, made when first asked for; an entry goes with its code (a weak reference).
+_SITES: dict[int, tuple[weakref.ref[types.CodeType], list[Any], dict[int, CallSite | None]]] = {}
 
 
-def defer_calls(code: types.CodeType, indexes: Iterable[int]) -> None:
-    """Mark the calls at `indexes` (instruction offset // 2) of `code` as deferred: `site_of` gives their
-    sites `deferred=True`. Called when a parallel pipeline program is made or unpickled."""
-    key = id(code)
-    _DEFERRED[key] = (weakref.ref(code, lambda _: _DEFERRED.pop(key, None)), frozenset(indexes))
-    _SITES.pop(key, None)
+class DeferredSites:
+    """The call instructions of a parallel program whose calls are deferred, per code object of it (the
+    program's own, held here with the marks): made by the program, active while it runs (`deferring`)."""
+
+    def __init__(self, marks: Iterable[tuple[types.CodeType, Iterable[int]]]) -> None:
+        self._marks = {id(code): (code, frozenset(indexes)) for code, indexes in marks}
+        self._sites: dict[CallSite, CallSite] = {}
+
+    def site(self, code: types.CodeType, index: int, site: CallSite) -> CallSite:
+        """`site`, marked deferred when the instruction at `index` of `code` is one of the program's."""
+        found = self._marks.get(id(code))
+        if found is None or found[0] is not code or index not in found[1]:
+            return site
+        deferred = self._sites.get(site)
+        if deferred is None:
+            deferred = self._sites[site] = CallSite(site.filename, site.lineno, site.col, site.end_col, True)
+        return deferred
+
+
+_DEFERRING: ContextVar[DeferredSites | None] = ContextVar("patchkit_deferring", default=None)
+
+
+@contextlib.contextmanager
+def deferring(sites: DeferredSites) -> Iterator[None]:
+    """Give the calls `sites` marks `deferred=True` sites while the code in this context runs (a parallel
+    program's run, in its request's greenlet)."""
+    token = _DEFERRING.set(sites)
+    try:
+        yield
+    finally:
+        _DEFERRING.reset(token)
 
 
 def site_of(frame: types.FrameType) -> CallSite | None:
@@ -61,25 +81,22 @@ def site_of(frame: types.FrameType) -> CallSite | None:
 
     Called for every `@make` call made under a hook, so it is a lookup once the code is known."""
     code = frame.f_code
-    known = _SITES.get(id(code))
-    if known is None or known[0] is not code:
-        if len(_SITES) >= MAX_CODES:
-            _SITES.clear()
-        known = _SITES[id(code)] = (code, list(code.co_positions()), {})
+    key = id(code)
+    known = _SITES.get(key)
+    if known is None or known[0]() is not code:
+        known = _SITES[key] = (weakref.ref(code, lambda _: _SITES.pop(key, None)), list(code.co_positions()), {})
     _, positions, sites = known
     index = frame.f_lasti // 2
     if index not in sites:
-        deferred = _DEFERRED.get(id(code))
-        defer = deferred is not None and deferred[0]() is code and index in deferred[1]
-        sites[index] = _site(code.co_filename, positions[index], defer) if index < len(positions) else None
-    return sites[index]
+        sites[index] = _site(code.co_filename, positions[index]) if index < len(positions) else None
+    site = sites[index]
+    marks = _DEFERRING.get()
+    return site if marks is None or site is None else marks.site(code, index, site)
 
 
-def _site(
-    filename: str, position: tuple[int | None, int | None, int | None, int | None], deferred: bool
-) -> CallSite | None:
+def _site(filename: str, position: tuple[int | None, int | None, int | None, int | None]) -> CallSite | None:
     line, _, col, end_col = position
-    return None if line is None else CallSite(filename, line, col or 0, end_col or 0, deferred)
+    return None if line is None else CallSite(filename, line, col or 0, end_col or 0)
 
 
 class CallHook(Protocol):

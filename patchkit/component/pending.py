@@ -4,7 +4,8 @@ their results are first needed (parallel calls).
 The front-end runs a rewritten copy of the pipeline's code (`capture/parallel.py`). At a deferred call site
 the call hook submits the call and hands back a `Pending`; the rewritten code keeps it in the variable (or
 the comprehension's list) the result goes to, and calls `resolve` on that variable before its first use,
-`settle` before any code with effects, and `iterable` on what a loop iterates. A `Pending` lives only
+`settle` before any code with effects, `guard` before local work that may run user code (which settles
+unless it runs none on the values at hand), and `iterable` on what a loop iterates. A `Pending` lives only
 there, between a call and the first use of its result: user code never sees one, so `isinstance`,
 identity, `json` and C extensions see the result itself.
 
@@ -19,7 +20,9 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-__all__ = ["RUNTIME", "RUNTIME_NAMES", "Pending", "Window", "iterable", "resolve", "run_in_window", "settle"]
+from patchkit.component.guards import CHECKS
+
+__all__ = ["RUNTIME", "Pending", "Window", "guard", "iterable", "resolve", "run_in_window", "settle"]
 
 T = TypeVar("T")
 
@@ -153,12 +156,23 @@ def settle() -> None:
         window.settle()
 
 
+def guard(kind: str, *operands: Any) -> None:
+    """Before local work that may run user code on its operands (an operator, a truth test, a format, an
+    attribute read, a builtin's call): settle the open calls unless `guards.CHECKS[kind]` finds that it
+    runs none on these."""
+    window = _WINDOW.get()
+    if window and not CHECKS[kind](*operands):
+        window.settle()
+
+
 def iterable(value: Any) -> Any:
     """What a loop iterates: itself when iterating it runs no code of the user's (a list, a dict, a range,
-    ...); otherwise an iterator that settles the open calls before each step, since a generator's code
-    must not run while a call that plain Python would have finished first is still open."""
+    ...); otherwise, once the open calls are settled (`__iter__` may be the user's), an iterator that settles
+    them before each step, since a generator's code must not run while a call that plain Python would have
+    finished first is still open."""
     if type(value) in _PURE_ITERABLES or _pure_iterator(value):
         return value
+    settle()
     return _Settling(iter(value))
 
 
@@ -197,7 +211,5 @@ class _Settling:
         return next(self._inner)
 
 
-# The names the rewritten code reads them by, from the globals it runs with (as a compiler's own helpers).
-RUNTIME_NAMES = {"resolve": "__patchkit_resolve__", "settle": "__patchkit_settle__", "iterable": "__patchkit_iterable__"}
-RUNTIME: dict[str, Any] = {RUNTIME_NAMES["resolve"]: resolve, RUNTIME_NAMES["settle"]: settle,
-                           RUNTIME_NAMES["iterable"]: iterable}
+# The functions the rewritten code calls, which it holds as constants (`capture/parallel.py`).
+RUNTIME: dict[str, Callable[..., Any]] = {"resolve": resolve, "settle": settle, "iterable": iterable, "guard": guard}

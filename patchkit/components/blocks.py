@@ -31,7 +31,7 @@ class Augmenter(Component):
             raise ValueError(f"the template must contain {' and '.join(missing)}")
         self.template = template
 
-    @make(batch=True)
+    @make(batch=True, read_only=True)
     def augment(self, question: list[str], docs: list[Sequence[Any]]) -> list[str]:
         return [self.template.format(context=render_context(d), question=q) for q, d in zip(question, docs)]
 
@@ -60,7 +60,7 @@ class Grader(Component):
     def setup(self) -> None:
         ensure_setup(self.generator)
 
-    @make(max_concurrency=16)  # its calls wait on the generator, which batches them (shared, or its own engine)
+    @make(max_concurrency=16, read_only=True)  # its calls wait on the generator, which batches them (shared, or its own engine)
     def grade(self, question: str, docs: list[Any]) -> bool:
         if not docs:
             return False
@@ -81,7 +81,7 @@ class Rewriter(Component):
     def setup(self) -> None:
         ensure_setup(self.generator)
 
-    @make(max_concurrency=16)  # as Grader.grade
+    @make(max_concurrency=16, read_only=True)  # as Grader.grade
     def rewrite(self, question: str) -> str:
         # Explicit: the generator may be one shared with the answering stage, whose default is longer.
         reply = self.generator.generate(REWRITE_PROMPT.format(question=question), max_tokens=24)
@@ -140,7 +140,7 @@ class BM25Search(Component):
             docs = pydoc_corpus(topics=False) if self.corpus == "pydoc-modules" else load_corpus(self.corpus)
             self.backend = BM25Index(docs)
 
-    @make
+    @make(read_only=True)
     def search(self, query: str) -> list[Any]:
         assert self.backend is not None
         return list(self.backend(query, self.topk))

@@ -54,7 +54,7 @@ class Embedder(Component):
         )
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
-    @make(batch=True, max_batch_size=64)
+    @make(batch=True, max_batch_size=64, read_only=True)
     def embed(self, text: list[str]) -> list[list[float]]:
         vectors: list[list[float]] = self.encode(text).tolist()
         return vectors

@@ -92,7 +92,7 @@ class VectorRetriever(Component):
         """(document index, cosine similarity) pairs per query, best first."""
         raise NotImplementedError
 
-    @make(batch=True, max_batch_size=64)
+    @make(batch=True, max_batch_size=64, read_only=True)
     def retrieve(self, query: list[str], topk: list[int | None] = None) -> list[list[Hit]]:  # type: ignore[assignment]
         # Called per question as retrieve(query, topk=None); `topk` left out is None per item: self.topk.
         k = max(t or self.topk for t in topk)

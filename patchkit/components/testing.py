@@ -78,7 +78,7 @@ class Simulated(Component):
         super().batch_limit(method)  # a MakeError for a method that is not `run`
         return self.max_batch
 
-    @make(batch=True, max_batch_size=DEFAULT_MAX_BATCH)
+    @make(batch=True, max_batch_size=DEFAULT_MAX_BATCH, read_only=True)
     def run(self, x: list[Any]) -> list[Any]:
         """Take the batch's time, then answer every item from `output`."""
         for start in range(0, len(x), self.max_batch):

@@ -38,7 +38,8 @@ class ServerConfig(OptionGroup):
     port: int = option(0, help="the port it listens on (0: any free port)", ge=0, le=65535)
     read_timeout_s: float = option(30.0, help="a request's headers and body must arrive within this, else 408",
                                    gt=0, described=True)
-    auth_token: str | None = option(None, help="a bearer token for every route but /healthz (default: PATCHKIT_AUTH_TOKEN)",
+    auth_token: str | None = option(None, help="a bearer token for every route but /healthz and /readyz (default: "
+                                    "PATCHKIT_AUTH_TOKEN)",
                                     nonempty="a non-empty string (the bearer token clients send)", secret=True)
     optional_inputs: tuple[str, ...] = option((), help="inputs a request may leave out (they keep their captured value)",
                                               check=check_names, described=True)
@@ -87,12 +88,13 @@ class LivenessConfig(OptionGroup):
     request_timeout_s: float = option(300.0, help="a request still running after this gets 504", gt=0, described=True)
     call_timeout_s: float = option(300.0, help="a batch running longer recycles its replica (unless its method says "
                                    "otherwise)", gt=0, described=True)
-    # A batch whose every call belongs to a request that has ended, still running this long past the latest of their
-    # deadlines, serves nobody: its replica is recycled as on a call timeout. Long enough for a healthy call to come
-    # back once told its request ended (a stream=True method stops at its next chunk, a call not reached is skipped);
-    # short, since the calls queued behind it wait that long too.
-    abandoned_grace_s: float = option(5.0, help="a batch serving only ended requests, this long past their deadlines, "
-                                      "recycles its replica", gt=0, described=True)
+    # A batch whose every call belongs to a request that has ended, running on past the latest of their deadlines,
+    # serves nobody: its replica gets nothing more and is replaced at once (a surge), and it is stopped once that batch
+    # is back or has run this much longer. Long enough for a healthy call to come back once told its request ended (a
+    # stream=True method stops at its next chunk), so that it is not killed mid-call for nothing.
+    abandoned_grace_s: float = option(5.0, help="a replica replaced for running a batch that serves only ended requests "
+                                      "is stopped once the batch is back, or this long after its last deadline", gt=0,
+                                      described=True)
     max_retries: int = option(2, help="times a call is sent again after its replica died (unless its method says otherwise)",
                               ge=0, described=True)
     # As Ray Serve's: every period, each replica must answer within the timeout; after `health_check_failures`

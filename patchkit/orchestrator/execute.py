@@ -5,15 +5,17 @@ Shared by the worker process and the inprocess backend, so both isolate failures
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.component import Call, CallHook, Component, MakeMethod
-from patchkit.errors import CallError, Cancelled, ComponentError, PatchkitError
+from patchkit.component import Call, CallHook, Component, MakeMethod, call_hook
+from patchkit.errors import CallError, Cancelled, ComponentError, DeadlineExceeded, PatchkitError
 
 __all__ = [
     "COMPONENT",
@@ -21,9 +23,11 @@ __all__ = [
     "WIRE",
     "Failure",
     "Outcome",
+    "StopFlag",
     "component_stats",
     "run_batch",
     "run_calls",
+    "run_calls_async",
     "run_streamed",
     "setup_error",
 ]
@@ -84,6 +88,39 @@ class Failure:
 
 # (True, result) or (False, Failure)
 Outcome = tuple[bool, Any]
+
+
+class StopFlag(threading.Event):
+    """A call's stop: set, from any thread, when its request ends (the front-end cancels it, its stream
+    ends). A call running on a thread checks it at its next chunk; one running as a task on the component
+    loop is cancelled at once, by the callback it registered (`on_set`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks: list[Callable[[], None]] = []
+        self._guard = threading.Lock()
+
+    def set(self) -> None:
+        with self._guard:
+            super().set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_set(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call `callback` (on the thread that sets the flag) once it is set, at once if it is; returns what
+        forgets it, for a call that ends first."""
+        with self._guard:
+            if not self.is_set():
+                self._callbacks.append(callback)
+                return lambda: self._forget(callback)
+        callback()
+        return lambda: None
+
+    def _forget(self, callback: Callable[[], None]) -> None:
+        with self._guard:
+            if callback in self._callbacks:
+                self._callbacks.remove(callback)
 
 
 def run_batch(component: Component, method_name: str, calls: Sequence[Call], hook: CallHook | None = None) -> list[Outcome]:
@@ -154,6 +191,115 @@ def run_streamed(
     except Exception as exc:
         return (False, Failure.of(exc))
     return (True, "".join(parts))
+
+
+async def run_calls_async(
+    component: Component,
+    method_name: str,
+    calls: Sequence[Call],
+    on_chunk: Callable[[int, str], None] | None,
+    stops: Sequence[StopFlag],
+    deadlines: Sequence[float | None],
+    hook: CallHook | None = None,
+) -> list[Outcome]:
+    """Run a batch of an `async def` method's calls on the component loop, where the worker and the inprocess
+    backend await it; the component is set up. `run_calls` for coroutines: the calls of a per-item or
+    streaming method run all at once for a method with `max_concurrency` (a task each, awaiting without
+    a thread), else one after another; a batch method's calls as one, re-run one by one if it fails,
+    so that only the failing call fails. A call is cancelled where it awaits once its stop is set (its
+    request ended: the outcome says Cancelled) or at its deadline (`time.monotonic()`; the outcome says
+    DeadlineExceeded); a batch method's, once every call's is."""
+    method = _method(component, method_name)
+    if isinstance(method, Failure):
+        return [(False, method)] * len(calls)
+    with call_hook(hook):  # each task starts in a copy of this context: its hook with it
+        if method.batch:
+            return await _batch_async(method, component, calls, stops, deadlines, hook)
+        runs = [
+            _guarded(_one_async(method, component, call, None if on_chunk is None else _sink(on_chunk, i)), [stop], deadline)
+            for i, (call, stop, deadline) in enumerate(zip(calls, stops, deadlines))
+        ]
+        if method.max_concurrency and len(runs) > 1:
+            return list(await asyncio.gather(*runs))  # a task each, so each is cancelled alone
+        return [await run for run in runs]
+
+
+def _sink(on_chunk: Callable[[int, str], None], index: int) -> Callable[[str], None]:
+    return lambda text: on_chunk(index, text)
+
+
+async def _one_async(method: MakeMethod, component: Component, call: Call, on_chunk: Callable[[str], None] | None) -> Any:
+    args, kwargs = call
+    if not method.stream:
+        return await method.call_async(component, args, kwargs)
+    parts: list[str] = []
+    async for chunk in method.achunks(component, args, kwargs):
+        parts.append(chunk)
+        if on_chunk is not None:
+            on_chunk(chunk)
+    return "".join(parts)
+
+
+async def _batch_async(
+    method: MakeMethod, component: Component, calls: Sequence[Call], stops: Sequence[StopFlag],
+    deadlines: Sequence[float | None], hook: CallHook | None,
+) -> list[Outcome]:
+    latest = None if any(deadline is None for deadline in deadlines) else max(d for d in deadlines if d is not None)
+    ok, value = await _guarded(method.run_batch_async(component, calls, hook), stops, latest)
+    if ok:
+        return [(True, result) for result in value]
+    if len(calls) == 1 or value.source != COMPONENT:
+        return [(False, value)] * len(calls)
+    outcomes: list[Outcome] = []  # find the failing call: each alone
+    for call, stop, deadline in zip(calls, stops, deadlines):
+        ok, value = await _guarded(method.run_batch_async(component, [call], hook), [stop], deadline)
+        outcomes.append((True, value[0]) if ok else (False, value))
+    return outcomes
+
+
+async def _guarded(run: Coroutine[Any, Any, Any], stops: Sequence[StopFlag], deadline: float | None) -> Outcome:
+    """`run`'s outcome, awaited in this task (no task of its own: a replica's calls cost one task each),
+    which is cancelled where `run` awaits once every one of `stops` is set, or at `deadline`; a
+    cancellation meant for `run` ends here, one meant for the task (the replica stops) goes on."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None  # noqa: S101 - awaited on the loop, inside a task
+    why: list[PatchkitError] = []  # why `run` was cancelled, once it is
+    running = True
+
+    def stop(reason: PatchkitError) -> None:
+        if running and not why:
+            why.append(reason)
+            task.cancel()
+
+    def stopped() -> None:  # on the thread that set the flag
+        loop.call_soon_threadsafe(stop_if_all)
+
+    def stop_if_all() -> None:
+        if all(flag.is_set() for flag in stops):
+            stop(Cancelled("its request ended while it ran: it was cancelled"))
+
+    forget = [flag.on_set(stopped) for flag in stops]
+    late = DeadlineExceeded("its request ran out of time while it ran: it was cancelled")
+    timer = None if deadline is None else loop.call_later(max(0.0, deadline - time.monotonic()), stop, late)
+    try:
+        result = await run
+        if why:  # it caught the cancellation and returned: the task goes on uncancelled
+            task.uncancel()
+        return (True, result)
+    except asyncio.CancelledError:
+        if not why or task.cancelling() > 1:  # not (only) ours: the task itself is cancelled
+            raise
+        task.uncancel()
+        return (False, Failure.verdict(why[0]))
+    except Exception as exc:
+        return (False, Failure.of(exc))
+    finally:
+        running = False
+        if timer is not None:
+            timer.cancel()
+        for undo in forget:
+            undo()
 
 
 def _method(component: Component, method_name: str) -> MakeMethod | Failure:

@@ -5,7 +5,9 @@ that batches of different components overlap as they do on workers (a request's 
 included) while the loop goes on, except a batch of a method whose last batch took under
 `INLINE_BELOW_S`: that runs inline, on the loop, where a thread's hop would cost more than it lets
 overlap. A component runs one batch at a time, and never at once with a component that holds it (which
-runs it in place here), so no object is used from two threads. Batching and the pipeline's control
+runs it in place here), so no object is used from two threads. A batch of an `async def` method runs
+on the process's component loop, as on a worker, and is awaited here; a call whose request ends, or
+whose request runs out of time, has its task cancelled there. Batching and the pipeline's control
 flow are the same as on the process backends.
 """
 
@@ -20,11 +22,12 @@ from typing import Any
 
 from patchkit import telemetry
 from patchkit.capture.holders import held_components
-from patchkit.component import Component, ensure_setup
+from patchkit.component import Component, MakeMethod, ensure_setup
+from patchkit.component.event_loop import component_loop
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.envelope import CallEnvelope
-from patchkit.orchestrator.execute import Outcome, component_stats, run_calls, setup_error
+from patchkit.orchestrator.execute import Outcome, StopFlag, component_stats, run_calls, run_calls_async, setup_error
 from patchkit.orchestrator.resources import ReplicaResources
 
 __all__ = ["INLINE_BELOW_S", "InProcessBackend"]
@@ -52,6 +55,12 @@ class DirectChannel:
         streamed call stops at its next chunk."""
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
+        made = getattr(type(self.component), method, None)
+        if isinstance(made, MakeMethod) and made.asynchronous:
+            outcomes = await self._run_async(method, calls)
+            self.batches += 1
+            self.calls += len(calls)
+            return outcomes
         traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
         loop = asyncio.get_running_loop()
         stops = [threading.Event() for _ in calls]
@@ -81,6 +90,40 @@ class DirectChannel:
         self.batches += 1
         self.calls += len(calls)
         return outcomes
+
+    async def _run_async(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
+        """A batch of an `async def` method: its calls as tasks on the component loop (`run_calls_async`), under
+        the locks; each cancelled there once its request ends (its `ended` future is cancelled) or at its
+        `expires`, and every one of them if this batch is given up on."""
+        loop = asyncio.get_running_loop()
+        stops = [StopFlag() for _ in calls]
+        now, clock = time.monotonic(), loop.time()
+        deadlines = [None if call.expires is None else now + call.expires - clock for call in calls]
+
+        def sink(index: int, text: str) -> None:  # on the component loop: the chunk goes to this loop
+            target = calls[index].on_chunk
+            if target is not None:
+                loop.call_soon_threadsafe(target, text)
+
+        streamed = any(call.on_chunk is not None for call in calls)
+        watched = [(call.ended, lambda future, stop=stop: future.cancelled() and stop.set())
+                   for call, stop in zip(calls, stops) if call.ended is not None]
+        for end, stop_on_end in watched:
+            end.add_done_callback(stop_on_end)
+        traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
+        try:
+            async with self._holding():
+                with telemetry.execution(self.name, method, traces):
+                    run = run_calls_async(self.component, method, [call.call for call in calls], sink if streamed else None,
+                                          stops, deadlines)
+                    return await asyncio.wrap_future(component_loop().submit(run))
+        except asyncio.CancelledError:
+            for stop in stops:
+                stop.set()
+            raise
+        finally:
+            for end, stop_on_end in watched:
+                end.remove_done_callback(stop_on_end)
 
     def _timed(self, component: Component, method: str, *args: Any) -> list[Outcome]:
         """`run_calls`, its time kept for the method's next batch to choose where it runs."""

@@ -28,7 +28,6 @@ import json
 import logging
 import pickle
 import struct
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,7 +39,7 @@ import grpc.aio
 from patchkit.component import Call
 from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
 from patchkit.orchestrator.envelope import CallEnvelope
-from patchkit.orchestrator.execute import Failure, Outcome
+from patchkit.orchestrator.execute import Failure, Outcome, StopFlag
 
 __all__ = [
     "Batch",
@@ -105,7 +104,7 @@ class WireCall:
     expires_in: float | None = None
     streamed: bool = False
     trace: dict[str, str] | None = None
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    cancelled: StopFlag = field(default_factory=StopFlag)
 
     def deadline(self, arrived: float) -> float | None:
         """When, on the clock `arrived` was read from, its request runs out of time; None: never."""
@@ -261,7 +260,9 @@ class GrpcChannel:
         From each call's envelope: the worker does not start a call it reaches after its `expires`; the
         chunks of a `stream=True` method go to its `on_chunk` as the worker makes them; its `ended` future's
         cancellation (its request ended) stops it at the worker; its `trace` goes to the worker. A call
-        whose arguments do not pickle is not sent: its outcome says so, and the others go.
+        whose arguments do not pickle is not sent: its outcome says so, and the others go. Cancelling
+        this coroutine (the caller gave up on the batch) stops its calls at the worker the same way: a
+        call the worker has not started is never run.
         """
         if self.lost.is_set():
             raise WorkerDiedError(f"replica at {self.address} is gone: {self.lost_reason}")
@@ -286,6 +287,9 @@ class GrpcChannel:
             except Exception as exc:  # the stream is broken (the message itself is made above)
                 self._lose(f"sending a batch failed: {type(exc).__name__}: {exc}")
             answer = await future
+        except asyncio.CancelledError:
+            self._withdraw(batch_id, len(sent))
+            raise
         finally:
             self._pending.pop(batch_id, None)  # answered, or given up on by the caller (a call timeout)
             self._sinks.pop(batch_id, None)
@@ -317,6 +321,14 @@ class GrpcChannel:
         """A call's request ended while its batch is in flight: tell the worker to stop it."""
         if ended.cancelled() and batch_id in self._pending and not self.lost.is_set():
             asyncio.get_running_loop().create_task(self._write(encode_cancel(batch_id, index)))
+
+    def _withdraw(self, batch_id: int, calls: int) -> None:
+        """The caller gave up on a batch in flight (a call timeout, or its replica was replaced before it got
+        to it): tell the worker to stop its calls, so that it never starts those it has not started when
+        the message arrives (it reads messages as they come, while it runs the batch ahead)."""
+        if not self.lost.is_set():
+            for index in range(calls):
+                asyncio.get_running_loop().create_task(self._write(encode_cancel(batch_id, index)))
 
     async def _write(self, message: bytes) -> None:
         try:

@@ -3,18 +3,22 @@
 A method runs one batch at a time, in the order its batches arrive, unless it is
 `@make(max_concurrency=N)`: then each of its batches runs on a thread of its own as soon as it
 arrives, up to N at once (an engine batching concurrent calls itself admits them between its
-steps). A `stream=True` call whose chunks are wanted sends each chunk as it is made, and stops at
-its next chunk when the front-end cancels it; a call cancelled before it starts is not run.
+steps). An `async def` method's calls run as tasks on the process's component loop instead: with
+`max_concurrency=N`, up to N at once with no thread each; without, one batch at a time as any
+method. A `stream=True` call whose chunks are wanted sends each chunk as it is made, and stops at
+its next chunk when the front-end cancels it (a task at once, wherever it awaits, as it does at its
+request's deadline); a call cancelled before it starts is not run.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent import futures
 from typing import Any
 
@@ -22,8 +26,9 @@ import grpc
 
 from patchkit import telemetry
 from patchkit.component import Call, CallHook, Component, make_methods
+from patchkit.component.event_loop import component_loop
 from patchkit.errors import Cancelled, DeadlineExceeded
-from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_calls
+from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_calls, run_calls_async
 from patchkit.orchestrator.rpc import CHECK, SECRET_KEY, SERVICE, Batch, WireCall, decode_message, encode_chunk, encode_outcomes
 
 __all__ = ["WorkerService"]
@@ -53,7 +58,10 @@ class WorkerService:
         self._checking = threading.Lock()  # one check_health() at a time: a hung one fails the next checks
         made = make_methods(type(component))
         self.concurrency = {name: m.max_concurrency for name, m in made.items() if m.max_concurrency}
-        workers = sum(self.concurrency.values()) or 1
+        self.asynchronous = {name for name, m in made.items() if m.asynchronous}
+        # At most N calls of an async method with max_concurrency=N run at once, whatever streams send.
+        self._slots = {name: asyncio.Semaphore(n) for name, n in self.concurrency.items() if name in self.asynchronous}
+        workers = sum(n for name, n in self.concurrency.items() if name not in self.asynchronous) or 1
         # Runs the batches of methods with max_concurrency, each on a thread of its own, for every stream.
         self.pool = futures.ThreadPoolExecutor(max_workers=workers, thread_name_prefix="patchkit-call")
         self._stats_lock = threading.Lock()
@@ -96,15 +104,68 @@ class WorkerService:
         at its next chunk. The calls that run do so in execution spans continuing their traces. A method
         without `max_concurrency` waits for the replica's batch before it.
         """
+        if method in self.asynchronous:  # on the component loop, while this thread waits with the replica's lock
+            with self._lock:
+                return component_loop().run(self.run_async(method, calls, arrived, on_chunk), method)
         if method in self.concurrency:
             return self._run(method, calls, arrived, on_chunk)
         with self._lock:
             return self._run(method, calls, arrived, on_chunk)
 
+    async def run_async(
+        self, method: str, calls: Sequence[WireCall], arrived: float, on_chunk: Callable[[int, str], None] | None = None
+    ) -> list[Outcome]:
+        """`run` for an `async def` method, on the component loop: its calls run as tasks there (`run_calls_async`),
+        each cancelled when its `cancelled` flag is set or at its request's deadline. Awaited by a stream
+        for every batch of a method with `max_concurrency` (up to that many of its calls at once), and by
+        `run` for the others."""
+        slots = self._slots.get(method)
+        if slots is None:
+            return await self._run_async(method, calls, arrived, on_chunk)
+        async with slots:
+            return await self._run_async(method, calls, arrived, on_chunk)
+
+    async def _run_async(
+        self, method: str, calls: Sequence[WireCall], arrived: float, on_chunk: Callable[[int, str], None] | None
+    ) -> list[Outcome]:
+        start = time.perf_counter()
+        outcomes, runnable, skipped, stopped = self._sort(calls, arrived)
+        if runnable:
+            index = list(runnable)
+            sink = (lambda k, text: on_chunk(index[k], text)) if on_chunk is not None else None
+            flags = [call.cancelled for call in runnable.values()]
+            deadlines = [call.deadline(arrived) for call in runnable.values()]
+            arguments: list[Call] = [call.call for call in runnable.values()]  # type: ignore[misc]  # failures are out
+            with telemetry.execution(self.name, method, _traces(runnable.values())):
+                ran = await run_calls_async(self.component, method, arguments, sink, flags, deadlines, self.hook)
+            for i, outcome in zip(index, ran):
+                outcomes[i] = outcome
+            stopped += sum(flag.is_set() for flag in flags)
+        return self._count(outcomes, bool(runnable), len(runnable), skipped, stopped, start)
+
     def _run(
         self, method: str, calls: Sequence[WireCall], arrived: float, on_chunk: Callable[[int, str], None] | None
     ) -> list[Outcome]:
-        start, now = time.perf_counter(), time.monotonic()
+        start = time.perf_counter()
+        outcomes, runnable, skipped, stopped = self._sort(calls, arrived)
+        if runnable:
+            index = list(runnable)
+            sink = (lambda k, text: on_chunk(index[k], text)) if on_chunk is not None else None
+            flags = [call.cancelled for call in runnable.values()]
+            arguments: list[Call] = [call.call for call in runnable.values()]  # type: ignore[misc]  # failures are out
+            with telemetry.execution(self.name, method, _traces(runnable.values())):
+                ran = run_calls(self.component, method, arguments, sink, flags, self.hook)
+            for i, outcome in zip(index, ran):
+                outcomes[i] = outcome
+            stopped += sum(flag.is_set() for flag in flags)
+        return self._count(outcomes, bool(runnable), len(runnable), skipped, stopped, start)
+
+    def _sort(
+        self, calls: Sequence[WireCall], arrived: float
+    ) -> tuple[list[Outcome | None], dict[int, WireCall], int, int]:
+        """A batch's calls sorted: the outcomes of those not run (already failed, cancelled, past their
+        deadline), the others by index, and how many were skipped (late) and stopped (cancelled)."""
+        now = time.monotonic()
         outcomes: list[Outcome | None] = [None] * len(calls)
         runnable: dict[int, WireCall] = {}
         skipped = stopped = 0
@@ -121,21 +182,15 @@ class WorkerService:
                 skipped += 1
             else:
                 runnable[i] = call
-        if runnable:
-            index = list(runnable)
-            sink = (lambda k, text: on_chunk(index[k], text)) if on_chunk is not None else None
-            flags = [call.cancelled for call in runnable.values()]
-            traced = [call.trace for call in runnable.values()]
-            contexts = traced if any(trace is not None for trace in traced) else None
-            arguments: list[Call] = [call.call for call in runnable.values()]  # type: ignore[misc]  # failures are out
-            with telemetry.execution(self.name, method, contexts):
-                ran = run_calls(self.component, method, arguments, sink, flags, self.hook)
-            for i, outcome in zip(index, ran):
-                outcomes[i] = outcome
-            stopped += sum(flag.is_set() for flag in flags)
+        return outcomes, runnable, skipped, stopped
+
+    def _count(
+        self, outcomes: list[Outcome | None], ran: bool, calls: int, skipped: int, stopped: int, start: float
+    ) -> list[Outcome]:
+        """Count a batch in the replica's stats; its outcomes, every call's filled in."""
         with self._stats_lock:
-            self.batches += bool(runnable)
-            self.calls += len(runnable)
+            self.batches += ran
+            self.calls += calls
             self.skipped += skipped
             self.cancelled += stopped
             self.busy_s += time.perf_counter() - start
@@ -205,7 +260,9 @@ class _Stream:
             return
         with self.lock:
             self.running[decoded.batch_id] = decoded
-        if decoded.method in self.service.concurrency:
+        if decoded.method in self.service.concurrency and decoded.method in self.service.asynchronous:
+            component_loop().start(self._run_async(decoded, arrived))
+        elif decoded.method in self.service.concurrency:
             self.service.pool.submit(self._run, decoded, arrived)
         else:
             self.serial.put((decoded, arrived))
@@ -216,14 +273,36 @@ class _Stream:
         self.outbox.put(None)
 
     def _run(self, batch: Batch, arrived: float) -> None:
-        def send(index: int, text: str) -> None:
-            if batch.calls[index].streamed:
-                self.outbox.put(encode_chunk(batch.batch_id, index, text))
-
         try:
-            sink = send if any(call.streamed for call in batch.calls) else None
-            outcomes = self.service.run(batch.method, batch.calls, arrived, sink)
+            outcomes = self.service.run(batch.method, batch.calls, arrived, self._sink(batch))
         finally:
             with self.lock:
                 self.running.pop(batch.batch_id, None)
         self.outbox.put(encode_outcomes(batch.batch_id, outcomes))
+
+    async def _run_async(self, batch: Batch, arrived: float) -> None:
+        """A batch of an async method with max_concurrency, as a task on the component loop."""
+        try:
+            outcomes = await self.service.run_async(batch.method, batch.calls, arrived, self._sink(batch))
+        finally:
+            with self.lock:
+                self.running.pop(batch.batch_id, None)
+        self.outbox.put(encode_outcomes(batch.batch_id, outcomes))
+
+    def _sink(self, batch: Batch) -> Callable[[int, str], None] | None:
+        """Where a batch's chunks go: to the outbox, for the calls whose chunks are wanted (None: none are)."""
+        if not any(call.streamed for call in batch.calls):
+            return None
+
+        def send(index: int, text: str) -> None:
+            if batch.calls[index].streamed:
+                self.outbox.put(encode_chunk(batch.batch_id, index, text))
+
+        return send
+
+
+def _traces(calls: Iterable[WireCall]) -> list[dict[str, str] | None] | None:
+    """The calls' trace contexts for their execution span; None when none is traced."""
+    traced = [call.trace for call in calls]
+    return traced if any(trace is not None for trace in traced) else None
+

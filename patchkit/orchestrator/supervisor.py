@@ -1,6 +1,9 @@
 """Keeps every component at its replica count: starts replicas, watches them, checks their health,
 restarts the dead, recycles the stuck and the unhealthy, and adds or retires replicas when the
-autoscaler asks. The one owner of each replica's `ReplicaState`: others report (`mark_stuck`), it writes.
+autoscaler asks. The one owner of each replica's `ReplicaState`: others report (`mark_stuck`,
+`surge`), it writes. A replica is replaced in one of two orders: stopped, then another started (dead,
+unhealthy, past a call timeout), or, for one whose running batches serve only ended requests, another
+started at once while it keeps running until its batches are back or its grace ends (a surge).
 
 Owned by the front-end, on its event loop. The front-end hears of replicas through two callbacks:
 `on_up(replica)` once one takes calls, `on_down(replica, reason)` once one takes no more: it is
@@ -146,8 +149,8 @@ class Supervisor:
                 replica.failed_checks, replica.check_error = 0, ""
 
     def mark_stuck(self, replica: Replica, why: str) -> None:
-        """A replica's `ReplicaSet` saw a batch run past its call timeout there, or what runs there serves
-        nobody: it is STUCK from now on, and recycled (see `recycle`)."""
+        """A replica's `ReplicaSet` saw a batch run past its call timeout there: it is STUCK from now on, and
+        recycled at once (see `recycle`). One whose batches serve nobody is replaced as a surge (`surge`)."""
         self.recycle(replica, ReplicaState.STUCK, why)
 
     def recycle(self, replica: Replica, state: ReplicaState, why: str) -> None:
@@ -167,16 +170,55 @@ class Supervisor:
         logger.warning("replica %s is %s (%s); recycling it", replica.id, state.value, why)
         self._replace(replica, state, why)
 
-    def _replace(self, replica: Replica, state: ReplicaState, why: str) -> None:
+    def surge(self, replica: Replica, why: str, retired: asyncio.Future[None]) -> None:
+        """Replace a stuck replica that may still finish what it runs: called by its `ReplicaSet` when every
+        batch running there serves only requests that have ended, once it has left dispatch.
+
+        It is STUCK from now on and its replacement starts at once (a surge: for a while both run), while
+        it keeps its process until `retired` is done (its batches are back, or ran `abandoned_grace_s`
+        more) or the supervisor closes; then it is stopped. A replica not kept here is only marked.
+        """
+        keeper = None if self._closing.is_set() else self._keepers.pop(replica, None)
+        if keeper is None:
+            if replica.state is ReplicaState.SERVING:
+                replica.state, replica.why = ReplicaState.STUCK, why
+            return
+        keeper.cancel()  # stopping it later is no death to restart
+        logger.warning("replica %s is stuck (%s); starting its replacement, then stopping it", replica.id, why)
+        self._replace(replica, ReplicaState.STUCK, why, retired)
+
+    def _replace(
+        self, replica: Replica, state: ReplicaState, why: str, retired: asyncio.Future[None] | None = None
+    ) -> None:
+        """Record `replica` as out of service, then start another in its place: after stopping it, or, with
+        `retired`, at once, stopping it once `retired` is done."""
         replica.state, replica.why = state, why
         self.replaced.append(Replacement(replica.id, replica.component, state, why, time.time()))
         self._replacing.append(replica)
         self._on_down(replica, why)
-        self._track(self._restart(replica))
+        if retired is None:
+            self._track(self._restart(replica))
+        else:
+            self._track(self._stop_when(replica, retired))
+            self._track(self._start_in_place_of(replica))
+
+    async def _stop_when(self, replica: Replica, retired: asyncio.Future[None]) -> None:
+        closing: asyncio.Future[Any] = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait([retired, closing], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+        await self.backend.stop(replica)
 
     async def _restart(self, dead: Replica) -> None:
         try:
             await self.backend.stop(dead)
+        finally:
+            await self._start_in_place_of(dead)
+
+    async def _start_in_place_of(self, dead: Replica) -> None:
+        """Start a replica of `dead`'s spec, trying again with backoff until one serves or the supervisor closes."""
+        try:
             for attempt in itertools.count():
                 backoff = RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)]
                 with contextlib.suppress(TimeoutError):

@@ -5,9 +5,12 @@
                      output's streaming call, then `data: {"output", "request_id", "latency_ms"}`, or, for
                      an error after the stream started, `data: {"error": {...}}`
     POST /v1/chat/completions, GET /v1/models   the OpenAI chat API over the pipeline (chat.py)
-    GET  /healthz    200 when every component has a replica serving and passing its health checks, else
-                     503; requests and body bytes in flight
-                     (the one route that never asks for the token)
+    GET  /healthz    liveness: 200 whenever the process answers, from before its workers start until it
+                     stops; whether every component has a replica passing its health checks ("workers":
+                     "ok" or "degraded"), requests and body bytes in flight
+    GET  /readyz     readiness: 200 only when every worker is up; 503 while they start, while one is being
+                     replaced (its restart may be failing) or fails its health checks, and while draining
+                     (`Frontend.readiness`). The probes never ask for the token.
     GET  /metrics    Prometheus text (server/metrics.py)
     GET  /v1/graph   the captured graph
     GET  /v1/plan    the deployment's configuration (`DeploymentConfig.describe`, an allow-list) and its inputs
@@ -21,7 +24,8 @@ body too (`request_id`).
 Errors are `{"error": {"type", "message", ...}, "request_id"}`: 400 bad input, 401 without the deployment's bearer
 token, 404 and 405 (with Allow), 408 a body that took longer than `read_timeout_s`, 413 body too
 large, 415 a Content-Encoding other than gzip or deflate, 503 with Retry-After when admission is
-closed (requests or body bytes in flight), 504 past the request timeout, 500 with the component's
+closed (requests or body bytes in flight, the workers still starting, the server draining), 504
+past the request timeout, 500 with the component's
 error. Replies carry no traceback unless the deployment has `debug=True`. Each 4xx is logged as one
 WARNING line naming the route, the status and the message.
 """
@@ -64,8 +68,9 @@ _FRONTEND = web.AppKey("frontend", Frontend)
 _SCHEMA = web.AppKey("schema", InputSchema)
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
 _BODIES = web.AppKey("bodies", BodyBudget)
-_ROUTES = ("POST /v1/query, POST /v1/chat/completions, GET /healthz, /metrics, /v1/graph, /v1/plan, /v1/stats, "
-           "/v1/traces, /v1/models")
+_ROUTES = ("POST /v1/query, POST /v1/chat/completions, GET /healthz, /readyz, /metrics, /v1/graph, /v1/plan, "
+           "/v1/stats, /v1/traces, /v1/models")
+_PROBES = ("/healthz", "/readyz")  # answered from the start, and without the token
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> web.Response:
@@ -88,8 +93,9 @@ def _error(request: web.Request, error: BaseException) -> web.Response:
 @web.middleware
 async def _edge(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     """Every route: the request's id (the client's X-Request-ID, checked, else a fresh one) set for
-    its logs and returned in its reply's header; the bearer token (but /healthz); then aiohttp's own
-    refusals (404, 405, and the 408, 413 and 415 the query route raises) as JSON errors."""
+    its logs and returned in its reply's header; the bearer token (but the probes); then, while the workers
+    start, 503 (but the probes); then aiohttp's own refusals (404, 405, and the 408, 413 and 415 the query
+    route raises) as JSON errors."""
     given = request.headers.get(REQUEST_ID_HEADER)
     response: web.StreamResponse
     try:
@@ -111,11 +117,15 @@ async def _edge(request: web.Request, handler: Callable[[web.Request], Awaitable
 
 
 async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
-    token = request.app[_FRONTEND].config.server.auth_token
-    if token is not None and request.path != "/healthz" and not _authorized(request, token):
+    frontend = request.app[_FRONTEND]
+    token = frontend.config.server.auth_token
+    if token is not None and request.path not in _PROBES and not _authorized(request, token):
         message = "this endpoint needs the deployment's token: send the header 'Authorization: Bearer <auth_token>'"
         challenge = {"WWW-Authenticate": 'Bearer realm="patchkit"'}
         return _refuse(request, 401, {"type": "Unauthorized", "message": message}, challenge)
+    if not frontend.started and request.path not in _PROBES:
+        message = "the endpoint is starting: its workers are not all up yet (GET /readyz says when they are)"
+        return _refuse(request, 503, {"type": "Starting", "message": message}, {"Retry-After": "1"})
     try:
         return await handler(request)
     except web.HTTPException as exc:
@@ -250,11 +260,18 @@ def _decode(request: web.Request, body: bytes, limit: int) -> bytes:
 
 
 async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process answers, so 200 whatever its workers do (the supervisor replaces those)."""
     frontend = request.app[_FRONTEND]
-    healthy = frontend.healthy()
-    reply = {"status": "ok" if healthy else "degraded", "inflight": frontend.runner.inflight,
+    workers = "ok" if frontend.started and frontend.healthy() else "degraded"
+    reply = {"status": "ok", "workers": workers, "inflight": frontend.runner.inflight,
              "inflight_bytes": request.app[_BODIES].held}
-    return _json(200 if healthy else 503, reply)
+    return _json(200, reply)
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: 200 only when every worker is up and the server is not draining, else 503 with why."""
+    readiness = request.app[_FRONTEND].readiness()
+    return _json(200 if readiness.ready else 503, {"status": readiness.status, "reasons": list(readiness.reasons)})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -293,6 +310,7 @@ def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Applic
     app[_SCHEMA] = InputSchema(frontend.pipeline.inputs, frontend.config.server.optional_inputs)
     app.router.add_post("/v1/query", query)
     app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/graph", graph)
     app.router.add_get("/v1/plan", plan)

@@ -2,6 +2,10 @@
 
 - `python -m patchkit.server.process`: the front-end process `deploy(backend="local")` starts
   (bootstrap and lifeline as in `orchestrator/process.py`); SIGTERM drains it and stops its workers.
+
+In each, the server listens before the workers start and until the requests in flight have drained,
+so its probes (`/healthz`, `/readyz`) answer throughout: a load balancer sees it not ready until its
+workers are up, and from the moment it is told to stop.
 - `serve_blocking`: `patchkit serve FILE.py` in the foreground; Ctrl-C drains and stops.
 - `ServerThread`: `deploy(backend="inprocess")`, a thread of the user's process.
 """
@@ -54,49 +58,64 @@ class FrontendServer:
         self.url = ""
 
     async def start(self) -> str:
-        """Start every replica, then listen; returns the URL. Raises (with nothing left running) on failure."""
-        await self.frontend.start()
+        """Listen, then start every replica; returns the URL once they are up. While they start the server
+        answers its probes (`/readyz`: 503 "starting") and refuses the rest with 503. Raises (with nothing
+        left running) on failure."""
         self.loop_lag.start()
         try:
-            read_timeout_s = self.config.server.read_timeout_s
-            self._runner = EdgeRunner(
-                build_app(self.frontend, self.loop_lag),
-                access_log=None,
-                handle_signals=False,
-                keepalive_timeout=read_timeout_s,  # no complete request headers for this long: the connection closes
-                lingering_time=min(10.0, read_timeout_s),  # reading what is left of a refused body, so its client sees the reply
-                auto_decompress=False,  # http.py decodes bodies, bounded, and answers a bad encoding with 400
-                shutdown_timeout=_CONNECTION_GRACE_S,
-                handler_cancellation=True,  # a client that goes away cancels its request
-            )
-            await self._runner.setup()
-            site = web.TCPSite(self._runner, self.config.server.host, self.config.server.port)
-            await site.start()
+            self.url = await self._listen()
+            logger.info("listening at %s; starting the workers (GET /readyz answers 200 once they are up)", self.url)
+            await self.frontend.start()
         except BaseException:
-            await self.close()
+            await self._stop_listening()
+            await self.loop_lag.stop()
             raise
-        host, port = self._runner.addresses[0][:2]
-        self.url = f"http://{host}:{port}"
         return self.url
 
-    async def close(self) -> None:
-        """Stop taking connections, drain in-flight requests, stop every worker, close every connection.
+    async def _listen(self) -> str:
+        read_timeout_s = self.config.server.read_timeout_s
+        self._runner = EdgeRunner(
+            build_app(self.frontend, self.loop_lag),
+            access_log=None,
+            handle_signals=False,
+            keepalive_timeout=read_timeout_s,  # no complete request headers for this long: the connection closes
+            lingering_time=min(10.0, read_timeout_s),  # reading what is left of a refused body, so its client sees the reply
+            auto_decompress=False,  # http.py decodes bodies, bounded, and answers a bad encoding with 400
+            shutdown_timeout=_CONNECTION_GRACE_S,
+            handler_cancellation=True,  # a client that goes away cancels its request
+        )
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.server.host, self.config.server.port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        return f"http://{host}:{port}"
 
-        Takes the drain timeout and a few seconds whatever clients do: requests arriving on open
-        connections meanwhile get 503, and a connection still busy after the drain (a stalled body,
-        a client not reading its reply) gets `_CONNECTION_GRACE_S`, then is cut.
+    async def close(self) -> None:
+        """Drain in-flight requests while still answering (new requests get 503, `/readyz` "draining"), then
+        stop taking connections, stop every worker, close every connection.
+
+        Takes the drain timeout and a few seconds whatever clients do: a connection still busy after the
+        drain (a stalled body, a client not reading its reply) gets `_CONNECTION_GRACE_S`, then is cut.
         """
+        await self.frontend.drain()
         if self._runner is not None:
             for site in list(self._runner.sites):
                 await site.stop()
         await self.frontend.close()
         await self.loop_lag.stop()
-        if self._runner is not None:
-            server = self._runner.server
-            if server is not None:
-                server.pre_shutdown()  # idle keep-alive connections close now; busy ones after their reply
-                await server.shutdown(_CONNECTION_GRACE_S)
-            await self._runner.cleanup()
+        await self._stop_listening()
+
+    async def _stop_listening(self) -> None:
+        if self._runner is None:
+            return
+        for site in list(self._runner.sites):
+            await site.stop()
+        server = self._runner.server
+        if server is not None:
+            server.pre_shutdown()  # idle keep-alive connections close now; busy ones after their reply
+            await server.shutdown(_CONNECTION_GRACE_S)
+        await self._runner.cleanup()
+        self._runner = None
 
 
 async def _serve_until(server: FrontendServer, stop: asyncio.Event, on_ready: Callable[[str], None]) -> None:

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
+from patchkit.component.event_loop import CLOSE_TIMEOUT_S, iterate_on
+
 __all__ = ["BackgroundLoop"]
 
 T = TypeVar("T")
-CLOSE_TIMEOUT_S = 5.0
-_END = object()
 
 
 class BackgroundLoop:
@@ -34,34 +33,10 @@ class BackgroundLoop:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
 
     def iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
-        """The items of the async iterator `items`, which runs on the loop, as a plain iterator.
-
-        Closing the iterator early (the consumer stops: GeneratorExit) cancels the task that runs
-        `items`, so its `finally` and `async with` blocks run (an HTTP response is closed, an engine
-        request aborted); the close waits for that, up to CLOSE_TIMEOUT_S."""
-        received: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        done = threading.Event()
-
-        async def pump() -> None:
-            try:
-                async for item in items:
-                    received.put(item)
-                received.put(_END)
-            except Exception as exc:  # handed to the consumer, which raises it in its own thread
-                received.put(_Failure(exc))
-            finally:
-                done.set()
-
-        future = asyncio.run_coroutine_threadsafe(pump(), self.loop)
-        try:
-            while (item := received.get()) is not _END:
-                if isinstance(item, _Failure):
-                    raise item.error
-                yield item
-        finally:
-            if not done.is_set():
-                future.cancel()
-                done.wait(CLOSE_TIMEOUT_S)
+        """The items of the async iterator `items`, which runs on the loop, as a plain iterator
+        (`event_loop.iterate_on`: closing it early cancels the task that runs `items`, so its `finally`
+        and `async with` blocks run, an engine request aborted)."""
+        return iterate_on(lambda coroutine: asyncio.run_coroutine_threadsafe(coroutine, self.loop), items)
 
     def close(self, last: Callable[[], Coroutine[Any, Any, Any]] | None = None) -> None:
         """Run `last()` on the loop (closing what lives on it, such as an HTTP session), then stop the loop
@@ -77,10 +52,3 @@ class BackgroundLoop:
         self._thread.join(CLOSE_TIMEOUT_S)
         if not self._thread.is_alive():
             self.loop.close()
-
-
-class _Failure:
-    __slots__ = ("error",)
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error

@@ -104,7 +104,7 @@ class TransformersGenerator(Generator):
             max_batch=MAX_BATCH,
         )
 
-    @make(stream=True, max_concurrency=MAX_BATCH)
+    @make(stream=True, max_concurrency=MAX_BATCH, read_only=True)
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
         """Stream the answer as the engine decodes it; called in a thread of its own for each call, so
         that the calls in flight together share the engine's next batch."""

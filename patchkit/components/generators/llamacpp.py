@@ -215,7 +215,7 @@ class LlamaCppGenerator(Generator):
         return order
 
     # A stream=True method yields chunks; its callers get their concatenation, the str of Generator.generate.
-    @make(stream=True, max_concurrency=MAX_CONCURRENCY)
+    @make(stream=True, max_concurrency=MAX_CONCURRENCY, read_only=True)
     def generate(  # type: ignore[override]
         self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None
     ) -> Iterator[str]:

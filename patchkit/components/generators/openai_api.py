@@ -1,34 +1,37 @@
 """`OpenAIGenerator`: a model behind any server speaking OpenAI's `/v1/chat/completions` (vLLM,
-llama.cpp's server, llama-cpp-python's, Ollama), over aiohttp: each call streams its answer (server-
-sent events), and the calls in flight together are sent together, for the servers that batch them
-(vLLM; llama.cpp's server with --parallel)."""
+llama.cpp's server, llama-cpp-python's, Ollama), through the `openai` package's `AsyncOpenAI`: each call
+streams its answer, as a coroutine on its replica's event loop, so that one replica holds hundreds of
+calls in flight with no thread each, and the calls in flight together reach the server together, for
+the servers that batch them (vLLM; llama.cpp's server with --parallel)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
 import os
 import re
 import urllib.parse
 import weakref
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from patchkit.component import make
-from patchkit.components.generators.background import BackgroundLoop
+from patchkit.component.event_loop import CLOSE_TIMEOUT_S, component_loop
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, Request
-from patchkit.components.generators.streaming import stripped
+from patchkit.components.generators.streaming import StrippedText
 
 if TYPE_CHECKING:
-    import aiohttp
+    import openai
 
 __all__ = ["OpenAIGenerator"]
 
 logger = logging.getLogger(__name__)
 
-MAX_CONCURRENCY = 64  # calls one replica takes at once; `max_concurrency` bounds those sent to the server
+MAX_CONCURRENCY = 512  # the most calls one replica takes at once, each a coroutine (see `batch_limit`)
+NO_KEY = "no-key"  # sent when no key is given: the client needs one, and a server that asks for none ignores it
 
 # How servers word a 400 for a prompt past the context: OpenAI and llama-cpp-python ("maximum context
 # length", code context_length_exceeded), vLLM ("maximum context length", "maximum model length"),
@@ -50,12 +53,17 @@ class OpenAIGenerator(Generator):
 
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt in pipeline code, as every
     Generator, and streams it to a streaming request: it asks with `"stream": true` and yields each
-    delta's content as it arrives. A replica takes up to 64 calls at once, each in a thread of its
-    own, over one event loop thread and one HTTP session; at most `max_concurrency` requests are at
-    the server at once, the others wait. Closing a stream early closes its HTTP response.
-    llama-cpp-python's server cuts a streamed answer short when another request arrives unless it
-    runs with `--interrupt_requests False`: start it so to send it calls together.
+    delta's content as it arrives. It is an async generator on `AsyncOpenAI`: a replica takes up to
+    8 x `max_concurrency` calls at once (128 by default, at most 512), each awaiting the server on the
+    replica's event loop (no thread each), over one client and its connection pool; at most
+    `max_concurrency` requests are at the server at once, the others wait. Closing a stream early, or
+    cancelling its call (its request ended), closes its HTTP response. llama-cpp-python's server cuts
+    a streamed answer short when another request arrives unless it runs with
+    `--interrupt_requests False`: start it so to send it calls together.
     """
+
+    client: openai.AsyncOpenAI  # made by setup(), on the loop the calls run on
+    _gate: asyncio.Semaphore
 
     def __init__(
         self,
@@ -84,148 +92,132 @@ class OpenAIGenerator(Generator):
         self.base_url, self.model, self.api_key = base_url.rstrip("/"), model, api_key
         self.timeout_s, self.max_concurrency, self.extra_body = timeout_s, max_concurrency, dict(extra_body or {})
 
-    def setup(self) -> None:
-        """Called once in the process that runs the generator, before its first call: starts the event loop
-        thread and HTTP session every call shares, checks that the server answers (a ConnectionError
+    async def setup(self) -> None:
+        """Called once in the process that runs the generator, before its first call, on the event loop its
+        calls run on: opens the client every call shares, checks that the server answers (a ConnectionError
         naming the URL if not) and asks it for its model when none was given."""
-        key = self.api_key or os.environ.get("OPENAI_API_KEY")  # here, in the worker: never in the spec
-        self.loop = BackgroundLoop("patchkit-openai")
-        self.http = self.loop.run(self._open(key))
-        weakref.finalize(self, self.loop.close, self.http.close)
-        listed = self.loop.run(self._list_models())
+        try:
+            import openai
+        except ImportError:
+            raise ImportError("OpenAIGenerator needs the openai package: pip install 'patchkit[openai]'") from None
+
+        key = self.api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY  # here, in the worker: never in the spec
+        self.client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key, timeout=self.timeout_s, max_retries=0)
+        weakref.finalize(self, _close, self.client)
+        self._gate = asyncio.Semaphore(self.max_concurrency)
+        async with self._failures("/models"):
+            listed = [str(m.id) async for m in self.client.models.list()]
         if self.model is None:
             if not listed:
                 raise RuntimeError(f"the server at {self.base_url} lists no models; pass OpenAIGenerator(model=...)")
             self.model = listed[0]
             logger.info("no model given: using %s, the first that %s lists", self.model, self.base_url)
 
-    @make(stream=True, max_concurrency=MAX_CONCURRENCY)
-    def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
-        """Stream the answer as the server sends it; called in a thread of its own for each call, and
-        closing the stream closes its HTTP response (the server sees the client leave)."""
+    @make(stream=True, max_concurrency=MAX_CONCURRENCY, read_only=True)
+    async def generate(  # type: ignore[override]
+        self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None
+    ) -> AsyncIterator[str]:
+        """Stream the answer as the server sends it, on the replica's event loop; stopping the stream (closing
+        it, cancelling the call) closes its HTTP response, so the server sees the client leave."""
         request = self.request(prompt, docs, max_tokens)
-        yield from stripped(self.loop.iterate(self._deltas(self._body(request))))
+        text = StrippedText()  # its chunks join to exactly the answer a call returns
+        async with self._gate:
+            async for delta in self._deltas(self._body(request)):
+                if chunk := text.feed(delta):
+                    yield chunk
+
+    def batch_limit(self, method: str) -> int:
+        """Calls one replica takes at once: 8 for each request it sends the server at once (the others wait
+        their turn at the replica, not at the front-end), at most MAX_CONCURRENCY; deploy()'s default and
+        where the profiler's search starts."""
+        super().batch_limit(method)  # a MakeError for a method that is not @make
+        return min(MAX_CONCURRENCY, 8 * self.max_concurrency)
 
     def _body(self, request: Request) -> dict[str, Any]:
-        return {
-            **self.extra_body,
-            "model": self.model,
-            "messages": request.messages,
-            **self.sampling.keywords(request.max_tokens),
-        }
-
-    async def _open(self, key: str | None) -> aiohttp.ClientSession:
-        # On the loop: a session and a semaphore belong to the loop they are made on.
-        import aiohttp
-
-        self._gate = asyncio.Semaphore(self.max_concurrency)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
-        return aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=self.timeout_s))
-
-    async def _list_models(self) -> list[str]:
-        async with self._response("GET", "/models") as response:
-            reply = await self._json(response)
-        listed = reply.get("data") if isinstance(reply, dict) else None
-        return [str(m["id"]) for m in listed or [] if isinstance(m, dict) and "id" in m]
+        return {"model": self.model, "messages": request.messages, "extra_body": self.extra_body,
+                **self.sampling.keywords(request.max_tokens)}
 
     async def _deltas(self, body: dict[str, Any]) -> AsyncIterator[str]:
-        """The content of each delta of one streamed chat completion, on the loop. A stream that breaks
-        before its first delta is asked again whole: llama-cpp-python's server reports a prompt past the
-        context only that way, by failing a stream it already answered 200 to."""
+        """The content of each delta of one streamed chat completion. A stream that breaks before its first
+        delta, or ends without a finish reason, is asked again whole: llama-cpp-python's server reports a
+        prompt past the context only that way, by failing a stream it already answered 200 to, and a server
+        that does not stream answers once."""
         url = self.base_url + "/chat/completions"
-        async with self._gate:
-            streamed = False
-            try:
-                async with self._response("POST", "/chat/completions", {**body, "stream": True}) as response:
-                    if response.content_type != "text/event-stream":  # a server that does not stream: one answer
-                        yield _message_content(url, await self._json(response))
-                        return
-                    async for line in response.content:
-                        if (event := _event(url, line)) is _DONE:
-                            return
-                        if event:
+        streamed = False
+        try:
+            async with self._failures("/chat/completions"):
+                stream = await self.client.chat.completions.create(**body, stream=True)
+                async with stream:  # closes the response however the stream ends
+                    finished = False
+                    async for chunk in stream:
+                        choice = chunk.choices[0] if chunk.choices else None
+                        finished = finished or bool(choice is not None and choice.finish_reason)
+                        if choice is not None and choice.delta is not None and choice.delta.content:
                             streamed = True
-                            yield event
-                    response.close()  # the connection, which the server may be closing: never back to the pool
-                raise ConnectionError(f"{url} ended its stream before its last event (data: [DONE])")
-            except (ConnectionError, TimeoutError):
-                if streamed:
-                    raise
-            # On a connection of its own: the one the stream broke on may still sit in the pool.
-            async with self._one_off() as session, self._response("POST", "/chat/completions", body, session) as response:
-                yield _message_content(url, await self._json(response))
+                            yield choice.delta.content
+                if not finished:
+                    raise ConnectionError(f"{url} ended its stream before its last chunk (one with a finish_reason)")
+            return
+        except (ConnectionError, TimeoutError):
+            if streamed:
+                raise
+        # On a connection of its own: the one the stream broke on may still sit in the pool.
+        async with self._failures("/chat/completions"), self._one_off() as client:
+            completion = await client.chat.completions.create(**body)
+        if not completion.choices or completion.choices[0].message is None:
+            raise RuntimeError(f"{url} answered without choices[0].message: {completion!r:.500}")
+        yield completion.choices[0].message.content or ""
+
+    def _one_off(self) -> openai.AsyncOpenAI:
+        """A client of its own, as `setup()` makes one, for one request: closed by its `async with`."""
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.client.api_key, timeout=self.timeout_s, max_retries=0)
 
     @contextlib.asynccontextmanager
-    async def _response(
-        self, method: str, path: str, body: Any = None, session: aiohttp.ClientSession | None = None
-    ) -> AsyncIterator[aiohttp.ClientResponse]:
-        """One request's response, its status checked; any failure, reading the body included, as an error
-        that says what to do about it."""
-        import aiohttp
+    async def _failures(self, path: str) -> AsyncIterator[None]:
+        """The client's errors for a request to `path` (reading its stream included) as errors that say what
+        to do about them: a ValueError for a prompt past the context, ConnectionError, TimeoutError, or a
+        RuntimeError with the server's answer."""
+        import openai
 
         url = self.base_url + path
+        unreachable: tuple[type[Exception], ...] = (openai.APIConnectionError, *_transport_errors())
         try:
-            async with (session or self.http).request(method, url, json=body) as response:
-                if response.status >= 400:
-                    raise _http_error(url, response.status, await response.text(errors="replace"))
-                yield response
-        except TimeoutError as exc:
+            yield
+        except openai.APIStatusError as exc:
+            raise _http_error(url, exc.status_code, exc.response.text) from None
+        except openai.APITimeoutError as exc:
             raise TimeoutError(
                 f"{url} did not answer within timeout_s ({self.timeout_s} s); raise timeout_s or lower max_tokens"
             ) from exc
-        except aiohttp.ClientError as exc:
+        except unreachable as exc:
             raise ConnectionError(
                 f"cannot reach the OpenAI-compatible server at {url}: {type(exc).__name__}: {exc}; "
                 "start the server or fix base_url"
             ) from exc
-
-    def _one_off(self) -> aiohttp.ClientSession:
-        import aiohttp
-
-        return aiohttp.ClientSession(headers=self.http.headers, timeout=self.http.timeout)
-
-    @staticmethod
-    async def _json(response: aiohttp.ClientResponse) -> Any:
-        text = await response.text(errors="replace")
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError:
-            raise RuntimeError(
-                f"{response.url} answered HTTP {response.status} with a body that is not JSON: {text[:200]!r}; base_url "
-                "must be the root of an OpenAI-compatible API (it ends in /v1 on most servers)"
-            ) from None
+        except openai.APIError as exc:  # an error event inside a stream
+            raise _stream_error(url, json.dumps({"error": exc.body if exc.body is not None else exc.message})) from None
 
 
-_DONE = "[DONE]"
+def _close(client: openai.AsyncOpenAI) -> None:
+    """Close a collected generator's client (its pooled connections) on the loop it was used on; from
+    another thread, wait for that up to CLOSE_TIMEOUT_S."""
+    loop = component_loop()
+    closing = loop.submit(client.close())
+    if not loop.on_loop():
+        with contextlib.suppress(Exception):
+            closing.result(CLOSE_TIMEOUT_S)
 
 
-def _event(url: str, line: bytes) -> str | None:
-    """What one line of a chat completion's event stream carries: a delta's content, `_DONE` at the end,
-    or None (a comment, a role-only or usage-only chunk, a blank line between events)."""
-    text = line.decode("utf-8", errors="replace").strip()
-    if not text.startswith("data:"):
-        return None
-    data = text[len("data:") :].strip()
-    if data == _DONE:
-        return _DONE
-    try:
-        chunk = json.loads(data)
-    except json.JSONDecodeError:
-        raise RuntimeError(f"{url} streamed an event that is not JSON: {data[:200]!r}") from None
-    if isinstance(chunk, dict) and "error" in chunk:
-        raise _stream_error(url, data)
-    try:
-        content = (chunk["choices"] or [{}])[0].get("delta", {}).get("content")
-    except (KeyError, IndexError, TypeError, AttributeError):
-        raise RuntimeError(f"{url} streamed a chunk without choices[0].delta: {data[:500]}") from None
-    return str(content) if content else None
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """The transport errors of the HTTP library under `openai` (httpx, or its successor): the client raises
+    them as they are when a stream breaks after its response began."""
+    import openai
 
-
-def _message_content(url: str, reply: Any) -> str:
-    try:
-        return str(reply["choices"][0]["message"]["content"] or "")
-    except (KeyError, IndexError, TypeError):
-        raise RuntimeError(f"{url} answered without choices[0].message: {reply!r:.500}") from None
+    library = importlib.import_module(openai.DefaultAsyncHttpxClient.__mro__[1].__module__.split(".")[0])
+    found = getattr(library, "TransportError", None)
+    return (found,) if isinstance(found, type) and issubclass(found, Exception) else ()
 
 
 def _is_http_url(url: Any) -> bool:

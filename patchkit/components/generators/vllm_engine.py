@@ -110,7 +110,7 @@ class VLLMGenerator(Generator):
         config = await _maybe_awaited(engine.get_model_config())
         return engine, tokenizer, int(config.max_model_len)
 
-    @make(stream=True, max_concurrency=MAX_CONCURRENCY)
+    @make(stream=True, max_concurrency=MAX_CONCURRENCY, read_only=True)
     def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
         """Stream the answer as the engine makes it; called in a thread of its own for each call, while the
         engine batches every request in flight between its steps."""

@@ -154,7 +154,7 @@ class HybridIVFRetriever(VectorRetriever):
         distances, ids = self.engine.search(queries, min(k, self.engine.index.ntotal))
         return [[(int(i), float(s)) for i, s in zip(row_ids, row_d) if i >= 0] for row_ids, row_d in zip(ids, distances)]
 
-    @make(batch=True, max_batch_size=64)
+    @make(batch=True, max_batch_size=64, read_only=True)
     def prefetch(self, query: list[str]) -> list[int]:
         """Start copying the clusters nearest each text to the device, ahead of a search expected soon.
 

@@ -265,7 +265,9 @@ class Profiler:
             measured[size] = statistics.median(times[1:])
             return measured[size]
 
-        high = concurrency or job.component.batch_limit(method)
+        high = job.component.batch_limit(method)  # what the instance takes: a batch, or calls at once
+        if concurrency is not None:
+            high = min(high, concurrency)
         while high > 1 and await measure(high) is None:
             high //= 2
         await measure(1)

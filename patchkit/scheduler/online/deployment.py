@@ -59,6 +59,7 @@ class Deployment:
         self.clock = clock
         self.components: dict[str, Component] = pipeline.components
         self.names = {c._patchkit_spec.uid: name for name, c in self.components.items()}  # uid -> pipeline name
+        self.aliases = pipeline.component_aliases()  # a module's own copy of a component -> the deployed one
         self.sets: dict[str, ReplicaSet] = {}
         self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
         liveness = config.liveness
@@ -87,7 +88,8 @@ class Deployment:
     def _build_queues(self, name: str, component: Component) -> None:
         settings = self.config.components[name]
         replica_set = self.sets[name] = ReplicaSet(name, self.config.limits.max_inflight_batches, self.supervisor.mark_stuck,
-                                                   abandoned_grace_s=self.config.liveness.abandoned_grace_s)
+                                                   abandoned_grace_s=self.config.liveness.abandoned_grace_s,
+                                                   surge=self.supervisor.surge)
         uid = component._patchkit_spec.uid
         for method, made in make_methods(type(component)).items():
             self.queues[uid, method] = BatchQueue(
@@ -147,6 +149,11 @@ class Deployment:
         self.sets[replica.component].remove(replica)
 
     # -- calls --------------------------------------------------------------------------------------------------
+    def deployed(self, component: Component) -> Component:
+        """The deployed component a call of `component` goes to: itself, or the one a helper's module held
+        where this process's import of that module made another object (`Pipeline.component_aliases`)."""
+        return self.aliases.get(component._patchkit_spec.uid, component)
+
     def submit(
         self, queue: BatchQueue, component: Component, envelope: CallEnvelope, slack: float | None = None
     ) -> PendingCall:

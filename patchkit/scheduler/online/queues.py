@@ -24,6 +24,8 @@ Liveness: a batch may run `timeout_s` (the method's `@make(timeout_s=...)`, else
 `call_timeout_s`), counted from when its replica starts it (replicas.py keeps each replica's line).
 Past that the replica is stuck: reported to the supervisor through its ReplicaSet, and the batch's
 calls are re-queued like those of a dead replica, or fail with DeadlineExceeded once out of retries.
+A batch lined up on a replica replaced before it started it (`Turn.move`) is re-queued at the front,
+not counted as a retry: it never ran there.
 """
 
 from __future__ import annotations
@@ -249,7 +251,9 @@ class BatchQueue:
             never_ran = replica.state is ReplicaState.STUCK and turn is not None and turn.started is None
             self._retry(batch, exc, count=not never_ran)
         except TimeoutError as exc:
-            if turn is not None and turn.scope.expired():
+            if turn is not None and turn.moved:
+                self._retry(batch, WorkerDiedError(f"replica {replica.id} was replaced"), count=False)
+            elif turn is not None and turn.scope.expired():
                 self._timed_out(replica, batch)
             else:
                 self._fail(batch, exc)

@@ -5,13 +5,15 @@ replica's batches in flight, and keeps per replica the line of batches sent ther
 at a time, so a batch's call timeout starts when the one ahead of it comes back (a `max_concurrency`
 method's calls run beside each other, each timed from when it is sent).
 
-Liveness: past its call timeout a batch's replica is stuck; it is stuck too when what runs there
-serves nobody: every call of its running batch (of every call running there, for a `max_concurrency`
-method) belongs to a request that has ended, and it has run `abandoned_grace_s` past the latest of
-those requests' deadlines. One live call running there keeps it serving: recycling it would fail that
-call to end one nobody waits for. A stuck replica leaves dispatch at once and is reported to its
-owner (`mark_stuck`: the supervisor, which writes its state and recycles it); the batches lined up
-behind it, which it never started, go to another replica or to its replacement.
+Liveness: past its call timeout a batch's replica is stuck, and stopped at once. A replica is stuck
+too when what runs there serves nobody: every call of its running batch (of every call running
+there, for a `max_concurrency` method) belongs to a request that has ended, and it runs on past the
+latest of those requests' deadlines. One live call running there keeps it serving: recycling it
+would fail that call to end one nobody waits for. Such a replica is replaced as a surge, the way an
+update replaces workers: it leaves dispatch at once (no second batch reaches it), the batches lined
+up behind it, which it never started, move at once to another replica or wait for its replacement,
+and its owner (`surge`: the supervisor) starts the replacement at once; the replica itself is
+stopped once its running batches are back, or once they have run `abandoned_grace_s` more.
 """
 
 from __future__ import annotations
@@ -27,16 +29,22 @@ from patchkit.scheduler.online.router import Router
 if TYPE_CHECKING:
     from patchkit.scheduler.online.queues import BatchQueue, PendingCall
 
-__all__ = ["ReplicaSet", "Turn"]
+__all__ = ["ReplicaSet", "Surge", "Turn"]
+
+# Called with a replica whose running batches serve nobody, why, and a future done once it may be stopped.
+Surge = Callable[[Replica, str, asyncio.Future[None]], None]
 
 
 class ReplicaSet:
     """The live replicas of one component, shared by its methods' queues.
 
-    `mark_stuck(replica, why)`: called once when a replica is stuck (a batch past its call timeout, or
-    serving nobody); the deployment hands it to the supervisor, which marks it STUCK and recycles it.
-    `abandoned_grace_s`: how long past the deadline of every request it serves a batch may run before
-    its replica counts as stuck (None: only call timeouts make a replica stuck).
+    `mark_stuck(replica, why)`: called once when a batch ran past its call timeout there; the deployment
+    hands it to the supervisor, which marks it STUCK and recycles it at once.
+    `surge(replica, why, retired)`: called once when what runs on a replica serves nobody (see the module's
+    docstring), after it left dispatch; the supervisor marks it STUCK, starts its replacement at once and
+    stops it when `retired` is done. None: it is handed to `mark_stuck` then instead.
+    `abandoned_grace_s`: how long such a replica's batches may run on once it is replaced (None: only call
+    timeouts make a replica stuck).
     """
 
     def __init__(
@@ -46,17 +54,20 @@ class ReplicaSet:
         mark_stuck: Callable[[Replica, str], None],
         *,
         abandoned_grace_s: float | None = None,
+        surge: Surge | None = None,
     ) -> None:
         self.component = component
         self.router: Router[Replica] = Router(max_inflight)
         self.replicas: list[Replica] = []
         self.queues: list[BatchQueue] = []
         self._mark_stuck = mark_stuck
+        self._surge = surge or self._stop_when_retired
         self.abandoned_grace_s = abandoned_grace_s
         # Per replica, its batches sent and not back, in the order it runs them: the first one runs,
         # and its call timeout runs with it; the others' start as the ones before them come back.
         self._lines: dict[Replica, list[Turn]] = {}
         self._beside: dict[Replica, list[Turn]] = {}  # per replica, the calls of max_concurrency methods running there
+        self._retiring: dict[Replica, asyncio.Future[None]] = {}  # replaced as a surge: done once it may be stopped
 
     def add(self, replica: Replica) -> None:
         """Called by the supervisor's on_up: the replica takes calls from now on."""
@@ -129,22 +140,46 @@ class ReplicaSet:
             line.remove(turn)
         if line and replica.state is ReplicaState.SERVING:
             line[0].start()
-        else:
+        elif not line:
             self._lines.pop(replica, None)
         self._check_abandoned(replica)
 
+    def _running(self, replica: Replica) -> list[Turn]:
+        """The batches `replica` runs now: the first of its line, and every call running beside."""
+        return [*self._lines.get(replica, [])[:1], *self._beside.get(replica, [])]
+
     def _check_abandoned(self, replica: Replica) -> None:
-        """Called when a batch on `replica` has run its grace past the deadline of every request it serves,
-        and when a batch leaves it: once every batch running there is such a batch, the replica is stuck."""
-        running = [*self._lines.get(replica, [])[:1], *self._beside.get(replica, [])]
+        """Called when a batch on `replica` comes to serve nobody, when one lapses, and when one leaves: once
+        every batch running there serves nobody, the replica is replaced as a surge; once a replaced one's
+        running batches are all back or lapsed, it may be stopped."""
+        running = self._running(replica)
+        if replica in self._retiring:
+            if all(turn.lapsed for turn in running):
+                retired = self._retiring.pop(replica)
+                if not retired.done():
+                    retired.set_result(None)
+            return
         if replica.state is not ReplicaState.SERVING or not running or not all(turn.abandoned for turn in running):
             return
-        self.stuck(replica, _abandoned_why(self.component, running, asyncio.get_running_loop().time()))
+        self._abandon(replica, running)
+
+    def _abandon(self, replica: Replica, running: list[Turn]) -> None:
+        """Take `replica` out of dispatch, move the batches lined up behind what runs there, and hand it to
+        the supervisor, which starts its replacement now and stops it once `_check_abandoned` says so."""
+        self.remove(replica)
+        for turn in self._lines.get(replica, [])[1:]:
+            turn.move()
+        self._retiring[replica] = asyncio.get_running_loop().create_future()
+        self._surge(replica, _abandoned_why(self.component, running), self._retiring[replica])
+        self._check_abandoned(replica)  # a batch reached after its deadlines lapses as it comes to serve nobody
+
+    def _stop_when_retired(self, replica: Replica, why: str, retired: asyncio.Future[None]) -> None:
+        """With no `surge` owner: the replica is handed to `mark_stuck` once it may be stopped."""
+        retired.add_done_callback(lambda _: self._mark_stuck(replica, why))
 
     def stuck(self, replica: Replica, why: str) -> None:
-        """A batch ran past its call timeout on `replica`, or what runs there serves nobody: take it out of
-        dispatch and report it, once."""
-        if replica.state is not ReplicaState.SERVING:
+        """A batch ran past its call timeout on `replica`: take it out of dispatch and report it, once."""
+        if replica.state is not ReplicaState.SERVING or replica in self._retiring:
             return  # another batch of it said so already, or it is being replaced
         self.remove(replica)
         self._mark_stuck(replica, why)
@@ -154,8 +189,10 @@ class Turn:
     """One batch on its replica, from when it is sent until it is back (or given up on).
 
     Its call timeout starts when the replica starts it (the `scope` of its sender). Watched by its
-    ReplicaSet (`watch`), it also lapses once every call of it belongs to a request that has ended
-    and it has run the grace past the latest of those requests' deadlines: it then serves nobody.
+    ReplicaSet (`watch`), it comes to serve nobody (`abandoned`) once every call of it belongs to a
+    request that has ended and it runs on past the latest of those requests' deadlines (a batch the
+    replica reaches after them gets the grace first: the worker skips calls whose request ended);
+    it `lapsed` once it ran the grace more.
     """
 
     def __init__(self, scope: asyncio.Timeout, timeout_s: float | None, method: str, calls: list[PendingCall]) -> None:
@@ -165,10 +202,12 @@ class Turn:
         self.calls = calls
         self.started: float | None = None
         self.deadline: float | None = None  # the latest deadline of its calls' requests, once they have all ended
-        self.abandoned = False  # it lapsed: nobody waits for it
+        self.abandoned = False  # it serves nobody: its replica is replaced
+        self.lapsed = False  # it ran the grace past that: its replica is stopped
+        self.moved = False  # given up on before it started, its calls sent elsewhere
         self._grace_s = 0.0
-        self._on_lapse: Callable[[], None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._on_change: Callable[[], None] | None = None
+        self._timers: list[asyncio.TimerHandle] = []
         self._closed = False
 
     def start(self) -> None:
@@ -178,49 +217,64 @@ class Turn:
                 self.scope.reschedule(self.started + self.timeout_s)
             self._arm()
 
-    def watch(self, grace_s: float, on_lapse: Callable[[], None]) -> None:
-        """Call `on_lapse` if the turn lapses. A call with no deadline (a held component's, a prefetch)
-        keeps it from lapsing: then its call timeout alone bounds it."""
+    def watch(self, grace_s: float, on_change: Callable[[], None]) -> None:
+        """Call `on_change` when the turn comes to serve nobody and when it lapses. A call with no deadline
+        (a held component's, a prefetch) keeps it serving: then its call timeout alone bounds it."""
         if any(call.envelope.expires is None for call in self.calls):
             return
-        self._grace_s, self._on_lapse = grace_s, on_lapse
+        self._grace_s, self._on_change = grace_s, on_change
         for call in self.calls:
             call.future.add_done_callback(self._ended)
 
+    def move(self) -> None:
+        """Its replica is replaced before it started this batch: give it up now (its sender re-queues its calls
+        as never run; cancelling the send tells the worker to skip them)."""
+        self.moved = True
+        self.scope.reschedule(asyncio.get_running_loop().time())
+
     def _ended(self, _: asyncio.Future[Outcome]) -> None:
         """A call's future is done; once all are cancelled (their requests ended: nothing else settles a call
-        while its batch runs), the turn serves nobody."""
+        while its batch runs), the turn may come to serve nobody."""
         if all(call.future.cancelled() for call in self.calls):
             self.deadline = max(call.envelope.expires for call in self.calls if call.envelope.expires is not None)
             self._arm()
 
     def _arm(self) -> None:
-        """Once it runs and serves nobody: lapse the grace after the latest deadline, or after it started,
-        if later (a batch the worker reaches after its requests ended gets the grace to come back)."""
-        if self._closed or self._timer is not None or self._on_lapse is None or self.started is None or self.deadline is None:
+        """Once it runs and all its requests ended: it serves nobody from the latest deadline on (from the
+        grace after it started, if it started later), and lapses the grace after that deadline or its start."""
+        if self._closed or self._timers or self._on_change is None or self.started is None or self.deadline is None:
             return
+        loop = asyncio.get_running_loop()
         lapse = max(self.deadline, self.started) + self._grace_s
-        self._timer = asyncio.get_running_loop().call_at(lapse, self._lapse)
+        abandon = lapse if self.started > self.deadline else self.deadline
+        self._timers = [loop.call_at(lapse, self._lapse)]
+        if abandon > loop.time():
+            self._timers.append(loop.call_at(abandon, self._abandon))
+        else:  # now, before a call queued in this turn of the loop is sent there
+            self._abandon()
+
+    def _abandon(self) -> None:
+        self.abandoned = True
+        if self._on_change is not None:
+            self._on_change()
 
     def _lapse(self) -> None:
-        self.abandoned = True
-        if self._on_lapse is not None:
-            self._on_lapse()
+        self.abandoned = self.lapsed = True
+        if self._on_change is not None:
+            self._on_change()
 
     def close(self) -> None:
-        """It is back, or given up on: it no longer lapses."""
+        """It is back, or given up on: it no longer changes."""
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in self._timers:
+            timer.cancel()
         for call in self.calls:
             call.future.remove_done_callback(self._ended)
 
 
-def _abandoned_why(component: str, running: list[Turn], now: float) -> str:
-    """What a replica running only batches that serve nobody is told: how far past every deadline they ran."""
-    past = now - max((turn.deadline for turn in running if turn.deadline is not None), default=now)
+def _abandoned_why(component: str, running: list[Turn]) -> str:
+    """What a replica running only batches that serve nobody is told."""
     if len(running) == 1:
-        return f"a batch of {component}.{running[0].method} ran {past:.1f} s past the deadline of every request it served"
+        return f"a batch of {component}.{running[0].method} ran past the deadline of every request it served"
     methods = ", ".join(sorted({f"{component}.{turn.method}" for turn in running}))
-    return (f"its {len(running)} running batches ({methods}) ran {past:.1f} s or more past the deadline of every request "
-            "they served")
+    return f"its {len(running)} running batches ({methods}) ran past the deadline of every request they served"

@@ -47,7 +47,7 @@ def outcome_of(error: BaseException | None) -> str:
         return "ok"
     if isinstance(error, asyncio.CancelledError):
         return "cancelled"
-    if isinstance(error, (DeadlineExceeded, TimeoutError)):
+    if isinstance(error, DeadlineExceeded):
         return "timeout"
     if isinstance(error, Overloaded):
         return "overloaded"
@@ -155,9 +155,6 @@ class RequestRunner:
         try:
             output = await self._admitted(variables, _Request(state, expires, span, on_delta))
             ok = True
-        except TimeoutError:
-            limit = self.config.liveness.request_timeout_s
-            raise DeadlineExceeded(f"request {request_id} ran past request_timeout_s={limit:g}") from None
         finally:
             self.policy.finish(state, ok=ok)
             self.inflight -= 1
@@ -168,15 +165,23 @@ class RequestRunner:
         return RequestResult(request_id, output, latency)
 
     async def _admitted(self, variables: dict[str, Any], request: _Request) -> Any:
-        """Wait for admission (and the request's wave), then run the pipeline's code; within the request's timeout."""
+        """Wait for admission (and the request's wave), then run the pipeline's code; within the request's timeout.
+
+        Its own deadline ends it with DeadlineExceeded; a TimeoutError the pipeline's code or a component
+        raised is that code's error, raised as it is."""
         entered = False
+        limit = self.config.liveness.request_timeout_s
         try:
-            async with asyncio.timeout(self.config.liveness.request_timeout_s):
+            async with asyncio.timeout(limit) as deadline:
                 await self.policy.admit(request.state)
                 if self.waves is not None:
                     await self.waves.enter()
                     entered = True
                 return await run_sync(self._run, variables, request)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise DeadlineExceeded(f"request {request.state.id} ran past request_timeout_s={limit:g}") from None
         finally:
             if entered:
                 assert self.waves is not None
@@ -204,16 +209,21 @@ class RequestRunner:
         args: tuple[Any, ...], kwargs: dict[str, Any], site: CallSite | None,
     ) -> Any:
         """The call hook, inside a request's greenlet: queue the call; wait for its outcome, or, at a call
-        site the parallel program defers, hand back its `Pending` (waited for where its result is used).
+        site the parallel program defers, hand back its `Pending` (waited for where its result is used). A
+        call of a method not `read_only=True` is made only once every call the request made before it has
+        ended, and is waited for in place, whatever its site.
 
         The request's calls are withdrawn when it ends (their futures are cancelled with it), and a
         worker does not run one past `request.expires`, the event loop's time when it times out."""
+        if window is not None and not method.read_only:
+            window.settle()  # it keeps plain Python's place: made once every call before it has ended, or not at all
+        component = self.deployment.deployed(component)
         queue = self.deployment.queues.get((component._patchkit_spec.uid, method.name))
         if queue is None:
             # A component the pipeline creates as it runs has no workers: it runs here, off the loop.
             return await_(asyncio.to_thread(method.run_local, component, args, kwargs))
         submitted = self._submit(request, queue, component, method, args, kwargs, site)
-        if window is not None and site is not None and site.deferred:
+        if window is not None and method.read_only and site is not None and site.deferred:
             return window.add(functools.partial(self._wait, submitted), submitted.call.future.cancel)
         return self._wait(submitted)
 

@@ -2,7 +2,7 @@
 
 Every request the front-end refuses or runs is counted here once, under the name `outcome_of` gives
 its end (runner.py counts what it runs, the HTTP edge what it refuses before). `snapshot()` feeds
-`/metrics`, `stats()` `/v1/stats` and `Endpoint.stats()`, `healthy()` `/healthz`.
+`/metrics`, `stats()` `/v1/stats` and `Endpoint.stats()`, `healthy()` `/healthz`, `not_ready()` `/readyz`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,21 @@ class StatsCollector:
     def healthy(self) -> bool:
         """Whether every component has a healthy replica (alive, serving, its last health check passed): `/healthz`."""
         return all(any(r.healthy for r in s.replicas) for s in self.deployment.sets.values())
+
+    def not_ready(self) -> list[str]:
+        """Why not every worker is up, one line per replica (none: all are); part of `/readyz`, which asks no
+        token, so each line names the replica and its state, never its error text."""
+        supervisor = self.deployment.supervisor
+        reasons = [f"{r.id} is {r.state.value}; another is starting in its place" for r in supervisor.replacing()]
+        for name, replica_set in self.deployment.sets.items():
+            for replica in replica_set.replicas:
+                if not replica.alive:
+                    reasons.append(f"{replica.id} is gone")
+                elif replica.failed_checks:
+                    reasons.append(f"{replica.id} failed its last {replica.failed_checks} health checks")
+            if not replica_set.replicas and not supervisor.replacing(name):
+                reasons.append(f"{name} has no replica serving")
+        return reasons
 
     def snapshot(self) -> FrontendSnapshot:
         """The counters at this moment, for `/metrics` and `stats()`."""
