@@ -213,6 +213,30 @@ def test_a_finished_prompt_stays_cached_while_others_wait_for_a_slot(llm: Any) -
         engine.close()
 
 
+def test_prompts_admitted_together_copy_the_stream_of_the_first_that_reuses_a_prefix(llm: Any) -> None:
+    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+
+    config = {"n_ctx": 512, "max_sequences": 4, "cache_slots": 0, "threads": 1}
+    engine, fresh = (LlamaEngine(EngineConfig(llm.model_path, prefix_cache=cached, **config)) for cached in (True, False))
+    try:
+        grade, answer = (llm.tokens(llm.request(q, DOCS).messages) for q in (
+            'Do the documents above answer "How do I catch an exception?"?', "How do I catch an exception?"))
+        b"".join(engine.submit(grade, 1).pieces())  # an idle slot now holds the documents
+        before = engine.stats()
+        with engine._lock:  # the three arrive before the engine's next turn admits any
+            streams = [engine.submit(answer, 8) for _ in range(3)]
+        answers = [b"".join(s.pieces()) for s in streams]
+        after = engine.stats()
+        # The first takes the idle slot's prefix; the two others, placed in the same turn, copy its stream.
+        shared = after["prompt_tokens_reused"] - before["prompt_tokens_reused"]
+        assert shared >= 3 * (len(llm.tokens(llm.messages("", DOCS))) // 2)
+        assert after["stream_copies"] - before["stream_copies"] == 2 and after["cache_hits"] - before["cache_hits"] == 3
+        assert answers == [b"".join(fresh.submit(answer, 8).pieces())] * 3
+    finally:
+        engine.close()
+        fresh.close()
+
+
 # -- the document KV cache --------------------------------------------------------------------------------
 
 LONG_DOCS = [Hit(f"module:{name}#0", name, text, score) for name, text, score in [

@@ -49,12 +49,13 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Placement:
     """What a sequence's slot is loaded with before its prompt is evaluated: the document cache's `path`
-    restored, or the stream of the running slot `source` copied (-1: neither); the prefix it keeps is
-    the sequence's `evaluated`."""
+    restored, or the stream of the running sequence `source` copied (None: neither); the prefix it
+    keeps is the sequence's `evaluated`."""
 
     sequence: LlamaSequence
     path: list[Any]
-    source: int
+    source: LlamaSequence | None
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -292,36 +293,37 @@ class LlamaEngine:
             if sequence.aborted:
                 self._counts["aborted"] += 1
                 continue
-            placed.append(self._place(sequence, {p.sequence for p in placed}))
+            placed.append(self._place(sequence))
             self._running.append(sequence)
             self._counts["max_active"] = max(self._counts["max_active"], len(self._running))
         return placed
 
-    def _place(self, sequence: LlamaSequence, loading: set[LlamaSequence]) -> Placement:
+    def _place(self, sequence: LlamaSequence) -> Placement:
         """Give the sequence the idle slot holding the longest prefix of its prompt (the least recently used
         one when none does), or a copy of a running slot's stream, or the least recently used slot with
         the document cache's states restored, whichever holds most; drop the slot's KV past the shared
         prefix, cut to a block boundary. The last prompt token is always evaluated again, for the logits
-        the first sampled token comes from. Lock held; `_load` does what it decides (a stream is copied
-        only from a running slot already loaded, none of those in `loading`)."""
+        the first sampled token comes from. Lock held; `_load` does what it decides. A stream may be
+        copied from a sequence placed in the same turn: placements load in order, its own first."""
         limit = len(sequence.prompt) - 1 if self.config.prefix_cache else 0
         limit -= limit % self.config.block
         slot, reused = next(iter(self._idle)), 0
         for idle, kept in self._idle.items():
             if (common := self._aligned(min(limit, common_prefix(kept, sequence.prompt)))) > reused:
                 slot, reused = idle, common
-        shared = {s.slot: self._aligned(min(limit, common_prefix(s.prompt[: min(s.evaluated, s.exact)], sequence.prompt)))
-                  for s in self._running if s not in loading}
-        source = max(shared, key=shared.__getitem__, default=-1)
+        shared = {s: self._aligned(min(limit, common_prefix(s.prompt[: min(s.evaluated, s.exact)], sequence.prompt)))
+                  for s in self._running}
+        source = max(shared, key=shared.__getitem__, default=None)
+        copied = shared[source] if source is not None else 0
         path = self._documents.longest(sequence.pieces, limit)
-        restore = bool(path) and path[-1].kept > max(reused, shared.get(source, 0))
+        restore = bool(path) and path[-1].kept > max(reused, copied)
         if restore:
             slot = next(iter(self._idle))
         del self._idle[slot]
         self._documents.count(sequence.pieces, hit=restore)
-        copy = not restore and shared.get(source, 0) > reused
+        copy = not restore and copied > reused
         if copy:
-            reused = shared[source]
+            reused = copied
             self._counts["stream_copies"] += 1
         elif restore:
             reused = path[-1].kept
@@ -330,7 +332,7 @@ class LlamaEngine:
             sequence.stops.extend(stops)
             sequence.exact = stops[0].at
             sequence.exact_pieces = sum(end <= stops[0].start for end in itertools.accumulate(map(len, sequence.pieces)))
-        return Placement(sequence, path if restore else [], source if copy else -1)
+        return Placement(sequence, path if restore else [], source if copy else None)
 
     def _load(self, placement: Placement) -> None:
         """Load a placed sequence's slot as `_place` decided: its cached path restored, or a running
@@ -340,10 +342,12 @@ class LlamaEngine:
         slot, reused = sequence.slot, sequence.evaluated
         if placement.path and not self._documents.restore(slot, placement.path):
             reused = 0
-        elif placement.source >= 0:
+        elif placement.source is not None:
             # Across streams llama.cpp copies whole streams; the prefix cells never change while the source runs.
+            # A source placed this turn was loaded just before: it holds less where its restore failed.
+            reused = min(reused, placement.source.evaluated)
             self._lib.llama_memory_seq_rm(memory, slot, -1, -1)
-            self._lib.llama_memory_seq_cp(memory, placement.source, slot, -1, -1)
+            self._lib.llama_memory_seq_cp(memory, placement.source.slot, slot, -1, -1)
         self._lib.llama_memory_seq_rm(memory, slot, reused, -1)
         with self._lock:
             sequence.evaluated = reused
