@@ -237,6 +237,35 @@ def test_prompts_admitted_together_copy_the_stream_of_the_first_that_reuses_a_pr
         fresh.close()
 
 
+def test_the_cost_model_replays_the_turns_the_engine_runs(llm: Any) -> None:
+    from patchkit.component.engine_turn import TurnSize
+    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+    from patchkit.scheduler.offline.costmodel import EngineCall, EngineCosts
+    from patchkit.scheduler.offline.pwl import PiecewiseLinear
+
+    # Small turns, so that the three prompts' chunks spread over several turns and decoding starts between them.
+    config = EngineConfig(llm.model_path, n_ctx=1024, max_sequences=4, n_batch=96, block=32, threads=1, prefix_cache=False)
+    engine = LlamaEngine(config)
+    try:
+        prompts = [llm.tokens(llm.messages("Count from 1 to 300, separated by commas.", docs))
+                   for docs in (DOCS, None, DOCS[:1])]
+        with engine._lock:  # all three admitted at the engine's next turn, as the replay admits them
+            streams = [engine.submit(prompt, 6) for prompt in prompts]
+        for tokens in streams:
+            b"".join(tokens.pieces())
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert stats["generated_tokens"] == 3 * 6  # every answer ran to its limit: 5 decode steps after its prompt
+    assert TurnSize.reported(stats) == config.turn == TurnSize(96, 32)
+    costs = EngineCosts(1.0, PiecewiseLinear((1.0,), (1.0,)), 0.0, TurnSize.reported(stats))
+    replayed = costs.replay([EngineCall(len(p), len(p), 5) for p in prompts], 3)
+    counted = ("prompt_chunks", "decode_steps", "decoded_sequences")
+    assert [getattr(replayed, name) for name in counted] == [stats[name] for name in counted]
+    # The prompts took two turns (224 tokens, 96 a turn): the first answers decoded while the last was read.
+    assert stats["decode_steps"] > 5 and stats["decoded_sequences"] == 3 * 5
+
+
 # -- the document KV cache --------------------------------------------------------------------------------
 
 LONG_DOCS = [Hit(f"module:{name}#0", name, text, score) for name, text, score in [

@@ -23,6 +23,7 @@ after it evaluated again too.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -62,8 +63,8 @@ class Blender:
                  evaluate: Callable[[Sequence[int], int, int], None]) -> None:
         self._lib, self._ctx, self._cache, self.scratch, self.parking = lib, ctx, cache, scratch, parking
         self.share, self._evaluate = share, evaluate
-        self.counts = dict.fromkeys(("blend_documents_reused", "blend_documents_evaluated", "blend_tokens_reused",
-                                     "blend_tokens_recomputed"), 0)
+        self.counts: dict[str, float] = dict.fromkeys(("blend_documents_reused", "blend_documents_evaluated",
+                                                      "blend_tokens_reused", "blend_tokens_recomputed", "blend_s"), 0)
 
     def plan(self, prompt: Sequence[int], spans: Sequence[tuple[int, int]], reused: int) -> list[Stop]:
         """The stops of a prompt whose first `reused` tokens come from a slot or the exact cache: one per
@@ -88,11 +89,12 @@ class Blender:
     def place(self, slot: int, prompt: Sequence[int], stop: Stop) -> int:
         """Append the cells of `stop`'s document from its recompute point on to `slot`, whose cells end
         just before it, and move them into place; the tokens evaluated for it (its body, when no cells
-        were held). Engine thread, lock not held."""
+        were held). Engine thread, lock not held. `blend_s` counts the placing, not the evaluation alone."""
         evaluated, cells = 0, stop.node.state if stop.node is not None else None
         if cells is None:
             cells = self.alone(prompt[stop.start:stop.end])
             evaluated = stop.end - stop.start
+        began = time.perf_counter()
         layout = self._cache.layout
         assert layout is not None  # known once any cells were read
         shift = stop.at - stop.start
@@ -108,6 +110,7 @@ class Blender:
         self.counts[f"blend_documents_{kind}"] += 1
         self.counts["blend_tokens_reused"] += 0 if evaluated else stop.end - stop.at
         self.counts["blend_tokens_recomputed"] += stop.at - stop.start
+        self.counts["blend_s"] += time.perf_counter() - began
         return evaluated
 
     def alone(self, body: Sequence[int]) -> Cells:

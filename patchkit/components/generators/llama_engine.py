@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from patchkit.component.engine_turn import Reading, Skip, TurnSize
 from patchkit.components.generators.document_cache import DocumentCache
 from patchkit.components.generators.kv_blend import Blender
 from patchkit.components.generators.llama_sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
@@ -103,6 +104,11 @@ class EngineConfig:
                              f"({self.prefix_cache}) must be True and kv_cache_bytes ({self.kv_cache_bytes}) > 0")
 
     @property
+    def turn(self) -> TurnSize:
+        """How a turn splits its prompt tokens: n_batch a turn, in chunks of `block` (`engine_turn.py`)."""
+        return TurnSize(self.n_batch, self.block)
+
+    @property
     def streams(self) -> int:
         """KV streams in the context: the slots, and under blend a scratch one for documents alone."""
         return self.slots + (self.kv_reuse == "blend")
@@ -131,7 +137,8 @@ class LlamaEngine:
         self._idle: OrderedDict[int, list[int]] = OrderedDict((slot, []) for slot in range(config.slots))
         self._counts = dict.fromkeys(
             ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
-             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active"), 0)
+             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active",
+             "prompt_chunks"), 0)
         self._seconds = {"prefill_s": 0.0, "decode_s": 0.0}  # time inside llama_decode, per kind of batch
         budget = config.kv_cache_bytes if config.prefix_cache else 0
         self._documents = DocumentCache(llama_cpp, self._ctx, self.model, budget, config.block, self._lock)
@@ -223,9 +230,11 @@ class LlamaEngine:
         cache's: `kv_cache_hits` (prompts whose prefix it restored), `kv_cache_misses` (prompts with pieces
         it restored nothing of: it held none of them, or a slot held as much), `kv_cache_tokens_saved`
         (prompt tokens restored from it), `kv_cache_bytes_held` (within `kv_cache_budget_bytes`),
-        `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring)."""
+        `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring). And
+        the turn's sizes, `prompt_tokens_per_turn` and `block`, which the planner's cost model replays."""
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
+            counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block)
             cached = sum(bool(kept) for kept in self._idle.values())
             counts.update(self._seconds, running=len(self._running), waiting=len(self._waiting), cache_entries=cached)
             counts.update(self._documents.stats())
@@ -358,37 +367,44 @@ class LlamaEngine:
         return tokens - tokens % self.config.block
 
     def _prefill(self) -> None:
-        """Evaluate up to n_batch prompt tokens this turn, a block per llama_decode, oldest sequence first; a
-        sequence whose prompt is done gets its first token and joins this turn's decode step. One sequence
-        per llama_decode: llama.cpp splits a batch spanning several streams into other shapes, which would
-        move greedy answers. Under blend, a sequence's evaluation stops before each document placed, which
-        takes the budget of the tokens it evaluates (its body, when evaluated alone now)."""
-        budget, block = self.config.n_batch, self.config.block
-        while budget >= block and (pending := [s for s in self._running if s.evaluated < len(s.prompt)]):
-            sequence = pending[0]
-            start = sequence.evaluated
-            stop = sequence.stops[0] if sequence.stops else None
-            if stop is not None and start == stop.at:
+        """Evaluate this turn's prompt chunks, as `EngineConfig.turn` splits them (`engine_turn.py`), one
+        llama_decode each; a sequence whose prompt is done gets its first token and joins this turn's
+        decode step. One sequence per llama_decode: llama.cpp splits a batch spanning several streams
+        into other shapes, which would move greedy answers. Under blend, a sequence's evaluation stops
+        before each document placed, which takes the budget of the tokens it evaluates (its body, when
+        evaluated alone now)."""
+        reading = [s for s in self._running if s.evaluated < len(s.prompt)]
+        for chunk in self.config.turn.prompt_chunks([self._reading(s) for s in reading]):
+            sequence = reading[chunk.sequence]
+            if chunk.skip is not None:
                 assert self._blender is not None
+                stop = sequence.stops[0]
                 evaluated = self._blender.place(sequence.slot, sequence.prompt, stop)
-                budget -= max(1, evaluated)
                 with self._lock:
                     sequence.stops.popleft()
                     sequence.evaluated = stop.end
                     self._counts["prompt_tokens_evaluated"] += evaluated
                 continue
-            end = min(len(sequence.prompt), self._aligned(start) + block, stop.at if stop else len(sequence.prompt))
+            start, end = chunk.start, chunk.end
             row = self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)
             self._llama_decode("prefill_s")
             self._batch.batch.n_tokens = 0
-            budget -= end - start
             if end == len(sequence.prompt):
                 self._documents.save(sequence.slot, sequence.pieces[: sequence.exact_pieces])
             with self._lock:
                 sequence.evaluated = end
                 self._counts["prompt_tokens_evaluated"] += end - start
+                self._counts["prompt_chunks"] += 1
                 if end == len(sequence.prompt):
                     self._sample(sequence, row)
+
+    @staticmethod
+    def _reading(sequence: LlamaSequence) -> Reading:
+        """The sequence's prompt left, as a turn splits it: its placed documents' runs skipped, each costing
+        its body's tokens when no cells of it are held (it is evaluated alone first)."""
+        skips = tuple(Skip(stop.at, stop.end, 0 if stop.node is not None and stop.node.state is not None
+                           else stop.end - stop.start) for stop in sequence.stops)
+        return Reading(sequence.evaluated, len(sequence.prompt), skips)
 
     def _evaluate_alone(self, tokens: Sequence[int], start: int, seq: int) -> None:
         """Evaluate `tokens` at positions start.. of sequence `seq`, n_batch at a time: a document alone."""
