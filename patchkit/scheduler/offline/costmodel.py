@@ -128,7 +128,9 @@ class Replayed:
 
 @dataclass
 class _Running:
-    """A call in the replayed engine: the prompt tokens its KV state holds, the decode steps left."""
+    """A call in the replayed engine: the prompt tokens its KV state holds, the decode steps left. A call
+    that evaluates more tokens than its prompt has (under blend, documents evaluated alone first)
+    starts before position 0: its chunks then count every token it evaluates."""
 
     call: EngineCall
     position: int
