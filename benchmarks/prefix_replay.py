@@ -12,7 +12,11 @@ loaded for a new one), and the document cache holds everything (no byte budget).
   slots, 16 + 8 for `LlamaCppGenerator`); a prompt reuses the longest prefix a slot holds;
 - `slots + document cache`: besides, the path of pieces (the system prompt, then each document in
   order) of every prompt the engine evaluated; a prompt reuses the longer of the two;
-- `perfect`: every prefix any earlier prompt of the stream shares, on one engine, token by token.
+- `perfect`: every prefix any earlier prompt of the stream shares, on one engine, token by token;
+- `blend` (`kv_reuse="blend"`, at each `--ratios` share): besides the slots and the document cache,
+  every document body the engine evaluated before, wherever it stood: a document after the reused
+  prefix evaluates only its label and the recompute share of its body, or, the first time, its body
+  alone and then the same (`kv_blend.py`); the rest of the prompt is evaluated.
 
 Reuse ends at a `--block` boundary (the engine evaluates prompts in blocks aligned to position 0,
 so that reuse changes no answer) and spares the last prompt token (its logits start the answer).
@@ -35,11 +39,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.question_stream import unshared_tokens  # noqa: E402
+from patchkit.components.generators.kv_blend import recomputed  # noqa: E402
 from patchkit.components.generators.llama_sequence import common_prefix  # noqa: E402
 
 __all__ = ["Engine", "replay"]
 
-Prompt = tuple[Sequence[int], Sequence[int]]  # a prompt's tokens, and where its pieces end
+Prompt = tuple[Sequence[int], Sequence[int], Sequence[tuple[int, int]]]  # tokens, where pieces end, document bodies
 
 
 @dataclass
@@ -49,8 +54,10 @@ class Engine:
 
     slots: int
     documents: bool
+    blend: float | None = None  # the recompute share under kv_reuse="blend"; None: exact reuse only
     held: list[Sequence[int]] = field(default_factory=list)
     paths: dict[tuple[tuple[int, ...], ...], int] = field(default_factory=dict)
+    bodies: set[tuple[int, ...]] = field(default_factory=set)
     work: int = 0
 
     def serve(self, prompt: Prompt, block: int) -> int:
@@ -58,7 +65,7 @@ class Engine:
         boundary and spares the last token. The prompt takes the slot holding the longest such prefix, or
         the least recently used slot (an empty one while any is left) when none holds one or the
         document cache holds more."""
-        tokens, _ = prompt
+        tokens = prompt[0]
         limit = len(tokens) - 1 - (len(tokens) - 1) % block
 
         def aligned(n: int) -> int:
@@ -74,9 +81,29 @@ class Engine:
             del self.held[slot]
         self.held.append(tokens)
         self.remember(prompt)
-        evaluated = len(tokens) - reused
+        evaluated = len(tokens) - reused - self.placed(prompt, reused)
         self.work += evaluated
         return evaluated
+
+    def placed(self, prompt: Prompt, reused: int) -> int:
+        """Under blend, the prompt tokens its documents' cells spare, less the bodies evaluated alone first
+        (as `Blender.plan` and `Blender.place` do); 0 under exact reuse."""
+        if self.blend is None:
+            return 0
+        tokens, _, bodies = prompt
+        spared, after = 0, reused
+        for start, end in bodies:
+            if start < after:
+                continue
+            at = start + recomputed(end - start, self.blend)
+            at += at == after
+            if at >= end:
+                continue
+            body = tuple(tokens[start:end])
+            spared += end - at - (0 if body in self.bodies else end - start)
+            self.bodies.add(body)
+            after = end
+        return spared
 
     def cached(self, prompt: Prompt) -> int:
         """The tokens of the longest path of the prompt's pieces the document cache holds."""
@@ -92,21 +119,22 @@ class Engine:
     @staticmethod
     def pieces(prompt: Prompt) -> list[tuple[tuple[int, ...], ...]]:
         """The prompt's leading paths of pieces, shortest first."""
-        tokens, ends = prompt
+        tokens, ends = prompt[0], prompt[1]
         cuts = list(zip([0, *ends], ends))
         return [tuple(tuple(tokens[a:b]) for a, b in cuts[: depth + 1]) for depth in range(len(cuts))]
 
 
-def replay(prompts: Sequence[Prompt], *, engines: int, slots: int, documents: bool, block: int) -> list[int]:
+def replay(prompts: Sequence[Prompt], *, engines: int, slots: int, documents: bool, block: int,
+           blend: float | None = None) -> list[int]:
     """Per prompt, in stream order, the tokens its engine evaluates under the policy (see the module's
     docstring); a prompt goes to the engine that last served its first document, else the least loaded."""
     if min(engines, slots, block) < 1:
         raise ValueError(f"engines ({engines}), slots ({slots}) and block ({block}) must be >= 1")
-    fleet = [Engine(slots, documents) for _ in range(engines)]
+    fleet = [Engine(slots, documents, blend) for _ in range(engines)]
     holders: dict[tuple[int, ...], Engine] = {}
     evaluated = []
     for prompt in prompts:
-        tokens, ends = prompt
+        tokens, ends = prompt[0], prompt[1]
         key = tuple(tokens[: ends[1] if len(ends) > 1 else len(tokens)])
         engine = holders.get(key) or min(fleet, key=lambda e: e.work)
         holders[key] = engine
@@ -132,13 +160,22 @@ def rates_of(args: argparse.Namespace) -> dict[str, float]:
 
 
 def stream_prompts(args: argparse.Namespace) -> tuple[list[Prompt], str]:
-    """The rag_stream stream's first `--count` prompts, as its engines tokenize them, and its skew."""
+    """The rag_stream stream's first `--count` prompts, as its engines tokenize them (with their documents'
+    bodies, as `LlamaCppGenerator.bodies` finds them), and its skew."""
     from benchmarks.rag_stream import PlainRetriever, measure_stream, tokenized
     from patchkit.components.documents import pydoc_corpus
+    from patchkit.components.generators import LlamaCppGenerator
 
     docs = pydoc_corpus()
     questions, _, retrieved, described = measure_stream(args, docs, PlainRetriever(docs, args.topk))
-    return [(t, e) for t, e in tokenized(args, questions, retrieved)], described["document_popularity"]
+    tokenizer = LlamaCppGenerator(n_ctx=args.n_ctx, threads=1)
+    tokenizer.setup()
+    try:
+        prompts = [(t, e, tokenizer.bodies(t, e, d)) for (t, e), d in zip(tokenized(args, questions, retrieved), retrieved)]
+    finally:
+        assert tokenizer.engine is not None
+        tokenizer.engine.close()
+    return prompts, described["document_popularity"]
 
 
 def main() -> None:
@@ -152,6 +189,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=24, help="prompts an engine's slots keep")
     parser.add_argument("--blocks", default="64,32", help="reuse granularities to replay, in tokens")
     parser.add_argument("--rates", help="a rag_stream.py --json file to take the engines' rates from")
+    parser.add_argument("--ratios", default="0,0.15,0.3", help="blend's recompute shares to replay")
     parser.add_argument("--prompt-rate", type=float, default=161.0, help="prompt tok/s of one engine")
     parser.add_argument("--decode-rate", type=float, default=101.0, help="batched decode tok/s of one engine")
     parser.add_argument("--generated", type=float, default=62.3, help="tokens generated a question")
@@ -160,22 +198,32 @@ def main() -> None:
     args.replicas = args.engines  # measure_stream reads the rag_stream flags it shares
     prompts, skew = stream_prompts(args)
     rates, count = rates_of(args), len(prompts)
-    total, perfect = sum(len(t) for t, _ in prompts), sum(unshared_tokens([t for t, _ in prompts]))
+    total, perfect = sum(len(p[0]) for p in prompts), sum(unshared_tokens([p[0] for p in prompts]))
+    ratios = [float(r) for r in args.ratios.split(",") if r]
     rows, found = [], []
     for block in (int(b) for b in args.blocks.split(",")):
-        slots = sum(replay(prompts, engines=args.engines, slots=args.slots, documents=False, block=block))
-        cached = sum(replay(prompts, engines=args.engines, slots=args.slots, documents=True, block=block))
+        fleet = {"engines": args.engines, "slots": args.slots, "block": block}
+        slots = sum(replay(prompts, documents=False, **fleet))
+        cached = sum(replay(prompts, documents=True, **fleet))
+        blended = {r: sum(replay(prompts, documents=True, blend=r, **fleet)) for r in ratios}
         base = seconds(slots, count, rates, args.engines)
         cache_gain = base / seconds(cached, count, rates, args.engines)
         perfect_gain = base / seconds(perfect, count, rates, args.engines)
+        blend_gain = {r: seconds(cached, count, rates, args.engines) / seconds(n, count, rates, args.engines)
+                      for r, n in blended.items()}
         found.append({"block": block, "slots": slots, "document_cache": cached, "perfect": perfect,
-                      "document_cache_gain": cache_gain, "perfect_gain": perfect_gain})
-        rows.append(f"| {block} | {slots:,} | {cached:,} | {perfect:,} | {cache_gain:.2f}x | {perfect_gain:.2f}x |")
+                      "document_cache_gain": cache_gain, "perfect_gain": perfect_gain,
+                      "blend": {str(r): n for r, n in blended.items()},
+                      "blend_gain_over_document_cache": {str(r): g for r, g in blend_gain.items()}})
+        cells = " | ".join(f"{blended[r]:,} ({blend_gain[r]:.2f}x)" for r in ratios)
+        rows.append(f"| {block} | {slots:,} | {cached:,} | {perfect:,} | {cache_gain:.2f}x | {perfect_gain:.2f}x | {cells} |")
     print(f"{count} prompts, {total:,} tokens; documents: {skew}")
     print(f"rates per engine: {rates['prompt_tok_s']:.0f} prompt tok/s, {rates['decode_tok_s']:.0f} decode tok/s, "
           f"{rates['generated']:.1f} tokens generated a question; {args.engines} engines of {args.slots} slots\n")
-    print("| block | evaluated: slots | slots + document cache | perfect | document cache over slots | perfect over slots |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    heads = " | ".join(f"blend {r:g} (over the document cache)" for r in ratios)
+    print(f"| block | evaluated: slots | slots + document cache | perfect | document cache over slots "
+          f"| perfect over slots | {heads} |")
+    print("| --- " * (6 + len(ratios)) + "|")
     print("\n".join(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"settings": vars(args), "rates": rates, "total": total, "rows": found}, indent=1))

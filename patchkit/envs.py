@@ -34,7 +34,7 @@ def worker_stop_timeout_s() -> float:
 
 
 def cache_dir() -> Path:
-    """PATCHKIT_CACHE_DIR: where built indexes are kept between runs (~/.cache/patchkit)."""
+    """PATCHKIT_CACHE_DIR: where built indexes, the pydoc corpus and profiles are kept between runs (~/.cache/patchkit)."""
     raw = os.environ.get("PATCHKIT_CACHE_DIR")
     return Path(raw).expanduser() if raw else Path.home() / ".cache" / "patchkit"
 

@@ -165,7 +165,7 @@ def test_a_state_in_another_layout_is_refused() -> None:
         StateLayout.read(whole, 3)  # the model has another number of layers
     with pytest.raises(StateLayoutError, match="not a llama.cpp sequence state"):
         StateLayout.read(whole[:-7], 2)
-    with pytest.raises(StateLayoutError, match="positions 0.. in order"):
+    with pytest.raises(StateLayoutError, match="consecutive positions in order"):
         swapped = bytearray(whole)
         struct.pack_into("<i", swapped, 16, 5)  # the first cell claims position 5
         StateLayout.read(bytes(swapped), 2)

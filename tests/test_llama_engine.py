@@ -8,12 +8,15 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
 import pytest
 from serving import metric
 
 import patchkit
 from patchkit.components.documents import Hit
 from patchkit.components.generators import Generator
+from patchkit.components.generators.base import RAG_TEMPLATE
+from patchkit.components.generators.llama_sequence import cut_pieces
 from patchkit.components.generators.streaming import decoded, stripped
 
 QUESTIONS = [
@@ -210,6 +213,59 @@ def test_a_finished_prompt_stays_cached_while_others_wait_for_a_slot(llm: Any) -
         engine.close()
 
 
+def test_prompts_admitted_together_copy_the_stream_of_the_first_that_reuses_a_prefix(llm: Any) -> None:
+    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+
+    config = {"n_ctx": 512, "max_sequences": 4, "cache_slots": 0, "threads": 1}
+    engine, fresh = (LlamaEngine(EngineConfig(llm.model_path, prefix_cache=cached, **config)) for cached in (True, False))
+    try:
+        grade, answer = (llm.tokens(llm.request(q, DOCS).messages) for q in (
+            'Do the documents above answer "How do I catch an exception?"?', "How do I catch an exception?"))
+        b"".join(engine.submit(grade, 1).pieces())  # an idle slot now holds the documents
+        before = engine.stats()
+        with engine._lock:  # the three arrive before the engine's next turn admits any
+            streams = [engine.submit(answer, 8) for _ in range(3)]
+        answers = [b"".join(s.pieces()) for s in streams]
+        after = engine.stats()
+        # The first takes the idle slot's prefix; the two others, placed in the same turn, copy its stream.
+        shared = after["prompt_tokens_reused"] - before["prompt_tokens_reused"]
+        assert shared >= 3 * (len(llm.tokens(llm.messages("", DOCS))) // 2)
+        assert after["stream_copies"] - before["stream_copies"] == 2 and after["cache_hits"] - before["cache_hits"] == 3
+        assert answers == [b"".join(fresh.submit(answer, 8).pieces())] * 3
+    finally:
+        engine.close()
+        fresh.close()
+
+
+def test_the_cost_model_replays_the_turns_the_engine_runs(llm: Any) -> None:
+    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+    from patchkit.core.engine_turn import TurnSize
+    from patchkit.scheduler.offline.costmodel import EngineCall, EngineCosts
+    from patchkit.scheduler.offline.pwl import PiecewiseLinear
+
+    # Small turns, so that the three prompts' chunks spread over several turns and decoding starts between them.
+    config = EngineConfig(llm.model_path, n_ctx=1024, max_sequences=4, n_batch=96, block=32, threads=1, prefix_cache=False)
+    engine = LlamaEngine(config)
+    try:
+        prompts = [llm.tokens(llm.messages("Count from 1 to 300, separated by commas.", docs))
+                   for docs in (DOCS, None, DOCS[:1])]
+        with engine._lock:  # all three admitted at the engine's next turn, as the replay admits them
+            streams = [engine.submit(prompt, 6) for prompt in prompts]
+        for tokens in streams:
+            b"".join(tokens.pieces())
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert stats["generated_tokens"] == 3 * 6  # every answer ran to its limit: 5 decode steps after its prompt
+    assert TurnSize.reported(stats) == config.turn == TurnSize(96, 32)
+    costs = EngineCosts(1.0, PiecewiseLinear((1.0,), (1.0,)), 0.0, TurnSize.reported(stats))
+    replayed = costs.replay([EngineCall(len(p), len(p), 5) for p in prompts], 3)
+    counted = ("prompt_chunks", "decode_steps", "decoded_sequences")
+    assert [getattr(replayed, name) for name in counted] == [stats[name] for name in counted]
+    # The prompts took two turns (224 tokens, 96 a turn): the first answers decoded while the last was read.
+    assert stats["decode_steps"] > 5 and stats["decoded_sequences"] == 3 * 5
+
+
 # -- the document KV cache --------------------------------------------------------------------------------
 
 LONG_DOCS = [Hit(f"module:{name}#0", name, text, score) for name, text, score in [
@@ -260,6 +316,17 @@ def test_a_prompt_names_its_system_prompt_and_documents_as_pieces(llm: Any) -> N
     assert llm.stats()["kv_cache_budget_bytes"] == 512 << 20
 
 
+def test_documents_tokenized_once_cut_the_prompt_where_its_text_does(llm: Any) -> None:
+    for docs in (DOCS, LONG_DOCS[:3], [LONG_DOCS[2], "A plain string, ending in a question?"], LONG_DOCS):
+        messages = llm.messages("Why?", docs)
+        tokens, ends = llm.prompt(messages, docs)
+        text = llm.chat(messages=messages).prompt
+        context = text.find(messages[-1]["content"]) + RAG_TEMPLATE.index("{context}")
+        assert ends == llm._cut_ends(text, context, docs, tokens, add_bos=False)
+        assert all(llm.line(i, doc) == llm.line(i, doc) for i, doc in enumerate(docs, 1))
+    assert (1, f"{DOCS[0].title}: {DOCS[0].text}") in llm.lines  # each line tokenized once, then kept
+
+
 @pytest.mark.slow
 def test_the_document_cache_restores_documents_the_slots_lost_and_changes_no_answer(llm: Any) -> None:
     cached, plain = small_engines(llm, 64 << 20)
@@ -281,6 +348,11 @@ def test_the_document_cache_restores_documents_the_slots_lost_and_changes_no_ans
         assert found["prompt_tokens_evaluated"] == baseline["prompt_tokens_evaluated"] - found["kv_cache_tokens_saved"]
         assert 0 < found["kv_cache_bytes_held"] <= 64 << 20 and found["kv_cache_entries"] >= 8
         assert found["kv_cache_evictions"] == 0 and baseline["kv_cache_hits"] == baseline["kv_cache_entries"] == 0
+        # Each restore wrote its cells once, into one state of exactly the restored pieces' bytes.
+        cache = cached._documents
+        restored_runs = [[node.state for node in cache.tree.match(cut_pieces(*llm.prompt(llm.messages(q, docs), docs)))[:n]]
+                         for q, docs, n in ((*calls[2], 3), (*calls[5], 4))]
+        assert found["kv_cache_bytes_joined"] == sum(cache.layout.size([r for r in runs if r]) for runs in restored_runs)
     finally:
         cached.close()
         plain.close()
@@ -367,3 +439,140 @@ def test_a_deployed_generator_reports_its_document_cache_in_metrics() -> None:
     assert 0 < held <= metric(text, "patchkit_component_stat", component="llm", replica=replica, stat="kv_cache_budget_bytes")
     assert metric(text, "patchkit_component_stat", component="llm", replica=replica, stat="kv_cache_entries") >= 2
     assert metric(text, "patchkit_component_stat", component="llm", replica=replica, stat="kv_cache_misses") == 1
+
+
+# -- position-independent document KV (kv_reuse="blend") ------------------------------------------------
+
+def blend_engine(llm: Any, **options: Any) -> Any:
+    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+
+    config = {"n_ctx": 1024, "max_sequences": 1, "cache_slots": 0, "threads": 1, "kv_cache_bytes": 64 << 20,
+              "kv_reuse": "blend", **options}
+    return LlamaEngine(EngineConfig(llm.model_path, **config))
+
+
+def keys(engine: Any, slot: int, start: int, end: int) -> list[np.ndarray]:
+    """The keys of `slot`'s cells at positions [start, end), a float32 array per layer."""
+    from patchkit.components.generators.kv_state import StateLayout
+
+    layout, cells = StateLayout.read(engine._documents.state(slot), engine._documents.n_layer)
+    return [k.view(np.float16).astype(np.float32) for k in layout.cut(cells, start, end).keys]
+
+
+def distance(a: list[np.ndarray], b: list[np.ndarray]) -> list[float]:
+    """Per layer, the norm of a - b relative to b's."""
+    return [float(np.linalg.norm(x - y) / np.linalg.norm(y)) for x, y in zip(a, b)]
+
+
+def test_a_placed_document_holds_the_keys_it_would_have_evaluated_alone_at_its_place(llm: Any) -> None:
+    from patchkit.components.generators.kv_blend import Stop
+
+    engine = blend_engine(llm, cache_slots=2)
+    engine.stop()  # the test drives the context itself, as the engine thread would
+    try:
+        tokens, pieces = llm.prompt(llm.messages("Why?", LONG_DOCS[:1]), LONG_DOCS[:1])
+        start, end = llm.bodies(tokens, pieces, LONG_DOCS[:1])[0]
+        doc, head, k = tokens[start:end], tokens[:37], 5
+        at = len(head)
+        engine._evaluate_alone([*head, *doc[:k]], 0, 0)  # the prompt up to the document's recompute point
+        # Evaluated alone at the parking positions, then its cells from k on moved behind the prompt's.
+        assert engine._blender.place(0, [*head, *doc], Stop(at + k, at, at + len(doc), None)) == len(doc)
+        engine._evaluate_alone([tokens[end]], at + len(doc), 0)  # the next token: llama.cpp rotates the keys first
+        placed = keys(engine, 0, at + k, at + len(doc))
+        engine._evaluate_alone(doc, at, 1)  # the document alone, evaluated at its place
+        alone = keys(engine, 1, at + k, at + len(doc))
+        engine._evaluate_alone(doc, at + 1, 2)  # and one position further
+        off_by_one = keys(engine, 2, at + 1 + k, at + 1 + len(doc))
+        error = distance(placed, alone)
+        # The first layer's keys depend on the token and its position alone: equal within float16 rounding.
+        # Deeper layers carry the rounding of other positions' rotations, as any other place would (1-2%).
+        assert error[0] < 1e-3 and max(error) < 0.03, error
+        assert min(distance(off_by_one, alone)) > 3 * max(error)
+    finally:
+        engine.close()
+
+
+def test_blend_recomputing_whole_documents_answers_exactly_and_exact_mode_is_unchanged(llm: Any) -> None:
+    everything, exact = blend_engine(llm, recompute=1.0), blend_engine(llm, kv_reuse="exact")
+    try:
+        a, b, c, _, e = LONG_DOCS
+        for question, docs in [("What does json.dumps return?", [a, b, c]), ("How do I read a CSV file?", [c, a, b]),
+                               ("How do I push onto a heap?", [e, a])]:
+            assert answer(llm, everything, question, docs) == answer(llm, exact, question, docs)
+        found = everything.stats()
+        assert found["blend_documents_reused"] == found["blend_tokens_reused"] == 0
+        assert "blend_documents_reused" not in exact.stats()
+    finally:
+        everything.close()
+        exact.close()
+
+
+def blend_answer(llm: Any, engine: Any, question: str, docs: list[Any]) -> str:
+    tokens, pieces = llm.prompt(llm.messages(question, docs), docs)
+    bodies = llm.bodies(tokens, pieces, docs)
+    return b"".join(engine.submit(tokens, 24, pieces=pieces, documents=bodies).pieces()).decode()
+
+
+@pytest.mark.slow
+def test_blend_reuses_documents_at_any_place_within_its_byte_budget(llm: Any) -> None:
+    budget = 6 << 20  # about 260 tokens of cells: two of the documents
+    engine, exact = blend_engine(llm, kv_cache_bytes=budget), blend_engine(llm, kv_reuse="exact", kv_cache_bytes=budget)
+    try:
+        a, b, c, d, e = LONG_DOCS
+        calls = [("Which is first?", [a, b]), ("Which is first?", [b, a]), ("Which is first?", [c, d]),
+                 ("Which is first?", [e, c]), ("Which is first?", [a, e])]
+        for question, docs in calls:
+            assert blend_answer(llm, engine, question, docs).strip()
+            answer(llm, exact, question, docs)
+            assert engine.stats()["kv_cache_bytes_held"] <= budget
+        found, plain = engine.stats(), exact.stats()
+        # [b, a] reuses both documents at new places; c after [c, d] is reused behind e; the budget evicts.
+        assert found["blend_documents_reused"] >= 3 and found["kv_cache_evictions"] >= 1
+        assert found["blend_documents_evaluated"] + found["blend_documents_reused"] == 2 * len(calls)
+        assert found["blend_documents_evaluated"] > len(LONG_DOCS)  # a document evicted is evaluated again
+        assert found["prompt_tokens_evaluated"] < plain["prompt_tokens_evaluated"] - found["blend_tokens_reused"] // 2
+        assert 0 < found["blend_tokens_recomputed"] < found["blend_tokens_reused"]
+    finally:
+        engine.close()
+        exact.close()
+
+
+def test_blend_options_are_checked_where_they_are_given() -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    try:
+        with pytest.raises(ValueError, match=r"kv_reuse \('fast'\) must be 'exact' or 'blend'"):
+            LlamaCppGenerator(kv_reuse="fast")
+    except FileNotFoundError as exc:
+        pytest.skip(f"the bundled model is absent: {exc}")
+    with pytest.raises(ValueError, match=r"prefix_cache \(True\) must be True and kv_cache_bytes \(0\) > 0"):
+        LlamaCppGenerator(kv_reuse="blend", kv_cache_bytes=0)
+    with pytest.raises(ValueError, match=r"recompute \(1.5\) must be within \[0, 1\]"):
+        LlamaCppGenerator(kv_reuse="blend", recompute=1.5)
+
+
+@pytest.mark.slow
+def test_a_deployed_blend_generator_places_documents_it_saw_in_another_order() -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    pytest.importorskip("llama_cpp", reason="the engine needs llama-cpp-python: pip install -e '.[llm]'")
+    llm = LlamaCppGenerator(max_tokens=8, threads=1, n_ctx=1024, kv_reuse="blend")
+    texts = [f"{d.title}: {d.text}" for d in LONG_DOCS[:2]]
+
+    def answer(question: str, docs: list[str]) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return llm.generate(question, docs)  # type: ignore[no-any-return]
+        return pipeline
+
+    answer("x", texts)
+    with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
+        assert endpoint.query(question="What does json.dumps return?", docs=texts)
+        assert endpoint.query(question="How do I read a CSV file?", docs=texts[::-1])
+        with urllib.request.urlopen(endpoint.url + "/metrics", timeout=30) as reply:  # noqa: S310 - a local test server
+            text = reply.read().decode()
+        [replica] = endpoint.stats()["replica_reports"]
+    stat = {name: metric(text, "patchkit_component_stat", component="llm", replica=replica, stat=name)
+            for name in ("blend_documents_reused", "blend_documents_evaluated", "blend_tokens_reused")}
+    # The first call evaluates both documents alone; the second, in the other order, places both.
+    assert stat["blend_documents_evaluated"] == 2 and stat["blend_documents_reused"] == 2
+    assert stat["blend_tokens_reused"] > 100

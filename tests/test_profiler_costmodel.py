@@ -19,6 +19,7 @@ import pytest
 import patchkit
 from patchkit import Component, make
 from patchkit.components import LlamaCppGenerator
+from patchkit.core.engine_turn import Chunk, Reading, Skip, TurnSize
 from patchkit.orchestrator.resources import available_cpus
 from patchkit.scheduler.offline.costmodel import Counters, EngineCall, EngineCosts, fit
 from patchkit.scheduler.offline.pool import ResourcePool
@@ -70,9 +71,42 @@ def test_calls_at_once_share_decode_steps_and_queue_for_prompt_evaluation() -> N
     a, b = EngineCall(100, 100, 3), EngineCall(50, 50, 1)
     # one turn evaluates both prompts (150 ms), then a step of 2 (12 ms) ends b, two steps of 1 (20 ms) end a
     assert costs.run_ms([a, b], 2) == pytest.approx(150 + 12 + 20)
-    # a turn evaluates at most prompt_tokens_per_turn: b's prompt waits for a's first step; then they share one
-    limited = EngineCosts(1.0, costs.step, 0.0, prompt_tokens_per_turn=100)
+    # a turn evaluates at most its prompt tokens: b's prompt waits for a's first step; then they share one
+    limited = EngineCosts(1.0, costs.step, 0.0, turn=TurnSize(100, block=10))
     assert limited.run_ms([a, b], 2) == pytest.approx(100 + 10 + 50 + 12 + 10)
+    # in blocks of 64 a turn of 100 starts no second block after a's first: a's prompt takes two turns
+    blocks = EngineCosts(1.0, costs.step, 0.0, turn=TurnSize(100, block=64))
+    replayed = blocks.replay([a, b], 2)
+    assert replayed.prompt_chunks == 3 and replayed.decode_steps == 3
+    assert replayed.ms == pytest.approx(64 + 36 + 10 + 50 + 12 + 10)
+
+
+def test_a_turn_splits_prompts_at_block_boundaries_oldest_first_within_its_tokens() -> None:
+    turn = TurnSize(prompt_tokens=128, block=64)
+    # a prefix of 70 reused: up to the next boundary, then whole blocks; the second waits once under a block is left
+    assert turn.prompt_chunks([Reading(70, 300), Reading(0, 50)]) == [Chunk(0, 70, 128), Chunk(0, 128, 192)]
+    assert turn.prompt_chunks([Reading(0, 40), Reading(0, 50), Reading(0, 90)]) == [
+        Chunk(0, 0, 40), Chunk(1, 0, 50)]  # 38 left: no chunk of the third starts
+    assert turn.prompt_chunks([Reading(0, 40), Reading(0, 20)]) == [Chunk(0, 0, 40), Chunk(1, 0, 20)]
+    # a document placed at [20, 60): its run skipped, its cost charged (at least 1), evaluation resumes after it
+    placed, alone = Skip(20, 60, 0), Skip(20, 60, 50)  # alone: its body, from 10, evaluated first
+    assert turn.prompt_chunks([Reading(0, 100, (placed,))]) == [Chunk(0, 0, 20), Chunk(0, 20, 60, placed),
+                                                                Chunk(0, 60, 64), Chunk(0, 64, 100)]
+    assert turn.prompt_chunks([Reading(0, 100, (alone,))]) == [Chunk(0, 0, 20), Chunk(0, 20, 60, alone)]
+    assert TurnSize.reported({"prompt_tokens_per_turn": 256, "block": 32}) == TurnSize(256, 32)
+    assert TurnSize.reported({}) == TurnSize()
+    with pytest.raises(ValueError, match=r"block \(64\) must be >= 1 and <= prompt_tokens \(32\)"):
+        TurnSize(32, 64)
+
+
+def test_a_placed_document_costs_its_placing_instead_of_its_tokens() -> None:
+    placing = Counters(100, 0, 0, 0.1, 0.0, 0, 0, blend_tokens_reused=200, blend_documents_reused=4, blend_s=0.008)
+    assert placing.prompt_tokens == 300 and placing.placed == 4
+    costs = fit([(placing, 100 + 8 + 5.0)], [])
+    assert costs.place_ms == pytest.approx(2.0) and costs.call_ms == pytest.approx(5.0)
+    call = EngineCall(prompt_tokens=300, evaluated=100, steps=0, placed=4)
+    assert costs.latency_ms(call) == pytest.approx(5.0 + 100 + 8) == costs.run_ms([call], 1)
+    assert EngineCosts.from_description(costs.describe()) == costs
 
 
 def test_the_curve_is_time_per_c_calls_and_batching_raises_calls_per_second() -> None:

@@ -95,3 +95,21 @@ def test_the_policies_are_ordered_on_a_random_stream() -> None:
 def test_a_replay_needs_an_engine_a_slot_and_a_block() -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         replay([prompt(A)], engines=1, slots=0, documents=False, block=1)
+
+
+def with_bodies(tokens: list[int], ends: list[int]) -> tuple[list[int], list[int], list[tuple[int, int]]]:
+    """The prompt with each document's body: its piece less a one-token label."""
+    return tokens, ends, [(a + 1, b) for a, b in zip(ends, ends[1:])]
+
+
+def test_blend_spares_the_documents_seen_before_wherever_they_stand_but_their_recomputed_start() -> None:
+    stream = [with_bodies(*prompt(A, B, question=(90,))), with_bodies(*prompt(B, A, question=(91,)))]
+    # The second shares only the system piece with the first: exact reuse evaluates both documents again.
+    assert replay(stream, engines=1, slots=1, documents=True, block=1) == [13, 9]
+    # Blend places both documents' cells: the labels and the question remain (3 of the 3 x 3 body tokens
+    # were evaluated alone the first time: no more than in place).
+    assert replay(stream, engines=1, slots=1, documents=True, block=1, blend=0.0) == [13, 3]
+    # Recomputing half of each body (2 of 3 tokens, rounded up) spares one token of each, and costs the
+    # first prompt those 2 on top of the body evaluated alone.
+    assert replay(stream, engines=1, slots=1, documents=True, block=1, blend=0.5) == [13 + 2 * 2, 7]
+    assert replay(stream, engines=1, slots=1, documents=True, block=1, blend=1.0) == [13, 9]

@@ -11,7 +11,7 @@ pytest.importorskip("faiss", reason="the retrievers search FAISS indexes: pip in
 
 import patchkit  # noqa: E402
 from patchkit.components import ChromaRetriever, Embedder, FaissRetriever, Hit, QdrantRetriever  # noqa: E402
-from patchkit.components.documents import chunk, from_directory  # noqa: E402
+from patchkit.components.documents import Document, chunk, from_directory, pydoc_corpus  # noqa: E402
 from patchkit.core import ensure_setup  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -85,6 +85,18 @@ def test_chunks_overlap() -> None:
     parts = chunk("t", words, source="s", words=40, overlap=10)
     assert [p.text.split()[0] for p in parts] == ["0", "30", "60"]
     assert parts[-1].text.split()[-1] == "99" and parts[1].id == "s#1"
+
+
+def test_the_pydoc_corpus_is_kept_in_the_cache_and_read_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATCHKIT_CACHE_DIR", str(tmp_path))
+    built = pydoc_corpus()
+    [kept] = (tmp_path / "corpus").glob("pydoc-*.json")
+    assert pydoc_corpus() == built and len(built) > 500
+    kept.write_text('[["topic:x#0", "x", "what the kept file says"]]')  # what is read is the kept file
+    assert pydoc_corpus() == [Document("topic:x#0", "x", "what the kept file says")]
+    kept.write_text("[damaged")  # read again from the sources, and kept again
+    assert pydoc_corpus() == built == pydoc_corpus()
+    assert len(pydoc_corpus(topics=False)) < len(built) and len(list((tmp_path / "corpus").glob("pydoc-*.json"))) == 2
 
 
 def test_bad_corpora_are_clear_errors(tmp_path: Path, embedder: Embedder) -> None:

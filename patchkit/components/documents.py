@@ -12,10 +12,15 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
+import logging
+import os
 import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from patchkit import envs
 
 __all__ = [
     "Document", "Hit", "chunk", "fingerprint", "from_directory", "from_texts", "load_corpus", "merge_hits", "pydoc_corpus",
@@ -27,6 +32,8 @@ OVERLAP_WORDS = 32
 TEXT_SUFFIXES = (".txt", ".md", ".rst")
 MIN_MODULE_WORDS = 8  # fewer says nothing a question could match
 SHORT_DOCSTRING_WORDS = 40  # a module docstring shorter than this gets its definitions' summaries
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -145,7 +152,9 @@ def pydoc_corpus(*, topics: bool = True, words: int = CHUNK_WORDS, overlap: int 
     """The Python documentation this interpreter ships.
 
     Every pydoc topic, then every public standard-library module's docstring, read from its source without
-    importing it.
+    importing it. Kept in the cache directory (`corpus/`), keyed by this interpreter and this module's code:
+    reading the whole standard library's sources takes seconds, which every process indexing the corpus
+    would pay again (a plan's calibration twice, then each retriever's worker).
 
     Args:
         topics: include the pydoc topics (False: the module docstrings alone).
@@ -155,6 +164,25 @@ def pydoc_corpus(*, topics: bool = True, words: int = CHUNK_WORDS, overlap: int 
     Returns:
         The documents.
     """
+    key = hashlib.sha256(json.dumps([sys.version, sys.base_prefix, topics, words, overlap]).encode())
+    key.update(Path(__file__).read_bytes())
+    path = envs.cache_dir() / "corpus" / f"pydoc-{key.hexdigest()[:16]}.json"
+    try:
+        return [Document(*row) for row in json.loads(path.read_text())]
+    except (OSError, ValueError, TypeError):
+        pass  # not kept yet, or damaged: read again
+    docs = _read_pydoc(topics, words, overlap)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = path.with_suffix(f".{os.getpid()}.tmp")
+        kept.write_text(json.dumps([[d.id, d.title, d.text] for d in docs]))
+        kept.replace(path)  # processes building it at once: the last rename wins, whole
+    except OSError as exc:
+        logger.info("the pydoc corpus is not kept in %s: %s", path.parent, exc)
+    return docs
+
+
+def _read_pydoc(topics: bool, words: int, overlap: int) -> list[Document]:
     from pydoc_data.topics import topics as texts
 
     docs: list[Document] = []

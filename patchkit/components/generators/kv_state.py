@@ -6,12 +6,14 @@ optional header (a magic number and the source sequence), the number of KV strea
 cell count, and for the stream holding the sequence its cells' metadata (position, sequence ids) and
 data: per layer the keys a row per cell, then per layer the values, a row per cell or, transposed, a
 run of cells per embedding element. `Cells` holds the cells of positions [start, end) in that layout,
-`StateLayout.cut` copies a run of them out of a state, and `StateLayout.join` writes runs that follow
-each other as one state to restore.
+`StateLayout.cut` copies a run of them out of a state, and `StateLayout.join_into` writes runs as one
+state to restore, copying each run's bytes once, straight into the caller's buffer.
 
 The layout is llama.cpp's, not a stable interface: `StateLayout.read` checks every length against
 the bytes it reads and raises `StateLayoutError` on anything else (another version's layout, cells
-spread over several streams, cells out of position order), and its caller keeps nothing then.
+spread over several streams, cells out of position order), and its caller keeps nothing then. A state
+read may start at any position (a document evaluated alone, away from the prompt's positions); its
+cells then follow each other from there.
 """
 
 from __future__ import annotations
@@ -60,10 +62,10 @@ class StateLayout:
     value_heads: tuple[bytes, ...]
 
     @staticmethod
-    def read(blob: bytes | memoryview, n_layer: int) -> tuple[StateLayout, Cells]:
+    def read(blob: bytes | memoryview | np.ndarray, n_layer: int) -> tuple[StateLayout, Cells]:
         """The layout of `blob` (a whole sequence state of a model with `n_layer` layers, its cells at
-        positions 0.. in order) and its cells, as views of `blob`: `cut` copies runs of them."""
-        data = memoryview(blob).cast("B")
+        consecutive positions in order) and its cells, as views of `blob`: `cut` copies runs of them."""
+        data = memoryview(blob).cast("B")  # type: ignore[arg-type]  # an ndarray is a buffer
         errors = []
         for extra in CELL_EXTRA:
             try:
@@ -88,15 +90,54 @@ class StateLayout:
         """One state holding `runs`, consecutive runs of positions from 0, for `llama_state_seq_set_data`."""
         if not runs or runs[0].start != 0 or any(a.end != b.start for a, b in zip(runs, runs[1:])):
             raise ValueError("runs must follow each other from position 0")
-        parts: list[bytes | np.ndarray] = [self.header, struct.pack("<II", self.n_stream, runs[-1].end)]
-        parts.append(np.concatenate([r.meta for r in runs]))
-        parts.append(struct.pack("<II", int(self.v_trans), len(self.key_heads)))
+        out = np.empty(self.size(runs), np.uint8)
+        return self.join_into(runs, out).tobytes()
+
+    def size(self, runs: Sequence[Cells]) -> int:
+        """The bytes of the state `join_into` writes for `runs`."""
+        heads = len(self.header) + 16 + sum(map(len, self.key_heads)) + sum(map(len, self.value_heads))
+        return heads + sum(r.nbytes for r in runs) + 4 * (self.n_stream - 1)
+
+    def join_into(self, runs: Sequence[Cells], out: np.ndarray) -> np.ndarray:
+        """Write one state holding `runs` (cells in the order given, at the positions their metadata
+        names) into the head of `out` (uint8, at least `size(runs)` bytes), each run's bytes copied once;
+        the state, a view of `out`. Called by the document cache when it restores a prefix."""
+        if not runs:
+            raise ValueError("a state needs at least one run of cells")
+        cells, at = sum(r.end - r.start for r in runs), 0
+
+        def put(part: bytes | np.ndarray) -> None:
+            nonlocal at
+            raw = np.frombuffer(part, np.uint8) if isinstance(part, bytes) else part.reshape(-1).view(np.uint8)
+            out[at:at + raw.size] = raw
+            at += raw.size
+
+        put(self.header)
+        put(struct.pack("<II", self.n_stream, cells))
+        for run in runs:
+            put(run.meta)
+        put(struct.pack("<II", int(self.v_trans), len(self.key_heads)))
         for layer, head in enumerate(self.key_heads):
-            parts += [head, np.concatenate([r.keys[layer] for r in runs])]
+            put(head)
+            for run in runs:
+                put(run.keys[layer])
         for layer, head in enumerate(self.value_heads):
-            parts += [head, np.concatenate([r.values[layer] for r in runs], axis=1 if self.v_trans else 0)]
-        parts.append(bytes(4 * (self.n_stream - 1)))  # the other streams: no cells
-        return b"".join(p if isinstance(p, bytes) else p.tobytes() for p in parts)
+            put(head)
+            if not self.v_trans:
+                for run in runs:
+                    put(run.values[layer])
+                continue
+            # A row per embedding element, holding each cell's element in turn: runs side by side in each row.
+            rows = runs[0].values[layer].shape[0]
+            block = out[at:at + sum(r.values[layer].size for r in runs)].reshape(rows, -1)
+            column = 0
+            for run in runs:
+                width = run.values[layer].shape[1]
+                block[:, column:column + width] = run.values[layer]
+                column += width
+            at += block.size
+        put(bytes(4 * (self.n_stream - 1)))  # the other streams: no cells
+        return out[:at]
 
 
 class _Reader:
@@ -128,8 +169,9 @@ class _Reader:
             raise StateLayoutError("the state holds no cells")
         cells, rest = counts[-1], 4 * (n_stream - len(counts))  # the streams after the sequence's: no cells
         meta = self.array(cells, self.cell_meta)
-        if not np.array_equal(meta[:, :4].copy().view("<i4").ravel(), np.arange(cells)):
-            raise StateLayoutError("the cells are not at positions 0.. in order")
+        positions = meta[:, :4].copy().view("<i4").ravel()
+        if not np.array_equal(positions, np.arange(cells) + positions[0]):
+            raise StateLayoutError("the cells are not at consecutive positions in order")
         v_trans, n_layer = self.take("<II")
         if v_trans not in (0, 1) or n_layer != self.n_layer:
             raise StateLayoutError(f"a data header of v_trans {v_trans} and {n_layer} layers (the model has {self.n_layer})")
@@ -148,4 +190,5 @@ class _Reader:
         if self.at != len(self.data) - rest or any(self.data[self.at:]):
             raise StateLayoutError("the state does not end where its records do")
         layout = StateLayout(header, n_stream, bool(v_trans), tuple(key_heads), tuple(value_heads))
-        return layout, Cells(0, cells, meta, tuple(keys), tuple(values))
+        first = int(positions[0])
+        return layout, Cells(first, first + cells, meta, tuple(keys), tuple(values))

@@ -28,6 +28,7 @@ so it evaluates only the rest, and changes no answer either.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -37,11 +38,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit.components.generators.document_cache import DocumentCache
+from patchkit.components.generators.kv_blend import Blender
 from patchkit.components.generators.llama_sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
+from patchkit.core.engine_turn import Reading, Skip, TurnSize
 
 __all__ = ["EngineConfig", "LlamaEngine"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What a sequence's slot is loaded with before its prompt is evaluated: the document cache's `path`
+    restored, or the stream of the running sequence `source` copied (None: neither); the prefix it
+    keeps is the sequence's `evaluated`."""
+
+    sequence: LlamaSequence
+    path: list[Any]
+    source: LlamaSequence | None
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -49,7 +64,8 @@ class EngineConfig:
     `cache_slots` more slots that only idle slots' cached prompts fill; prompts evaluated `n_batch` tokens
     per step, on `threads` threads; `prefix_cache=False` evaluates every prompt in full (and keeps no
     cache slots, nor a document cache). `kv_cache_bytes`: the host memory the document KV cache may hold
-    (0: none)."""
+    (0: none). `kv_reuse="blend"` also reuses documents' KV after any prefix, evaluating `recompute` of
+    each placed document's tokens again (`kv_blend.py`); "exact" reuses prefixes only."""
 
     model_path: str
     n_ctx: int = 2048
@@ -60,6 +76,8 @@ class EngineConfig:
     prefix_cache: bool = True
     block: int = 64  # prompt tokens per llama_decode, aligned to position 0: the unit of prefix reuse
     kv_cache_bytes: int = 0
+    kv_reuse: str = "exact"  # or "blend": documents' KV reused at any position (`kv_blend.py`)
+    recompute: float = 0.15  # under blend, the share of each placed document's leading tokens evaluated again
 
     @property
     def slots(self) -> int:
@@ -77,6 +95,23 @@ class EngineConfig:
             raise ValueError(f"block ({self.block}) must be >= 1 and <= n_batch ({self.n_batch})")
         if self.kv_cache_bytes < 0:
             raise ValueError(f"kv_cache_bytes ({self.kv_cache_bytes}) must be >= 0 (0 keeps no document KV cache)")
+        if self.kv_reuse not in ("exact", "blend"):
+            raise ValueError(f"kv_reuse ({self.kv_reuse!r}) must be 'exact' or 'blend'")
+        if not 0.0 <= self.recompute <= 1.0:
+            raise ValueError(f"recompute ({self.recompute}) must be within [0, 1]: the share of a document's tokens")
+        if self.kv_reuse == "blend" and not (self.prefix_cache and self.kv_cache_bytes > 0):
+            raise ValueError(f"kv_reuse='blend' keeps documents in the document KV cache: prefix_cache "
+                             f"({self.prefix_cache}) must be True and kv_cache_bytes ({self.kv_cache_bytes}) > 0")
+
+    @property
+    def turn(self) -> TurnSize:
+        """How a turn splits its prompt tokens: n_batch a turn, in chunks of `block` (`engine_turn.py`)."""
+        return TurnSize(self.n_batch, self.block)
+
+    @property
+    def streams(self) -> int:
+        """KV streams in the context: the slots, and under blend a scratch one for documents alone."""
+        return self.slots + (self.kv_reuse == "blend")
 
 
 class LlamaEngine:
@@ -102,10 +137,17 @@ class LlamaEngine:
         self._idle: OrderedDict[int, list[int]] = OrderedDict((slot, []) for slot in range(config.slots))
         self._counts = dict.fromkeys(
             ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
-             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active"), 0)
+             "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active",
+             "prompt_chunks"), 0)
         self._seconds = {"prefill_s": 0.0, "decode_s": 0.0}  # time inside llama_decode, per kind of batch
         budget = config.kv_cache_bytes if config.prefix_cache else 0
         self._documents = DocumentCache(llama_cpp, self._ctx, self.model, budget, config.block, self._lock)
+        self._blender: Blender | None = None
+        if config.kv_reuse == "blend":
+            if not llama_cpp.llama_memory_can_shift(self._ctx.memory):
+                raise ValueError("kv_reuse='blend' moves cells to other positions, which this model's KV cache cannot")
+            self._blender = Blender(llama_cpp, self._ctx, self._documents, scratch=config.slots, parking=config.n_ctx,
+                                    share=config.recompute, evaluate=self._evaluate_alone)
         self._stopping = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
@@ -113,7 +155,7 @@ class LlamaEngine:
 
     def _context_params(self) -> Any:
         config, params = self.config, self._lib.llama_context_default_params()
-        params.n_ctx, params.n_seq_max = config.n_ctx * config.slots, config.slots
+        params.n_ctx, params.n_seq_max = config.n_ctx * config.streams, config.streams
         params.n_batch = params.n_ubatch = config.n_batch
         params.kv_unified = False  # a stream per slot: see the module's docstring
         params.n_threads = params.n_threads_batch = config.threads
@@ -144,18 +186,24 @@ class LlamaEngine:
         return bytes(self.model.token_to_piece(token)).rstrip(b"\0")
 
     def submit(
-        self, prompt: Sequence[int], max_tokens: int, *, temperature: float = 0.0, seed: int = 0, pieces: Sequence[int] = ()
+        self, prompt: Sequence[int], max_tokens: int, *, temperature: float = 0.0, seed: int = 0, pieces: Sequence[int] = (),
+        documents: Sequence[tuple[int, int]] = (),
     ) -> TokenStream:
         """Queue a prompt for generation of at most `max_tokens` tokens; called by any thread. The engine
         admits it at its next step when a slot and KV cells are free. `pieces`: where the prompt's leading
         pieces end (increasing token offsets: the system prompt's, then each document's), whose KV states
-        the document cache keeps and restores; none, and the prompt reuses only the slots' prefixes."""
+        the document cache keeps and restores; none, and the prompt reuses only the slots' prefixes.
+        `documents`: the [start, end) token ranges of its documents' bodies, in order and before its last
+        token, whose KV an engine with `kv_reuse="blend"` reuses wherever they appear (others ignore them)."""
         if not prompt or len(prompt) + max_tokens > self.config.n_ctx:
             raise ValueError(f"{len(prompt)} prompt tokens + max_tokens {max_tokens} must fit n_ctx ({self.config.n_ctx})")
         if any(not 0 < end <= len(prompt) for end in pieces) or any(a >= b for a, b in zip([0, *pieces], pieces)):
             raise ValueError(f"pieces ({list(pieces)}) must be increasing token offsets within the prompt's {len(prompt)}")
+        if any(not 0 <= a < b < len(prompt) for a, b in documents) or any(
+                b > c for (_, b), (c, _) in zip(documents, documents[1:])):
+            raise ValueError(f"documents ({list(documents)}) must be ranges in order, before the prompt's last token")
         sampler = self._greedy if temperature == 0 else self._chain(temperature, seed)
-        sequence = LlamaSequence(list(prompt), max_tokens, sampler, cut_pieces(prompt, pieces))
+        sequence = LlamaSequence(list(prompt), max_tokens, sampler, cut_pieces(prompt, pieces), list(documents))
         with self._lock:
             self.check()
             if self._stopping:
@@ -182,12 +230,16 @@ class LlamaEngine:
         cache's: `kv_cache_hits` (prompts whose prefix it restored), `kv_cache_misses` (prompts with pieces
         it restored nothing of: it held none of them, or a slot held as much), `kv_cache_tokens_saved`
         (prompt tokens restored from it), `kv_cache_bytes_held` (within `kv_cache_budget_bytes`),
-        `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring)."""
+        `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring). And
+        the turn's sizes, `prompt_tokens_per_turn` and `block`, which the planner's cost model replays."""
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
+            counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block)
             cached = sum(bool(kept) for kept in self._idle.values())
             counts.update(self._seconds, running=len(self._running), waiting=len(self._waiting), cache_entries=cached)
             counts.update(self._documents.stats())
+            if self._blender is not None:
+                counts.update(self._blender.counts)
         counts["mean_active_per_step"] = counts["decoded_sequences"] / max(1, counts["decode_steps"])
         return counts
 
@@ -206,6 +258,7 @@ class LlamaEngine:
     def close(self) -> None:
         """`stop`, then free the context (the model stays, for tokenizing). Idempotent."""
         self.stop()
+        self._documents.close()
         if not self._thread.is_alive():
             self._batch.close()
             self._ctx.close()
@@ -231,81 +284,134 @@ class LlamaEngine:
                 return False
             for sequence in [s for s in self._running if s.aborted]:
                 self._finish(sequence, aborted=True)
-            self._admit()
+            placed = self._admit()
+        for placement in placed:
+            self._load(placement)
         self._prefill()
         self._decode()
         return True
 
-    def _admit(self) -> None:
-        """Move waiting sequences into idle slots, oldest first, up to max_sequences running (lock held)."""
+    def _admit(self) -> list[Placement]:
+        """Move waiting sequences into idle slots, oldest first, up to max_sequences running; what each
+        slot must be loaded with (lock held: the loading itself runs without it)."""
+        placed: list[Placement] = []
+        if self._waiting and self._idle and len(self._running) < self.config.max_sequences:
+            self._documents.settle()  # the pieces of every prompt evaluated so far, in the tree
         while self._waiting and self._idle and len(self._running) < self.config.max_sequences:
             sequence = self._waiting.popleft()
             if sequence.aborted:
                 self._counts["aborted"] += 1
                 continue
-            self._place(sequence)
+            placed.append(self._place(sequence))
             self._running.append(sequence)
             self._counts["max_active"] = max(self._counts["max_active"], len(self._running))
+        return placed
 
-    def _place(self, sequence: LlamaSequence) -> None:
+    def _place(self, sequence: LlamaSequence) -> Placement:
         """Give the sequence the idle slot holding the longest prefix of its prompt (the least recently used
         one when none does), or a copy of a running slot's stream, or the least recently used slot with
         the document cache's states restored, whichever holds most; drop the slot's KV past the shared
         prefix, cut to a block boundary. The last prompt token is always evaluated again, for the logits
-        the first sampled token comes from."""
+        the first sampled token comes from. Lock held; `_load` does what it decides. A stream may be
+        copied from a sequence placed in the same turn: placements load in order, its own first."""
         limit = len(sequence.prompt) - 1 if self.config.prefix_cache else 0
         limit -= limit % self.config.block
         slot, reused = next(iter(self._idle)), 0
         for idle, kept in self._idle.items():
             if (common := self._aligned(min(limit, common_prefix(kept, sequence.prompt)))) > reused:
                 slot, reused = idle, common
-        shared = {s.slot: self._aligned(min(limit, common_prefix(s.prompt[: s.evaluated], sequence.prompt)))
+        shared = {s: self._aligned(min(limit, common_prefix(s.prompt[: min(s.evaluated, s.exact)], sequence.prompt)))
                   for s in self._running}
-        source = max(shared, key=shared.__getitem__, default=-1)
+        source = max(shared, key=shared.__getitem__, default=None)
+        copied = shared[source] if source is not None else 0
         path = self._documents.longest(sequence.pieces, limit)
-        restore = bool(path) and path[-1].kept > max(reused, shared.get(source, 0))
+        restore = bool(path) and path[-1].kept > max(reused, copied)
         if restore:
             slot = next(iter(self._idle))
         del self._idle[slot]
-        memory = self._ctx.memory
         self._documents.count(sequence.pieces, hit=restore)
-        if restore:
-            reused = self._documents.restore(slot, path)
-        elif shared.get(source, 0) > reused:
-            # Across streams llama.cpp copies whole streams; the prefix cells never change while the source runs.
-            self._lib.llama_memory_seq_rm(memory, slot, -1, -1)
-            self._lib.llama_memory_seq_cp(memory, source, slot, -1, -1)
-            reused = shared[source]
+        copy = not restore and copied > reused
+        if copy:
+            reused = copied
             self._counts["stream_copies"] += 1
-        self._lib.llama_memory_seq_rm(memory, slot, reused, -1)
+        elif restore:
+            reused = path[-1].kept
         sequence.slot, sequence.evaluated = slot, reused
-        self._counts["prompt_tokens_reused"] += reused
-        self._counts["cache_hits"] += reused > 0
+        if self._blender is not None and (stops := self._blender.plan(sequence.prompt, sequence.documents, reused)):
+            sequence.stops.extend(stops)
+            sequence.exact = stops[0].at
+            sequence.exact_pieces = sum(end <= stops[0].start for end in itertools.accumulate(map(len, sequence.pieces)))
+        return Placement(sequence, path if restore else [], source if copy else None)
+
+    def _load(self, placement: Placement) -> None:
+        """Load a placed sequence's slot as `_place` decided: its cached path restored, or a running
+        stream copied, then everything past the reused prefix dropped. Engine thread, lock not held:
+        only this thread touches the context."""
+        sequence, memory = placement.sequence, self._ctx.memory
+        slot, reused = sequence.slot, sequence.evaluated
+        if placement.path and not self._documents.restore(slot, placement.path):
+            reused = 0
+        elif placement.source is not None:
+            # Across streams llama.cpp copies whole streams; the prefix cells never change while the source runs.
+            # A source placed this turn was loaded just before: it holds less where its restore failed.
+            reused = min(reused, placement.source.evaluated)
+            self._lib.llama_memory_seq_rm(memory, slot, -1, -1)
+            self._lib.llama_memory_seq_cp(memory, placement.source.slot, slot, -1, -1)
+        self._lib.llama_memory_seq_rm(memory, slot, reused, -1)
+        with self._lock:
+            sequence.evaluated = reused
+            self._counts["prompt_tokens_reused"] += reused
+            self._counts["cache_hits"] += reused > 0
 
     def _aligned(self, tokens: int) -> int:
         return tokens - tokens % self.config.block
 
     def _prefill(self) -> None:
-        """Evaluate up to n_batch prompt tokens this turn, a block per llama_decode, oldest sequence first; a
-        sequence whose prompt is done gets its first token and joins this turn's decode step. One sequence
-        per llama_decode: llama.cpp splits a batch spanning several streams into other shapes, which would
-        move greedy answers."""
-        budget, block = self.config.n_batch, self.config.block
-        while budget >= block and (pending := [s for s in self._running if s.evaluated < len(s.prompt)]):
-            sequence = pending[0]
-            start = sequence.evaluated
-            end = min(len(sequence.prompt), self._aligned(start) + block)
+        """Evaluate this turn's prompt chunks, as `EngineConfig.turn` splits them (`engine_turn.py`), one
+        llama_decode each; a sequence whose prompt is done gets its first token and joins this turn's
+        decode step. One sequence per llama_decode: llama.cpp splits a batch spanning several streams
+        into other shapes, which would move greedy answers. Under blend, a sequence's evaluation stops
+        before each document placed, which takes the budget of the tokens it evaluates (its body, when
+        evaluated alone now)."""
+        reading = [s for s in self._running if s.evaluated < len(s.prompt)]
+        for chunk in self.config.turn.prompt_chunks([self._reading(s) for s in reading]):
+            sequence = reading[chunk.sequence]
+            if chunk.skip is not None:
+                assert self._blender is not None
+                stop = sequence.stops[0]
+                evaluated = self._blender.place(sequence.slot, sequence.prompt, stop)
+                with self._lock:
+                    sequence.stops.popleft()
+                    sequence.evaluated = stop.end
+                    self._counts["prompt_tokens_evaluated"] += evaluated
+                continue
+            start, end = chunk.start, chunk.end
             row = self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)
             self._llama_decode("prefill_s")
             self._batch.batch.n_tokens = 0
-            budget -= end - start
             if end == len(sequence.prompt):
-                self._documents.save(sequence.slot, sequence.pieces)
+                self._documents.save(sequence.slot, sequence.pieces[: sequence.exact_pieces])
             with self._lock:
                 sequence.evaluated = end
                 self._counts["prompt_tokens_evaluated"] += end - start
+                self._counts["prompt_chunks"] += 1
                 if end == len(sequence.prompt):
                     self._sample(sequence, row)
+
+    @staticmethod
+    def _reading(sequence: LlamaSequence) -> Reading:
+        """The sequence's prompt left, as a turn splits it: its placed documents' runs skipped, each costing
+        its body's tokens when no cells of it are held (it is evaluated alone first)."""
+        skips = tuple(Skip(stop.at, stop.end, 0 if stop.node is not None and stop.node.state is not None
+                           else stop.end - stop.start) for stop in sequence.stops)
+        return Reading(sequence.evaluated, len(sequence.prompt), skips)
+
+    def _evaluate_alone(self, tokens: Sequence[int], start: int, seq: int) -> None:
+        """Evaluate `tokens` at positions start.. of sequence `seq`, n_batch at a time: a document alone."""
+        for at in range(0, len(tokens), self.config.n_batch):
+            self._batch_tokens(tokens[at:at + self.config.n_batch], start + at, seq)
+            self._llama_decode("prefill_s")
+            self._batch.batch.n_tokens = 0
 
     def _decode(self) -> None:
         """One token for every running sequence past its prompt, in one llama_decode."""
@@ -359,7 +465,7 @@ class LlamaEngine:
 
     def _finish(self, sequence: LlamaSequence, *, aborted: bool = False) -> None:
         """End a running sequence; its slot goes idle keeping the prompt's KV state for reuse (lock held)."""
-        kept = sequence.prompt[: sequence.evaluated]
+        kept = sequence.prompt[: min(sequence.evaluated, sequence.exact)]
         self._lib.llama_memory_seq_rm(self._ctx.memory, sequence.slot, len(kept), -1)
         self._running.remove(sequence)
         self._idle[sequence.slot] = kept

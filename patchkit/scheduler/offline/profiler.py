@@ -285,7 +285,7 @@ class Profiler:
         """What a method's profile depends on: see `cache`."""
         concurrency = _max_concurrency(job.component, method)
         if concurrency is not None and opts_in(job.component, concurrency):
-            how: tuple[Any, ...] = ("cost model", 5)
+            how: tuple[Any, ...] = ("cost model", 6)
         else:
             how = ("search", self.repeats, self.threshold, MIX_CALLS, MAX_POINTS)
         where = (job.resource, job.threads, "held calls replayed" if job.holds else "")

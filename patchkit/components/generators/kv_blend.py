@@ -1,0 +1,130 @@
+"""Position-independent document KV (`kv_reuse="blend"`): a document's KV computed once, alone, and
+placed wherever the document appears in a prompt, after any prefix (EPIC, CacheBlend).
+
+A document's body (its tokens after the label "[i] " that numbers it in the prompt) is evaluated once
+on its own, in a scratch sequence beyond the engine's slots, at the positions from `parking` (the
+slots' context length: no prompt reaches there) on; its cells, read from that sequence alone, are
+the document's entry in the document cache's tree, keyed by `BLEND` and its tokens, and evicted and
+budgeted with the exact prefixes. To place it at positions [start, end) of a prompt, the engine
+evaluates normally everything before start + k, where k is the recompute share of its tokens (the
+label and its first tokens: EPIC's link tokens, which also take over the attention its first token
+drew when it stood alone), then appends the document's cells from k on and moves them into place with
+`llama_memory_seq_add`, which has llama.cpp rotate their keys (RoPE) by the distance at its next
+decode. The question and every generated token are evaluated normally, after the placed cells.
+
+llama.cpp evaluates only past a sequence's last position and restores a sequence's state only whole,
+so appending cells reads the slot's state and writes it back with the cells added: one read and one
+write of the prompt so far per document placed, a few milliseconds against the evaluation it saves.
+For the same reason the tokens recomputed are each document's first ones: a token in the middle of a
+placed document (CacheBlend's most deviating ones) could only be evaluated again with every cell
+after it evaluated again too.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from patchkit.components.generators.document_cache import DocumentCache
+from patchkit.components.generators.kv_state import Cells, StateLayout
+from patchkit.components.generators.kv_tree import Node
+
+__all__ = ["BLEND", "Blender", "Stop", "recomputed"]
+
+BLEND = -1  # the first element of a document's key in the tree: no token id is negative, no prefix starts so
+
+
+@dataclass
+class Stop:
+    """Where a prompt's evaluation stops to place a document: at `at` (its start plus the tokens evaluated
+    again), its body's cells from there to `end` come from `node` (None: evaluated alone first)."""
+
+    at: int
+    start: int
+    end: int
+    node: Node[Cells] | None
+
+
+def recomputed(tokens: int, share: float) -> int:
+    """The leading tokens of a `tokens`-token document evaluated again where it is placed: `share` of
+    them, rounded up."""
+    return min(tokens, math.ceil(share * tokens - 1e-9))
+
+
+class Blender:
+    """Places documents' cells into an engine's slots (see the module's docstring). The engine calls
+    `plan` under its lock when it places a prompt and `place` on its own thread, without the lock,
+    when the prompt's evaluation reaches a stop."""
+
+    def __init__(self, lib: Any, ctx: Any, cache: DocumentCache, scratch: int, parking: int, share: float,
+                 evaluate: Callable[[Sequence[int], int, int], None]) -> None:
+        self._lib, self._ctx, self._cache, self.scratch, self.parking = lib, ctx, cache, scratch, parking
+        self.share, self._evaluate = share, evaluate
+        self.counts: dict[str, float] = dict.fromkeys(("blend_documents_reused", "blend_documents_evaluated",
+                                                      "blend_tokens_reused", "blend_tokens_recomputed", "blend_s"), 0)
+
+    def plan(self, prompt: Sequence[int], spans: Sequence[tuple[int, int]], reused: int) -> list[Stop]:
+        """The stops of a prompt whose first `reused` tokens come from a slot or the exact cache: one per
+        document body [start, end) after them, in order; its cells found in the tree when held there
+        (counted as used). Lock held."""
+        tree, stops, after = self._cache.tree, [], reused
+        if tree is None:
+            return []
+        for start, end in spans:
+            if start < after:
+                continue
+            at = start + recomputed(end - start, self.share)
+            at += at == after  # a token evaluated between two placements applies the first one's shift
+            if at >= end:
+                continue
+            found = tree.match([(BLEND, *prompt[start:end])])
+            tree.use(found)
+            stops.append(Stop(at, start, end, found[0] if found else None))
+            after = end
+        return stops
+
+    def place(self, slot: int, prompt: Sequence[int], stop: Stop) -> int:
+        """Append the cells of `stop`'s document from its recompute point on to `slot`, whose cells end
+        just before it, and move them into place; the tokens evaluated for it (its body, when no cells
+        were held). Engine thread, lock not held. `blend_s` counts the placing, not the evaluation alone."""
+        evaluated, cells = 0, stop.node.state if stop.node is not None else None
+        if cells is None:
+            cells = self.alone(prompt[stop.start:stop.end])
+            evaluated = stop.end - stop.start
+        began = time.perf_counter()
+        layout = self._cache.layout
+        assert layout is not None  # known once any cells were read
+        shift = stop.at - stop.start
+        tail = layout.cut(cells, cells.start + shift, cells.end)
+        state = self._cache.read(slot)
+        try:
+            _, held = StateLayout.read(state, self._cache.n_layer)
+            self._cache.load(slot, [held, tail])
+        finally:
+            self._cache.buffers.give(state.base if state.base is not None else state)
+        self._lib.llama_memory_seq_add(self._ctx.memory, slot, tail.start, tail.end, stop.at - tail.start)
+        kind = "evaluated" if evaluated else "reused"
+        self.counts[f"blend_documents_{kind}"] += 1
+        self.counts["blend_tokens_reused"] += 0 if evaluated else stop.end - stop.at
+        self.counts["blend_tokens_recomputed"] += stop.at - stop.start
+        self.counts["blend_s"] += time.perf_counter() - began
+        return evaluated
+
+    def alone(self, body: Sequence[int]) -> Cells:
+        """Evaluate a document's body on its own in the scratch sequence, from `parking` on, and keep its
+        cells in the tree (as far as the budget allows); its cells. Engine thread, lock not held."""
+        memory = self._ctx.memory
+        self._lib.llama_memory_seq_rm(memory, self.scratch, -1, -1)
+        self._evaluate(body, self.parking, self.scratch)
+        state = self._cache.read(self.scratch)
+        try:
+            layout, cells = StateLayout.read(state, self._cache.n_layer)
+            cells = layout.cut(cells, cells.start, cells.end)  # out of the buffer, once
+        finally:
+            self._cache.buffers.give(state.base if state.base is not None else state)
+            self._lib.llama_memory_seq_rm(memory, self.scratch, -1, -1)
+        self._cache.keep_document((BLEND, *body), layout, cells)
+        return cells
