@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.rag_stream import PlainRetriever  # noqa: E402
 from patchkit.components.documents import pydoc_corpus  # noqa: E402
 from patchkit.components.generators import LlamaCppGenerator  # noqa: E402
-from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine  # noqa: E402
-from patchkit.components.generators.llama_sequence import LlamaSequence, cut_pieces  # noqa: E402
+from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine  # noqa: E402
+from patchkit.components.generators.llama.sequence import LlamaSequence, cut_pieces  # noqa: E402
 
 SETS = ("recall_questions.json", "recall_questions_fresh.json", "recall_questions_demo.json")
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from patchkit.components.documents import pydoc_corpus
 from patchkit.components.generators import LlamaCppGenerator
-from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
 
 LONG = "Count from 1 to 1000, separated by commas."
 

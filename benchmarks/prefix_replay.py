@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.question_stream import unshared_tokens  # noqa: E402
-from patchkit.components.generators.kv_blend import recomputed  # noqa: E402
-from patchkit.components.generators.llama_sequence import common_prefix  # noqa: E402
+from patchkit.components.generators.llama.kv_blend import recomputed  # noqa: E402
+from patchkit.components.generators.llama.sequence import common_prefix  # noqa: E402
 
 __all__ = ["Engine", "replay"]
 

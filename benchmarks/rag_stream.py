@@ -65,7 +65,7 @@ from patchkit.components import FaissRetriever, LlamaCppGenerator  # noqa: E402
 from patchkit.components.documents import Document, pydoc_corpus  # noqa: E402
 from patchkit.components.embedder import default_model_path  # noqa: E402
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, default_gguf_path  # noqa: E402
-from patchkit.components.generators.llamacpp import MAX_CONCURRENCY  # noqa: E402
+from patchkit.components.generators.llama.generator import MAX_CONCURRENCY  # noqa: E402
 from patchkit.orchestrator.resources import SHARES_PER_CORE  # noqa: E402
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan  # noqa: E402
 

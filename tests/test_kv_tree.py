@@ -9,8 +9,8 @@ import struct
 import numpy as np
 import pytest
 
-from patchkit.components.generators.kv_state import MAGIC, StateLayout, StateLayoutError
-from patchkit.components.generators.kv_tree import KnowledgeTree, Node
+from patchkit.components.generators.llama.kv_state import MAGIC, StateLayout, StateLayoutError
+from patchkit.components.generators.llama.kv_tree import KnowledgeTree, Node
 
 
 def grow(tree: KnowledgeTree[str], *pieces: tuple[int, ...], size: int = 10, cost: float = 10.0) -> list[Node[str]]:

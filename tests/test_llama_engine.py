@@ -16,7 +16,7 @@ import patchkit
 from patchkit.components.documents import Hit
 from patchkit.components.generators import Generator
 from patchkit.components.generators.base import RAG_TEMPLATE
-from patchkit.components.generators.llama_sequence import cut_pieces
+from patchkit.components.generators.llama.sequence import cut_pieces
 from patchkit.components.generators.streaming import decoded, stripped
 
 QUESTIONS = [
@@ -194,7 +194,7 @@ def test_seeded_sampling_repeats_and_a_closed_engine_fails_health(llm: Any) -> N
 
 
 def test_a_finished_prompt_stays_cached_while_others_wait_for_a_slot(llm: Any) -> None:
-    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+    from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
 
     # One sequence runs at a time and one more slot caches: B, taking the free slot, leaves A's prompt for C.
     engine = LlamaEngine(EngineConfig(llm.model_path, n_ctx=512, max_sequences=1, cache_slots=1, threads=1))
@@ -214,7 +214,7 @@ def test_a_finished_prompt_stays_cached_while_others_wait_for_a_slot(llm: Any) -
 
 
 def test_prompts_admitted_together_copy_the_stream_of_the_first_that_reuses_a_prefix(llm: Any) -> None:
-    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+    from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
 
     config = {"n_ctx": 512, "max_sequences": 4, "cache_slots": 0, "threads": 1}
     engine, fresh = (LlamaEngine(EngineConfig(llm.model_path, prefix_cache=cached, **config)) for cached in (True, False))
@@ -238,7 +238,7 @@ def test_prompts_admitted_together_copy_the_stream_of_the_first_that_reuses_a_pr
 
 
 def test_the_cost_model_replays_the_turns_the_engine_runs(llm: Any) -> None:
-    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+    from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
     from patchkit.core.engine_turn import TurnSize
     from patchkit.scheduler.offline.costmodel import EngineCall, EngineCosts
     from patchkit.scheduler.offline.pwl import PiecewiseLinear
@@ -294,7 +294,7 @@ LONG_DOCS = [Hit(f"module:{name}#0", name, text, score) for name, text, score in
 def small_engines(llm: Any, kv_cache_bytes: int) -> tuple[Any, Any]:
     """Two engines of one running slot and none to cache in, so that any other prompt takes the slot's
     prefix away: one with a document cache of `kv_cache_bytes`, one without."""
-    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+    from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
 
     config = {"n_ctx": 1024, "max_sequences": 1, "cache_slots": 0, "threads": 1}
     return (LlamaEngine(EngineConfig(llm.model_path, kv_cache_bytes=kv_cache_bytes, **config)),
@@ -444,7 +444,7 @@ def test_a_deployed_generator_reports_its_document_cache_in_metrics() -> None:
 # -- position-independent document KV (kv_reuse="blend") ------------------------------------------------
 
 def blend_engine(llm: Any, **options: Any) -> Any:
-    from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
+    from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
 
     config = {"n_ctx": 1024, "max_sequences": 1, "cache_slots": 0, "threads": 1, "kv_cache_bytes": 64 << 20,
               "kv_reuse": "blend", **options}
@@ -453,7 +453,7 @@ def blend_engine(llm: Any, **options: Any) -> Any:
 
 def keys(engine: Any, slot: int, start: int, end: int) -> list[np.ndarray]:
     """The keys of `slot`'s cells at positions [start, end), a float32 array per layer."""
-    from patchkit.components.generators.kv_state import StateLayout
+    from patchkit.components.generators.llama.kv_state import StateLayout
 
     layout, cells = StateLayout.read(engine._documents.state(slot), engine._documents.n_layer)
     return [k.view(np.float16).astype(np.float32) for k in layout.cut(cells, start, end).keys]
@@ -465,7 +465,7 @@ def distance(a: list[np.ndarray], b: list[np.ndarray]) -> list[float]:
 
 
 def test_a_placed_document_holds_the_keys_it_would_have_evaluated_alone_at_its_place(llm: Any) -> None:
-    from patchkit.components.generators.kv_blend import Stop
+    from patchkit.components.generators.llama.kv_blend import Stop
 
     engine = blend_engine(llm, cache_slots=2)
     engine.stop()  # the test drives the context itself, as the engine thread would

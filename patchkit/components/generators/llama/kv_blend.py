@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.components.generators.document_cache import DocumentCache
-from patchkit.components.generators.kv_state import Cells, StateLayout
-from patchkit.components.generators.kv_tree import Node
+from patchkit.components.generators.llama.document_cache import DocumentCache
+from patchkit.components.generators.llama.kv_state import Cells, StateLayout
+from patchkit.components.generators.llama.kv_tree import Node
 
 __all__ = ["BLEND", "Blender", "Stop", "recomputed"]
 

@@ -17,8 +17,8 @@ from patchkit.components.generators.base import (
     render_context,
     replica_threads,
 )
-from patchkit.components.generators.llama_engine import EngineConfig, LlamaEngine
-from patchkit.components.generators.llama_sequence import common_prefix
+from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
+from patchkit.components.generators.llama.sequence import common_prefix
 from patchkit.components.generators.streaming import decoded, stripped
 from patchkit.core import make
 

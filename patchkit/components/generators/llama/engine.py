@@ -1,7 +1,7 @@
 """`LlamaEngine`: continuous batching of many sequences in one llama.cpp context, with a prefix cache.
 
 One engine thread owns the context. Callers on any thread `submit` a tokenized prompt and read its
-tokens from the returned `TokenStream` (`llama_sequence.py`). Each turn of the engine's loop admits
+tokens from the returned `TokenStream` (`sequence.py`). Each turn of the engine's loop admits
 waiting sequences into free sequence slots, evaluates up to `n_batch` prompt tokens, then decodes one
 token for every running sequence in a single `llama_decode`.
 
@@ -37,9 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.components.generators.document_cache import DocumentCache
-from patchkit.components.generators.kv_blend import Blender
-from patchkit.components.generators.llama_sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
+from patchkit.components.generators.llama.document_cache import DocumentCache
+from patchkit.components.generators.llama.kv_blend import Blender
+from patchkit.components.generators.llama.sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
 from patchkit.core.engine_turn import Reading, Skip, TurnSize
 
 __all__ = ["EngineConfig", "LlamaEngine"]

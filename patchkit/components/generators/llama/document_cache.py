@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from patchkit.components.generators.kv_state import Cells, StateLayout, StateLayoutError
-from patchkit.components.generators.kv_tree import KnowledgeTree, Node
+from patchkit.components.generators.llama.kv_state import Cells, StateLayout, StateLayoutError
+from patchkit.components.generators.llama.kv_tree import KnowledgeTree, Node
 
 __all__ = ["DocumentCache"]
 
