@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -417,12 +418,9 @@ def test_calls_are_routed_by_their_first_document_where_prefixes_are_reused() ->
 
 
 @pytest.mark.slow
-def test_a_deployed_generator_reports_its_document_cache_in_metrics() -> None:
-    from patchkit.components.generators import LlamaCppGenerator
-
-    pytest.importorskip("llama_cpp", reason="the engine needs llama-cpp-python: pip install -e '.[llm]'")
-    llm = LlamaCppGenerator(max_tokens=8, threads=1, n_ctx=1024)
-    texts = [f"{d.title}: {d.text}" for d in LONG_DOCS[:2]]
+@contextlib.contextmanager
+def _deployed(llm: Any, texts: list[str]) -> Iterator[patchkit.Endpoint]:
+    """`llm.generate(question, docs)` captured as a pipeline and deployed on a worker of its own."""
 
     def answer(question: str, docs: list[str]) -> patchkit.Pipeline:
         with patchkit.capture(run=False) as pipeline:
@@ -431,6 +429,15 @@ def test_a_deployed_generator_reports_its_document_cache_in_metrics() -> None:
 
     answer("x", texts)
     with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
+        yield endpoint
+
+
+def test_a_deployed_generator_reports_its_document_cache_in_metrics() -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    pytest.importorskip("llama_cpp", reason="the engine needs llama-cpp-python: pip install -e '.[llm]'")
+    texts = [f"{d.title}: {d.text}" for d in LONG_DOCS[:2]]
+    with _deployed(LlamaCppGenerator(max_tokens=8, threads=1, n_ctx=1024), texts) as endpoint:
         assert endpoint.query(question="What does json.dumps return?", docs=texts)
         with urllib.request.urlopen(endpoint.url + "/metrics", timeout=30) as reply:  # noqa: S310 - a local test server
             text = reply.read().decode()
@@ -556,16 +563,8 @@ def test_a_deployed_blend_generator_places_documents_it_saw_in_another_order() -
     from patchkit.components.generators import LlamaCppGenerator
 
     pytest.importorskip("llama_cpp", reason="the engine needs llama-cpp-python: pip install -e '.[llm]'")
-    llm = LlamaCppGenerator(max_tokens=8, threads=1, n_ctx=1024, kv_reuse="blend")
     texts = [f"{d.title}: {d.text}" for d in LONG_DOCS[:2]]
-
-    def answer(question: str, docs: list[str]) -> patchkit.Pipeline:
-        with patchkit.capture(run=False) as pipeline:
-            return llm.generate(question, docs)  # type: ignore[no-any-return]
-        return pipeline
-
-    answer("x", texts)
-    with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
+    with _deployed(LlamaCppGenerator(max_tokens=8, threads=1, n_ctx=1024, kv_reuse="blend"), texts) as endpoint:
         assert endpoint.query(question="What does json.dumps return?", docs=texts)
         assert endpoint.query(question="How do I read a CSV file?", docs=texts[::-1])
         with urllib.request.urlopen(endpoint.url + "/metrics", timeout=30) as reply:  # noqa: S310 - a local test server
