@@ -151,10 +151,12 @@ class Deployment:
 
     async def _specs(self, names: list[str]) -> list[ReplicaSpec]:
         """A spec per replica of components `names`, placed together by the backend."""
+        if any(constructor_components(self.components[name]) for name in names):
+            await self._start_calls()
         names = [name for name in names for _ in range(self.config.components[name].replicas)]
         placed = [(self.config.components[name].resource, self.config.components[name].units) for name in names]
         resources = self.supervisor.backend.place(placed, self.config.plan is not None)
-        return [await self._spec(name, pinned) for name, pinned in zip(names, resources, strict=True)]
+        return [self._spec(name, pinned) for name, pinned in zip(names, resources, strict=True)]
 
     def _adopt(self, pipeline: Pipeline) -> None:
         """Serve `pipeline`'s components with the deployed ones: its own objects, those of a deployed one's
@@ -218,36 +220,33 @@ class Deployment:
                 clock=self.clock,
             )
 
-    async def _spec(self, name: str, resources: ReplicaResources) -> ReplicaSpec:
+    def _spec(self, name: str, resources: ReplicaResources) -> ReplicaSpec:
         """A replica of component `name` pinned to `resources`: on the plan's resource type, reaching the
         deployed components it holds through the front-end where its backend needs that."""
         settings, component = self.config.components[name], self.components[name]
         device = settings.resource if self.config.plan is not None else None
-        held = await self._handles() if constructor_components(component) else None
+        held = self._held_handles() if constructor_components(component) else None
         return ReplicaSpec(name, component, resources, device, settings.units, held)
 
     def one_more(self, name: str) -> ReplicaSpec:
         """A replica to add to component `name`, placed beside its running ones; called by the autoscaler."""
-        settings, component = self.config.components[name], self.components[name]
+        settings = self.config.components[name]
         running = self.supervisor.replicas()
-        resources = self.supervisor.backend.place_one(settings.resource, settings.units, self.config.plan is not None, running)
-        device = settings.resource if self.config.plan is not None else None
-        held = self._held_handles() if constructor_components(component) else None
-        return ReplicaSpec(name, component, resources, device, settings.units, held)
+        return self._spec(name, self.supervisor.backend.place_one(settings.resource, settings.units,
+                                                                  self.config.plan is not None, running))
 
-    async def _handles(self) -> Handles | None:
-        """Where workers whose components hold deployed components (a Grader given the `llm`) send those calls:
-        a CallService started here on first need, whose calls queue like the pipelines' own. Only for a
-        backend whose workers call back (local worker processes): a Ray actor, and the inprocess backend's
-        replicas (the user's own objects, on this loop), run the components they hold in place."""
-        if not self.supervisor.backend.calls_held_through_frontend:
-            return None
-        if self.calls is None:
+    async def _start_calls(self) -> None:
+        """Start, on first need, where workers whose components hold deployed components (a Grader given the
+        `llm`) send those calls: a CallService whose calls queue like the pipelines' own. Only for a backend
+        whose workers call back (local worker processes): a Ray actor, and the inprocess backend's replicas
+        (the user's own objects, on this loop), run the components they hold in place."""
+        if self.supervisor.backend.calls_held_through_frontend and self.calls is None:
             self.calls = CallService(self._call_held, self.config.secret)
             self._calls_address = await self.calls.start()
-        return self._held_handles()
 
     def _held_handles(self) -> Handles | None:
+        """What a holder's replica reaches the deployed components through: None until the CallService is up
+        (and on a backend that needs none); every uid the deployment serves, those of aliases included."""
         if self.calls is None:
             return None
         uids = frozenset([*self.names, *self.aliases])
