@@ -102,11 +102,8 @@ class Supervisor:
         results = await asyncio.gather(*(self._start(spec) for spec in specs), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            started = [r for r in results if isinstance(r, Replica)]
-            for replica in started:
-                self._keepers.pop(replica).cancel()
-                self._on_down(replica, "another replica of its deployment failed to start")
-            await asyncio.gather(*(self.backend.stop(r) for r in started), return_exceptions=True)
+            retired = [self.retire(r) for r in results if isinstance(r, Replica)]  # none has a batch yet: stopped at once
+            await asyncio.gather(*(stopped for stopped in retired if stopped is not None), return_exceptions=True)
             raise errors[0]
 
     def forget(self, components: list[str]) -> list[asyncio.Future[None]]:
