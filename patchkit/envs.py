@@ -7,7 +7,7 @@ from pathlib import Path
 
 from patchkit.errors import ConfigError
 
-__all__ = ["auth_token", "cache_dir", "slow_step_s", "worker_start_timeout_s", "worker_stop_timeout_s"]
+__all__ = ["auth_token", "cache_dir", "cpu_flags_override", "slow_step_s", "worker_start_timeout_s", "worker_stop_timeout_s"]
 
 
 def _float(name: str, default: float) -> float:
@@ -49,3 +49,13 @@ def slow_step_s() -> float:
     """PATCHKIT_SLOW_STEP_S: how long one step of an `async def` component method (its code between two
     awaits) may hold the event loop before a warning names the method (0.1, asyncio debug mode's threshold)."""
     return _float("PATCHKIT_SLOW_STEP_S", 0.1)
+
+
+def cpu_flags_override() -> frozenset[str] | None:
+    """PATCHKIT_CPU_FLAGS: the CPU flags patchkit acts on in place of /proc/cpuinfo's, separated by spaces or
+    commas (unset: the CPU's own). For tests and bug reports: `PATCHKIT_CPU_FLAGS="avx2 amx_int8"` makes any
+    machine load llama.cpp as an AMX host does."""
+    raw = os.environ.get("PATCHKIT_CPU_FLAGS")
+    if raw is None:
+        return None
+    return frozenset(raw.lower().replace(",", " ").split())
