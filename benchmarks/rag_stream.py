@@ -66,6 +66,7 @@ from patchkit.components.documents import Document, pydoc_corpus  # noqa: E402
 from patchkit.components.embedder import default_model_path  # noqa: E402
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, default_gguf_path  # noqa: E402
 from patchkit.components.generators.llama.generator import MAX_CONCURRENCY  # noqa: E402
+from patchkit.components.generators.llama.loading import open_llama  # noqa: E402
 from patchkit.orchestrator.resources import SHARES_PER_CORE  # noqa: E402
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan  # noqa: E402
 
@@ -117,10 +118,11 @@ class PlainGenerator:
     it evaluates (its first `eval` of each completion: what its prefix reuse left) and their seconds."""
 
     def __init__(self, *, threads: int, n_ctx: int, max_tokens: int, cache_bytes: int) -> None:
-        from llama_cpp import Llama, LlamaRAMCache
+        from llama_cpp import LlamaRAMCache
 
-        self.llm = Llama(model_path=str(default_gguf_path()), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
-                         verbose=False)
+        # As the generator loads it: no weight repacking where the CPU reports AMX, which crashes llama.cpp there.
+        self.llm = open_llama(str(default_gguf_path()), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                              verbose=False)
         if cache_bytes:
             self.llm.set_cache(LlamaRAMCache(capacity_bytes=cache_bytes))
         self.max_tokens = max_tokens

@@ -8,6 +8,7 @@
     ├── ComponentError      your component raised: carries its traceback text
     ├── CallError           a call's arguments or result could not cross to or from its worker: names the call and why
     ├── WorkerDiedError     the worker process serving a component died
+    │   └── ComponentFailed its workers die by a signal at every restart: it answers nothing until updated
     ├── DeadlineExceeded    a request ran past its deadline
     ├── Overloaded          admission is closed: carries the queue length and its limit
     ├── PipelineNotFound    a request named a pipeline the endpoint does not serve (also a LookupError)
@@ -28,6 +29,7 @@ __all__ = [
     "CallError",
     "CaptureError",
     "ComponentError",
+    "ComponentFailed",
     "ConfigError",
     "DeadlineExceeded",
     "InputError",
@@ -120,6 +122,14 @@ class CallError(PatchkitError):
 
 class WorkerDiedError(PatchkitError):
     """The worker process serving a component died while it held a call, or could not start."""
+
+
+class ComponentFailed(WorkerDiedError):
+    """A component's replicas died by a signal (a crash in native code) at every restart.
+
+    patchkit stopped restarting them: its calls fail at once (HTTP 503) until it is replaced or the deployment is
+    updated. The message names the component and the signal, and points at `patchkit doctor`.
+    """
 
 
 class DeadlineExceeded(PatchkitError):
@@ -216,6 +226,7 @@ def error_from_json(payload: dict[str, Any]) -> PatchkitError:
         "InputError": InputError,
         "ConfigError": ConfigError,
         "WorkerDiedError": WorkerDiedError,
+        "ComponentFailed": ComponentFailed,
         "DeadlineExceeded": DeadlineExceeded,
         "MakeError": MakeError,
         "PlanError": PlanError,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,6 +148,20 @@ class Streamer(Component):
         return "read" if ack.exists() else "unread"
 
 
+class Crasher(Component):
+    """Kills its own process with SIGSEGV on the texts `crash_on` names, as a C extension crashing on this CPU does;
+    answers the others."""
+
+    def __init__(self, crash_on: str = "") -> None:
+        self.crash_on = crash_on
+
+    @make
+    def answer(self, text: str) -> str:
+        if self.crash_on in text:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return text.upper()
+
+
 class BrokenSetup(Component):
     """A component whose setup() fails, as when a model file is missing."""
 
@@ -157,4 +173,5 @@ class BrokenSetup(Component):
         return text
 
 
-__all__ = ["CORPUS", "BrokenSetup", "Flaky", "Generator", "Grader", "Hanger", "Retriever", "Slow", "Streamer", "patchkit"]
+__all__ = ["CORPUS", "BrokenSetup", "Crasher", "Flaky", "Generator", "Grader", "Hanger", "Retriever", "Slow", "Streamer",
+           "patchkit"]

@@ -164,6 +164,7 @@ def test_public_names() -> None:
         "CaptureError",
         "Component",
         "ComponentError",
+        "ComponentFailed",
         "ConfigError",
         "DeadlineExceeded",
         "Endpoint",

@@ -145,9 +145,9 @@ def test_prefix_reuse_is_counted_and_changes_no_answer(llm: Any) -> None:
 
 
 def test_answers_equal_create_chat_completion(llm: Any) -> None:
-    from llama_cpp import Llama
+    from patchkit.components.generators.llama.loading import open_llama
 
-    reference = Llama(model_path=llm.model_path, n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False)
+    reference = open_llama(llm.model_path, n_ctx=2048, n_threads=1, n_threads_batch=1, verbose=False)
     for prompt, docs in [(QUESTIONS[0], None), ("How do I catch an exception?", DOCS)]:
         chat: Any = llm.messages(prompt, docs)
         reply: Any = reference.create_chat_completion(messages=chat, max_tokens=32, temperature=0.0, seed=0)

@@ -80,7 +80,9 @@ def base_url(server_log: Path) -> Iterator[str]:
     port = free_port()
     log = server_log
     command = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(default_gguf_path()), "--host", "127.0.0.1",
+        # Through patchkit's loader: llama-cpp-python's server loads the model as the generator does (no AMX repack).
+        sys.executable, "-m", "patchkit.components.generators.llama.loading", "llama_cpp.server",
+        "--model", str(default_gguf_path()), "--host", "127.0.0.1",
         "--port", str(port), "--n_ctx", "2048", "--n_threads", "1", "--api_key", API_KEY, "--interrupt_requests", "False",
     ]
     with log.open("wb") as out:

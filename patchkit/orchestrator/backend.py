@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import signal
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,14 +66,36 @@ class ReplicaState(enum.Enum):
     DEAD = "dead"  # its process or its stream ended
 
 
+# Signals a process gets from its own native code going wrong (a C extension's bad memory access, an
+# instruction this CPU lacks, a failed assertion), as opposed to being stopped from outside.
+NATIVE_CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGILL", "SIGBUS", "SIGFPE", "SIGABRT"})
+
+
+def signal_death(pid: int | None, code: int | None) -> tuple[str | None, str]:
+    """The signal that ended a worker process with exit `code` (a negative code, as `subprocess` gives it),
+    and how the supervisor's log and the errors say it: "worker pid 7 was killed by SIGSEGV, a crash in
+    native code" (None and its exit code where no signal ended it)."""
+    if code is None or code >= 0:
+        return None, f"worker pid {pid} exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    if name in NATIVE_CRASH_SIGNALS:
+        return name, f"worker pid {pid} was killed by {name}, a crash in native code"
+    return name, f"worker pid {pid} was killed by {name}"
+
+
 @dataclass(eq=False)
 class Replica:
     """A running replica. `inflight` counts the batches the front-end has sent it and not had back
     (kept by the component's `ReplicaSet`, which sends them).
 
     `state` is SERVING until the supervisor recycles it (STUCK, UNHEALTHY) or it dies (DEAD); `why`
-    then says what happened. Both are the supervisor's to write. `failed_checks` counts its health
-    checks failed in a row, `check_error` the last one's error.
+    then says what happened. Both are the supervisor's to write, and `gone` is set once it has. `failed_checks`
+    counts its health checks failed in a row, `check_error` the last one's error. `signal`: the signal that
+    killed its process ("SIGSEGV"), where its backend saw one (a crash in native code). `served`: the
+    batches it sent back in which its component ran a call.
     """
 
     id: str
@@ -86,6 +109,9 @@ class Replica:
     why: str = ""
     failed_checks: int = 0
     check_error: str = ""
+    signal: str | None = None
+    served: int = 0
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def component(self) -> str:

@@ -25,6 +25,7 @@ __all__ = [
     "Outcome",
     "StopFlag",
     "component_stats",
+    "ran",
     "run_batch",
     "run_calls",
     "run_calls_async",
@@ -88,6 +89,13 @@ class Failure:
 
 # (True, result) or (False, Failure)
 Outcome = tuple[bool, Any]
+
+
+def ran(outcome: Outcome) -> bool:
+    """Whether the component ran the call: its result or its own error, not a verdict given in its place (a
+    call its worker skipped since its request had ended, or the front-end gave up on)."""
+    ok, value = outcome
+    return ok or not (isinstance(value, Failure) and value.source == FRONTEND)
 
 
 class StopFlag(threading.Event):

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 import threading
 
 from patchkit import envs
-from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec, ReplicaState
+from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec, ReplicaState, signal_death
 from patchkit.orchestrator.process import Child, spawn
 from patchkit.orchestrator.rpc import GrpcChannel
 from patchkit.orchestrator.worker import WorkerBootstrap
 
 __all__ = ["LocalBackend"]
+
+EXIT_SEEN_S = 2.0  # once a worker's stream breaks, how long its process gets to be seen exiting (and how)
 
 
 class LocalBackend(Backend):
@@ -82,7 +85,11 @@ class LocalBackend(Backend):
         finally:
             for waiter in waits:
                 waiter.cancel()
+        if not exited.is_set():  # its stream broke first, as it does when the process dies: its exit says how
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(exited.wait(), EXIT_SEEN_S)
         child: Child = replica.handle
-        if exited.is_set():
-            return f"worker pid {child.pid} exited with code {child.process.returncode}"
-        return replica.channel.lost_reason
+        if not exited.is_set():
+            return replica.channel.lost_reason
+        replica.signal, reason = signal_death(child.pid, child.process.returncode)
+        return reason

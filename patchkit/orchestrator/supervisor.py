@@ -11,6 +11,13 @@ gone (its in-flight batches have failed with WorkerDiedError by then, and the fr
 them elsewhere), it is being recycled (stuck or unhealthy: it is stopped, and its batches in
 flight fail the same way), or it is being retired (reason "retired": its in-flight batches still
 finish).
+
+A replica killed by a signal from its own native code (SIGSEGV, SIGILL, SIGBUS: a C extension crashing
+on this CPU) before it served a batch is restarted after a growing delay, not in a tight loop; after
+CRASHES_TO_FAIL such deaths in a row, with no replica of the component serving a batch between them, the
+component is failed: nothing of it is restarted, `on_failed(component, why)` tells the front-end (which
+then answers its calls at once with ComponentFailed), and it stays so until `revive` (an update) or a new
+version replaces it.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec, ReplicaState
+from patchkit.orchestrator.backend import NATIVE_CRASH_SIGNALS, Backend, Replica, ReplicaSpec, ReplicaState
 
 __all__ = ["HealthChecks", "Replacement", "Supervisor"]
 
@@ -34,6 +41,9 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+CRASH_BACKOFF_S = (1.0, 4.0)  # before restarting a replica whose predecessors crashed in native code: 1 crash, 2 or more
+CRASHES_TO_FAIL = 3  # native crashes in a row, no replica of the component serving a batch between, that fail it
+DOCTOR_HINT = "run `patchkit doctor` on this machine to see which part fails"
 DRAIN_POLL_S = 0.01  # how often a retiring replica is checked for batches still in flight
 REPLACED_MEMORY = 64  # replacements remembered for stats, the latest kept
 
@@ -72,11 +82,14 @@ class Supervisor:
         *,
         drain_timeout_s: float = 30.0,
         health: HealthChecks | None = None,
+        on_failed: Callable[[str, str], None] | None = None,
     ) -> None:
-        """`health`: the checks every replica gets (None: the defaults of HealthChecks)."""
+        """`health`: the checks every replica gets (None: the defaults of HealthChecks). `on_failed(component,
+        why)`: called once a component is failed (see the module's docstring)."""
         self.backend = backend
         self._on_up = on_up
         self._on_down = on_down
+        self._on_failed = on_failed
         self.drain_timeout_s = drain_timeout_s  # how long a retiring replica gets to send its batches back
         self.health = health or HealthChecks()
         self._numbers: dict[str, itertools.count[int]] = defaultdict(itertools.count)
@@ -87,6 +100,8 @@ class Supervisor:
         self._closing = asyncio.Event()
         self._gone: set[str] = set()  # components that left the deployment: none of their replicas starts again
         self.restarts = 0
+        self.failed: dict[str, str] = {}  # component -> why it is failed: its replicas crash at every start
+        self._crashes: dict[str, int] = {}  # component -> its replicas' native crashes in a row
         self.replaced: deque[Replacement] = deque(maxlen=REPLACED_MEMORY)  # the latest last; retired replicas are not
 
     def replicas(self, component: str | None = None) -> list[Replica]:
@@ -118,7 +133,7 @@ class Supervisor:
         `replacing()` from the moment it serves."""
         replica_id = f"{spec.component}#{next(self._numbers[spec.component])}"
         replica = await self.backend.start(spec, replica_id)
-        if self._closing.is_set() or spec.component in self._gone:
+        if self._closing.is_set() or spec.component in self._gone or spec.component in self.failed:
             await self.backend.stop(replica)
             raise asyncio.CancelledError
         self._keepers[replica] = asyncio.get_running_loop().create_task(self._keep(replica))
@@ -135,8 +150,53 @@ class Supervisor:
             checks.cancel()
         if self._closing.is_set() or self._keepers.pop(replica, None) is None:
             return
-        logger.warning("replica %s died (%s); restarting it", replica.id, reason)
-        self._replace(replica, ReplicaState.DEAD, reason)
+        crashes = self._count_crash(replica)
+        if crashes >= CRASHES_TO_FAIL:
+            self._fail(replica, reason, crashes)
+            return
+        delay = CRASH_BACKOFF_S[min(crashes, len(CRASH_BACKOFF_S)) - 1] if crashes else 0.0
+        if crashes:
+            reason = f"{reason}; {DOCTOR_HINT}"
+        logger.warning("replica %s of %s died (%s); restarting it%s", replica.id, replica.component, reason,
+                       f" in {delay:g} s" if delay else "")
+        self._replace(replica, ReplicaState.DEAD, reason, delay=delay)
+
+    def _count_crash(self, dead: Replica) -> int:
+        """`dead`'s component's native crashes in a row, `dead`'s counted: a crash counts while no replica of the
+        component has served a batch (`served`); any other death starts the count again."""
+        component = dead.component
+        serving = dead.served or any(r.served for r in self._keepers if r.component == component)
+        if dead.signal not in NATIVE_CRASH_SIGNALS or serving:
+            self._crashes.pop(component, None)
+            return 0
+        self._crashes[component] = self._crashes.get(component, 0) + 1
+        return self._crashes[component]
+
+    def _fail(self, dead: Replica, reason: str, crashes: int) -> None:
+        """Fail `dead`'s component: record why, retire its other replicas and tell the front-end (`on_failed`)."""
+        component = dead.component
+        why = (f"{component} is failed: {crashes} of its replicas in a row died by {dead.signal}, a crash in native code, "
+               f"before serving a call (the last: {reason}); it is not restarted until it is replaced or the deployment "
+               f"is updated; {DOCTOR_HINT}")
+        logger.error("%s", why)
+        dead.state, dead.why = ReplicaState.DEAD, why
+        dead.gone.set()
+        self.replaced.append(Replacement(dead.id, component, ReplicaState.DEAD, why, time.time()))
+        self.failed[component] = why
+        self._on_down(dead, why)
+        for replica in [r for r in self._keepers if r.component == component]:
+            self.retire(replica)
+        if self._on_failed is not None:
+            self._on_failed(component, why)
+        self._track(self.backend.stop(dead))
+
+    def revive(self, components: list[str]) -> list[str]:
+        """Take the failed ones of `components` out of `failed`, their crash counts cleared; returns them, whose
+        replicas the caller starts again (`start`). Called when the deployment is updated."""
+        revived = [name for name in components if self.failed.pop(name, None) is not None]
+        for name in revived:
+            self._crashes.pop(name, None)
+        return revived
 
     async def _check(self, replica: Replica) -> None:
         """Check the replica's health every period, until it is recycled or its keeper ends."""
@@ -198,16 +258,18 @@ class Supervisor:
         self._replace(replica, ReplicaState.STUCK, why, retired)
 
     def _replace(
-        self, replica: Replica, state: ReplicaState, why: str, retired: asyncio.Future[None] | None = None
+        self, replica: Replica, state: ReplicaState, why: str, retired: asyncio.Future[None] | None = None, *,
+        delay: float = 0.0,
     ) -> None:
-        """Record `replica` as out of service, then start another in its place: after stopping it, or, with
-        `retired`, at once, stopping it once `retired` is done."""
+        """Record `replica` as out of service, then start another in its place: after stopping it (and `delay`
+        seconds more), or, with `retired`, at once, stopping it once `retired` is done."""
         replica.state, replica.why = state, why
+        replica.gone.set()
         self.replaced.append(Replacement(replica.id, replica.component, state, why, time.time()))
         self._replacing.append(replica)
         self._on_down(replica, why)
         if retired is None:
-            self._track(self._restart(replica))
+            self._track(self._restart(replica, delay))
         else:
             self._track(self._stop_when(replica, retired))
             self._track(self._start_in_place_of(replica))
@@ -220,17 +282,18 @@ class Supervisor:
             closing.cancel()
         await self.backend.stop(replica)
 
-    async def _restart(self, dead: Replica) -> None:
+    async def _restart(self, dead: Replica, delay: float = 0.0) -> None:
         try:
             await self.backend.stop(dead)
         finally:
-            await self._start_in_place_of(dead)
+            await self._start_in_place_of(dead, delay)
 
-    async def _start_in_place_of(self, dead: Replica) -> None:
-        """Start a replica of `dead`'s spec, trying again with backoff until one serves or the supervisor closes."""
+    async def _start_in_place_of(self, dead: Replica, delay: float = 0.0) -> None:
+        """Start a replica of `dead`'s spec, after `delay` s, trying again with backoff until one serves or the
+        supervisor closes."""
         try:
             for attempt in itertools.count():
-                backoff = RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)]
+                backoff = max(delay, RESTART_BACKOFF_S[min(attempt, len(RESTART_BACKOFF_S) - 1)])
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), backoff)
                 if self._closing.is_set() or dead.component in self._gone:
@@ -289,6 +352,7 @@ class Supervisor:
                 break
             await asyncio.sleep(DRAIN_POLL_S)
         await self.backend.stop(replica)
+        replica.gone.set()
 
     def _track(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(work)
@@ -307,6 +371,8 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
         await asyncio.gather(*(self.backend.stop(r) for r in keepers), return_exceptions=True)
+        for replica in keepers:
+            replica.gone.set()
         await self.backend.close()
 
 

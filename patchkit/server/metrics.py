@@ -151,6 +151,11 @@ def _replicas(snapshot: FrontendSnapshot) -> Iterator[Metric]:
         state.add_metric([component, replica, name], 1)
     yield state
     yield CounterMetricFamily("patchkit_replica_restarts", "Replicas started in place of lost ones.", value=snapshot.restarts)
+    failed = GaugeMetricFamily("patchkit_component_failed", "1 for a component whose replicas die by a signal in native "
+                               "code at every start: its calls fail at once (503) until an update.", labels=["component"])
+    for component in sorted(snapshot.live_replicas):
+        failed.add_metric([component], float(component in snapshot.failed))
+    yield failed
 
 
 def _component_stats(snapshot: FrontendSnapshot, reports: Mapping[str, Mapping[str, Any]]) -> Metric:

@@ -13,6 +13,7 @@ from aiohttp import web
 
 from patchkit.errors import (
     ComponentError,
+    ComponentFailed,
     DeadlineExceeded,
     InputError,
     Overloaded,
@@ -27,7 +28,7 @@ __all__ = ["REQUEST_ID_HEADER", "error_reply", "json_reply", "request_id_of"]
 REQUEST_ID_HEADER = "X-Request-ID"
 _REQUEST_ID = web.RequestKey("request_id", str)  # where the edge keeps the request's id on the aiohttp request
 _STATUS: list[tuple[type[BaseException], int]] = [
-    (InputError, 400), (PipelineNotFound, 404), (Overloaded, 503), (DeadlineExceeded, 504)
+    (InputError, 400), (PipelineNotFound, 404), (Overloaded, 503), (ComponentFailed, 503), (DeadlineExceeded, 504)
 ]
 
 

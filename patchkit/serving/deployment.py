@@ -69,7 +69,8 @@ class Deployment:
         liveness = config.liveness
         checks = HealthChecks(liveness.health_check_period_s, liveness.health_check_timeout_s, liveness.health_check_failures)
         self.supervisor = Supervisor(
-            backend, self._replica_up, self._replica_down, drain_timeout_s=liveness.drain_timeout_s, health=checks
+            backend, self._replica_up, self._replica_down, drain_timeout_s=liveness.drain_timeout_s, health=checks,
+            on_failed=self._component_failed,
         )
         self.autoscaler = Autoscaler(config, policy, self.supervisor, self.sets, self.one_more, clock=clock)
         self.prefetcher = Prefetcher([], self._submit_prefetch)
@@ -114,7 +115,8 @@ class Deployment:
 
         Each gets its `config.components` sizes (one without gets those of the component it replaces, else
         its methods' defaults), its queues, then its replicas, all started before any serves a call of
-        `pipelines`; then the autoscaler, the first time when the config's `autoscale` is on. Raises the first
+        `pipelines`; then the failed components `pipelines` call are started again (an update gives them another
+        try); then the autoscaler, the first time when the config's `autoscale` is on. Raises the first
         replica's start error, with every replica of `components` stopped and nothing else changed."""
         names = list(components)
         for name, component in components.items():
@@ -128,8 +130,10 @@ class Deployment:
             raise
         finally:
             self.starting.difference_update(names)
+        pipelines = list(pipelines)
         for pipeline in pipelines:
             self._adopt(pipeline)
+        await self._revive(set().union(*(self.holds(pipeline) for pipeline in pipelines)))
         self.autoscaler.track(names)
         if self.config.autoscaling.autoscale and not self.autoscaler.running:
             self.autoscaler.start()
@@ -269,6 +273,20 @@ class Deployment:
     def _replica_down(self, replica: Replica, reason: str) -> None:
         if replica.component in self.sets:
             self.sets[replica.component].remove(replica)
+
+    def _component_failed(self, name: str, why: str) -> None:
+        if name in self.sets:
+            self.sets[name].fail(why)
+
+    async def _revive(self, held: set[str]) -> None:
+        """Start again the replicas of the failed components (see `Supervisor`) that `held` names: an update's
+        pipelines call them again. Their calls queue again at once; raises the first start error, as `add`."""
+        names = self.supervisor.revive([name for name in self.supervisor.failed if name in held])
+        for name in names:
+            self.sets[name].revive()
+        if names:
+            logger.warning("starting the failed components %s again, as the deployment is updated", ", ".join(names))
+            await self.supervisor.start(await self._specs(names))
 
     # -- calls --------------------------------------------------------------------------------------------------
     def submit(

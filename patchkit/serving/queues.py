@@ -32,16 +32,18 @@ not counted as a retry: it never ran there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
-from patchkit.orchestrator.backend import Replica, ReplicaState
+from patchkit.errors import ComponentFailed, DeadlineExceeded, PatchkitError, WorkerDiedError
+from patchkit.orchestrator.backend import NATIVE_CRASH_SIGNALS, Replica, ReplicaState
 from patchkit.orchestrator.envelope import CallEnvelope
-from patchkit.orchestrator.execute import Failure, Outcome
+from patchkit.orchestrator.execute import Failure, Outcome, ran
+from patchkit.orchestrator.supervisor import DOCTOR_HINT
 from patchkit.serving.replicas import ReplicaSet, Turn
 
 __all__ = ["BatchQueue", "PendingCall", "QueueStats"]
@@ -49,6 +51,7 @@ __all__ = ["BatchQueue", "PendingCall", "QueueStats"]
 logger = logging.getLogger(__name__)
 
 THROUGHPUT_WINDOW_S = 10.0
+DEATH_SEEN_S = 3.0  # how long calls whose replica died wait for the supervisor to say how it died (its exit)
 
 
 @dataclass(eq=False)
@@ -155,6 +158,9 @@ class BatchQueue:
         future: asyncio.Future[Outcome] = loop.create_future()
         envelope.ended = future
         call = PendingCall(envelope, future, self.clock(), slack=slack, prefix=prefix, priority=priority)
+        if self.replicas.failed is not None:  # its replicas crash at every start: answered now, not queued
+            future.set_result((False, Failure.verdict(self.replicas.failed)))
+            return call
         call.future.add_done_callback(lambda _: self._withdraw(call))
         self._pending.append(call)
         self._ranked += call.ranked
@@ -259,7 +265,7 @@ class BatchQueue:
             # Behind a stuck batch on its replica, a batch never ran (a replica runs one at a time): sent
             # again, it is not retried, so a method that must not run twice (retries=0) loses no call.
             never_ran = replica.state is ReplicaState.STUCK and turn is not None and turn.started is None
-            self._retry(batch, exc, count=not never_ran)
+            self._retry(batch, await self._death_of(replica, exc), count=not never_ran)
         except TimeoutError as exc:
             if turn is not None and turn.moved:
                 self._retry(batch, WorkerDiedError(f"replica {replica.id} was replaced"), count=False)
@@ -270,10 +276,29 @@ class BatchQueue:
         except Exception as exc:  # not the calls' doing, nor the component's: fail them rather than leave them waiting
             self._fail(batch, exc)
         else:
+            replica.served += any(map(ran, outcomes))  # a component that runs calls there is not crashing at start
             self._deliver(batch, outcomes)
             self.stats.service_s += self.clock() - start
         finally:
             self.replicas.leave(replica, turn)
+
+    async def _death_of(self, replica: Replica, lost: WorkerDiedError) -> WorkerDiedError:
+        """The error of calls whose replica died under them: `lost` (what the channel saw), or, once the
+        supervisor knows (within DEATH_SEEN_S), one naming the component and the signal of a crash in native code."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(replica.gone.wait(), DEATH_SEEN_S)
+        if replica.signal not in NATIVE_CRASH_SIGNALS:
+            return lost
+        return WorkerDiedError(
+            f"{self.replicas.component}.{self.method}: replica {replica.id} was killed by {replica.signal}, a crash in "
+            f"native code (a C extension the component runs, such as llama.cpp, on this machine); {DOCTOR_HINT}")
+
+    def fail_pending(self, error: ComponentFailed) -> None:
+        """Fail every queued call with `error`: its component is failed (`ReplicaSet.fail`)."""
+        pending, self._pending, self._ranked = self._pending, deque(), 0
+        for call in pending:
+            if not call.future.done():
+                call.future.set_result((False, Failure.verdict(error)))
 
     def _fail(self, batch: list[PendingCall], exc: Exception) -> None:
         logger.error("a batch of %s.%s failed to run", self.replicas.component, self.method, exc_info=exc)
@@ -304,11 +329,14 @@ class BatchQueue:
         """Re-queue the calls of a dead or stuck replica at the front, in order; fail those out of retries
         with `error` (a WorkerDiedError, a DeadlineExceeded), saying how many times each was tried.
         `count`: the calls may have run; False for calls known not to have, which are re-queued whatever their retries."""
+        failed = self.replicas.failed
         for call in reversed(batch):
             call.attempts += count
             if call.future.done():
                 continue
-            if call.attempts > self.max_retries:
+            if failed is not None:
+                call.future.set_result((False, Failure.verdict(failed)))
+            elif call.attempts > self.max_retries:
                 times = f"{call.attempts} time{'s' if call.attempts > 1 else ''}"
                 final = type(error)(f"{error}; the call was tried {times} (retries: {self.max_retries})")
                 call.future.set_result((False, Failure.verdict(final)))

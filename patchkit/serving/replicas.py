@@ -22,6 +22,7 @@ import asyncio
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from patchkit.errors import ComponentFailed
 from patchkit.orchestrator.backend import Replica, ReplicaState
 from patchkit.orchestrator.execute import Outcome
 from patchkit.serving.router import Router
@@ -68,11 +69,23 @@ class ReplicaSet:
         self._lines: dict[Replica, list[Turn]] = {}
         self._beside: dict[Replica, list[Turn]] = {}  # per replica, the calls of max_concurrency methods running there
         self._retiring: dict[Replica, asyncio.Future[None]] = {}  # replaced as a surge: done once it may be stopped
+        self.failed: ComponentFailed | None = None  # set by `fail`: its calls fail at once with it
 
     def add(self, replica: Replica) -> None:
         """Called by the supervisor's on_up: the replica takes calls from now on."""
         self.replicas.append(replica)
         self.kick()
+
+    def fail(self, why: str) -> None:
+        """Called when the supervisor failed this component (its replicas crash at every start): every call
+        queued for it, and every call submitted until `revive`, fails at once with ComponentFailed(why)."""
+        self.failed = ComponentFailed(why)
+        for queue in self.queues:
+            queue.fail_pending(self.failed)
+
+    def revive(self) -> None:
+        """Its replicas are being started again (an update): calls queue for them again."""
+        self.failed = None
 
     def remove(self, replica: Replica) -> None:
         """Called by the supervisor's on_down, and here when a replica is stuck: it takes no more calls."""

@@ -65,3 +65,4 @@ class FrontendSnapshot:
     slo: Mapping[str, Any]  # SloPolicy.stats()
     prefetch: Mapping[str, Any]  # Prefetcher.stats()
     pipelines: Mapping[tuple[str, str, str], int]  # requests by (pipeline, version tag, outcome)
+    failed: frozenset[str] = frozenset()  # components failed: their replicas crash at every start

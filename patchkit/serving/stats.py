@@ -64,6 +64,9 @@ class StatsCollector:
         for name, replica_set in self.deployment.sets.items():
             if name in self.deployment.starting:
                 continue  # an update's new component, serving nothing until all of it is up
+            if name in supervisor.failed:
+                reasons.append(f"{name} is failed: its replicas die by a signal in native code at every start")
+                continue
             for replica in replica_set.replicas:
                 if not replica.alive:
                     reasons.append(f"{replica.id} is gone")
@@ -93,7 +96,7 @@ class StatsCollector:
             replica_components={replica.id: replica.component for replica in supervisor.replicas()},
             replica_states={r.id: (r.component, r.state.value) for r in [*supervisor.replicas(), *supervisor.replacing()]},
             restarts=supervisor.restarts, slo=self.policy.stats(), prefetch=deployment.prefetcher.stats(),
-            pipelines=dict(self.by_pipeline),
+            pipelines=dict(self.by_pipeline), failed=frozenset(supervisor.failed),
         )
 
     def stats(self) -> dict[str, Any]:
@@ -103,9 +106,13 @@ class StatsCollector:
         deployment, supervisor = self.deployment, self.deployment.supervisor
         components: dict[str, dict[str, Any]] = {
             name: {"class": type(component).__name__, "replicas": self._replicas(name), "methods": {},
-                   "replaced": [r.describe() for r in supervisor.replaced if r.component == name]}
+                   "replaced": [r.describe() for r in supervisor.replaced if r.component == name],
+                   "state": "failed" if name in supervisor.failed else "serving"}
             for name, component in deployment.components.items()
         }
+        for name, why in supervisor.failed.items():
+            if name in components:
+                components[name]["failed"] = why
         for method in snapshot.methods:
             components[method.component]["methods"][method.method] = method.describe()
         requests: dict[str, float] = {"inflight": snapshot.inflight, **snapshot.outcomes}

@@ -39,6 +39,7 @@ from typing import Any
 
 from patchkit.components.generators.llama.document_cache import DocumentCache
 from patchkit.components.generators.llama.kv_blend import Blender
+from patchkit.components.generators.llama.loading import Repack, choose_repack, model_params
 from patchkit.components.generators.llama.sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
 from patchkit.core.engine_turn import Reading, Skip, TurnSize
 
@@ -65,7 +66,9 @@ class EngineConfig:
     per step, on `threads` threads; `prefix_cache=False` evaluates every prompt in full (and keeps no
     cache slots, nor a document cache). `kv_cache_bytes`: the host memory the document KV cache may hold
     (0: none). `kv_reuse="blend"` also reuses documents' KV after any prefix, evaluating `recompute` of
-    each placed document's tokens again (`kv_blend.py`); "exact" reuses prefixes only."""
+    each placed document's tokens again (`kv_blend.py`); "exact" reuses prefixes only. `repack`: whether
+    the weights load into llama.cpp's extra buffer types ("auto": not where the CPU reports AMX, see
+    `loading.py`), decided where the engine loads."""
 
     model_path: str
     n_ctx: int = 2048
@@ -78,6 +81,7 @@ class EngineConfig:
     kv_cache_bytes: int = 0
     kv_reuse: str = "exact"  # or "blend": documents' KV reused at any position (`kv_blend.py`)
     recompute: float = 0.15  # under blend, the share of each placed document's leading tokens evaluated again
+    repack: Repack = "auto"
 
     @property
     def slots(self) -> int:
@@ -99,6 +103,7 @@ class EngineConfig:
             raise ValueError(f"kv_reuse ({self.kv_reuse!r}) must be 'exact' or 'blend'")
         if not 0.0 <= self.recompute <= 1.0:
             raise ValueError(f"recompute ({self.recompute}) must be within [0, 1]: the share of a document's tokens")
+        choose_repack(self.repack)  # raises on a value that is not one
         if self.kv_reuse == "blend" and not (self.prefix_cache and self.kv_cache_bytes > 0):
             raise ValueError(f"kv_reuse='blend' keeps documents in the document KV cache: prefix_cache "
                              f"({self.prefix_cache}) must be True and kv_cache_bytes ({self.kv_cache_bytes}) > 0")
@@ -125,7 +130,9 @@ class LlamaEngine:
         _logger.set_verbose(False)  # as Llama(verbose=False): llama.cpp's own log only for errors
 
         self.config, self._lib = config, llama_cpp
-        params = llama_cpp.llama_model_default_params()
+        self.repack = choose_repack(config.repack)
+        self.repack.log(config.model_path)
+        params = model_params(llama_cpp, self.repack)
         self.model = _internals.LlamaModel(path_model=config.model_path, params=params, verbose=False)
         self._ctx = _internals.LlamaContext(model=self.model, params=self._context_params(), verbose=False)
         self._batch = _internals.LlamaBatch(n_tokens=config.n_batch, embd=0, n_seq_max=1, verbose=False)
@@ -230,11 +237,14 @@ class LlamaEngine:
         cache's: `kv_cache_hits` (prompts whose prefix it restored), `kv_cache_misses` (prompts with pieces
         it restored nothing of: it held none of them, or a slot held as much), `kv_cache_tokens_saved`
         (prompt tokens restored from it), `kv_cache_bytes_held` (within `kv_cache_budget_bytes`),
-        `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring). And
-        the turn's sizes, `prompt_tokens_per_turn` and `block`, which the planner's cost model replays."""
+        `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring). The
+        turn's sizes, `prompt_tokens_per_turn` and `block`, which the planner's cost model replays. And
+        `weight_repack`: 1 where the weights loaded into llama.cpp's extra buffer types, 0 where not, and `cpu_amx`:
+        1 where the CPU reports AMX (`loading.py`)."""
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
-            counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block)
+            counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block,
+                          weight_repack=float(self.repack.repack), cpu_amx=float(self.repack.amx))
             cached = sum(bool(kept) for kept in self._idle.values())
             counts.update(self._seconds, running=len(self._running), waiting=len(self._waiting), cache_entries=cached)
             counts.update(self._documents.stats())

@@ -18,6 +18,7 @@ from patchkit.components.generators.base import (
     replica_threads,
 )
 from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
+from patchkit.components.generators.llama.loading import Repack
 from patchkit.components.generators.llama.sequence import common_prefix
 from patchkit.components.generators.streaming import decoded, stripped
 from patchkit.core import make
@@ -73,6 +74,10 @@ class LlamaCppGenerator(Generator):
             position, see above).
         recompute: with "blend", the share of each reused document's first tokens evaluated again
             (default 0.15).
+        repack: whether llama.cpp repacks the weights into its faster CPU layouts at load: "auto" (the
+            default) repacks except where the CPU reports AMX, whose repacked weights crash llama.cpp's
+            first decode; True or False forces it. Decided where the model loads; the worker's log says
+            which was chosen and why, `stats()` which (`weight_repack`) and whether the CPU reports AMX (`cpu_amx`).
     """
 
     def __init__(
@@ -90,6 +95,7 @@ class LlamaCppGenerator(Generator):
         reorder_docs: bool = False,
         kv_reuse: str = "exact",
         recompute: float = RECOMPUTE,
+        repack: Repack = "auto",
     ) -> None:
         path = Path(model).expanduser() if model is not None else default_gguf_path()
         if not path.is_file():
@@ -99,7 +105,7 @@ class LlamaCppGenerator(Generator):
         super().__init__(max_tokens=max_tokens, temperature=temperature, seed=seed, system_prompt=system_prompt)
         self.model_path, self.n_ctx, self.threads, self.prefix_cache = str(path), n_ctx, threads, prefix_cache
         self.kv_cache_bytes, self.reorder_docs = kv_cache_bytes, reorder_docs
-        self.kv_reuse, self.recompute = kv_reuse, recompute
+        self.kv_reuse, self.recompute, self.repack = kv_reuse, recompute, repack
         self.engine_config()  # checks the engine's options where they are given
         self.engine: LlamaEngine | None = None
         self.lines: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
@@ -123,7 +129,8 @@ class LlamaCppGenerator(Generator):
         # Prompt evaluation too: llama.cpp's own default is every core, which oversubscribes a replica's share.
         return EngineConfig(self.model_path, n_ctx=self.n_ctx, max_sequences=MAX_CONCURRENCY,
                             threads=self.threads or replica_threads(), prefix_cache=self.prefix_cache,
-                            kv_cache_bytes=self.kv_cache_bytes, kv_reuse=self.kv_reuse, recompute=self.recompute)
+                            kv_cache_bytes=self.kv_cache_bytes, kv_reuse=self.kv_reuse, recompute=self.recompute,
+                            repack=self.repack)
 
     @property
     def document_cache(self) -> bool:
@@ -293,7 +300,8 @@ class LlamaCppGenerator(Generator):
         """The engine's counters.
 
         Requests, prompt tokens evaluated and reused, generated tokens, decode steps, mean sequences per step, aborted calls, and
-        the document cache's hits, misses, tokens saved, bytes held, entries and evictions (see `LlamaEngine.stats`); empty before
+        the document cache's hits, misses, tokens saved, bytes held, entries and evictions (see `LlamaEngine.stats`), and whether
+        the weights were repacked (`weight_repack`, 1 or 0) and whether the CPU reports AMX (`cpu_amx`, 1 or 0); empty before
         setup.
         """
         return dict(self.engine.stats()) if self.engine is not None else {}
