@@ -40,8 +40,9 @@ def render(made: Mapping[str, Any]) -> str:
         took = f" ({check['seconds']:.1f} s)" if check["status"] != "skipped" else ""
         lines.append(f"  {check['status']:<8} {check['name']:<{width}}  {check['detail']}{took}")
     failed = [c["name"] for c in made["checks"] if c["status"] == "failed"]
+    skipped = sum(c["status"] == "skipped" for c in made["checks"])
     lines += ["", f"{len(failed)} of {len(made['checks'])} checks failed: {', '.join(failed)}" if failed
-              else f"every check passed or was skipped ({len(made['checks'])})"]
+              else f"no check failed ({len(made['checks']) - skipped} ok, {skipped} skipped)"]
     return "\n".join(lines)
 
 

@@ -46,8 +46,11 @@ def check_llama(model: str | None) -> str:
     if not answer.strip():
         raise RuntimeError(f"{Path(generator.model_path).name} decoded no text for {PROMPT!r}")
     host = ", an AMX host" if has_amx() else ""
+    # The engine's choice of llama.cpp's weight repacking (off on AMX hosts), where it makes one.
+    describe = getattr(getattr(generator.engine, "repack", None), "describe", None)
+    repack = f", weight repacking {describe()}" if callable(describe) else ""
     return (f"{Path(generator.model_path).name}: loaded in {loaded:.1f} s, decoded {answer.strip()!r} "
-            f"({generator.engine_config().threads} threads{host})")
+            f"({generator.engine_config().threads} threads{host}{repack})")
 
 
 def check_faiss(model: str | None) -> str:
