@@ -100,6 +100,13 @@ def test_a_check_whose_extra_is_missing_is_skipped_not_failed(capsys: pytest.Cap
         assert f"[{extra}]" in checks[name]["detail"]
 
 
+@pytest.mark.skipif(find_spec("sentence_transformers") is None, reason="times the embedder check: pip install -e '.[retrieval]'")
+def test_a_check_past_its_timeout_is_stopped_and_failed(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--json", "--check", "embedder", "--timeout", "0.2"]) == 1  # torch alone imports for longer
+    [embedder] = json.loads(capsys.readouterr().out)["checks"]
+    assert embedder["status"] == "failed" and embedder["detail"] == "timed out after 0.2 s (stopped)"
+
+
 def test_an_unknown_check_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["doctor", "--check", "nosuch"])
@@ -108,6 +115,7 @@ def test_an_unknown_check_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.slow
+@pytest.mark.ray  # the ray check starts a local instance
 def test_json_lists_every_check_and_this_machine_passes_them() -> None:
     status, out, err = doctor("--json")
     report = json.loads(out)

@@ -146,7 +146,8 @@ def check_ray(model: str | None) -> str:
     """Start a local Ray instance as the ray backend would (one CPU, no dashboard), then stop it."""
     import ray
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    # address="local": a new instance on this machine, even where RAY_ADDRESS names a cluster to join.
+    ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
         cpus = ray.cluster_resources().get("CPU", 0)
     finally:
