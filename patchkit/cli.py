@@ -349,10 +349,13 @@ def _plan(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from patchkit.doctor import render, report, to_json
+    from patchkit.doctor import print_report, report, to_json
 
-    made = report(args.check or None, model=args.model, timeout_s=args.timeout, crash=args.crash_check or ())
-    print(to_json(made) if args.json else render(made), flush=True)
+    chosen = {"model": args.model, "timeout_s": args.timeout, "crash": args.crash_check or ()}
+    if not args.json:
+        return 0 if print_report(args.check or None, **chosen) else 1
+    made = report(args.check or None, **chosen)
+    print(to_json(made), flush=True)
     return 0 if made["ok"] else 1
 
 

@@ -12,14 +12,15 @@ check fails.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from patchkit.doctor.checks import CHECKS
 from patchkit.doctor.environment import environment
-from patchkit.doctor.runner import TIMEOUT_S, CheckResult, run_checks
+from patchkit.doctor.runner import TIMEOUT_S, CheckResult, each_check, run_checks
 
-__all__ = ["CHECKS", "TIMEOUT_S", "CheckResult", "environment", "render", "report", "run_checks", "to_json"]
+__all__ = ["CHECKS", "TIMEOUT_S", "CheckResult", "environment", "print_report", "report", "run_checks", "to_json"]
 
 
 def report(names: Sequence[str] | None = None, *, model: str | None = None, timeout_s: float = TIMEOUT_S,
@@ -31,19 +32,28 @@ def report(names: Sequence[str] | None = None, *, model: str | None = None, time
             "ok": all(r.status != "failed" for r in results)}
 
 
-def render(made: Mapping[str, Any]) -> str:
-    """`report()` as text for a terminal or a bug report: the environment, then a line per check."""
-    env = made["environment"]
-    lines = ["Environment", *(f"  {key:<10} {value}" for key, value in _environment_lines(env)), "", "Checks"]
-    width = max((len(c["name"]) for c in made["checks"]), default=0)
-    for check in made["checks"]:
-        took = f" ({check['seconds']:.1f} s)" if check["status"] != "skipped" else ""
-        lines.append(f"  {check['status']:<8} {check['name']:<{width}}  {check['detail']}{took}")
-    failed = [c["name"] for c in made["checks"] if c["status"] == "failed"]
-    skipped = sum(c["status"] == "skipped" for c in made["checks"])
-    lines += ["", f"{len(failed)} of {len(made['checks'])} checks failed: {', '.join(failed)}" if failed
-              else f"no check failed ({len(made['checks']) - skipped} ok, {skipped} skipped)"]
-    return "\n".join(lines)
+def print_report(names: Sequence[str] | None = None, *, model: str | None = None, timeout_s: float = TIMEOUT_S,
+                 crash: Sequence[str] = (), out: TextIO | None = None) -> bool:
+    """`patchkit doctor` without --json: the environment, then each check's line as the check ends, then
+    a summary, on `out` (stdout). Returns whether no check failed."""
+    def say(line: str) -> None:
+        print(line, file=out or sys.stdout, flush=True)
+
+    say("Environment")
+    for key, value in _environment_lines(environment()):
+        say(f"  {key:<10} {value}")
+    say("\nChecks")
+    width = max(len(c.name) for c in CHECKS)
+    results = []
+    for result in each_check(names, model=model, timeout_s=timeout_s, crash=crash):
+        took = f" ({result.seconds:.1f} s)" if result.status != "skipped" else ""
+        say(f"  {result.status:<8} {result.name:<{width}}  {result.detail}{took}")
+        results.append(result)
+    failed = [r.name for r in results if r.status == "failed"]
+    skipped = sum(r.status == "skipped" for r in results)
+    say(f"\n{len(failed)} of {len(results)} checks failed: {', '.join(failed)}" if failed
+        else f"\nno check failed ({len(results) - skipped} ok, {skipped} skipped)")
+    return not failed
 
 
 def _environment_lines(env: Mapping[str, Any]) -> list[tuple[str, str]]:

@@ -12,14 +12,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib.util import find_spec
 
 from patchkit.doctor.checks import CHECKS, Check
 from patchkit.doctor.environment import install_hint
 
-__all__ = ["CheckResult", "run_check", "run_checks", "signal_detail", "skip_reason"]
+__all__ = ["CheckResult", "each_check", "run_check", "run_checks", "signal_detail", "skip_reason"]
 
 TIMEOUT_S = 300.0  # a check's time: loading a model of several GB from a slow disk included
 NATIVE_CRASHES = {
@@ -128,8 +128,16 @@ def _stop_group(child: subprocess.Popen[bytes]) -> None:
     child.wait()
 
 
+def each_check(names: Sequence[str] | None = None, *, model: str | None = None, timeout_s: float = TIMEOUT_S,
+               crash: Sequence[str] = ()) -> Iterator[CheckResult]:
+    """Run the checks named (all of them, in their order, when None), one after another, yielding each
+    result as it comes (the text report prints each line as its check ends)."""
+    for check in CHECKS:
+        if names is None or check.name in names:
+            yield run_check(check, model=model, timeout_s=timeout_s, crash=check.name in crash)
+
+
 def run_checks(names: Sequence[str] | None = None, *, model: str | None = None, timeout_s: float = TIMEOUT_S,
                crash: Sequence[str] = ()) -> list[CheckResult]:
-    """Run the checks named (all of them, in their order, when None), one after another."""
-    chosen = [c for c in CHECKS if names is None or c.name in names]
-    return [run_check(c, model=model, timeout_s=timeout_s, crash=c.name in crash) for c in chosen]
+    """Every result of `each_check`."""
+    return list(each_check(names, model=model, timeout_s=timeout_s, crash=crash))
