@@ -102,7 +102,8 @@ def run_check(check: Check, *, model: str | None = None, timeout_s: float = TIME
             returncode: int | None = child.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             returncode = None
-        _stop_group(child)
+        finally:  # Ctrl-C included: the child's session does not get the terminal's SIGINT
+            _stop_group(child)
         seconds = round(time.perf_counter() - started, 2)
         out.seek(0)
         err.seek(0)
