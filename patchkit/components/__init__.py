@@ -4,7 +4,7 @@ An embedder, document loaders, retrievers over FAISS, Chroma and Qdrant, a hybri
 llama.cpp, transformers, vLLM and OpenAI-compatible servers, and a speculative retriever for iterative pipelines.
 
 They know only `Component` and `make`; their heavy libraries load in `setup()`, in the process that
-runs them. Install them with `pip install 'patchkit[retrieval,llm]'`.
+runs them. Install them with `pip install -e '.[retrieval,llm]'` in patchkit's checkout.
 """
 
 from patchkit.components.blocks import Augmenter, BM25Search, Grader, Rewriter, WebSearch

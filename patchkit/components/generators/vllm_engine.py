@@ -92,7 +92,8 @@ class VLLMGenerator(Generator):
         try:
             import vllm  # noqa: F401 - checked here, where its absence can be said plainly
         except ImportError as exc:
-            raise ImportError(f"VLLMGenerator needs vllm, which is not installed: pip install 'patchkit[gpu]' ({exc})") from exc
+            raise ImportError(f"VLLMGenerator needs vllm, which is not installed: pip install -e '.[gpu]' in patchkit's "
+                              f"checkout ({exc})") from exc
         if not _looks_like_path(self.model):
             _check_cached(self.model)
         self.loop = BackgroundLoop("patchkit-vllm")

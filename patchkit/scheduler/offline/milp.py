@@ -46,7 +46,7 @@ whole, the part it lends included, and a lending replica counts 1 / (U + 1) more
 part of a core is lent only where the plan's throughput needs it, never to no one.
 
 Solvers (`solvers.py`): gurobipy when importable and its licence takes the model (the pip licence stops
-at 2,000 variables and 2,000 constraints), else HiGHS through highspy; `pip install 'patchkit[sched]'`.
+at 2,000 variables and 2,000 constraints), else HiGHS through highspy; `pip install -e '.[sched]'` brings both.
 """
 
 from __future__ import annotations
@@ -198,7 +198,8 @@ def _run(model: _Model, solver: str) -> tuple[str, list[float] | None]:
                 raise PlanError(f"solver='gurobi' cannot solve this plan: {exc}; use solver='highs' or 'auto'") from None
             logger.info("gurobi unavailable (%s); solving with HiGHS", exc)
     if importlib.util.find_spec("highspy") is None:
-        raise PlanError("planning needs a MILP solver: pip install 'patchkit[sched]' (highspy, and gurobipy if licensed)")
+        raise PlanError("planning needs a MILP solver: pip install -e '.[sched]' in patchkit's checkout "
+                        "(highspy, and gurobipy if licensed)")
     return "highs", _two_stages(model, solve_highs)
 
 

@@ -7,7 +7,7 @@ returns the optimal column values of a `LinearModel`, or None when it is infeasi
 - `solve_highs`: HiGHS through highspy, for any size.
 
 Both solve to tolerances of 1e-9, so that plans read the same whichever solved them. The model is
-built in `milp.py`; `pip install 'patchkit[sched]'` brings both solvers.
+built in `milp.py`; `pip install -e '.[sched]'` brings both solvers.
 """
 
 from __future__ import annotations

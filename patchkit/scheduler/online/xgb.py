@@ -42,7 +42,7 @@ class XGBoostEstimator:
     microsecond). Until trained, `remaining_s` is that of a
     `RunningAverage` fed the same traces. The fewest and most calls left come from `graph` (a
     `Graph` or `nodes_remaining`'s result), else from the successive calls of the traces trained on.
-    Needs the `xgboost` module (`pip install 'patchkit[sched]'`, which brings `xgboost-cpu`).
+    Needs the `xgboost` module (`pip install -e '.[sched]'` in patchkit's checkout, which brings `xgboost-cpu`).
     """
 
     name = "xgboost"
@@ -172,6 +172,6 @@ def _import_xgboost() -> Any:
     try:
         import xgboost
     except ImportError as exc:
-        hint = "pip install 'patchkit[sched]'"
+        hint = "pip install -e '.[sched]' in patchkit's checkout"
         raise ImportError(f"XGBoostEstimator needs xgboost, which is not installed: {hint} ({exc})") from exc
     return xgboost
