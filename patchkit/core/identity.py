@@ -206,7 +206,7 @@ class _Walk:
             if not _users(cls.__module__):
                 self.parts[f"base {_qualified(cls)}"] = _qualified(cls)
                 continue
-            self.parts[f"class {cls.__qualname__}"] = _qualified(cls)
+            self.parts[f"class {cls.__qualname__}"] = " ".join(_qualified(c) for c in (cls, *cls.__bases__))
             self._open.add(id(cls))  # met inside itself (`super()`'s cell): by its name, its attributes are parts
             for name, value in sorted(vars(cls).items()):
                 if name not in _NOT_BEHAVIOUR:
