@@ -16,8 +16,8 @@ import cloudpickle
 import pytest
 
 import patchkit
-from patchkit.core import identity as ids
 from patchkit import reload
+from patchkit.core import identity as ids
 
 APP = '''\
 import patchkit

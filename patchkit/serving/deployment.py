@@ -4,8 +4,8 @@ Shared by every pipeline the front-end (frontend.py) serves, and by every versio
 `ReplicaSet` per component, one `BatchQueue` per (component, method) with the batch size the config
 (or its plan) gives it, the `Supervisor` that starts the replicas the backend places, the
 `Autoscaler` and the `Prefetcher`. A component object several pipelines use is deployed once
-(`patchkit.core.identity.deployed_names`); a component of a new version whose fingerprint (class,
-code, constructor arguments) is a deployed one's is served by that one, its workers, queues and caches kept.
+(`patchkit.core.identity.deployed_names`); a component of a new version whose fingerprint (its
+identity: `patchkit.core.identity`) is a deployed one's is served by that one, its workers, queues and caches kept.
 
 `add` starts a version's new components, all or none; `release` stops those no version in use calls.
 The request runner submits each component call here (`submit`), as do the workers whose components
