@@ -249,3 +249,15 @@ def test_changes_name_each_component_and_what_changed_in_it() -> None:
     assert reload.changes(reload.identities(first), reload.identities(pipeline_of(edited))) == [
         "gen changed: Gen.PROMPT, module constant TEMPLATE"]
     assert reload.changes(reload.identities(first), reload.identities(pipeline_of(PIPELINE))) == []
+
+
+def test_an_object_that_raises_when_read_never_fails_an_identity() -> None:
+    source = APP.replace("UNRELATED = 1", '''\
+class Proxy:
+    def __getattribute__(self, name):
+        raise RuntimeError("a proxy reads nothing here")
+
+
+REMOTE = Proxy()''').replace("return text.strip()", "return REMOTE and text.strip()")
+    assert ids.fingerprint(gen(source)) == ids.fingerprint(gen(source))
+    assert "module constant REMOTE" in ids.identity(gen(source)).parts

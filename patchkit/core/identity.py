@@ -44,6 +44,7 @@ _NOT_BEHAVIOUR = frozenset({"__doc__", "__module__", "__qualname__", "__dict__",
                             "__static_attributes__", "__annotations__", "__orig_bases__", "__parameters__"})
 _GLOBAL_OPS = frozenset(dis.opmap[name] for name in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"))
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented))
+_PLAIN_TYPES = frozenset(_PLAIN)  # exactly these (a subclass's repr may be anything)
 _BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType, types.WrapperDescriptorType,
                       types.MethodDescriptorType, types.ClassMethodDescriptorType)
 _MAX_DEPTH = 64  # a value nested deeper is digested by its type
@@ -196,6 +197,7 @@ class _Walk:
         self.home = home  # the module whose globals are named without it
         self.parts: dict[str, str] = {}
         self._open: set[int] = set()  # objects being digested: met again inside themselves, a cycle
+        self._known: dict[int, bytes] = {}  # the classes and functions digested already, kept alive by the value read
 
     # -- parts ------------------------------------------------------------------------------------------------
     def component(self, component: Component) -> None:
@@ -242,11 +244,22 @@ class _Walk:
         """A stable digest of `value`; a function or class of the user's reads its globals into `parts`."""
         if isinstance(value, _PLAIN):
             return _hash(type(value).__name__, repr(value))
+        if type(value) in (tuple, list, dict) and _all_plain(value):
+            return _hash(type(value).__name__, "plain", repr(value))  # the common case, digested at once
         if depth > _MAX_DEPTH or id(value) in self._open:
             return _hash("cut", _qualified(value))
+        known = self._known.get(id(value)) if isinstance(value, (type, types.FunctionType)) and defaults else None
+        if known is not None:
+            return known
         self._open.add(id(value))
         try:
-            return self._value(value, depth + 1, defaults)
+            digest = self._value(value, depth + 1, defaults)
+            if isinstance(value, (type, types.FunctionType)) and defaults:
+                self._known[id(value)] = digest  # a class or function reads the same everywhere in one walk
+            return digest
+        except Exception as exc:  # noqa: BLE001 - an object whose attributes raise is still an identity's part
+            logger.debug("%s could not be read (%s): an identity counts it by its type only", _qualified(type(value)), exc)
+            return _hash("unreadable", _qualified(type(value)))
         finally:
             self._open.discard(id(value))
 
@@ -318,6 +331,11 @@ class _Walk:
         logger.debug("%s has no stable digest (%s): an identity counts it by its type only", _qualified(value),
                      reduced if isinstance(reduced, Exception) else "it pickles as a name")
         return _hash("object", _qualified(value), str(reduced) if isinstance(reduced, str) else "")
+
+
+def _all_plain(value: tuple[Any, ...] | list[Any] | dict[Any, Any]) -> bool:
+    items = value.items() if isinstance(value, dict) else ((v, None) for v in value)
+    return all(type(k) in _PLAIN_TYPES and type(v) in _PLAIN_TYPES for k, v in items)
 
 
 def _function_of(value: Any) -> types.FunctionType | None:
