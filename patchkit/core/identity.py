@@ -242,26 +242,30 @@ class _Walk:
     # -- values -----------------------------------------------------------------------------------------------
     def value(self, value: Any, depth: int = 0, *, defaults: bool = True) -> bytes:
         """A stable digest of `value`; a function or class of the user's reads its globals into `parts`."""
+        try:
+            return self._read(value, depth, defaults)
+        except Exception as exc:  # noqa: BLE001 - an object whose attributes raise is still an identity's part
+            logger.debug("%s could not be read (%s): an identity counts it by its type only", _qualified(type(value)), exc)
+            return _hash("unreadable", _qualified(type(value)))
+
+    def _read(self, value: Any, depth: int, defaults: bool) -> bytes:
         if isinstance(value, _PLAIN):
             return _hash(type(value).__name__, repr(value))
         if type(value) in (tuple, list, dict) and _all_plain(value):
             return _hash(type(value).__name__, "plain", repr(value))  # the common case, digested at once
         if depth > _MAX_DEPTH or id(value) in self._open:
             return _hash("cut", _qualified(value))
-        known = self._known.get(id(value)) if isinstance(value, (type, types.FunctionType)) and defaults else None
-        if known is not None:
-            return known
+        cached = isinstance(value, (type, types.FunctionType)) and defaults  # reads the same everywhere in one walk
+        if cached and id(value) in self._known:
+            return self._known[id(value)]
         self._open.add(id(value))
         try:
             digest = self._value(value, depth + 1, defaults)
-            if isinstance(value, (type, types.FunctionType)) and defaults:
-                self._known[id(value)] = digest  # a class or function reads the same everywhere in one walk
-            return digest
-        except Exception as exc:  # noqa: BLE001 - an object whose attributes raise is still an identity's part
-            logger.debug("%s could not be read (%s): an identity counts it by its type only", _qualified(type(value)), exc)
-            return _hash("unreadable", _qualified(type(value)))
         finally:
             self._open.discard(id(value))
+        if cached:
+            self._known[id(value)] = digest
+        return digest
 
     def _value(self, value: Any, depth: int, defaults: bool) -> bytes:
         from patchkit.core.base import Component
@@ -361,10 +365,12 @@ def _kind(value: Any) -> str:
     """How a global is named in a change: `helper fmt`, `class Formatter`, `module constant TEMPLATE`..."""
     from patchkit.core.base import Component
 
-    if isinstance(value, type):
+    kind = type(value)  # not `value.__class__`, which a proxy's code answers
+    if issubclass(kind, type):
         return "class"
-    if isinstance(value, types.ModuleType):
+    if issubclass(kind, types.ModuleType):
         return "module"
-    if isinstance(value, Component):
+    if issubclass(kind, Component):
         return "component"
     return "helper" if callable(value) else "module constant"
+
