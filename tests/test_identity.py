@@ -261,3 +261,20 @@ class Proxy:
 REMOTE = Proxy()''').replace("return text.strip()", "return REMOTE and text.strip()")
     assert ids.fingerprint(gen(source)) == ids.fingerprint(gen(source))
     assert "module constant REMOTE" in ids.identity(gen(source)).parts
+
+
+def test_a_property_counts_by_each_of_its_functions() -> None:
+    source = APP.replace("    @make\n", '''\
+    @property
+    def width(self):
+        return self.size
+
+    @width.setter
+    def width(self, value):
+        self.size = value
+
+    @make
+''')
+    first = ids.identity(gen(source))
+    edited = source.replace("self.size = value", "self.size = max(value, 1)")
+    assert ids.identity(gen(edited)).changes(first) == ["Gen.width"]

@@ -285,6 +285,8 @@ class _Walk:
             return _hash("module", value.__name__)
         if isinstance(value, type):
             return self._class(value, depth)
+        if isinstance(value, property):
+            return _hash("property", *(self.value(f, depth) for f in (value.fget, value.fset, value.fdel)))
         if isinstance(value, types.MethodType):
             return _hash("method", self.value(value.__self__, depth), self.value(value.__func__, depth, defaults=defaults))
         function = _function_of(value)
