@@ -3,8 +3,11 @@
 A thread polls the files' modification times and sizes (no dependency; an editor's save is seen within
 about two polls). A file that changed and then held still for one poll is loaded again (the script run
 again, or the module imported again), captured, and handed to the server's `update` on the server's event
-loop: the components whose class, code and arguments did not change keep their workers, new ones start
-and finish `setup()` before the new version takes requests. A reload that fails (the file does not run or
+loop: the components whose identity did not change (`patchkit.core.identity`: their class, its attributes
+and defaults, the module globals and helpers their code reads, their constructor arguments) keep their
+workers, new ones start and finish `setup()` before the new version takes requests. The log names what
+changed, as `reloading app.py: gen changed: Gen.PROMPT, helper fmt`; a save that changes none of it (a
+comment, a blank line) serves on as it was. A reload that fails (the file does not run or
 import, it captures nothing, a component's `setup()` raises or its worker dies at start) is one ERROR line
 naming the reason, and the version before keeps serving; the next change of the file is tried again.
 """
@@ -22,17 +25,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from patchkit.core.identity import Identity, identity
+
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline
     from patchkit.server.process import FrontendServer
 
-__all__ = ["POLL_S", "Reloader", "Watched", "reason", "stamp"]
+__all__ = ["POLL_S", "Reloader", "Watched", "changes", "identities", "reason", "stamp"]
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.5  # how often the files are looked at
 Stamp = tuple[int, int]  # a file's modification time (ns) and size: either changes on a write
 T = TypeVar("T")
+Identities = tuple[Identity, dict[str, Identity]]  # a pipeline's own, and its components' by name
 
 
 def stamp(path: Path) -> Stamp | None:
@@ -78,11 +84,16 @@ class Reloader:
         self._server: FrontendServer | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = threading.Event()
+        self._loaded: dict[str, Identities] = {}  # by pipeline: the identities of the version last loaded
         self._thread = threading.Thread(target=self._watch, name="patchkit-reload", daemon=True)
 
     def start(self, server: FrontendServer) -> None:
         """Start watching; called on `server`'s event loop, which its updates then run on."""
         self._server, self._loop = server, asyncio.get_running_loop()
+        for watched in self.watched:  # now, while the modules' globals are still those of the serving version
+            version = server.frontend.versions.get(watched.name)
+            if version is not None:
+                self._loaded[watched.name] = identities(version.pipeline)
         self._thread.start()
         logger.info("--reload: watching %s", ", ".join(str(w.path) for w in self.watched))
 
@@ -113,6 +124,7 @@ class Reloader:
         not (the one before serving on)."""
         try:
             pipeline = watched.load()
+            loaded = identities(pipeline)
             digest = pipeline.fingerprint()
             tag, changed = self._on_loop(self._update(watched.name, pipeline, digest))
         except _Stopping:
@@ -126,7 +138,11 @@ class Reloader:
             return
         if tag is None:
             return  # the server is stopping
+        before = self._loaded.get(watched.name)
+        self._loaded[watched.name] = loaded
         if changed:
+            if before is not None:
+                logger.info("reloading %s: %s", watched.shown, "; ".join(changes(before, loaded)) or "nothing changed")
             logger.info("reloaded %s: %s version %s serves", watched.shown, watched.name, tag)
         else:
             logger.info("reloaded %s: its pipeline did not change, %s version %s serves on", watched.shown, watched.name, tag)
@@ -166,6 +182,29 @@ class Reloader:
         """The tag of the version of `name` serving now (read from this thread: the reloads are the only updates)."""
         version = self._server.frontend.versions.get(name) if self._server is not None else None
         return version.tag if version is not None else "none"
+
+
+def identities(pipeline: Pipeline) -> Identities:
+    """A pipeline's own identity (its code, the globals it reads, its inputs) and each component's, by name."""
+    own = pipeline.identity()
+    parts = {label: part for label, part in own.parts.items() if not label.startswith("component ")}
+    return Identity(parts), {name: identity(c) for name, c in pipeline.components.items()}
+
+
+def changes(before: Identities, after: Identities) -> list[str]:
+    """What differs from `before` to `after`, one entry per pipeline or component, naming the parts changed:
+    `gen changed: Gen.PROMPT, module constant TEMPLATE`, `the pipeline changed: pipeline code`, `rank is new`."""
+    found = []
+    if own := after[0].changes(before[0]):
+        found.append(f"the pipeline changed: {', '.join(own)}")
+    for name, component in after[1].items():
+        old = before[1].get(name)
+        if old is None:
+            found.append(f"{name} is new")
+        elif parts := component.changes(old):
+            found.append(f"{name} changed: {', '.join(parts)}")
+    found += [f"{name} is gone" for name in before[1] if name not in after[1]]
+    return found
 
 
 def reason(exc: BaseException, path: Path) -> str:

@@ -218,8 +218,9 @@ class Endpoint:
     def update(self, pipelines: Pipeline | Mapping[str, Pipeline]) -> dict[str, dict[str, Any]]:
         """Serve new versions while serving.
 
-        A component whose class, code and constructor arguments are unchanged keeps its workers (and their
-        caches); any other starts new workers, `setup()` done, before a request reaches them. Every request that
+        A component whose version is unchanged (its class, its attributes and default arguments, the module
+        globals and helpers its code reads, its constructor arguments) keeps its workers (and their caches);
+        any other starts new workers, `setup()` done, before a request reaches them. Every request that
         starts after this returns runs on the new version; those in flight end on theirs, and the workers no
         version calls any more stop once they have.
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import hashlib
 import io
 import marshal
 import pickle
@@ -20,7 +19,7 @@ from patchkit.capture.assemble import Program
 from patchkit.capture.graph import Graph
 from patchkit.capture.recorder import CallRecord, Recorder
 from patchkit.core import Component, active_call_hook, call_hook
-from patchkit.core.identity import code_digest, fingerprint
+from patchkit.core.identity import Identity, fingerprint, program_identity
 from patchkit.core.pending import RUNTIME
 from patchkit.errors import PatchkitError, unknown_input
 
@@ -96,14 +95,23 @@ class Pipeline:
         return aliases
 
     def fingerprint(self) -> str:
-        """A digest of what the pipeline runs.
+        """A digest of what the pipeline runs: its `identity()`'s; a version's content hash."""
+        return self.identity().digest
 
-        Its code, inputs and output, and each component's fingerprint (`patchkit.core.identity.fingerprint`); a version's
-        content hash.
+    def identity(self) -> Identity:
+        """What the pipeline runs, part by part (`patchkit.core.identity.Identity`).
+
+        Its code, the module globals and helpers that code reads (followed as a component's are), the objects
+        it is bound to, its inputs and output, and each component's fingerprint (`component NAME`).
         """
-        parts = [code_digest(self._program.code), repr(sorted(self._defaults.items())).encode(), str(self.output).encode()]
-        parts += [f"{name}={fingerprint(c)}".encode() for name, c in sorted(self.components.items())]
-        return hashlib.sha256(b"\0".join(parts)).hexdigest()[:16]
+        program = self._program
+        bound = {name: value.fingerprint() if isinstance(value, Pipeline) else value
+                 for name, value in self._bindings.items() if not isinstance(value, Component)}
+        parts = dict(program_identity(program.code, program.module_globals, program.module_name, bound).parts)
+        parts["inputs"] = repr(sorted(self._defaults.items()))
+        parts["output"] = str(self.output)
+        parts.update({f"component {name}": fingerprint(c) for name, c in sorted(self.components.items())})
+        return Identity(parts)
 
     def __patchkit_components__(self) -> dict[str, Component]:
         """What capture registers when another pipeline's block holds this one (capture/holders.py)."""

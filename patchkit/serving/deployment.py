@@ -4,8 +4,8 @@ Shared by every pipeline the front-end (frontend.py) serves, and by every versio
 `ReplicaSet` per component, one `BatchQueue` per (component, method) with the batch size the config
 (or its plan) gives it, the `Supervisor` that starts the replicas the backend places, the
 `Autoscaler` and the `Prefetcher`. A component object several pipelines use is deployed once
-(`patchkit.core.identity.deployed_names`); a component of a new version whose fingerprint (class,
-code, constructor arguments) is a deployed one's is served by that one, its workers, queues and caches kept.
+(`patchkit.core.identity.deployed_names`); a component of a new version whose fingerprint (its
+identity: `patchkit.core.identity`) is a deployed one's is served by that one, its workers, queues and caches kept.
 
 `add` starts a version's new components, all or none; `release` stops those no version in use calls.
 The request runner submits each component call here (`submit`), as do the workers whose components
@@ -87,6 +87,8 @@ class Deployment:
         for pipeline_name, pipeline in pipelines.items():
             for name, component in pipeline.components.items():
                 uid = component._patchkit_spec.uid  # one component however many copies its pipelines' pickles made
+                if uid in self.names:
+                    _warn_if_edited(self.names[uid], component, self.fingerprints)
                 if self._serving(component) is None and all(c._patchkit_spec.uid != uid for c in new.values()):
                     new[deployed_name(name, pipeline_name, versions[pipeline_name], {*self.components, *new})] = component
         return new
@@ -307,6 +309,14 @@ class Deployment:
 
     def _submit_prefetch(self, uid: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         return self.queues[uid, PREFETCH_METHOD].submit(CallEnvelope(args, {})).future
+
+
+def _warn_if_edited(name: str, component: Component, fingerprints: Mapping[str, str]) -> None:
+    """Say so where a deployed component object comes back with an edit of what it reads (its class changed in
+    place, a global of its module assigned again): one object is one component, whose workers it keeps."""
+    if name in fingerprints.values() and fingerprints.get(fingerprint(component)) != name:
+        logger.warning("%s is the object deployed, but what its code reads changed since: it keeps its workers, "
+                       "which start no new version of it; make the object again to deploy the edit", name)
 
 
 def _prefix_key(component: Component, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

@@ -170,8 +170,8 @@ class Frontend:
     async def update(self, pipelines: Mapping[str, Pipeline], remove: Iterable[str] = ()) -> dict[str, Version]:
         """Serve `pipelines` (by name: a new version of one served, or one more), and stop serving `remove`.
 
-        Their components that no deployed one serves (by object, or by fingerprint: class, code and constructor
-        arguments) are started, `setup()` done, before any request reaches them; then each new version takes
+        Their components that no deployed one serves (by object, or by fingerprint: everything its behaviour depends
+        on, `patchkit.core.identity`) are started, `setup()` done, before any request reaches them; then each new version takes
         every request that comes after this returns, while the requests in flight end on the version they
         started on. Components no version in use calls any more are stopped once those requests have ended.
         One update at a time. Raises, with nothing changed that serves, for a pipeline or name that cannot be
