@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from patchkit.core.guards import CHECKS
+from patchkit.core.guards import CHECKS, Memo
 
 __all__ = ["RUNTIME", "Pending", "Window", "guard", "iterable", "resolve", "run_in_window", "settle"]
 
@@ -60,6 +60,9 @@ class Window:
         self._open: dict[Pending, None] = {}  # an ordered set: issue order
         self._seq = itertools.count()
         self._raised: BaseException | None = None
+        # The guards' verdicts on containers, kept between two waits: until the request's code waits, only
+        # its own guarded code runs, which changes no container without settling first.
+        self.memo: Memo = {}
 
     def add(self, wait: Callable[[], Any], cancel: Callable[[], Any]) -> Pending:
         pending = Pending(self, next(self._seq), wait, cancel)
@@ -77,6 +80,7 @@ class Window:
 
     def settle(self) -> None:
         """Wait for every open call, in issue order; raise the first one's error that failed."""
+        self.memo.clear()
         for pending in list(self._open):
             pending.outcome()
             if not pending.ok:
@@ -92,6 +96,7 @@ class Window:
 
     def abandon(self) -> None:
         """The request ended: withdraw the calls it never waited for; their results are dropped."""
+        self.memo.clear()
         for pending in self._open:
             if not pending.done:
                 pending.cancel()
@@ -161,7 +166,7 @@ def guard(kind: str, *operands: Any) -> None:
     attribute read, a builtin's call): settle the open calls unless `guards.CHECKS[kind]` finds that it
     runs none on these."""
     window = _WINDOW.get()
-    if window and not CHECKS[kind](*operands):
+    if window is not None and window._open and not CHECKS[kind](window.memo, *operands):
         window.settle()
 
 
