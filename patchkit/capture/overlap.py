@@ -20,7 +20,10 @@ Pendings, and so where the code must wait (`Actions`, written into the body by `
   are plain data (`core/guards.py`): so no user code runs while calls are open, and nothing changes an
   object an open call holds (`x += y` on a mutable `x` settles first), which is what keeps a call's
   arguments as they were when it was made;
-- before a loop starts, `iterable(...)`: a generator's steps settle first, as they run the user's code.
+- before a loop starts, `iterable(...)`: a generator's steps settle first, as they run the user's code;
+- before a store to a variable that code handed to an open call may read when it runs (a cell a lambda,
+  generator or inner function shares, a `nonlocal`, a `global`, a module-level name nested code reads),
+  `settle()`: the call sees the value the variable had when it was made.
 
 Calls inside a `try` body or handler are not deferred (a handler must see the variables as plain Python
 leaves them), nor are calls whose result variable a lambda, generator or inner function reads, nor calls
@@ -295,8 +298,8 @@ class OverlapPass:
             self.pairs.update((node, COMPREHENSION) for node in state.open if node != OUTER)  # its calls overlap them
             return self._resolve(acts, state, sorted(reads_of(comprehension) & state.pending))
         pure = e.name in CALL_OPS and any(s.pure for s in popped[:2])
-        unsafe = self.guarded[i] or (e.name not in _SAFE and kind not in ("deferred", "call") and not pure) \
-            or self.late_read(e)
+        unsafe = self.guarded[i] or self.late_read(e) or (e.name not in _SAFE and kind not in ("deferred", "call")
+                                                           and not pure)
         if unsafe:
             state = self._close(acts, state)
         reads = [name_of(e.arg)] if e.name in _READS else []
@@ -312,12 +315,10 @@ class OverlapPass:
         return state
 
     def late_read(self, e: Instr) -> bool:
-        """Whether `e` stores a variable that code handed to an open call may read when it runs (a closure's
-        cell, a name a lambda, generator or function of the block reads as a global): the open calls are
-        waited for first, so that they see the value it had when they were made."""
-        if e.name == "STORE_DEREF":
-            return True
-        return e.name == "STORE_NAME" and (self.reflective or name_of(e.arg) in self.nested_reads)
+        """Whether `e` stores a variable that code handed to an open call may read as it runs (a cell, a name
+        nested code reads as a global): the calls are waited for first, and see the value it had when made."""
+        return e.name == "STORE_DEREF" or (
+            e.name == "STORE_NAME" and (self.reflective or name_of(e.arg) in self.nested_reads))
 
     def _loop_exit(self, i: int) -> bool:
         """An instruction an ended loop jumps past (3.12's END_FOR, and 3.13's POP_TOP after it): nothing may

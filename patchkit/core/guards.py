@@ -55,10 +55,11 @@ Memo = dict[int, tuple[Any, int, bool]]
 
 _MRO = type.__dict__["__mro__"].__get__
 _NAMESPACE = type.__dict__["__dict__"].__get__
-_MODULE_DICT = types.ModuleType.__dict__["__dict__"].__get__
+_MODULE_TYPE: Any = types.ModuleType  # typeshed types a module's `__dict__` as the instance's
+_MODULE_DICT = _MODULE_TYPE.__dict__["__dict__"].__get__
 _MISSING = object()
 _OBJECT_GETATTRIBUTE = object.__dict__["__getattribute__"]
-_MODULE_GETATTRIBUTE = types.ModuleType.__dict__["__getattribute__"]
+_MODULE_GETATTRIBUTE = _MODULE_TYPE.__dict__["__getattribute__"]
 _TYPE_GETATTRIBUTE = type.__dict__["__getattribute__"]
 _SLOTS = (types.MemberDescriptorType, types.GetSetDescriptorType)  # the interpreter's own data descriptors
 
@@ -234,20 +235,24 @@ def _reads_only(code: types.CodeType) -> bool:
 # -- the checks, by the kind of instruction they stand before (`overlap.py` picks one) ---------------------
 
 
-def _builtin(value: Any) -> bool:
-    kind = type(value)
-    return kind in _SCALARS or kind in _CONTAINERS or kind is type
-
-
 def _shallow(memo: Memo, *values: Any) -> bool:
     """A truth test, an unpacking, a negation, `+` or `*`: the builtin types' own code, items untouched."""
-    return all(_builtin(v) for v in values)
+    for v in values:  # a loop, not all(...): these run once per instruction of a window's local work
+        if type(v) not in _DATA_TYPES:
+            return False
+    return True
 
 
 def _deep(memo: Memo, *values: Any) -> bool:
     """A comparison, `in`, a format, a set or dict built: items compared, hashed or formatted too."""
-    budget = [MAX_ITEMS]
-    return all(is_data(v, budget, memo) for v in values)
+    budget = None
+    for v in values:
+        if type(v) in _LEAVES:
+            continue
+        budget = [MAX_ITEMS] if budget is None else budget
+        if not is_data(v, budget, memo):
+            return False
+    return True
 
 
 def _inplace(memo: Memo, target: Any, value: Any, op: int) -> bool:
