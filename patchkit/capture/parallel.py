@@ -92,12 +92,12 @@ def _on_top(fn: str, location: Any) -> list[Instr]:
 
 
 def _check(guard: Guard, location: Any) -> list[Instr]:
-    """`guard(kind, *operands, *extra)`, the operands copied from the stack, which is left as it was."""
-    # After the callable, its NULL, the kind and j copies, an operand first at depth d is at d + 3 + j.
-    copies = [Instr("COPY", d + 3 + j, location=location) for j, d in enumerate(guard.depths)]
-    args = [Instr("LOAD_CONST", guard.kind, location=location), *copies]
-    args += [Instr("LOAD_CONST", x, location=location) for x in guard.extra]
-    return _call("guard", args, location) + [Instr("POP_TOP", location=location)]
+    """`guard(kind, *operands, *extra)` (as the kind's own function), the operands copied from the stack,
+    which is left as it was."""
+    # After the callable, its NULL and j copies, an operand first at depth d is at d + 2 + j.
+    copies = [Instr("COPY", d + 2 + j, location=location) for j, d in enumerate(guard.depths)]
+    args = [*copies, *(Instr("LOAD_CONST", x, location=location) for x in guard.extra)]
+    return _call(f"guard:{guard.kind}", args, location) + [Instr("POP_TOP", location=location)]
 
 
 def _emit(p: OverlapPass, acts: Actions, location: Any) -> list[Instr]:

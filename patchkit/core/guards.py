@@ -247,8 +247,15 @@ def _deep(memo: Memo, *values: Any) -> bool:
     """A comparison, `in`, a format, a set or dict built: items compared, hashed or formatted too."""
     budget = None
     for v in values:
-        if type(v) in _LEAVES:
+        kind = type(v)
+        if kind in _LEAVES:
             continue
+        if kind in _CONTAINERS:  # a container known since the last wait: its verdict, without a call
+            known = memo.get(id(v))
+            if known is not None and known[0] is v and known[1] == len(v):
+                if known[2]:
+                    continue
+                return False
         budget = [MAX_ITEMS] if budget is None else budget
         if not is_data(v, budget, memo):
             return False
@@ -259,7 +266,7 @@ def _inplace(memo: Memo, target: Any, value: Any, op: int) -> bool:
     """`x += y`: an immutable `x` (a new object is made, nothing an open call holds changes)."""
     if type(target) not in _IMMUTABLE:
         return False
-    return _shallow(memo, target, value) if op - 13 in SHALLOW_OPS else _deep(memo, target, value)
+    return type(value) in _DATA_TYPES if op - 13 in SHALLOW_OPS else _deep(memo, target, value)
 
 
 def _subscript(memo: Memo, container: Any, key: Any) -> bool:
