@@ -381,6 +381,34 @@ def test_the_attribute_check_runs_no_user_code() -> None:
     assert proxy.asked == []  # the checks themselves asked nothing
 
 
+class Hashing(type):
+    """A metaclass whose classes note when they are hashed or compared: a check that tested `type(x)` in a
+    set of types would run them."""
+
+    seen: list[str] = []
+
+    def __hash__(cls) -> int:
+        Hashing.seen.append("hash")
+        return 1
+
+    def __eq__(cls, other: object) -> bool:
+        Hashing.seen.append("eq")
+        return False
+
+
+class Odd(metaclass=Hashing):
+    pass
+
+
+def test_the_checks_never_hash_or_compare_a_type_of_the_user_s() -> None:
+    odd = Odd()
+    assert not CHECKS["deep"]({}, odd, 1) and not CHECKS["shallow"]({}, odd)
+    assert not CHECKS["call"]({}, sorted, [odd]) and not CHECKS["call"]({}, len, odd)
+    assert not CHECKS["subscript"]({}, {}, odd) and not CHECKS["deep"]({}, [odd] * 20)
+    assert CHECKS["attribute"]({}, odd, "missing")  # plain Python raises AttributeError, running nothing
+    assert Hashing.seen == []
+
+
 def test_a_lookup_with_a_key_of_the_user_s_settles() -> None:
     key = Keyed()
     assert not CHECKS["subscript"]({}, {1: 2}, key) and not CHECKS["deep"]({}, key, [1, 2])

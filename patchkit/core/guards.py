@@ -26,18 +26,27 @@ import dis
 import operator
 import types
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 __all__ = ["CHECKS", "INPLACE_OPS", "SHALLOW_OPS", "Memo", "lookup"]
 
-_SCALARS = frozenset({int, float, complex, bool, str, bytes, type(None), range, slice, type(Ellipsis)})
-_LEAVES = _SCALARS | {type}
-_CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
+
+
+def ids(kinds: Iterable[Any]) -> frozenset[int]:
+    """The identities of builtin types (or functions), to test a type against without hashing it: a class's
+    hash and `==` are its metaclass's, which may be the user's. They live as long as the interpreter."""
+    return frozenset(map(id, kinds))
+
+
+# Sets of ids: `id(type(x)) in _SCALARS`.
+_SCALARS = ids({int, float, complex, bool, str, bytes, type(None), range, slice, type(Ellipsis)})
+_LEAVES = _SCALARS | {id(type)}
+_CONTAINERS = ids({list, tuple, set, frozenset, dict})
 _DATA_TYPES = _LEAVES | _CONTAINERS
-_IMMUTABLE = frozenset({int, float, complex, bool, str, bytes, tuple, frozenset, type(None)})
-_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
-                      types.ClassMethodDescriptorType, operator.itemgetter)
+_IMMUTABLE = ids({int, float, complex, bool, str, bytes, tuple, frozenset, type(None)})
+_BUILTIN_CALLABLES = ids({types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+                          types.ClassMethodDescriptorType, operator.itemgetter})
 MAX_ITEMS = 10_000  # past this many items a value counts as not data: the calls are settled instead
 _MEMO_MIN = 16  # containers this long or longer keep their verdict in the memo
 # BINARY_OP's operators that touch no item of a builtin container (concatenation, repetition, arithmetic);
@@ -45,7 +54,7 @@ _MEMO_MIN = 16  # containers this long or longer keep their verdict in the memo
 SHALLOW_OPS = frozenset({0, 2, 3, 4, 5, 8, 9, 11})  # + // << @ * ** >> /, by BINARY_OP's argument
 INPLACE_OPS = frozenset(range(13, 26))  # +=, &=, ... : their argument minus 13 is the operator's
 # Builtins that look at no item of the containers they are given (a length, a copy, a lazy iterator).
-_SHALLOW_BUILTINS = frozenset({len, bool, list, tuple, reversed, enumerate, zip, range})
+_SHALLOW_BUILTINS = ids({len, bool, list, tuple, reversed, enumerate, zip, range})
 
 Memo = dict[int, tuple[Any, int, bool]]
 """A request's verdicts on the containers its checks walked: id -> (the container, its length, is data)."""
@@ -61,7 +70,7 @@ _MISSING = object()
 _OBJECT_GETATTRIBUTE = object.__dict__["__getattribute__"]
 _MODULE_GETATTRIBUTE = _MODULE_TYPE.__dict__["__getattribute__"]
 _TYPE_GETATTRIBUTE = type.__dict__["__getattribute__"]
-_SLOTS = (types.MemberDescriptorType, types.GetSetDescriptorType)  # the interpreter's own data descriptors
+_SLOTS = ids({types.MemberDescriptorType, types.GetSetDescriptorType})  # the interpreter's own data descriptors
 
 
 def lookup(kind: type, name: str) -> Any:
@@ -74,28 +83,34 @@ def lookup(kind: type, name: str) -> Any:
     return _MISSING
 
 
+def _inherits(kind: type, base: type) -> bool:
+    return any(k is base for k in _MRO(kind))
+
+
 def _data_descriptor(kind: type) -> bool:
     return lookup(kind, "__set__") is not _MISSING or lookup(kind, "__delete__") is not _MISSING
 
 
-_PLAIN_GETTERS: set[type] = {types.FunctionType, staticmethod, types.BuiltinFunctionType, types.MethodDescriptorType,
-                             types.WrapperDescriptorType, types.ClassMethodDescriptorType}
+_PLAIN_GETTERS: set[int] = set(ids({types.FunctionType, staticmethod, types.BuiltinFunctionType,
+                                     types.MethodDescriptorType, types.WrapperDescriptorType,
+                                     types.ClassMethodDescriptorType}))
+_FUNCTIONS = ids({types.FunctionType, types.BuiltinFunctionType})
 
 
 def _plain_get(found: Any) -> bool:
     """Whether reading `found`, a class attribute, runs no user code: a plain value, a function (bound to
     the object), a static or class method of a function, a builtin's method."""
     kind = type(found)
-    if lookup(kind, "__get__") is _MISSING or kind in _PLAIN_GETTERS:
+    if lookup(kind, "__get__") is _MISSING or id(kind) in _PLAIN_GETTERS:
         return True
-    return kind is classmethod and type(found.__func__) in (types.FunctionType, types.BuiltinFunctionType)
+    return kind is classmethod and id(type(found.__func__)) in _FUNCTIONS
 
 
 def _instance_dict(owner: Any, kind: type) -> dict[str, Any] | None:
     """The object's own namespace, through the interpreter's `__dict__` slot; None where it has none (or the
     class puts something of its own in that place)."""
     slot = lookup(kind, "__dict__")
-    if type(slot) not in _SLOTS:
+    if id(type(slot)) not in _SLOTS:
         return None
     try:
         namespace = slot.__get__(owner, kind)
@@ -107,32 +122,33 @@ def _instance_dict(owner: Any, kind: type) -> dict[str, Any] | None:
 def allow_descriptor(kind: type) -> None:
     """Count reading attributes that are `kind` descriptors as running no user code (`@make` methods: the
     bound call they make is patchkit's)."""
-    _PLAIN_GETTERS.add(kind)
+    _PLAIN_GETTERS.add(id(kind))  # kept alive by the class that uses it
 
 
 def _attribute(memo: Memo, owner: Any, name: str) -> bool:
     """`owner.name` read: no property, descriptor, `__getattr__`, `__getattribute__` or module `__getattr__`
     of the user's runs."""
     kind = type(owner)
-    if kind in _SCALARS or kind in _CONTAINERS:
+    if id(kind) in _SCALARS or id(kind) in _CONTAINERS:
         return True
     if kind is types.ModuleType:
         namespace = _MODULE_DICT(owner)
         return name in namespace or "__getattr__" not in namespace or lookup(kind, name) is not _MISSING
-    if type in _MRO(kind):
+    if _inherits(kind, type):
         return _class_attribute(owner, kind, name)
-    if lookup(kind, "__getattribute__") not in (_OBJECT_GETATTRIBUTE, _MODULE_GETATTRIBUTE):
+    getter = lookup(kind, "__getattribute__")
+    if getter is not _OBJECT_GETATTRIBUTE and getter is not _MODULE_GETATTRIBUTE:
         return False
     hook = lookup(kind, "__getattr__") is not _MISSING
     found = lookup(kind, name)
     if found is not _MISSING and _data_descriptor(type(found)):  # the class's wins over the object's
-        return type(found) in _SLOTS and (not hook or _filled(found, owner, kind))
+        return id(type(found)) in _SLOTS and (not hook or _filled(found, owner, kind))
     namespace = _instance_dict(owner, kind)
     if namespace is not None and name in namespace:
         return True
     if found is not _MISSING:
         return _plain_get(found)
-    if types.ModuleType in _MRO(kind) and (namespace is None or "__getattr__" in namespace):
+    if _inherits(kind, types.ModuleType) and (namespace is None or "__getattr__" in namespace):
         return False  # a module's own `__getattr__`
     return not hook
 
@@ -152,7 +168,7 @@ def _class_attribute(owner: type, meta: type, name: str) -> bool:
         return False
     on_meta = lookup(meta, name)
     if on_meta is not _MISSING and _data_descriptor(type(on_meta)):
-        return type(on_meta) in _SLOTS
+        return id(type(on_meta)) in _SLOTS
     found = lookup(owner, name)
     if found is not _MISSING:
         return _plain_get(found)
@@ -166,9 +182,9 @@ def is_data(value: Any, budget: list[int] | None = None, memo: Memo | None = Non
     """Whether `value` is data all the way down, at most MAX_ITEMS items looked at (`budget`); a long
     container's verdict is kept in `memo`, and read from it while it holds the same object at the same length."""
     kind = type(value)
-    if kind in _LEAVES:
+    if id(kind) in _LEAVES:
         return True
-    if kind not in _CONTAINERS:
+    if id(kind) not in _CONTAINERS:
         return False
     size = len(value)
     if memo is not None and size >= _MEMO_MIN:
@@ -186,12 +202,12 @@ def is_data(value: Any, budget: list[int] | None = None, memo: Memo | None = Non
 
 
 def _items_data(items: Any, budget: list[int], memo: Memo | None) -> bool:
-    kinds = set(map(type, items))
+    kinds = set(map(id, map(type, items)))
     if kinds <= _LEAVES:
         return True
     if not kinds <= _DATA_TYPES:
         return False
-    return all(is_data(item, budget, memo) for item in items if type(item) in _CONTAINERS)
+    return all(is_data(item, budget, memo) for item in items if id(type(item)) in _CONTAINERS)
 
 
 def is_safe(value: Any, budget: list[int] | None = None, memo: Memo | None = None) -> bool:
@@ -200,7 +216,7 @@ def is_safe(value: Any, budget: list[int] | None = None, memo: Memo | None = Non
 
 
 def safe_callable(value: Any) -> bool:
-    if isinstance(value, _BUILTIN_CALLABLES):
+    if id(type(value)) in _BUILTIN_CALLABLES:
         return True
     if type(value) is types.FunctionType:
         closure = value.__closure__ or ()
@@ -238,7 +254,7 @@ def _reads_only(code: types.CodeType) -> bool:
 def _shallow(memo: Memo, *values: Any) -> bool:
     """A truth test, an unpacking, a negation, `+` or `*`: the builtin types' own code, items untouched."""
     for v in values:  # a loop, not all(...): these run once per instruction of a window's local work
-        if type(v) not in _DATA_TYPES:
+        if id(type(v)) not in _DATA_TYPES:
             return False
     return True
 
@@ -247,7 +263,7 @@ def _deep(memo: Memo, *values: Any) -> bool:
     """A comparison, `in`, a format, a set or dict built: items compared, hashed or formatted too."""
     budget = None
     for v in values:
-        kind = type(v)
+        kind = id(type(v))
         if kind in _LEAVES:
             continue
         if kind in _CONTAINERS:  # a container known since the last wait: its verdict, without a call
@@ -264,23 +280,23 @@ def _deep(memo: Memo, *values: Any) -> bool:
 
 def _inplace(memo: Memo, target: Any, value: Any, op: int) -> bool:
     """`x += y`: an immutable `x` (a new object is made, nothing an open call holds changes)."""
-    if type(target) not in _IMMUTABLE:
+    if id(type(target)) not in _IMMUTABLE:
         return False
-    return type(value) in _DATA_TYPES if op - 13 in SHALLOW_OPS else _deep(memo, target, value)
+    return id(type(value)) in _DATA_TYPES if op - 13 in SHALLOW_OPS else _deep(memo, target, value)
 
 
 def _subscript(memo: Memo, container: Any, key: Any) -> bool:
     """`container[key]`: a builtin container's own lookup, with a key whose hash and `==` are the builtins'
     (a class's `__class_getitem__` is the user's)."""
-    kind = type(container)
+    kind = id(type(container))
     return (kind in _SCALARS or kind in _CONTAINERS) and is_data(key, None, memo)
 
 
 def _call(memo: Memo, fn: Any, *arguments: Any) -> bool:
     """A builtin called (`sorted`, `str`, `max`, ...): its arguments data, its key functions safe; `len`,
     `list`, `zip` and the like look at no item, only at the containers' own types."""
-    if type(fn) in (types.BuiltinFunctionType, type) and fn in _SHALLOW_BUILTINS:
-        return all(type(v) in _SCALARS or type(v) in _CONTAINERS for v in arguments)
+    if id(fn) in _SHALLOW_BUILTINS:  # the builtin itself: its id is never another object's
+        return all(id(type(v)) in _SCALARS or id(type(v)) in _CONTAINERS for v in arguments)
     budget = [MAX_ITEMS]
     return all(is_safe(v, budget, memo) for v in arguments)
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from patchkit.core.guards import CHECKS, Memo
+from patchkit.core.guards import CHECKS, Memo, ids
 
 __all__ = ["RUNTIME", "Pending", "Window", "guard", "iterable", "resolve", "run_in_window", "settle"]
 
@@ -189,28 +189,27 @@ def iterable(value: Any) -> Any:
     ...); otherwise, once the open calls are settled (`__iter__` may be the user's), an iterator that settles
     them before each step, since a generator's code must not run while a call that plain Python would have
     finished first is still open."""
-    if type(value) in _PURE_ITERABLES or _pure_iterator(value):
+    if id(type(value)) in _PURE_ITERABLES or _pure_iterator(value):
         return value
     settle()
     return _Settling(iter(value))
 
 
-_PURE_ITERABLES = frozenset({list, tuple, range, str, bytes, dict, set, frozenset, type({}.keys()),
-                             type({}.values()), type({}.items())})
+_PURE_ITERABLES = ids({list, tuple, range, str, bytes, dict, set, frozenset, type({}.keys()),
+                       type({}.values()), type({}.items())})
 _SAMPLES: tuple[Any, ...] = ([], (), range(1), range(1 << 70), "", b"", {}, set(), {}.values(), {}.items())
-_PURE_ITERATORS: frozenset[type] = frozenset({type(iter(x)) for x in _SAMPLES} | {type(reversed([]))})
-_COMBINATORS = frozenset({zip, enumerate})
+_PURE_ITERATORS = ids({type(iter(x)) for x in _SAMPLES} | {type(reversed([]))})
 
 
 def _pure_iterator(value: Any) -> bool:
     """An iterator over containers only: a builtin one, or zip/enumerate of such (read from their reduce)."""
     kind = type(value)
-    if kind in _PURE_ITERATORS:
+    if id(kind) in _PURE_ITERATORS:
         return True
-    if kind in _COMBINATORS:
+    if kind is zip or kind is enumerate:
         _, args = value.__reduce__()[:2]
         inner = args if kind is zip else args[:1]
-        return all(type(x) in _PURE_ITERABLES or _pure_iterator(x) for x in inner)
+        return all(id(type(x)) in _PURE_ITERABLES or _pure_iterator(x) for x in inner)
     return False
 
 
