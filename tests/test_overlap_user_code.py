@@ -240,6 +240,31 @@ def reads_through_a_proxy(text: str) -> patchkit.Pipeline:
     return pipeline
 
 
+class Noted:
+    """A number that notes each addition to it."""
+
+    def __init__(self, n: int, log: str) -> None:
+        self.n, self.log = n, log
+
+    def __add__(self, other: int) -> int:
+        note(self.log, "add")
+        return self.n + other
+
+
+def sometimes_an_object(text: str) -> patchkit.Pipeline:
+    """`n` is a plain number on one path and an object with an `__add__` on the other: the `+=` after the
+    calls waits for them unless `n` is a number on every path."""
+    with patchkit.capture(run=False) as pipeline:
+        n = 1
+        if len(text) > 3:
+            n = Noted(len(text), "scalar")
+        busy = scorer.hold(0.2)
+        tagged = scorer.tag("scalar", text)
+        n += 1
+        return [tagged, n, busy]
+    return pipeline
+
+
 CASES: dict[str, tuple[Callable[[], patchkit.Pipeline], dict[str, Any]]] = {
     "lambda": (lambda: lambda_then_store("x", [1]), {"log": "lambda", "docs": [4, 9]}),
     "nested_def": (lambda: nested_def_then_store("x", [1]), {"log": "nested_def", "docs": [2, 8]}),
@@ -251,6 +276,7 @@ CASES: dict[str, tuple[Callable[[], patchkit.Pipeline], dict[str, Any]]] = {
     "descriptor": (lambda: reads_a_class_descriptor("x"), {"text": "settings"}),
     "module": (lambda: reads_lazy_modules("x"), {"text": "lazy"}),
     "proxy": (lambda: reads_through_a_proxy("x"), {"text": "proxied"}),
+    "scalar": (lambda: sometimes_an_object("x"), {"text": "object"}),
 }
 LOCAL = ["lambda", "nested_def", "nonlocal", "module_name", "descriptor", "proxy"]  # what pickles to a worker
 
@@ -308,6 +334,7 @@ def test_the_plain_runs_see_the_values_before_the_stores(plain: dict[str, tuple[
     assert plain["descriptor"] == (["SETTINGS", 3, 0.2], ["tag settings", "get scale"])
     assert plain["module"] == (["LAZY", 9, 18, 0.2], ["tag lazy", "load threshold", "lazy load threshold"])
     assert plain["proxy"] == (["PROXIED", "PROXIED", 0.2], ["tag proxied", "getattr upper"])
+    assert plain["scalar"] == (["OBJECT", 7, 0.2], ["tag object", "add"])
 
 
 def test_the_cases_overlap_their_calls() -> None:

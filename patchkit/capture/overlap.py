@@ -96,6 +96,11 @@ _CHECKED = {
 # Nested code that reads variables by name at run time: any store of the block's names may reach it.
 _REFLECTIVE = frozenset({"globals", "locals", "vars", "eval", "exec"})
 _BOOLEANS = frozenset({"IS_OP", "CONTAINS_OP", "COMPARE_OP", "UNARY_NOT", "TO_BOOL"})  # on data: a bool
+# Scalars the pass can follow: constants, fast locals bound to them, and what the operators below make of them
+# (a bool, a number, a string: the interpreter's own types, whose operators and truth run no user code).
+_SCALAR_CONSTS = (int, float, complex, bool, str, bytes, type(None))
+_SCALAR_OPS = frozenset({"BINARY_OP", "COMPARE_OP", "UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "TO_BOOL"})
+_FAST_LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR"})
 _TRUTH_TESTS = frozenset({"POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
                           "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE", "JUMP_IF_TRUE_OR_POP",
                           "JUMP_IF_FALSE_OR_POP"})
@@ -112,11 +117,12 @@ class _Slot:
     pure: bool = False  # a builtin function that only computes (`len`, `str`, `sorted`, ...)
     holder: bool = False  # a list holding Pendings (else, with calls, a Pending itself)
     boolean: bool = False  # a test's result, guarded on its operands: its truth runs no code of the user's
+    scalar: bool = False  # a builtin scalar for sure (`_SCALAR_CONSTS`): what it takes part in needs no guard
 
     def join(self, other: _Slot) -> _Slot:
         same = self.comprehension is other.comprehension
         return _Slot(self.calls | other.calls, self.comprehension if same else None, self.pure and other.pure,
-                     self.holder or other.holder, self.boolean and other.boolean)
+                     self.holder or other.holder, self.boolean and other.boolean, self.scalar and other.scalar)
 
 
 _PLAIN = _Slot()
@@ -129,11 +135,12 @@ class State:
     open: frozenset[str]  # graph nodes of deferred calls that may be open (OUTER: the enclosing code's)
     stack: tuple[_Slot, ...]
     holds: frozenset[tuple[str, str]] = EMPTY  # (variable, graph node of the deferred call whose Pending it may hold)
+    scalars: frozenset[str] = EMPTY  # fast locals that hold a builtin scalar on every path here
 
     def join(self, other: State) -> State:
         stack = tuple(a.join(b) for a, b in zip(self.stack, other.stack))
         return State(self.pending | other.pending, self.bound & other.bound, self.open | other.open, stack,
-                      self.holds | other.holds)
+                     self.holds | other.holds, self.scalars & other.scalars)
 
     def release(self, names: Iterable[str], node_of: Callable[[int], str]) -> State:
         """`names` resolved: they hold no Pending, and the calls no variable or stack item holds any more are no
@@ -310,7 +317,8 @@ class OverlapPass:
             acts.iterate_top = True
         moves = e.name in _MOVES and not (e.name == "LIST_APPEND" and popped[-1].holder)  # lists of lists: one level
         state = state if moves else self._resolve_top(acts, state, popped)
-        if state.open and not (e.name in _TESTS and popped[-1].boolean):
+        plain = (e.name in _TESTS and popped[-1].boolean) or (e.name in _SCALAR_OPS and all(s.scalar for s in popped))
+        if state.open and not plain:
             acts.guard = _guard(e, popped) if not pure else _call_guard(popped)
         return state
 
@@ -373,7 +381,8 @@ class OverlapPass:
             pending = state.pending | {var} if top.calls else state.pending - {var}
             bound = state.bound | {var} if name in STORES else state.bound - {var}
             holds = frozenset(h for h in state.holds if h[0] != var) | {(var, self.node_of(c)) for c in top.calls}
-            return replace(state, pending=pending, bound=bound, stack=tuple(stack), holds=holds)
+            scalars = state.scalars | {var} if name == "STORE_FAST" and top.scalar else state.scalars - {var}
+            return replace(state, pending=pending, bound=bound, stack=tuple(stack), holds=holds, scalars=scalars)
         if name == "SWAP":
             n = int(e.arg)
             stack[-1], stack[-n] = stack[-n], stack[-1]
@@ -398,8 +407,13 @@ class OverlapPass:
         if name in ("MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE"):
             code = next((s.comprehension for s in popped if s.comprehension is not None), None)
         pure = name in ("LOAD_GLOBAL", "LOAD_NAME") and name_of(e.arg) in self.pure_builtins
-        top = _Slot(comprehension=code, pure=pure, boolean=name in _BOOLEANS)
+        scalar = (name in _FAST_LOADS and name_of(e.arg) in state.scalars) or name == "BUILD_STRING" \
+            or (name == "LOAD_CONST" and type(e.arg) in _SCALAR_CONSTS) or name in ("IS_OP", "CONTAINS_OP") \
+            or (name in _SCALAR_OPS and all(s.scalar for s in popped))
+        top = _Slot(comprehension=code, pure=pure, boolean=name in _BOOLEANS, scalar=scalar)
         stack += [_PLAIN] * (pushes - 1) + [top] if pushes else []
+        if name == "LOAD_FAST_AND_CLEAR":
+            state = replace(state, scalars=state.scalars - {name_of(e.arg)})
         return replace(state, stack=tuple(stack))
 
 
