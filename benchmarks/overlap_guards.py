@@ -1,6 +1,6 @@
 """What the guards cost local work while read-only calls are in flight: a membership loop, on and off.
 
-    python benchmarks/overlap_guards.py [--size 2000] [--repeats 7] [--json out.json]
+    python benchmarks/overlap_guards.py [--size 2000] [--repeats 15] [--json out.json]
 
 A pipeline captured inside a function makes two read-only calls, then runs the loop
 `for x in range(size): if x in big: hits += 1` over a list of `size` numbers before it uses their results.
@@ -8,7 +8,8 @@ It runs two ways, alternating, each `--repeats` times: as plain Python (`pipelin
 where they are) and as the parallel program deployments run, with both calls open through the whole loop
 (each call is run only when the code waits for it, as `tests/test_parallel_rewrite.py` does, so no thread
 or process adds its own time). Reported: the fastest time of each (the least disturbed on a shared
-machine), their ratio and the ratio of the medians, and whether the calls did stay open through the loop. Results: benchmarks/README.md, "The guards' cost per instruction".
+machine), their ratio and the ratio of the medians, and whether the calls did stay open through the loop.
+Results: benchmarks/README.md, "The guards' cost per instruction".
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def run_open(pipeline: patchkit.Pipeline, inputs: dict[str, Any]) -> tuple[Any, 
     def hook(component: Any, method: Any, args: tuple[Any, ...], kwargs: dict[str, Any], site: Any) -> Any:
         def wait() -> Any:
             if not open_at_first_wait:
-                open_at_first_wait.append(len(window._open))
+                open_at_first_wait.append(len(window))
             return method.run_local(component, args, kwargs)
 
         return window.add(wait, lambda: None) if site is not None and site.deferred else wait()

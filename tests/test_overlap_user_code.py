@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import tempfile
 import time
 import types
@@ -31,6 +32,12 @@ EVENTS = Path(os.environ.setdefault("OVERLAP_TEST_EVENTS", tempfile.mkdtemp(pref
 
 
 BENCHMARK = Path(__file__).parent.parent / "benchmarks" / "overlap_guards.py"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_events() -> Iterator[None]:
+    yield
+    shutil.rmtree(EVENTS, ignore_errors=True)
 
 
 def note(log: str, event: str) -> None:

@@ -105,6 +105,10 @@ class Window:
     def __bool__(self) -> bool:
         return bool(self._open)
 
+    def __len__(self) -> int:
+        """How many calls are open."""
+        return len(self._open)
+
     def _earliest_before(self, seq: int | None) -> BaseException | None:
         for pending in list(self._open):
             if seq is not None and pending.seq >= seq:
