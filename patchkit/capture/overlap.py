@@ -20,7 +20,10 @@ Pendings, and so where the code must wait (`Actions`, written into the body by `
   are plain data (`core/guards.py`): so no user code runs while calls are open, and nothing changes an
   object an open call holds (`x += y` on a mutable `x` settles first), which is what keeps a call's
   arguments as they were when it was made;
-- before a loop starts, `iterable(...)`: a generator's steps settle first, as they run the user's code.
+- before a loop starts, `iterable(...)`: a generator's steps settle first, as they run the user's code;
+- before a store to a variable that code handed to an open call may read when it runs (a cell a lambda,
+  generator or inner function shares, a `nonlocal`, a `global`, a module-level name nested code reads),
+  `settle()`: the call sees the value the variable had when it was made.
 
 Calls inside a `try` body or handler are not deferred (a handler must see the variables as plain Python
 leaves them), nor are calls whose result variable a lambda, generator or inner function reads, nor calls
@@ -57,7 +60,7 @@ OUTER = ""  # in a comprehension's own code: calls of the code around it may be 
 _SAFE = frozenset({
     "NOP", "RESUME", "CACHE", "PRECALL", "KW_NAMES", "PUSH_NULL", "POP_TOP", "COPY", "SWAP", "MAKE_CELL",
     "COPY_FREE_VARS", "LOAD_CONST", "LOAD_SMALL_INT", "LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR",
-    "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLOSURE", "STORE_FAST", "STORE_NAME", "STORE_DEREF",
+    "LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_CLOSURE", "STORE_FAST", "STORE_NAME",
     "LOAD_ATTR", "LOAD_METHOD", "BUILD_LIST", "BUILD_TUPLE", "BUILD_MAP", "BUILD_CONST_KEY_MAP", "BUILD_SET",
     "BUILD_STRING", "BUILD_SLICE", "LIST_APPEND", "LIST_EXTEND", "SET_ADD", "MAP_ADD", "LIST_TO_TUPLE",
     "BINARY_OP", "COMPARE_OP", "IS_OP", "CONTAINS_OP", "UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "TO_BOOL",
@@ -90,9 +93,18 @@ _CHECKED = {
     "TO_BOOL": "shallow", "UNPACK_SEQUENCE": "shallow", "UNPACK_EX": "shallow", "LIST_EXTEND": "shallow",
     "BINARY_SLICE": "shallow", "BINARY_SUBSCR": "subscript", "LOAD_ATTR": "attribute", "LOAD_METHOD": "attribute",
 }
+# Nested code that reads variables by name at run time: any store of the block's names may reach it.
+_REFLECTIVE = frozenset({"globals", "locals", "vars", "eval", "exec"})
+_BOOLEANS = frozenset({"IS_OP", "CONTAINS_OP", "COMPARE_OP", "UNARY_NOT", "TO_BOOL"})  # on data: a bool
+# Scalars the pass can follow: constants, fast locals bound to them, and what the operators below make of them
+# (a bool, a number, a string: the interpreter's own types, whose operators and truth run no user code).
+_SCALAR_CONSTS = (int, float, complex, bool, str, bytes, type(None))
+_SCALAR_OPS = frozenset({"BINARY_OP", "COMPARE_OP", "UNARY_NEGATIVE", "UNARY_NOT", "UNARY_INVERT", "TO_BOOL"})
+_FAST_LOADS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR"})
 _TRUTH_TESTS = frozenset({"POP_JUMP_IF_TRUE", "POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_FORWARD_IF_FALSE",
                           "POP_JUMP_BACKWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_FALSE", "JUMP_IF_TRUE_OR_POP",
                           "JUMP_IF_FALSE_OR_POP"})
+_TESTS = _TRUTH_TESTS | {"TO_BOOL", "UNARY_NOT"}
 
 
 @dataclass(frozen=True)
@@ -104,11 +116,13 @@ class _Slot:
     comprehension: types.CodeType | None = None
     pure: bool = False  # a builtin function that only computes (`len`, `str`, `sorted`, ...)
     holder: bool = False  # a list holding Pendings (else, with calls, a Pending itself)
+    boolean: bool = False  # a test's result, guarded on its operands: its truth runs no code of the user's
+    scalar: bool = False  # a builtin scalar for sure (`_SCALAR_CONSTS`): what it takes part in needs no guard
 
     def join(self, other: _Slot) -> _Slot:
         same = self.comprehension is other.comprehension
         return _Slot(self.calls | other.calls, self.comprehension if same else None, self.pure and other.pure,
-                     self.holder or other.holder)
+                     self.holder or other.holder, self.boolean and other.boolean, self.scalar and other.scalar)
 
 
 _PLAIN = _Slot()
@@ -121,11 +135,12 @@ class State:
     open: frozenset[str]  # graph nodes of deferred calls that may be open (OUTER: the enclosing code's)
     stack: tuple[_Slot, ...]
     holds: frozenset[tuple[str, str]] = EMPTY  # (variable, graph node of the deferred call whose Pending it may hold)
+    scalars: frozenset[str] = EMPTY  # fast locals that hold a builtin scalar on every path here
 
     def join(self, other: State) -> State:
         stack = tuple(a.join(b) for a, b in zip(self.stack, other.stack))
         return State(self.pending | other.pending, self.bound & other.bound, self.open | other.open, stack,
-                      self.holds | other.holds)
+                     self.holds | other.holds, self.scalars & other.scalars)
 
     def release(self, names: Iterable[str], node_of: Callable[[int], str]) -> State:
         """`names` resolved: they hold no Pending, and the calls no variable or stack item holds any more are no
@@ -179,6 +194,7 @@ class OverlapPass:
         self.label_at = {id(e): i for i, e in enumerate(body) if isinstance(e, Label)}
         self.guarded = _guarded(body, self.label_at)
         self.nested_reads = nested_reads
+        self.reflective = bool(nested_reads & _REFLECTIVE)
         self.store_ops: dict[str, Instr] = {}
         for e in body:
             if isinstance(e, Instr) and e.name in STORES:
@@ -208,7 +224,7 @@ class OverlapPass:
         nxt = self.body[i + 1] if i + 1 < len(self.body) else None
         if not isinstance(nxt, Instr) or nxt.name not in _DEFER_INTO or self.guarded[i] or i in self.demoted:
             return "call"
-        if nxt.name in STORES and name_of(nxt.arg) in self.nested_reads:
+        if nxt.name in STORES and (name_of(nxt.arg) in self.nested_reads or self.late_read(nxt)):
             return "call"
         return "deferred"
 
@@ -289,7 +305,8 @@ class OverlapPass:
             self.pairs.update((node, COMPREHENSION) for node in state.open if node != OUTER)  # its calls overlap them
             return self._resolve(acts, state, sorted(reads_of(comprehension) & state.pending))
         pure = e.name in CALL_OPS and any(s.pure for s in popped[:2])
-        unsafe = self.guarded[i] or (e.name not in _SAFE and kind not in ("deferred", "call") and not pure)
+        unsafe = self.guarded[i] or self.late_read(e) or (e.name not in _SAFE and kind not in ("deferred", "call")
+                                                           and not pure)
         if unsafe:
             state = self._close(acts, state)
         reads = [name_of(e.arg)] if e.name in _READS else []
@@ -300,9 +317,16 @@ class OverlapPass:
             acts.iterate_top = True
         moves = e.name in _MOVES and not (e.name == "LIST_APPEND" and popped[-1].holder)  # lists of lists: one level
         state = state if moves else self._resolve_top(acts, state, popped)
-        if state.open:
+        plain = (e.name in _TESTS and popped[-1].boolean) or (e.name in _SCALAR_OPS and all(s.scalar for s in popped))
+        if state.open and not plain:
             acts.guard = _guard(e, popped) if not pure else _call_guard(popped)
         return state
+
+    def late_read(self, e: Instr) -> bool:
+        """Whether `e` stores a variable that code handed to an open call may read as it runs (a cell, a name
+        nested code reads as a global): the calls are waited for first, and see the value it had when made."""
+        return e.name == "STORE_DEREF" or (
+            e.name == "STORE_NAME" and (self.reflective or name_of(e.arg) in self.nested_reads))
 
     def _loop_exit(self, i: int) -> bool:
         """An instruction an ended loop jumps past (3.12's END_FOR, and 3.13's POP_TOP after it): nothing may
@@ -357,7 +381,8 @@ class OverlapPass:
             pending = state.pending | {var} if top.calls else state.pending - {var}
             bound = state.bound | {var} if name in STORES else state.bound - {var}
             holds = frozenset(h for h in state.holds if h[0] != var) | {(var, self.node_of(c)) for c in top.calls}
-            return replace(state, pending=pending, bound=bound, stack=tuple(stack), holds=holds)
+            scalars = state.scalars | {var} if name == "STORE_FAST" and top.scalar else state.scalars - {var}
+            return replace(state, pending=pending, bound=bound, stack=tuple(stack), holds=holds, scalars=scalars)
         if name == "SWAP":
             n = int(e.arg)
             stack[-1], stack[-n] = stack[-n], stack[-1]
@@ -382,7 +407,13 @@ class OverlapPass:
         if name in ("MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE"):
             code = next((s.comprehension for s in popped if s.comprehension is not None), None)
         pure = name in ("LOAD_GLOBAL", "LOAD_NAME") and name_of(e.arg) in self.pure_builtins
-        stack += [_PLAIN] * (pushes - 1) + [_Slot(comprehension=code, pure=pure)] if pushes else []
+        scalar = (name in _FAST_LOADS and name_of(e.arg) in state.scalars) or name == "BUILD_STRING" \
+            or (name == "LOAD_CONST" and type(e.arg) in _SCALAR_CONSTS) or name in ("IS_OP", "CONTAINS_OP") \
+            or (name in _SCALAR_OPS and all(s.scalar for s in popped))
+        top = _Slot(comprehension=code, pure=pure, boolean=name in _BOOLEANS, scalar=scalar)
+        stack += [_PLAIN] * (pushes - 1) + [top] if pushes else []
+        if name == "LOAD_FAST_AND_CLEAR":
+            state = replace(state, scalars=state.scalars - {name_of(e.arg)})
         return replace(state, stack=tuple(stack))
 
 

@@ -92,12 +92,12 @@ def _on_top(fn: str, location: Any) -> list[Instr]:
 
 
 def _check(guard: Guard, location: Any) -> list[Instr]:
-    """`guard(kind, *operands, *extra)`, the operands copied from the stack, which is left as it was."""
-    # After the callable, its NULL, the kind and j copies, an operand first at depth d is at d + 3 + j.
-    copies = [Instr("COPY", d + 3 + j, location=location) for j, d in enumerate(guard.depths)]
-    args = [Instr("LOAD_CONST", guard.kind, location=location), *copies]
-    args += [Instr("LOAD_CONST", x, location=location) for x in guard.extra]
-    return _call("guard", args, location) + [Instr("POP_TOP", location=location)]
+    """`guard(kind, *operands, *extra)` (as the kind's own function), the operands copied from the stack,
+    which is left as it was."""
+    # After the callable, its NULL and j copies, an operand first at depth d is at d + 2 + j.
+    copies = [Instr("COPY", d + 2 + j, location=location) for j, d in enumerate(guard.depths)]
+    args = [*copies, *(Instr("LOAD_CONST", x, location=location) for x in guard.extra)]
+    return _call(f"guard:{guard.kind}", args, location) + [Instr("POP_TOP", location=location)]
 
 
 def _emit(p: OverlapPass, acts: Actions, location: Any) -> list[Instr]:
@@ -150,8 +150,8 @@ def rewrite(
     """The captured `block` rewritten for parallel calls, with the graph's overlap groups."""
     site_node = _site_nodes(block.filename, graph)
     body = _split(block.body)
-    nested = frozenset().union(*(reads_of(e.arg) for e in body if isinstance(e, Instr)
-                                 and isinstance(e.arg, types.CodeType) and not is_comprehension(e.arg)))
+    nested = frozenset().union(*(_closure_reads(e.arg) for e in body if isinstance(e, Instr)
+                                 and isinstance(e.arg, types.CodeType)))
     entry = State(EMPTY, frozenset(params), EMPTY, ())
     shadowed = frozenset(module_globals).union(params)
     p = OverlapPass(body, site_node, entry, output, nested, shadowed, comprehensions=True)
@@ -173,6 +173,14 @@ def rewrite(
         _place(new_body, e, waits)
     groups = _groups({pair for pair in pairs if COMPREHENSION not in pair})
     return ParallelBody(replace(block, body=tuple(new_body)), frozenset(deferred), comprehensions, groups)
+
+
+def _closure_reads(code: types.CodeType) -> frozenset[str]:
+    """The block's variables that code made from `code` may read later, when it is called: a 3.11 list
+    comprehension runs at once, but a lambda or generator made inside it is code like any other."""
+    if not is_comprehension(code):
+        return reads_of(code)
+    return frozenset().union(*(_closure_reads(c) for c in code.co_consts if isinstance(c, types.CodeType)))
 
 
 def _comprehension(

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from patchkit.core.guards import CHECKS
+from patchkit.core.guards import CHECKS, Memo, ids
 
 __all__ = ["RUNTIME", "Pending", "Window", "guard", "iterable", "resolve", "run_in_window", "settle"]
 
@@ -60,6 +60,9 @@ class Window:
         self._open: dict[Pending, None] = {}  # an ordered set: issue order
         self._seq = itertools.count()
         self._raised: BaseException | None = None
+        # The guards' verdicts on containers, kept between two waits: until the request's code waits, only
+        # its own guarded code runs, which changes no container without settling first.
+        self.memo: Memo = {}
 
     def add(self, wait: Callable[[], Any], cancel: Callable[[], Any]) -> Pending:
         pending = Pending(self, next(self._seq), wait, cancel)
@@ -77,6 +80,7 @@ class Window:
 
     def settle(self) -> None:
         """Wait for every open call, in issue order; raise the first one's error that failed."""
+        self.memo.clear()
         for pending in list(self._open):
             pending.outcome()
             if not pending.ok:
@@ -92,6 +96,7 @@ class Window:
 
     def abandon(self) -> None:
         """The request ended: withdraw the calls it never waited for; their results are dropped."""
+        self.memo.clear()
         for pending in self._open:
             if not pending.done:
                 pending.cancel()
@@ -99,6 +104,10 @@ class Window:
 
     def __bool__(self) -> bool:
         return bool(self._open)
+
+    def __len__(self) -> int:
+        """How many calls are open."""
+        return len(self._open)
 
     def _earliest_before(self, seq: int | None) -> BaseException | None:
         for pending in list(self._open):
@@ -161,8 +170,22 @@ def guard(kind: str, *operands: Any) -> None:
     attribute read, a builtin's call): settle the open calls unless `guards.CHECKS[kind]` finds that it
     runs none on these."""
     window = _WINDOW.get()
-    if window and not CHECKS[kind](*operands):
+    if window is not None and window._open and not CHECKS[kind](window.memo, *operands):
         window.settle()
+
+
+def _guard_of(kind: str) -> Callable[..., None]:
+    """`guard(kind, ...)` as its own function, which the rewritten code calls: one call less per guard, for
+    guards stand before every operator of a loop while calls are open."""
+    check = CHECKS[kind]
+
+    def guard_kind(*operands: Any) -> None:
+        window = _WINDOW.get()
+        if window is not None and window._open and not check(window.memo, *operands):
+            window.settle()
+
+    guard_kind.__qualname__ = guard_kind.__name__ = f"guard_{kind}"
+    return guard_kind
 
 
 def iterable(value: Any) -> Any:
@@ -170,28 +193,27 @@ def iterable(value: Any) -> Any:
     ...); otherwise, once the open calls are settled (`__iter__` may be the user's), an iterator that settles
     them before each step, since a generator's code must not run while a call that plain Python would have
     finished first is still open."""
-    if type(value) in _PURE_ITERABLES or _pure_iterator(value):
+    if id(type(value)) in _PURE_ITERABLES or _pure_iterator(value):
         return value
     settle()
     return _Settling(iter(value))
 
 
-_PURE_ITERABLES = frozenset({list, tuple, range, str, bytes, dict, set, frozenset, type({}.keys()),
-                             type({}.values()), type({}.items())})
+_PURE_ITERABLES = ids({list, tuple, range, str, bytes, dict, set, frozenset, type({}.keys()),
+                       type({}.values()), type({}.items())})
 _SAMPLES: tuple[Any, ...] = ([], (), range(1), range(1 << 70), "", b"", {}, set(), {}.values(), {}.items())
-_PURE_ITERATORS: frozenset[type] = frozenset({type(iter(x)) for x in _SAMPLES} | {type(reversed([]))})
-_COMBINATORS = frozenset({zip, enumerate})
+_PURE_ITERATORS = ids({type(iter(x)) for x in _SAMPLES} | {type(reversed([]))})
 
 
 def _pure_iterator(value: Any) -> bool:
     """An iterator over containers only: a builtin one, or zip/enumerate of such (read from their reduce)."""
     kind = type(value)
-    if kind in _PURE_ITERATORS:
+    if id(kind) in _PURE_ITERATORS:
         return True
-    if kind in _COMBINATORS:
+    if kind is zip or kind is enumerate:
         _, args = value.__reduce__()[:2]
         inner = args if kind is zip else args[:1]
-        return all(type(x) in _PURE_ITERABLES or _pure_iterator(x) for x in inner)
+        return all(id(type(x)) in _PURE_ITERABLES or _pure_iterator(x) for x in inner)
     return False
 
 
@@ -212,4 +234,5 @@ class _Settling:
 
 
 # The functions the rewritten code calls, which it holds as constants (`capture/parallel.py`).
-RUNTIME: dict[str, Callable[..., Any]] = {"resolve": resolve, "settle": settle, "iterable": iterable, "guard": guard}
+RUNTIME: dict[str, Callable[..., Any]] = {"resolve": resolve, "settle": settle, "iterable": iterable, "guard": guard,
+                                          **{f"guard:{kind}": _guard_of(kind) for kind in CHECKS}}
