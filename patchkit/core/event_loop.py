@@ -33,12 +33,13 @@ from typing import Any, TypeVar
 from patchkit import envs
 from patchkit.errors import MakeError
 
-__all__ = ["CLOSE_TIMEOUT_S", "EventLoop", "component_loop", "iterate_on", "on_component_loop", "watched"]
+__all__ = ["CLOSE_TIMEOUT_S", "STREAM_BUFFER", "EventLoop", "component_loop", "iterate_on", "on_component_loop", "watched"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CLOSE_TIMEOUT_S = 5.0  # how long closing a stream early waits for its coroutine to finish its cleanup
+STREAM_BUFFER = 16  # items an async generator may make ahead of the thread that reads them before it waits
 _END = object()
 
 
@@ -109,25 +110,38 @@ class EventLoop:
 
 
 def iterate_on(
-    submit: Callable[[Coroutine[Any, Any, None]], concurrent.futures.Future[None]], items: AsyncIterator[T]
+    submit: Callable[[Coroutine[Any, Any, None]], concurrent.futures.Future[None]],
+    items: AsyncIterator[T],
+    buffer: int = STREAM_BUFFER,
 ) -> Iterator[T]:
     """The items of the async iterator `items`, run by a coroutine that `submit` starts on a loop in another
-    thread, as a plain iterator for the calling thread. Closing the iterator early (the consumer stops)
-    cancels that coroutine, so the `finally` and `async with` blocks of `items` run (an HTTP response is
-    closed, an engine request aborted), and waits for that up to CLOSE_TIMEOUT_S. Used by `EventLoop` and
-    by the generators' own loops (`components/generators/background.py`)."""
+    thread, as a plain iterator for the calling thread. Used by `EventLoop` and by the generators' own loops
+    (`components/generators/background.py`).
+
+    At most `buffer` items wait between the two: once that many are made and not yet taken, `items` waits
+    where it yields until the consumer takes one (a slow consumer slows the generator, never grows a queue).
+    However `items` ends, the iterator ends: at its last item, or raising its error, a `CancelledError` or
+    `GeneratorExit` raised inside it included (its own, not the loop cancelling it). Closing the iterator
+    early (the consumer stops) cancels that coroutine, so the `finally` and `async with` blocks of `items` run
+    (an HTTP response is closed, an engine request aborted), and waits for that up to CLOSE_TIMEOUT_S.
+    """
     received: queue.SimpleQueue[Any] = queue.SimpleQueue()
     done = threading.Event()
+    credit = _Credit(buffer)
 
     async def pump() -> None:
+        credit.bind(asyncio.get_running_loop())
         try:
             closing = contextlib.aclosing(items) if isinstance(items, AsyncGenerator) else contextlib.nullcontext()
             async with closing:
                 async for item in items:
+                    await credit.spend()
                     received.put(item)
             received.put(_END)
-        except Exception as exc:  # handed to the consumer, which raises it in its own thread
-            received.put(_Failure(exc))
+        except (Exception, asyncio.CancelledError, GeneratorExit) as exc:
+            if isinstance(exc, asyncio.CancelledError) and _cancelled_from_outside():
+                raise  # the consumer closed the iterator: nobody waits for an outcome
+            received.put(_Failure(exc))  # handed to the consumer, which raises it in its own thread
         finally:
             done.set()
 
@@ -136,6 +150,7 @@ def iterate_on(
         while (item := received.get()) is not _END:
             if isinstance(item, _Failure):
                 raise item.error
+            credit.give()
             yield item
     finally:
         if not done.is_set():
@@ -143,10 +158,54 @@ def iterate_on(
             done.wait(CLOSE_TIMEOUT_S)
 
 
+def _cancelled_from_outside() -> bool:
+    """Whether the running task is being cancelled (by `Task.cancel`), as opposed to its code raising
+    CancelledError itself (a future cancelled elsewhere that it awaited, or a bare `raise`)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class _Credit:
+    """How many more items the producer of `iterate_on` may hand over before it waits: `buffer` at first,
+    one less per item handed over (`spend`, on the loop), one more per item taken (`give`, any thread)."""
+
+    def __init__(self, buffer: int) -> None:
+        if buffer < 1:
+            raise ValueError(f"buffer must be >= 1; got {buffer}")
+        self.left = buffer
+        self._lock = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    async def spend(self) -> None:
+        with self._lock:
+            self.left -= 1
+            if self.left >= 0:
+                return
+            assert self._loop is not None  # noqa: S101 - bound by the pump before its first item
+            waiter = self._waiter = self._loop.create_future()
+        await waiter
+
+    def give(self) -> None:
+        with self._lock:
+            self.left += 1
+            waiter, self._waiter = (self._waiter, None) if self.left >= 0 else (None, self._waiter)
+        if waiter is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(_wake, waiter)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class _Failure:
     __slots__ = ("error",)
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: BaseException) -> None:
         self.error = error
 
 

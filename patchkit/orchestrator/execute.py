@@ -21,6 +21,7 @@ __all__ = [
     "COMPONENT",
     "FRONTEND",
     "WIRE",
+    "COMPONENT_ERRORS",
     "Failure",
     "Outcome",
     "StopFlag",
@@ -50,8 +51,14 @@ class Failure:
 
     @classmethod
     def of(cls, exc: BaseException) -> Failure:
-        """The component's code raised `exc`."""
-        return cls(exc, type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)))
+        """The component's code raised `exc`.
+
+        A `CancelledError` or `GeneratorExit` it raised itself is its error too, carried as text only (a
+        ComponentError where its caller waits): raised again as it is, it would read as the caller's own
+        cancellation, or end a generator without a word.
+        """
+        error = exc if isinstance(exc, Exception) else None
+        return cls(error, type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)))
 
     @classmethod
     def on_wire(cls, why: str, exc: BaseException | None = None) -> Failure:
@@ -88,6 +95,10 @@ class Failure:
 
 # (True, result) or (False, Failure)
 Outcome = tuple[bool, Any]
+# What a component's code may raise that is its own failure: any Exception, and a CancelledError (a future
+# cancelled elsewhere that it awaited) or GeneratorExit that its code raised itself. KeyboardInterrupt and
+# SystemExit end the process as anywhere else.
+COMPONENT_ERRORS = (Exception, asyncio.CancelledError, GeneratorExit)
 
 
 class StopFlag(threading.Event):
@@ -135,7 +146,7 @@ def run_batch(component: Component, method_name: str, calls: Sequence[Call], hoo
     if method.batch and len(calls) > 1:
         try:
             return [(True, result) for result in method.run_batch(component, calls, hook)]
-        except Exception:  # noqa: S110 - re-run one by one below, so only the failing call fails
+        except COMPONENT_ERRORS:  # noqa: S110 - re-run one by one below, so only the failing call fails
             pass
     return [_run_one(method, component, call, hook) for call in calls]
 
@@ -188,7 +199,7 @@ def run_streamed(
                     on_chunk(chunk)
         finally:
             chunks.close()
-    except Exception as exc:
+    except COMPONENT_ERRORS as exc:
         return (False, Failure.of(exc))
     return (True, "".join(parts))
 
@@ -204,8 +215,8 @@ async def run_calls_async(
 ) -> list[Outcome]:
     """Run a batch of an `async def` method's calls on the component loop, where the worker and the inprocess
     backend await it; the component is set up. `run_calls` for coroutines: the calls of a per-item or
-    streaming method run all at once for a method with `max_concurrency` (a task each, awaiting without
-    a thread), else one after another; a batch method's calls as one, re-run one by one if it fails,
+    streaming method run all at once (a task each, awaiting together without a thread); a batch method's
+    calls as one, re-run one by one if it fails,
     so that only the failing call fails. A call is cancelled where it awaits once its stop is set (its
     request ended: the outcome says Cancelled) or at its deadline (`time.monotonic()`; the outcome says
     DeadlineExceeded); a batch method's, once every call's is."""
@@ -219,8 +230,8 @@ async def run_calls_async(
             _guarded(_one_async(method, component, call, None if on_chunk is None else _sink(on_chunk, i)), [stop], deadline)
             for i, (call, stop, deadline) in enumerate(zip(calls, stops, deadlines))
         ]
-        if method.max_concurrency and len(runs) > 1:
-            return list(await asyncio.gather(*runs))  # a task each, so each is cancelled alone
+        if len(runs) > 1:
+            return list(await asyncio.gather(*runs))  # a task each, awaiting together, each cancelled alone
         return [await run for run in runs]
 
 
@@ -287,12 +298,14 @@ async def _guarded(run: Coroutine[Any, Any, Any], stops: Sequence[StopFlag], dea
         if why:  # it caught the cancellation and returned: the task goes on uncancelled
             task.uncancel()
         return (True, result)
-    except asyncio.CancelledError:
-        if not why or task.cancelling() > 1:  # not (only) ours: the task itself is cancelled
+    except asyncio.CancelledError as exc:
+        if task.cancelling() > len(why):  # not (only) ours: the task itself is cancelled
             raise
+        if not why:  # nobody cancelled it: its code raised CancelledError itself, its own failure
+            return (False, Failure.of(exc))
         task.uncancel()
         return (False, Failure.verdict(why[0]))
-    except Exception as exc:
+    except (Exception, GeneratorExit) as exc:
         return (False, Failure.of(exc))
     finally:
         running = False
@@ -313,7 +326,7 @@ def _method(component: Component, method_name: str) -> MakeMethod | Failure:
 def _run_one(method: MakeMethod, component: Component, call: Call, hook: CallHook | None) -> Outcome:
     try:
         return (True, method.run_batch(component, [call], hook)[0])
-    except Exception as exc:
+    except COMPONENT_ERRORS as exc:
         return (False, Failure.of(exc))
 
 
