@@ -6,8 +6,10 @@ included) while the loop goes on, except a batch of a method whose last batch to
 `INLINE_BELOW_S`: that runs inline, on the loop, where a thread's hop would cost more than it lets
 overlap. A component runs one batch at a time, and never at once with a component that holds it (which
 runs it in place here), so no object is used from two threads. A batch of an `async def` method runs
-on the process's component loop, as on a worker, and is awaited here; a call whose request ends, or
-whose request runs out of time, has its task cancelled there. Batching and the pipeline's control
+on the process's component loop, as on a worker, and is awaited here: a per-item method's calls (its
+`max_concurrency`, `DEFAULT_ASYNC_CONCURRENCY` where not given) await together there, beside the
+other batches of the component, as on a worker; a batch method's batches take the locks. A call whose
+request ends, or whose request runs out of time, has its task cancelled there. Batching and the pipeline's control
 flow are the same as on the process backends.
 """
 
@@ -47,6 +49,7 @@ class DirectChannel:
         self.calls = 0
         self._locks = locks  # in one order for every channel, so that no two wait on each other
         self._took: dict[str, float] = {}  # method -> how long its last batch ran
+        self._slots: dict[str, asyncio.Semaphore] = {}  # async method with max_concurrency -> its calls in flight
 
     async def run_batch(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
         """Run the batch, in an execution span per traced call, as a worker does; a streaming call's
@@ -112,7 +115,7 @@ class DirectChannel:
             end.add_done_callback(stop_on_end)
         traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
         try:
-            async with self._holding():
+            async with self._admitting(method):
                 with telemetry.execution(self.name, method, traces):
                     run = run_calls_async(self.component, method, [call.call for call in calls], sink if streamed else None,
                                           stops, deadlines)
@@ -124,6 +127,16 @@ class DirectChannel:
         finally:
             for end, stop_on_end in watched:
                 end.remove_done_callback(stop_on_end)
+
+    def _admitting(self, method: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        """What a batch of an async method waits for: a slot of its `max_concurrency` (its calls await together
+        on the component loop, beside the batches of the others, as on a worker), else the locks."""
+        made = getattr(type(self.component), method)
+        if not made.max_concurrency:
+            return self._holding()
+        if method not in self._slots:
+            self._slots[method] = asyncio.Semaphore(made.max_concurrency)
+        return self._slots[method]
 
     def _timed(self, component: Component, method: str, *args: Any) -> list[Outcome]:
         """`run_calls`, its time kept for the method's next batch to choose where it runs."""
