@@ -598,7 +598,9 @@ def make(
             (an engine that batches internally, as vLLM's, or a method that mostly waits on others). Its
             deployed batch size is its calls in flight per replica (at most `max_concurrency`: a Plan or
             deploy(batch_size=...) that picks c runs c at once), and the profiler measures it at 1 to
-            `max_concurrency` calls at once, not at batch sizes.
+            `max_concurrency` calls at once, not at batch sizes. An `async def` per-item method (an
+            async generator too) left without it takes `max_batch_size`, else DEFAULT_ASYNC_CONCURRENCY
+            (32): its calls await together on the replica's loop.
         stream: marks a per-item generator function yielding str chunks (tokens): pipeline code still
             gets the whole string, while a streaming request to a deployment whose output it makes
             receives the chunks as they come.

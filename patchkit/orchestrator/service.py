@@ -3,9 +3,9 @@
 A method runs one batch at a time, in the order its batches arrive, unless it is
 `@make(max_concurrency=N)`: then each of its batches runs on a thread of its own as soon as it
 arrives, up to N at once (an engine batching concurrent calls itself admits them between its
-steps). An `async def` method's calls run as tasks on the process's component loop instead: with
-`max_concurrency=N`, up to N at once with no thread each; without, one batch at a time as any
-method. A `stream=True` call whose chunks are wanted sends each chunk as it is made, and stops at
+steps). An `async def` method's calls run as tasks on the process's component loop instead: a
+per-item one's up to its `max_concurrency` at once (`DEFAULT_ASYNC_CONCURRENCY` where not given) with
+no thread each; a `batch=True` one's one batch at a time, as any method. A `stream=True` call whose chunks are wanted sends each chunk as it is made, and stops at
 its next chunk when the front-end cancels it (a task at once, wherever it awaits, as it does at its
 request's deadline); a call cancelled before it starts is not run.
 """
