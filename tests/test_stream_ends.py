@@ -1,10 +1,11 @@
-"""A stream ends however its generator ends, on every backend and eagerly.
+"""A stream ends however its generator ends, on every backend and eagerly, and paces its generator.
 
 A generator component (`def` or `async def`) may return, raise, raise a `CancelledError` of its own (it
 awaited a future that was cancelled elsewhere) or a `GeneratorExit`, or lose its client halfway: a
 deployed `Endpoint.stream()` ends each time, with the component's error where there is one, and the
 generator's `finally` runs. Each consumer runs in a thread joined with a timeout, so that a stream that
-never ends fails the test instead of blocking it.
+never ends fails the test instead of blocking it. A reader that does not read holds its generator back:
+at most a window of chunks (`STREAM_BUFFER`) wait between them, never the whole stream.
 """
 
 from __future__ import annotations
@@ -12,15 +13,19 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
+from patchkit.core.event_loop import STREAM_BUFFER
 from patchkit.errors import ComponentError
+from patchkit.server.events import pump
+from patchkit.serving.frontend import Frontend
 
 BACKENDS = [pytest.param("inprocess", id="inprocess"), pytest.param("local", id="local", marks=pytest.mark.slow)]
 ENDINGS = ["returns", "raises", "cancelled", "generator-exit"]
@@ -177,3 +182,107 @@ def test_a_client_that_leaves_early_ends_the_generator(backend: str, asynchronou
         chunks, raised = read(endpoint.stream(prompt="left", how="forever"), most=3)
         assert raised is None and chunks == ["one", " two", " more"]
         assert marked(tmp_path, "left")  # its finally ran: the generator was closed, not left to run forever
+
+
+class Counter(Component):
+    """Streams `count` numbered chunks as fast as it is asked for them, counting those it made."""
+
+    def setup(self) -> None:
+        self.made = 0
+
+    @make(stream=True)
+    def count(self, count: int) -> Iterator[str]:
+        for i in range(count):
+            self.made += 1
+            yield f"{i} "
+
+    @make(stream=True)
+    async def acount(self, count: int) -> AsyncIterator[str]:
+        for i in range(count):
+            self.made += 1
+            await asyncio.sleep(0)
+            yield f"{i} "
+
+    def stats(self) -> dict[str, Any]:
+        return {"made": self.made}
+
+
+def counting(counter: Counter, asynchronous: bool) -> patchkit.Pipeline:
+    return counting_async(counter) if asynchronous else counting_sync(counter)
+
+
+def counting_sync(counter: Counter) -> patchkit.Pipeline:
+    count = 3
+    with patchkit.capture(run=False) as pipeline:
+        return counter.count(count)  # type: ignore[no-any-return]
+    return pipeline
+
+
+def counting_async(counter: Counter) -> patchkit.Pipeline:
+    count = 3
+    with patchkit.capture(run=False) as pipeline:
+        return counter.acount(count)  # type: ignore[no-any-return]
+    return pipeline
+
+
+CHUNKS = 5000  # what a generator that never waits for its reader makes long before the reader is back
+
+
+async def settled(made: Callable[[], Awaitable[int]]) -> int:
+    """How far the generator got once it stopped going further (or made every chunk)."""
+    last, still_since = -1, time.monotonic()
+    while time.monotonic() - still_since < 1.0:
+        now = await made()
+        if now >= CHUNKS:
+            return now
+        if now != last:
+            last, still_since = now, time.monotonic()
+        await asyncio.sleep(0.05)
+    return last
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["def", "async-def"])
+def test_an_eager_stream_s_generator_waits_for_its_reader(asynchronous: bool) -> None:
+    counter = Counter()
+    counter.setup()
+    method = Counter.acount if asynchronous else Counter.count
+    chunks = method.chunks(counter, (CHUNKS,), {})
+    assert next(chunks) == "0 "
+
+    async def made() -> int:
+        return counter.made
+
+    got = asyncio.run(settled(made))
+    assert got <= 2 * STREAM_BUFFER  # bounded: the generator waits while its reader does not read
+    assert "".join(chunks) == "".join(f"{i} " for i in range(1, CHUNKS))  # and goes on as it reads
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["def", "async-def"])
+def test_a_slow_client_holds_the_deployed_generator_back(backend: str, asynchronous: bool) -> None:
+    """The composition the streaming routes run (`pump` over the front-end's query): while the client
+    takes nothing, the generator makes a bounded number of chunks; then the stream goes on whole."""
+
+    async def body(frontend: Frontend) -> tuple[int, list[str], Any]:
+        gate = asyncio.Event()
+        sent: list[str] = []
+
+        async def slow_client(chunk: str) -> None:
+            await gate.wait()
+            sent.append(chunk)
+
+        async def made() -> int:
+            [report] = (await frontend.replica_stats()).values()
+            return int(report["component_stats"]["made"])
+
+        streaming = asyncio.ensure_future(
+            pump(lambda report: frontend.query({"count": CHUNKS}, on_delta=report), slow_client))
+        try:
+            got = await settled(made)
+        finally:
+            gate.set()
+        return got, sent, (await streaming).output
+
+    got, sent, output = run_frontend(counting(Counter(), asynchronous), body, backend=backend, slo_ms=120_000)
+    assert got <= 2 * STREAM_BUFFER + 2, got  # the chunks ahead of the client are bounded...
+    assert "".join(sent) == output == "".join(f"{i} " for i in range(CHUNKS))  # ...and none is lost

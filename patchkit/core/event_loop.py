@@ -33,13 +33,17 @@ from typing import Any, TypeVar
 from patchkit import envs
 from patchkit.errors import MakeError
 
-__all__ = ["CLOSE_TIMEOUT_S", "STREAM_BUFFER", "EventLoop", "component_loop", "iterate_on", "on_component_loop", "watched"]
+__all__ = [
+    "CLOSE_TIMEOUT_S", "STREAM_BUFFER", "ChunkWindow", "EventLoop", "component_loop", "iterate_on", "on_component_loop",
+    "watched",
+]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CLOSE_TIMEOUT_S = 5.0  # how long closing a stream early waits for its coroutine to finish its cleanup
-STREAM_BUFFER = 16  # items an async generator may make ahead of the thread that reads them before it waits
+STREAM_BUFFER = 16  # chunks a generator may make ahead of whoever reads them before it waits (ChunkWindow)
+WINDOW_POLL_S = 0.1  # how often a thread waiting for its reader checks whether its call is being stopped
 _END = object()
 
 
@@ -127,15 +131,14 @@ def iterate_on(
     """
     received: queue.SimpleQueue[Any] = queue.SimpleQueue()
     done = threading.Event()
-    credit = _Credit(buffer)
+    window = ChunkWindow(buffer)
 
     async def pump() -> None:
-        credit.bind(asyncio.get_running_loop())
         try:
             closing = contextlib.aclosing(items) if isinstance(items, AsyncGenerator) else contextlib.nullcontext()
             async with closing:
                 async for item in items:
-                    await credit.spend()
+                    await window.take_async()
                     received.put(item)
             received.put(_END)
         except (Exception, asyncio.CancelledError, GeneratorExit) as exc:
@@ -150,7 +153,7 @@ def iterate_on(
         while (item := received.get()) is not _END:
             if isinstance(item, _Failure):
                 raise item.error
-            credit.give()
+            window.give()
             yield item
     finally:
         if not done.is_set():
@@ -165,36 +168,64 @@ def _cancelled_from_outside() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-class _Credit:
-    """How many more items the producer of `iterate_on` may hand over before it waits: `buffer` at first,
-    one less per item handed over (`spend`, on the loop), one more per item taken (`give`, any thread)."""
+class ChunkWindow:
+    """A bounded buffer's bookkeeping between a producer of chunks and their reader, on any threads.
 
-    def __init__(self, buffer: int) -> None:
-        if buffer < 1:
-            raise ValueError(f"buffer must be >= 1; got {buffer}")
-        self.left = buffer
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiter: asyncio.Future[None] | None = None
+    The producer may be `size` chunks ahead of its reader: each chunk it hands over takes one place
+    (`take`, from a thread; `take_async`, from a coroutine), and waits while none is left; each chunk the
+    reader has taken gives one back (`give`, from any thread). Used by `iterate_on` and by a replica for
+    every streaming call whose chunks a client reads (orchestrator/execute.py), so that a slow reader slows
+    its generator instead of growing a queue.
+    """
 
-    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self, size: int = STREAM_BUFFER) -> None:
+        if size < 1:
+            raise ValueError(f"a window holds at least one chunk; got {size}")
+        self.size = size
+        self._left = size
+        self._changed = threading.Condition()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
 
-    async def spend(self) -> None:
-        with self._lock:
-            self.left -= 1
-            if self.left >= 0:
+    @property
+    def ahead(self) -> int:
+        """Chunks handed over and not yet given back by the reader."""
+        return self.size - self._left
+
+    def take(self, stop: threading.Event) -> None:
+        """Take a place for a chunk, waiting while there is none, or until `stop` is set (checked every
+        WINDOW_POLL_S: the call is being stopped, so it goes on to its next chunk, where it stops)."""
+        with self._changed:
+            self._left -= 1
+            while self._left < 0 and not stop.is_set():
+                self._changed.wait(WINDOW_POLL_S)
+
+    async def take_async(self) -> None:
+        """`take` for a coroutine on an event loop: it waits there, and a cancellation ends the wait."""
+        with self._changed:
+            self._left -= 1
+            if self._left >= 0:
                 return
-            assert self._loop is not None  # noqa: S101 - bound by the pump before its first item
-            waiter = self._waiter = self._loop.create_future()
-        await waiter
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            self._waiter = (loop, waiter)
+        try:
+            await waiter
+        finally:
+            with self._changed:
+                if self._waiter is not None and self._waiter[1] is waiter:
+                    self._waiter = None
 
-    def give(self) -> None:
-        with self._lock:
-            self.left += 1
-            waiter, self._waiter = (self._waiter, None) if self.left >= 0 else (None, self._waiter)
-        if waiter is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(_wake, waiter)
+    def give(self, count: int = 1) -> None:
+        """The reader has taken `count` chunks: their places are free again."""
+        with self._changed:
+            self._left += count
+            self._changed.notify_all()
+            waiter = self._waiter if self._left >= 0 else None
+            if waiter is not None:
+                self._waiter = None
+        if waiter is not None:
+            loop, future = waiter
+            loop.call_soon_threadsafe(_wake, future)
 
 
 def _wake(waiter: asyncio.Future[None]) -> None:

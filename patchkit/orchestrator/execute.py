@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit.core import Call, CallHook, Component, MakeMethod, call_hook
+from patchkit.core.event_loop import ChunkWindow
 from patchkit.errors import CallError, Cancelled, ComponentError, DeadlineExceeded, PatchkitError
 
 __all__ = [
@@ -158,10 +159,12 @@ def run_calls(
     on_chunk: Callable[[int, str], None] | None = None,
     cancelled: Sequence[threading.Event] | None = None,
     hook: CallHook | None = None,
+    windows: Sequence[ChunkWindow | None] | None = None,
 ) -> list[Outcome]:
     """Run a batch's calls: as `run_batch`, but a `stream=True` method's calls one by one through
-    `run_streamed`, their chunks handed to `on_chunk(index, text)` and each stopped once its
-    `cancelled` event is set. Called by the worker and the inprocess backend for every batch."""
+    `run_streamed`, their chunks handed to `on_chunk(index, text)`, each paced by its window (None: not
+    paced) and stopped once its `cancelled` event is set. Called by the worker and the inprocess backend
+    for every batch."""
     method = getattr(type(component), method_name, None)
     if not (isinstance(method, MakeMethod) and method.stream):
         return run_batch(component, method_name, calls, hook)
@@ -169,7 +172,8 @@ def run_calls(
     for i, call in enumerate(calls):
         sink = (lambda text, i=i: on_chunk(i, text)) if on_chunk is not None else None
         stop = cancelled[i] if cancelled is not None else threading.Event()
-        outcomes.append(run_streamed(component, method_name, call, sink, stop, hook))
+        window = windows[i] if windows is not None else None
+        outcomes.append(run_streamed(component, method_name, call, sink, stop, hook, window))
     return outcomes
 
 
@@ -180,10 +184,13 @@ def run_streamed(
     on_chunk: Callable[[str], None] | None,
     cancelled: threading.Event,
     hook: CallHook | None = None,
+    window: ChunkWindow | None = None,
 ) -> Outcome:
     """One call of a `stream=True` method: each chunk handed to `on_chunk` as it is made (None: kept
-    only), its outcome their concatenation. Once `cancelled` is set the method's generator is closed
-    at its next chunk (an engine then drops the sequence) and the outcome says Cancelled."""
+    only), its outcome their concatenation. With a `window`, the generator waits after a chunk while its
+    reader is a whole window behind (backpressure: it is not asked for its next chunk). Once `cancelled`
+    is set the method's generator is closed at its next chunk (an engine then drops the sequence) and the
+    outcome says Cancelled."""
     method = _method(component, method_name)
     if isinstance(method, Failure):
         return (False, method)
@@ -197,6 +204,8 @@ def run_streamed(
                 parts.append(chunk)
                 if on_chunk is not None:
                     on_chunk(chunk)
+                    if window is not None:
+                        window.take(cancelled)
         finally:
             chunks.close()
     except COMPONENT_ERRORS as exc:
@@ -212,6 +221,7 @@ async def run_calls_async(
     stops: Sequence[StopFlag],
     deadlines: Sequence[float | None],
     hook: CallHook | None = None,
+    windows: Sequence[ChunkWindow | None] | None = None,
 ) -> list[Outcome]:
     """Run a batch of an `async def` method's calls on the component loop, where the worker and the inprocess
     backend await it; the component is set up. `run_calls` for coroutines: the calls of a per-item or
@@ -219,7 +229,8 @@ async def run_calls_async(
     calls as one, re-run one by one if it fails,
     so that only the failing call fails. A call is cancelled where it awaits once its stop is set (its
     request ended: the outcome says Cancelled) or at its deadline (`time.monotonic()`; the outcome says
-    DeadlineExceeded); a batch method's, once every call's is."""
+    DeadlineExceeded); a batch method's, once every call's is. A streaming call with a window waits
+    where it yields while its reader is a whole window behind."""
     method = _method(component, method_name)
     if isinstance(method, Failure):
         return [(False, method)] * len(calls)
@@ -227,7 +238,8 @@ async def run_calls_async(
         if method.batch:
             return await _batch_async(method, component, calls, stops, deadlines, hook)
         runs = [
-            _guarded(_one_async(method, component, call, None if on_chunk is None else _sink(on_chunk, i)), [stop], deadline)
+            _guarded(_one_async(method, component, call, None if on_chunk is None else _sink(on_chunk, i),
+                                None if windows is None else windows[i]), [stop], deadline)
             for i, (call, stop, deadline) in enumerate(zip(calls, stops, deadlines))
         ]
         if len(runs) > 1:
@@ -239,15 +251,23 @@ def _sink(on_chunk: Callable[[int, str], None], index: int) -> Callable[[str], N
     return lambda text: on_chunk(index, text)
 
 
-async def _one_async(method: MakeMethod, component: Component, call: Call, on_chunk: Callable[[str], None] | None) -> Any:
+async def _one_async(
+    method: MakeMethod, component: Component, call: Call, on_chunk: Callable[[str], None] | None, window: ChunkWindow | None
+) -> Any:
     args, kwargs = call
     if not method.stream:
         return await method.call_async(component, args, kwargs)
     parts: list[str] = []
-    async for chunk in method.achunks(component, args, kwargs):
-        parts.append(chunk)
-        if on_chunk is not None:
-            on_chunk(chunk)
+    chunks = method.achunks(component, args, kwargs)
+    try:
+        async for chunk in chunks:
+            parts.append(chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)
+                if window is not None:
+                    await window.take_async()
+    finally:
+        await chunks.aclose()  # at once, here: a call cancelled mid-stream runs its generator's cleanup now
     return "".join(parts)
 
 

@@ -25,10 +25,10 @@ from typing import Any
 from patchkit import telemetry
 from patchkit.capture.holders import held_components
 from patchkit.core import Component, MakeMethod, ensure_setup
-from patchkit.core.event_loop import component_loop
+from patchkit.core.event_loop import ChunkWindow, component_loop
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
-from patchkit.orchestrator.envelope import CallEnvelope
+from patchkit.orchestrator.envelope import CallEnvelope, when_read
 from patchkit.orchestrator.execute import Outcome, StopFlag, component_stats, run_calls, run_calls_async, setup_error
 from patchkit.orchestrator.resources import ReplicaResources
 
@@ -67,12 +67,8 @@ class DirectChannel:
         traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
         loop = asyncio.get_running_loop()
         stops = [threading.Event() for _ in calls]
-
-        def sink(index: int, text: str) -> None:
-            target = calls[index].on_chunk
-            if target is not None:
-                loop.call_soon_threadsafe(target, text)
-
+        windows = _windows(calls)
+        sink = _sink(loop, calls, windows)
         streamed = any(call.on_chunk is not None for call in calls)
         watched = [(call.ended, lambda future, stop=stop: future.cancelled() and stop.set())
                    for call, stop in zip(calls, stops) if call.ended is not None and streamed]
@@ -80,7 +76,8 @@ class DirectChannel:
             end.add_done_callback(stop_on_end)
         try:
             with telemetry.execution(self.name, method, traces):
-                args = (self.component, method, [call.call for call in calls]) + ((sink, stops) if streamed else ())
+                streaming = (sink, stops, None, windows) if streamed else ()
+                args = (self.component, method, [call.call for call in calls], *streaming)
                 inline = not streamed and self._took.get(method, INLINE_BELOW_S) < INLINE_BELOW_S
                 outcomes = await (self._inline(*args) if inline else self._on_thread(self._timed, *args))
         except asyncio.CancelledError:
@@ -102,12 +99,8 @@ class DirectChannel:
         stops = [StopFlag() for _ in calls]
         now, clock = time.monotonic(), loop.time()
         deadlines = [None if call.expires is None else now + call.expires - clock for call in calls]
-
-        def sink(index: int, text: str) -> None:  # on the component loop: the chunk goes to this loop
-            target = calls[index].on_chunk
-            if target is not None:
-                loop.call_soon_threadsafe(target, text)
-
+        windows = _windows(calls)
+        sink = _sink(loop, calls, windows)
         streamed = any(call.on_chunk is not None for call in calls)
         watched = [(call.ended, lambda future, stop=stop: future.cancelled() and stop.set())
                    for call, stop in zip(calls, stops) if call.ended is not None]
@@ -118,7 +111,7 @@ class DirectChannel:
             async with self._admitting(method):
                 with telemetry.execution(self.name, method, traces):
                     run = run_calls_async(self.component, method, [call.call for call in calls], sink if streamed else None,
-                                          stops, deadlines)
+                                          stops, deadlines, None, windows)
                     return await asyncio.wrap_future(component_loop().submit(run))
         except asyncio.CancelledError:
             for stop in stops:
@@ -180,6 +173,29 @@ class DirectChannel:
         if not self.lost.is_set():
             self.lost_reason = "stopped"
             self.lost.set()
+
+
+def _windows(calls: Sequence[CallEnvelope]) -> list[ChunkWindow | None]:
+    """A window per call whose chunks are read as they come: its generator waits for a slow reader."""
+    return [ChunkWindow() if call.on_chunk is not None else None for call in calls]
+
+
+def _sink(loop: asyncio.AbstractEventLoop, calls: Sequence[CallEnvelope], windows: Sequence[ChunkWindow | None]
+          ) -> Callable[[int, str], None]:
+    """Where a batch's chunks go from the thread or loop that makes them: to their call's `on_chunk` on the
+    front-end's `loop`, each giving its place in its window back once its reader has it."""
+
+    def hand_on(index: int, text: str) -> None:
+        target, window = calls[index].on_chunk, windows[index]
+        if target is not None:
+            handed = target(text)
+            if window is not None:
+                when_read(handed, window.give)
+
+    def sink(index: int, text: str) -> None:  # on the thread or loop that makes the chunk
+        loop.call_soon_threadsafe(hand_on, index, text)
+
+    return sink
 
 
 class InProcessBackend(Backend):

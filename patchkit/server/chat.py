@@ -161,7 +161,7 @@ class _Completion:
         self.created = int(time.time())
         self.prompt_text = " ".join(_text(m.get("content")) for m in chat["messages"] if isinstance(m, dict))
 
-    def _query(self, on_delta: Callable[[str], None] | None = None) -> Awaitable[Any]:
+    def _query(self, on_delta: Callable[[str], object] | None = None) -> Awaitable[Any]:
         return self.version.runner.query(self.inputs, request_id=self.request_id, on_delta=on_delta)
 
     def _answer(self, output: Any) -> str:
