@@ -105,15 +105,19 @@ class WireCall:
     """One call of a batch as the worker reads it: its arguments (or the Failure they are, when they did
     not unpickle here), the seconds its request had left when sent (None: no limit), whether its chunks
     are wanted as they are made, its span's context (None: not traced), `cancelled`, set when the
-    front-end stops it (its request ended) or its stream ends, and `window`: how far its chunks may run
-    ahead of their reader, whose reads the front-end reports (READ)."""
+    front-end stops it (its request ended) or its stream ends, and `window` (a streamed call's): how far
+    its chunks may run ahead of their reader, whose reads the front-end reports (READ)."""
 
     call: Call | Failure
     expires_in: float | None = None
     streamed: bool = False
     trace: dict[str, str] | None = None
     cancelled: StopFlag = field(default_factory=StopFlag)
-    window: ChunkWindow = field(default_factory=ChunkWindow)
+    window: ChunkWindow | None = None
+
+    def __post_init__(self) -> None:
+        if self.streamed and self.window is None:
+            self.window = ChunkWindow()
 
     def deadline(self, arrived: float) -> float | None:
         """When, on the clock `arrived` was read from, its request runs out of time; None: never."""

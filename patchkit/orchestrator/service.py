@@ -267,8 +267,9 @@ class _Stream:
         if isinstance(decoded, Read):
             with self.lock:
                 batch = self.running.get(decoded.batch_id)
-                if batch is not None and decoded.index < len(batch.calls):
-                    batch.calls[decoded.index].window.give(decoded.count)
+                window = batch.calls[decoded.index].window if batch is not None and decoded.index < len(batch.calls) else None
+            if window is not None:
+                window.give(decoded.count)
             return
         if not isinstance(decoded, Batch):
             batch_id, index = decoded
@@ -322,7 +323,7 @@ class _Stream:
 
 def _windows(calls: Iterable[WireCall]) -> list[ChunkWindow | None]:
     """The windows of the calls whose chunks the front-end reads as they come (and reports reading)."""
-    return [call.window if call.streamed else None for call in calls]
+    return [call.window for call in calls]
 
 
 def _traces(calls: Iterable[WireCall]) -> list[dict[str, str] | None] | None:
