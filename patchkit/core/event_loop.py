@@ -186,11 +186,6 @@ class ChunkWindow:
         self._changed = threading.Condition()
         self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
 
-    @property
-    def ahead(self) -> int:
-        """Chunks handed over and not yet given back by the reader."""
-        return self.size - self._left
-
     def take(self, stop: threading.Event) -> None:
         """Take a place for a chunk, waiting while there is none, or until `stop` is set (checked every
         WINDOW_POLL_S: the call is being stopped, so it goes on to its next chunk, where it stops)."""
