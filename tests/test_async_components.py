@@ -18,6 +18,7 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
+from patchkit.core.base import DEFAULT_ASYNC_CONCURRENCY
 from patchkit.core.event_loop import component_loop
 from patchkit.errors import Cancelled, DeadlineExceeded, MakeError
 from patchkit.orchestrator.execute import Outcome, StopFlag, run_calls_async
@@ -357,3 +358,93 @@ def test_a_call_past_its_deadline_is_cancelled_with_deadline_exceeded() -> None:
 
     [(ok, failure)] = component_loop().run(run(), "test")
     assert not ok and isinstance(failure.error, DeadlineExceeded)
+
+
+class Caller(Component):
+    """Awaits `pause_s` per call, as a client of a remote API; records the most of its calls in flight at once."""
+
+    def __init__(self, pause_s: float = 0.2) -> None:
+        self.pause_s = pause_s
+
+    def setup(self) -> None:
+        self.running = self.most = 0
+
+    @make(max_concurrency=512)
+    async def ask(self, x: int) -> int:
+        return await self._await(x)
+
+    @make
+    async def plain(self, x: int) -> int:  # no max_concurrency: DEFAULT_ASYNC_CONCURRENCY
+        return await self._await(x)
+
+    async def _await(self, x: int) -> int:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(self.pause_s)
+        finally:
+            self.running -= 1
+        return 2 * x
+
+    def stats(self) -> dict[str, Any]:
+        return {"most": self.most}
+
+
+def asking(caller: Caller) -> patchkit.Pipeline:
+    x = 0
+    with patchkit.capture(run=False) as pipeline:
+        return caller.ask(x)  # type: ignore[no-any-return]
+    return pipeline
+
+
+def asking_plainly(caller: Caller) -> patchkit.Pipeline:
+    x = 0
+    with patchkit.capture(run=False) as pipeline:
+        return caller.plain(x)  # type: ignore[no-any-return]
+    return pipeline
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("plain", [False, True], ids=["max_concurrency", "default"])
+def test_an_async_method_s_calls_await_together_on_every_backend(backend: str, plain: bool) -> None:
+    async def body(frontend: Frontend) -> tuple[list[Any], dict[str, Any]]:
+        results = await asyncio.gather(*(frontend.query({"x": x}) for x in range(50)))
+        return [r.output for r in results], await component_stats(frontend)
+
+    caller = Caller()
+    outputs, stats = serve((asking_plainly if plain else asking)(caller), body, backend, slo_ms=120_000)
+    assert outputs == [2 * x for x in range(50)]
+    # All 50 at once where the method allows 512; DEFAULT_ASYNC_CONCURRENCY (32) of them without max_concurrency.
+    assert stats["most"] == (DEFAULT_ASYNC_CONCURRENCY if plain else 50)
+
+
+class Fetcher(Component):
+    """A per-item async method without max_concurrency, given batches by deploy(batch_size=...)."""
+
+    def setup(self) -> None:
+        self.running = self.most = 0
+
+    @make(max_batch_size=8)
+    async def fetch(self, x: int) -> int:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await asyncio.sleep(0.2)
+        finally:
+            self.running -= 1
+        return x + 1
+
+
+def test_a_per_item_async_method_s_batch_awaits_together() -> None:
+    fetcher = Fetcher()
+    fetcher.setup()
+    calls = [((x,), {}) for x in range(8)]
+
+    async def run() -> list[Outcome]:
+        return await run_calls_async(fetcher, "fetch", calls, None, [StopFlag() for _ in calls], [None] * 8)
+
+    assert component_loop().run(run(), "test") == [(True, x + 1) for x in range(8)]
+    assert fetcher.most == 8  # the batch's calls awaited at once, not one after another
+    fetcher.most = 0
+    assert Fetcher.fetch.run_batch(fetcher, calls) == [x + 1 for x in range(8)]  # its eager batch too
+    assert fetcher.most == 8

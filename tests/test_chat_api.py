@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -153,3 +154,82 @@ def test_the_openai_sdk_streams_a_real_generators_tokens_from_its_worker() -> No
         deltas = [chunk.choices[0].delta.content for chunk in stream if chunk.choices and chunk.choices[0].delta.content]
     assert len(deltas) > 3  # token by token, not the answer in one piece
     assert "".join(deltas) == whole.choices[0].message.content
+
+
+class Conversant(Component):
+    """Answers with the conversation it was given, so a reply shows what reached the pipeline."""
+
+    @make
+    def reply(self, messages: list[dict[str, str]]) -> str:
+        return json.dumps(messages)
+
+    @make
+    def call_tools(self, messages: list[dict[str, str]], tools: list[dict[str, object]]) -> str:
+        names = [tool["function"]["name"] for tool in tools]  # type: ignore[index]
+        return f"{len(messages)} messages, tools: {', '.join(names)}"
+
+
+conversant = Conversant()
+CONVERSATION = [{"role": "system", "content": "Answer in French."}, {"role": "user", "content": "Hello"},
+                {"role": "assistant", "content": "Bonjour"}, {"role": "user", "content": "And goodbye?", "name": "ana"}]
+TOOLS = [{"type": "function", "function": {"name": "search", "description": "Search the docs",
+                                          "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]
+
+
+def conversation() -> patchkit.Pipeline:
+    messages = [{"role": "user", "content": "Hi"}]
+    with patchkit.capture(run=False) as pipeline:
+        return conversant.reply(messages)  # type: ignore[no-any-return]
+    return pipeline
+
+
+def with_tools() -> patchkit.Pipeline:
+    messages = [{"role": "user", "content": "Hi"}]
+    tools: list[dict[str, object]] = []
+    with patchkit.capture(run=False) as pipeline:
+        return conversant.call_tools(messages, tools)  # type: ignore[no-any-return]
+    return pipeline
+
+
+def test_a_messages_pipeline_gets_the_whole_conversation_as_sent() -> None:
+    with patchkit.deploy(conversation(), backend="inprocess") as served:
+        sdk = client(served)
+        completion = sdk.chat.completions.create(model="patchkit", messages=CONVERSATION)  # type: ignore[arg-type]
+        assert json.loads(completion.choices[0].message.content or "") == CONVERSATION  # every turn, every key
+        stream = sdk.chat.completions.create(model="patchkit", messages=CONVERSATION, stream=True)  # type: ignore[arg-type]
+        assert json.loads("".join(c.choices[0].delta.content or "" for c in stream if c.choices)) == CONVERSATION
+
+
+def test_a_single_question_pipeline_gets_the_last_user_message(endpoint: patchkit.Endpoint) -> None:
+    completion = client(endpoint).chat.completions.create(model="crag", messages=CONVERSATION)  # type: ignore[arg-type]
+    assert completion.choices[0].message.content == endpoint.query(question="And goodbye?")
+    assert completion.choices[0].message.content != endpoint.query(question="Hello")
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [{"tools": TOOLS}, {"tools": TOOLS, "tool_choice": "required"}, {"tool_choice": "none"},
+     {"functions": [TOOLS[0]["function"]]}, {"function_call": "auto"}],
+)
+def test_tools_to_a_pipeline_that_takes_none_are_refused_naming_them(endpoint: patchkit.Endpoint,
+                                                                     extra: dict[str, object]) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(endpoint).chat.completions.create(model="crag", messages=CONVERSATION, **extra)  # type: ignore[call-overload]
+    error = caught.value.body
+    assert isinstance(error, dict) and error["type"] == "invalid_request_error"
+    assert error["param"] == next(iter(extra)) and next(iter(extra)) in error["message"]
+    assert caught.value.status_code == 400
+
+
+def test_a_pipeline_with_a_tools_input_gets_them() -> None:
+    with patchkit.deploy(with_tools(), backend="inprocess") as served:
+        sdk = client(served)
+        completion = sdk.chat.completions.create(model="patchkit", messages=CONVERSATION, tools=TOOLS)  # type: ignore[arg-type]
+        assert completion.choices[0].message.content == "4 messages, tools: search"
+        auto = sdk.chat.completions.create(model="patchkit", messages=CONVERSATION, tools=TOOLS,  # type: ignore[arg-type]
+                                           tool_choice="auto")
+        assert auto.choices[0].message.content == "4 messages, tools: search"
+        with pytest.raises(openai.BadRequestError) as caught:  # "required" is a promise it has no input to keep
+            sdk.chat.completions.create(model="patchkit", messages=CONVERSATION, tools=TOOLS,  # type: ignore[arg-type]
+                                        tool_choice="required")
+        assert caught.value.body["param"] == "tool_choice"  # type: ignore[index]

@@ -28,6 +28,12 @@ from patchkit.errors import MakeError
 __all__ = ["BoundMake", "Component", "MakeMethod", "ensure_setup", "make", "make_methods", "mark_served_elsewhere"]
 
 DEFAULT_BATCH_SIZE = 32
+# The calls in flight per replica of an `async def` per-item method (a coroutine, or an async generator
+# streaming) without `max_concurrency` (or `max_batch_size`, which then says it): they await together on
+# the replica's loop, as a Ray Serve replica's async methods do up to its max_ongoing_requests. Say
+# `max_concurrency=N` for more (a client of a remote API that takes hundreds at once), or
+# `max_concurrency=1` for a method whose calls must not interleave.
+DEFAULT_ASYNC_CONCURRENCY = 32
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -285,6 +291,10 @@ class MakeMethod:
         # What a deployment batches this method's calls up to unless deploy() or a Plan says otherwise:
         # a batch method batches for real; a per-item method runs its calls one by one, or, with
         # max_concurrency, that many at once (its batch size is its calls in flight per replica).
+        asynchronous = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+        if max_concurrency is None and asynchronous and not batch:
+            # Its calls await together on one loop, as asyncio code expects (Ray Serve's async methods too).
+            max_concurrency = max_batch_size or DEFAULT_ASYNC_CONCURRENCY
         self.max_batch_size: int = max_batch_size or max_concurrency or (DEFAULT_BATCH_SIZE if batch else 1)
         # How long one batch of it may run before its replica counts as stuck; None: the deployment's call_timeout_s.
         self.timeout_s: float | None = None if timeout_s is None else float(timeout_s)
@@ -294,14 +304,14 @@ class MakeMethod:
         # Calls one replica runs at once, from batches sent as calls arrive without waiting for those
         # ahead (continuous batching: an engine that batches internally admits them between its steps);
         # None: one batch at a time. Such a method must be safe to run from several threads at once (an async
-        # one: several of its calls awaiting at once on the loop).
+        # one: several of its calls awaiting at once on the loop; DEFAULT_ASYNC_CONCURRENCY where not given).
         self.max_concurrency: int | None = max_concurrency
         # A generator function yielding text chunks: a pipeline's call gets their concatenation, and a
         # deployment can send the chunks to a streaming client as they are made.
         self.stream: bool = stream
         # An `async def` (or an async generator): its coroutines run on the process's component loop,
         # a replica's concurrent calls as tasks there, not threads (see event_loop.py).
-        self.asynchronous: bool = inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn)
+        self.asynchronous: bool = asynchronous
         self.name: str = fn.__name__
         self.qualname: str = fn.__qualname__
         self.signature = inspect.signature(fn)
@@ -377,8 +387,8 @@ class MakeMethod:
     async def run_batch_async(self, component: Component, calls: Sequence[Call], hook: CallHook | None = None) -> list[Any]:
         """`run_batch` of an `async def` method, on the component loop; the component is set up.
 
-        Awaited by a worker or the inprocess backend for a batch of it. A per-item method's calls are awaited
-        one after another; a batch method is awaited once for the whole batch.
+        Awaited by a worker or the inprocess backend for a batch of it. A per-item method's calls await
+        together (a task each); a batch method is awaited once for the whole batch.
         """
         with call_hook(hook):
             return await self._arun_batch(component, calls)
@@ -392,11 +402,20 @@ class MakeMethod:
 
     async def _arun_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
         if self.stream:
-            return ["".join([chunk async for chunk in self.achunks(component, args, kwargs)]) for args, kwargs in calls]
-        if not self.batch:
-            return [await self.call_async(component, args, kwargs) for args, kwargs in calls]
+            return list(await asyncio.gather(*(self._joined(component, args, kwargs) for args, kwargs in calls)))
+        if not self.batch:  # a task each, awaiting together: one that fails leaves the others to end
+            runs = [asyncio.ensure_future(self.call_async(component, args, kwargs)) for args, kwargs in calls]
+            try:
+                return list(await asyncio.gather(*runs))
+            finally:
+                for run in runs:
+                    run.cancel()
         columns = self._columns(component, calls)
         return self._results(await watched(self.fn(component, *columns), self.qualname), calls)
+
+    async def _joined(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """One call of an async `stream=True` method: its chunks joined."""
+        return "".join([chunk async for chunk in self.achunks(component, args, kwargs)])
 
     def _results(self, results: Any, calls: Sequence[Call]) -> list[Any]:
         """A batch method's results, checked to be one per call."""
@@ -579,7 +598,9 @@ def make(
             (an engine that batches internally, as vLLM's, or a method that mostly waits on others). Its
             deployed batch size is its calls in flight per replica (at most `max_concurrency`: a Plan or
             deploy(batch_size=...) that picks c runs c at once), and the profiler measures it at 1 to
-            `max_concurrency` calls at once, not at batch sizes.
+            `max_concurrency` calls at once, not at batch sizes. An `async def` per-item method (an
+            async generator too) left without it takes `max_batch_size`, else DEFAULT_ASYNC_CONCURRENCY
+            (32): its calls await together on the replica's loop.
         stream: marks a per-item generator function yielding str chunks (tokens): pipeline code still
             gets the whole string, while a streaming request to a deployment whose output it makes
             receives the chunks as they come.

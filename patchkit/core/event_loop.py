@@ -33,12 +33,17 @@ from typing import Any, TypeVar
 from patchkit import envs
 from patchkit.errors import MakeError
 
-__all__ = ["CLOSE_TIMEOUT_S", "EventLoop", "component_loop", "iterate_on", "on_component_loop", "watched"]
+__all__ = [
+    "CLOSE_TIMEOUT_S", "STREAM_BUFFER", "ChunkWindow", "EventLoop", "component_loop", "iterate_on", "on_component_loop",
+    "watched",
+]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 CLOSE_TIMEOUT_S = 5.0  # how long closing a stream early waits for its coroutine to finish its cleanup
+STREAM_BUFFER = 16  # chunks a generator may make ahead of whoever reads them before it waits (ChunkWindow)
+WINDOW_POLL_S = 0.1  # how often a thread waiting for its reader checks whether its call is being stopped
 _END = object()
 
 
@@ -109,25 +114,37 @@ class EventLoop:
 
 
 def iterate_on(
-    submit: Callable[[Coroutine[Any, Any, None]], concurrent.futures.Future[None]], items: AsyncIterator[T]
+    submit: Callable[[Coroutine[Any, Any, None]], concurrent.futures.Future[None]],
+    items: AsyncIterator[T],
+    buffer: int = STREAM_BUFFER,
 ) -> Iterator[T]:
     """The items of the async iterator `items`, run by a coroutine that `submit` starts on a loop in another
-    thread, as a plain iterator for the calling thread. Closing the iterator early (the consumer stops)
-    cancels that coroutine, so the `finally` and `async with` blocks of `items` run (an HTTP response is
-    closed, an engine request aborted), and waits for that up to CLOSE_TIMEOUT_S. Used by `EventLoop` and
-    by the generators' own loops (`components/generators/background.py`)."""
+    thread, as a plain iterator for the calling thread. Used by `EventLoop` and by the generators' own loops
+    (`components/generators/background.py`).
+
+    At most `buffer` items wait between the two: once that many are made and not yet taken, `items` waits
+    where it yields until the consumer takes one (a slow consumer slows the generator, never grows a queue).
+    However `items` ends, the iterator ends: at its last item, or raising its error, a `CancelledError` or
+    `GeneratorExit` raised inside it included (its own, not the loop cancelling it). Closing the iterator
+    early (the consumer stops) cancels that coroutine, so the `finally` and `async with` blocks of `items` run
+    (an HTTP response is closed, an engine request aborted), and waits for that up to CLOSE_TIMEOUT_S.
+    """
     received: queue.SimpleQueue[Any] = queue.SimpleQueue()
     done = threading.Event()
+    window = ChunkWindow(buffer)
 
     async def pump() -> None:
         try:
             closing = contextlib.aclosing(items) if isinstance(items, AsyncGenerator) else contextlib.nullcontext()
             async with closing:
                 async for item in items:
+                    await window.take_async()
                     received.put(item)
             received.put(_END)
-        except Exception as exc:  # handed to the consumer, which raises it in its own thread
-            received.put(_Failure(exc))
+        except (Exception, asyncio.CancelledError, GeneratorExit) as exc:
+            if isinstance(exc, asyncio.CancelledError) and _cancelled_from_outside():
+                raise  # the consumer closed the iterator: nobody waits for an outcome
+            received.put(_Failure(exc))  # handed to the consumer, which raises it in its own thread
         finally:
             done.set()
 
@@ -136,6 +153,7 @@ def iterate_on(
         while (item := received.get()) is not _END:
             if isinstance(item, _Failure):
                 raise item.error
+            window.give()
             yield item
     finally:
         if not done.is_set():
@@ -143,10 +161,77 @@ def iterate_on(
             done.wait(CLOSE_TIMEOUT_S)
 
 
+def _cancelled_from_outside() -> bool:
+    """Whether the running task is being cancelled (by `Task.cancel`), as opposed to its code raising
+    CancelledError itself (a future cancelled elsewhere that it awaited, or a bare `raise`)."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+class ChunkWindow:
+    """A bounded buffer's bookkeeping between a producer of chunks and their reader, on any threads.
+
+    The producer may be `size` chunks ahead of its reader: each chunk it hands over takes one place
+    (`take`, from a thread; `take_async`, from a coroutine), and waits while none is left; each chunk the
+    reader has taken gives one back (`give`, from any thread). Used by `iterate_on` and by a replica for
+    every streaming call whose chunks a client reads (orchestrator/execute.py), so that a slow reader slows
+    its generator instead of growing a queue.
+    """
+
+    def __init__(self, size: int = STREAM_BUFFER) -> None:
+        if size < 1:
+            raise ValueError(f"a window holds at least one chunk; got {size}")
+        self.size = size
+        self._left = size
+        self._changed = threading.Condition()
+        self._waiter: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+
+    def take(self, stop: threading.Event) -> None:
+        """Take a place for a chunk, waiting while there is none, or until `stop` is set (checked every
+        WINDOW_POLL_S: the call is being stopped, so it goes on to its next chunk, where it stops)."""
+        with self._changed:
+            self._left -= 1
+            while self._left < 0 and not stop.is_set():
+                self._changed.wait(WINDOW_POLL_S)
+
+    async def take_async(self) -> None:
+        """`take` for a coroutine on an event loop: it waits there, and a cancellation ends the wait."""
+        with self._changed:
+            self._left -= 1
+            if self._left >= 0:
+                return
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            self._waiter = (loop, waiter)
+        try:
+            await waiter
+        finally:
+            with self._changed:
+                if self._waiter is not None and self._waiter[1] is waiter:
+                    self._waiter = None
+
+    def give(self, count: int = 1) -> None:
+        """The reader has taken `count` chunks: their places are free again."""
+        with self._changed:
+            self._left += count
+            self._changed.notify_all()
+            waiter = self._waiter if self._left >= 0 else None
+            if waiter is not None:
+                self._waiter = None
+        if waiter is not None:
+            loop, future = waiter
+            loop.call_soon_threadsafe(_wake, future)
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 class _Failure:
     __slots__ = ("error",)
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: BaseException) -> None:
         self.error = error
 
 

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit.core import Call, CallHook, Component, MakeMethod, call_hook
+from patchkit.core.event_loop import ChunkWindow
 from patchkit.errors import CallError, Cancelled, ComponentError, DeadlineExceeded, PatchkitError
 
 __all__ = [
     "COMPONENT",
     "FRONTEND",
     "WIRE",
+    "COMPONENT_ERRORS",
     "Failure",
     "Outcome",
     "StopFlag",
@@ -51,8 +53,14 @@ class Failure:
 
     @classmethod
     def of(cls, exc: BaseException) -> Failure:
-        """The component's code raised `exc`."""
-        return cls(exc, type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)))
+        """The component's code raised `exc`.
+
+        A `CancelledError` or `GeneratorExit` it raised itself is its error too, carried as text only (a
+        ComponentError where its caller waits): raised again as it is, it would read as the caller's own
+        cancellation, or end a generator without a word.
+        """
+        error = exc if isinstance(exc, Exception) else None
+        return cls(error, type(exc).__name__, str(exc), "".join(traceback.format_exception(exc)))
 
     @classmethod
     def on_wire(cls, why: str, exc: BaseException | None = None) -> Failure:
@@ -89,6 +97,10 @@ class Failure:
 
 # (True, result) or (False, Failure)
 Outcome = tuple[bool, Any]
+# What a component's code may raise that is its own failure: any Exception, and a CancelledError (a future
+# cancelled elsewhere that it awaited) or GeneratorExit that its code raised itself. KeyboardInterrupt and
+# SystemExit end the process as anywhere else.
+COMPONENT_ERRORS = (Exception, asyncio.CancelledError, GeneratorExit)
 
 
 def ran(outcome: Outcome) -> bool:
@@ -143,7 +155,7 @@ def run_batch(component: Component, method_name: str, calls: Sequence[Call], hoo
     if method.batch and len(calls) > 1:
         try:
             return [(True, result) for result in method.run_batch(component, calls, hook)]
-        except Exception:  # noqa: S110 - re-run one by one below, so only the failing call fails
+        except COMPONENT_ERRORS:  # noqa: S110 - re-run one by one below, so only the failing call fails
             pass
     return [_run_one(method, component, call, hook) for call in calls]
 
@@ -155,10 +167,12 @@ def run_calls(
     on_chunk: Callable[[int, str], None] | None = None,
     cancelled: Sequence[threading.Event] | None = None,
     hook: CallHook | None = None,
+    windows: Sequence[ChunkWindow | None] | None = None,
 ) -> list[Outcome]:
     """Run a batch's calls: as `run_batch`, but a `stream=True` method's calls one by one through
-    `run_streamed`, their chunks handed to `on_chunk(index, text)` and each stopped once its
-    `cancelled` event is set. Called by the worker and the inprocess backend for every batch."""
+    `run_streamed`, their chunks handed to `on_chunk(index, text)`, each paced by its window (None: not
+    paced) and stopped once its `cancelled` event is set. Called by the worker and the inprocess backend
+    for every batch."""
     method = getattr(type(component), method_name, None)
     if not (isinstance(method, MakeMethod) and method.stream):
         return run_batch(component, method_name, calls, hook)
@@ -166,7 +180,8 @@ def run_calls(
     for i, call in enumerate(calls):
         sink = (lambda text, i=i: on_chunk(i, text)) if on_chunk is not None else None
         stop = cancelled[i] if cancelled is not None else threading.Event()
-        outcomes.append(run_streamed(component, method_name, call, sink, stop, hook))
+        window = windows[i] if windows is not None else None
+        outcomes.append(run_streamed(component, method_name, call, sink, stop, hook, window))
     return outcomes
 
 
@@ -177,10 +192,13 @@ def run_streamed(
     on_chunk: Callable[[str], None] | None,
     cancelled: threading.Event,
     hook: CallHook | None = None,
+    window: ChunkWindow | None = None,
 ) -> Outcome:
     """One call of a `stream=True` method: each chunk handed to `on_chunk` as it is made (None: kept
-    only), its outcome their concatenation. Once `cancelled` is set the method's generator is closed
-    at its next chunk (an engine then drops the sequence) and the outcome says Cancelled."""
+    only), its outcome their concatenation. With a `window`, the generator waits after a chunk while its
+    reader is a whole window behind (backpressure: it is not asked for its next chunk). Once `cancelled`
+    is set the method's generator is closed at its next chunk (an engine then drops the sequence) and the
+    outcome says Cancelled."""
     method = _method(component, method_name)
     if isinstance(method, Failure):
         return (False, method)
@@ -194,9 +212,11 @@ def run_streamed(
                 parts.append(chunk)
                 if on_chunk is not None:
                     on_chunk(chunk)
+                    if window is not None:
+                        window.take(cancelled)
         finally:
             chunks.close()
-    except Exception as exc:
+    except COMPONENT_ERRORS as exc:
         return (False, Failure.of(exc))
     return (True, "".join(parts))
 
@@ -209,14 +229,16 @@ async def run_calls_async(
     stops: Sequence[StopFlag],
     deadlines: Sequence[float | None],
     hook: CallHook | None = None,
+    windows: Sequence[ChunkWindow | None] | None = None,
 ) -> list[Outcome]:
     """Run a batch of an `async def` method's calls on the component loop, where the worker and the inprocess
     backend await it; the component is set up. `run_calls` for coroutines: the calls of a per-item or
-    streaming method run all at once for a method with `max_concurrency` (a task each, awaiting without
-    a thread), else one after another; a batch method's calls as one, re-run one by one if it fails,
+    streaming method run all at once (a task each, awaiting together without a thread); a batch method's
+    calls as one, re-run one by one if it fails,
     so that only the failing call fails. A call is cancelled where it awaits once its stop is set (its
     request ended: the outcome says Cancelled) or at its deadline (`time.monotonic()`; the outcome says
-    DeadlineExceeded); a batch method's, once every call's is."""
+    DeadlineExceeded); a batch method's, once every call's is. A streaming call with a window waits
+    where it yields while its reader is a whole window behind."""
     method = _method(component, method_name)
     if isinstance(method, Failure):
         return [(False, method)] * len(calls)
@@ -224,11 +246,12 @@ async def run_calls_async(
         if method.batch:
             return await _batch_async(method, component, calls, stops, deadlines, hook)
         runs = [
-            _guarded(_one_async(method, component, call, None if on_chunk is None else _sink(on_chunk, i)), [stop], deadline)
+            _guarded(_one_async(method, component, call, None if on_chunk is None else _sink(on_chunk, i),
+                                None if windows is None else windows[i]), [stop], deadline)
             for i, (call, stop, deadline) in enumerate(zip(calls, stops, deadlines))
         ]
-        if method.max_concurrency and len(runs) > 1:
-            return list(await asyncio.gather(*runs))  # a task each, so each is cancelled alone
+        if len(runs) > 1:
+            return list(await asyncio.gather(*runs))  # a task each, awaiting together, each cancelled alone
         return [await run for run in runs]
 
 
@@ -236,15 +259,23 @@ def _sink(on_chunk: Callable[[int, str], None], index: int) -> Callable[[str], N
     return lambda text: on_chunk(index, text)
 
 
-async def _one_async(method: MakeMethod, component: Component, call: Call, on_chunk: Callable[[str], None] | None) -> Any:
+async def _one_async(
+    method: MakeMethod, component: Component, call: Call, on_chunk: Callable[[str], None] | None, window: ChunkWindow | None
+) -> Any:
     args, kwargs = call
     if not method.stream:
         return await method.call_async(component, args, kwargs)
     parts: list[str] = []
-    async for chunk in method.achunks(component, args, kwargs):
-        parts.append(chunk)
-        if on_chunk is not None:
-            on_chunk(chunk)
+    chunks = method.achunks(component, args, kwargs)
+    try:
+        async for chunk in chunks:
+            parts.append(chunk)
+            if on_chunk is not None:
+                on_chunk(chunk)
+                if window is not None:
+                    await window.take_async()
+    finally:
+        await chunks.aclose()  # at once, here: a call cancelled mid-stream runs its generator's cleanup now
     return "".join(parts)
 
 
@@ -295,12 +326,14 @@ async def _guarded(run: Coroutine[Any, Any, Any], stops: Sequence[StopFlag], dea
         if why:  # it caught the cancellation and returned: the task goes on uncancelled
             task.uncancel()
         return (True, result)
-    except asyncio.CancelledError:
-        if not why or task.cancelling() > 1:  # not (only) ours: the task itself is cancelled
+    except asyncio.CancelledError as exc:
+        if task.cancelling() > len(why):  # not (only) ours: the task itself is cancelled
             raise
+        if not why:  # nobody cancelled it: its code raised CancelledError itself, its own failure
+            return (False, Failure.of(exc))
         task.uncancel()
         return (False, Failure.verdict(why[0]))
-    except Exception as exc:
+    except (Exception, GeneratorExit) as exc:
         return (False, Failure.of(exc))
     finally:
         running = False
@@ -321,7 +354,7 @@ def _method(component: Component, method_name: str) -> MakeMethod | Failure:
 def _run_one(method: MakeMethod, component: Component, call: Call, hook: CallHook | None) -> Outcome:
     try:
         return (True, method.run_batch(component, [call], hook)[0])
-    except Exception as exc:
+    except COMPONENT_ERRORS as exc:
         return (False, Failure.of(exc))
 
 

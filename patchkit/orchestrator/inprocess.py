@@ -6,8 +6,10 @@ included) while the loop goes on, except a batch of a method whose last batch to
 `INLINE_BELOW_S`: that runs inline, on the loop, where a thread's hop would cost more than it lets
 overlap. A component runs one batch at a time, and never at once with a component that holds it (which
 runs it in place here), so no object is used from two threads. A batch of an `async def` method runs
-on the process's component loop, as on a worker, and is awaited here; a call whose request ends, or
-whose request runs out of time, has its task cancelled there. Batching and the pipeline's control
+on the process's component loop, as on a worker, and is awaited here: a per-item method's calls (its
+`max_concurrency`, `DEFAULT_ASYNC_CONCURRENCY` where not given) await together there, beside the
+other batches of the component, as on a worker; a batch method's batches take the locks. A call whose
+request ends, or whose request runs out of time, has its task cancelled there. Batching and the pipeline's control
 flow are the same as on the process backends.
 """
 
@@ -23,10 +25,10 @@ from typing import Any
 from patchkit import telemetry
 from patchkit.capture.holders import held_components
 from patchkit.core import Component, MakeMethod, ensure_setup
-from patchkit.core.event_loop import component_loop
+from patchkit.core.event_loop import ChunkWindow, component_loop
 from patchkit.errors import WorkerDiedError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
-from patchkit.orchestrator.envelope import CallEnvelope
+from patchkit.orchestrator.envelope import CallEnvelope, when_read
 from patchkit.orchestrator.execute import Outcome, StopFlag, component_stats, run_calls, run_calls_async, setup_error
 from patchkit.orchestrator.resources import ReplicaResources
 
@@ -47,6 +49,7 @@ class DirectChannel:
         self.calls = 0
         self._locks = locks  # in one order for every channel, so that no two wait on each other
         self._took: dict[str, float] = {}  # method -> how long its last batch ran
+        self._slots: dict[str, asyncio.Semaphore] = {}  # async method with max_concurrency -> its calls in flight
 
     async def run_batch(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
         """Run the batch, in an execution span per traced call, as a worker does; a streaming call's
@@ -64,12 +67,8 @@ class DirectChannel:
         traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
         loop = asyncio.get_running_loop()
         stops = [threading.Event() for _ in calls]
-
-        def sink(index: int, text: str) -> None:
-            target = calls[index].on_chunk
-            if target is not None:
-                loop.call_soon_threadsafe(target, text)
-
+        windows = _windows(calls)
+        sink = _sink(loop, calls, windows)
         streamed = any(call.on_chunk is not None for call in calls)
         watched = [(call.ended, lambda future, stop=stop: future.cancelled() and stop.set())
                    for call, stop in zip(calls, stops) if call.ended is not None and streamed]
@@ -77,7 +76,8 @@ class DirectChannel:
             end.add_done_callback(stop_on_end)
         try:
             with telemetry.execution(self.name, method, traces):
-                args = (self.component, method, [call.call for call in calls]) + ((sink, stops) if streamed else ())
+                streaming = (sink, stops, None, windows) if streamed else ()
+                args = (self.component, method, [call.call for call in calls], *streaming)
                 inline = not streamed and self._took.get(method, INLINE_BELOW_S) < INLINE_BELOW_S
                 outcomes = await (self._inline(*args) if inline else self._on_thread(self._timed, *args))
         except asyncio.CancelledError:
@@ -99,12 +99,8 @@ class DirectChannel:
         stops = [StopFlag() for _ in calls]
         now, clock = time.monotonic(), loop.time()
         deadlines = [None if call.expires is None else now + call.expires - clock for call in calls]
-
-        def sink(index: int, text: str) -> None:  # on the component loop: the chunk goes to this loop
-            target = calls[index].on_chunk
-            if target is not None:
-                loop.call_soon_threadsafe(target, text)
-
+        windows = _windows(calls)
+        sink = _sink(loop, calls, windows)
         streamed = any(call.on_chunk is not None for call in calls)
         watched = [(call.ended, lambda future, stop=stop: future.cancelled() and stop.set())
                    for call, stop in zip(calls, stops) if call.ended is not None]
@@ -112,10 +108,10 @@ class DirectChannel:
             end.add_done_callback(stop_on_end)
         traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
         try:
-            async with self._holding():
+            async with self._admitting(method):
                 with telemetry.execution(self.name, method, traces):
                     run = run_calls_async(self.component, method, [call.call for call in calls], sink if streamed else None,
-                                          stops, deadlines)
+                                          stops, deadlines, None, windows)
                     return await asyncio.wrap_future(component_loop().submit(run))
         except asyncio.CancelledError:
             for stop in stops:
@@ -124,6 +120,16 @@ class DirectChannel:
         finally:
             for end, stop_on_end in watched:
                 end.remove_done_callback(stop_on_end)
+
+    def _admitting(self, method: str) -> contextlib.AbstractAsyncContextManager[Any]:
+        """What a batch of an async method waits for: a slot of its `max_concurrency` (its calls await together
+        on the component loop, beside the batches of the others, as on a worker), else the locks."""
+        made = getattr(type(self.component), method)
+        if not made.max_concurrency:
+            return self._holding()
+        if method not in self._slots:
+            self._slots[method] = asyncio.Semaphore(made.max_concurrency)
+        return self._slots[method]
 
     def _timed(self, component: Component, method: str, *args: Any) -> list[Outcome]:
         """`run_calls`, its time kept for the method's next batch to choose where it runs."""
@@ -167,6 +173,29 @@ class DirectChannel:
         if not self.lost.is_set():
             self.lost_reason = "stopped"
             self.lost.set()
+
+
+def _windows(calls: Sequence[CallEnvelope]) -> list[ChunkWindow | None]:
+    """A window per call whose chunks are read as they come: its generator waits for a slow reader."""
+    return [ChunkWindow() if call.on_chunk is not None else None for call in calls]
+
+
+def _sink(loop: asyncio.AbstractEventLoop, calls: Sequence[CallEnvelope], windows: Sequence[ChunkWindow | None]
+          ) -> Callable[[int, str], None]:
+    """Where a batch's chunks go from the thread or loop that makes them: to their call's `on_chunk` on the
+    front-end's `loop`, each giving its place in its window back once its reader has it."""
+
+    def hand_on(index: int, text: str) -> None:
+        target, window = calls[index].on_chunk, windows[index]
+        if target is not None:
+            handed = target(text)
+            if window is not None:
+                when_read(handed, window.give)
+
+    def sink(index: int, text: str) -> None:  # on the thread or loop that makes the chunk
+        loop.call_soon_threadsafe(hand_on, index, text)
+
+    return sink
 
 
 class InProcessBackend(Backend):

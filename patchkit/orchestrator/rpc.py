@@ -12,6 +12,9 @@ A batch says, per call, whether its text chunks are wanted as they are made (a `
 whose request streams its output): the worker then sends a chunk message per chunk before the
 batch's reply. The front-end may send a cancel message naming one call of a batch in flight (its
 request ended): the worker stops a streaming call at its next chunk, and skips a call not started.
+The front-end reports the chunks each streamed call's reader has taken (a read message): the worker's
+generator runs at most a window (`event_loop.STREAM_BUFFER` chunks) ahead of its reader, so a slow
+client slows it instead of filling queues on either side.
 
 Each message starts with a fixed header (the batch id, its size, its method), so that a payload
 that cannot be unpickled on the other side fails its own calls and nothing else: a call whose
@@ -37,12 +40,14 @@ import grpc
 import grpc.aio
 
 from patchkit.core import Call
+from patchkit.core.event_loop import ChunkWindow
 from patchkit.errors import DeadlineExceeded, PatchkitError, WorkerDiedError
-from patchkit.orchestrator.envelope import CallEnvelope
+from patchkit.orchestrator.envelope import CallEnvelope, when_read
 from patchkit.orchestrator.execute import Failure, Outcome, StopFlag
 
 __all__ = [
     "Batch",
+    "Read",
     "WireCall",
     "GrpcChannel",
     "decode",
@@ -52,6 +57,7 @@ __all__ = [
     "encode_cancel",
     "encode_chunk",
     "encode_outcomes",
+    "encode_read",
 ]
 
 logger = logging.getLogger(__name__)
@@ -74,9 +80,10 @@ SERVER_OPTIONS = [*OPTIONS, ("grpc.so_reuseport", 0)]
 # WHOLE: one pickle of that list. PER_CALL (when the whole did not pickle): the same list pickled
 # with each call pickled alone inside it, so the worker unpickles each alone. `trace`: None, or the
 # call's span's context (W3C headers, patchkit.telemetry). CANCEL: the call at index `count` of the
-# batch is to stop; nothing follows.
+# batch is to stop; nothing follows. READ: the reader of call `count` has taken `length` more of its
+# chunks (so many places free again in its window); nothing follows.
 _BATCH = struct.Struct(">QBIH")
-WHOLE, PER_CALL, CANCEL = 0, 1, 2
+WHOLE, PER_CALL, CANCEL, READ = 0, 1, 2, 3
 # A reply: its batch's id and kind. OUTCOMES: one pickle of the batch's outcomes follows. CHUNK: the
 # call's index (_INDEX) and the chunk's text, UTF-8.
 _REPLY = struct.Struct(">QB")
@@ -97,14 +104,20 @@ def decode(data: bytes | memoryview) -> Any:
 class WireCall:
     """One call of a batch as the worker reads it: its arguments (or the Failure they are, when they did
     not unpickle here), the seconds its request had left when sent (None: no limit), whether its chunks
-    are wanted as they are made, its span's context (None: not traced), and `cancelled`, set when the
-    front-end stops it (its request ended) or its stream ends."""
+    are wanted as they are made, its span's context (None: not traced), `cancelled`, set when the
+    front-end stops it (its request ended) or its stream ends, and `window` (a streamed call's): how far
+    its chunks may run ahead of their reader, whose reads the front-end reports (READ)."""
 
     call: Call | Failure
     expires_in: float | None = None
     streamed: bool = False
     trace: dict[str, str] | None = None
     cancelled: StopFlag = field(default_factory=StopFlag)
+    window: ChunkWindow | None = None
+
+    def __post_init__(self) -> None:
+        if self.streamed and self.window is None:
+            self.window = ChunkWindow()
 
     def deadline(self, arrived: float) -> float | None:
         """When, on the clock `arrived` was read from, its request runs out of time; None: never."""
@@ -157,8 +170,22 @@ def encode_cancel(batch_id: int, index: int) -> bytes:
     return _BATCH.pack(batch_id, CANCEL, index, 0)
 
 
-def decode_message(message: bytes) -> Batch | tuple[int, int]:
-    """A batch, or a cancel message's (batch id, call index), as the worker reads them.
+@dataclass
+class Read:
+    """A read message as the worker reads it: the reader of call `index` of batch `batch_id` took `count` chunks."""
+
+    batch_id: int
+    index: int
+    count: int
+
+
+def encode_read(batch_id: int, index: int, count: int) -> bytes:
+    """The message that frees `count` places in the window of call `index` of batch `batch_id` at the worker."""
+    return _BATCH.pack(batch_id, READ, index, count)
+
+
+def decode_message(message: bytes) -> Batch | Read | tuple[int, int]:
+    """A batch, a read message, or a cancel message's (batch id, call index), as the worker reads them.
 
     A call whose arguments cannot be unpickled here comes back as the Failure that is its outcome; if
     the payload as a whole cannot be, every call does. Raises only on a message that is neither.
@@ -166,6 +193,8 @@ def decode_message(message: bytes) -> Batch | tuple[int, int]:
     batch_id, mode, count, length = _BATCH.unpack_from(message)
     if mode == CANCEL:
         return batch_id, count
+    if mode == READ:
+        return Read(batch_id, count, length)
     method = message[_BATCH.size : _BATCH.size + length].decode()
     payload = memoryview(message)[_BATCH.size + length :]
     try:
@@ -238,7 +267,8 @@ class GrpcChannel:
         else:
             self._channel = grpc.aio.secure_channel(address, credentials, options=[*OPTIONS, *options])
         self._pending: dict[int, asyncio.Future[list[Outcome] | Failure]] = {}
-        self._sinks: dict[int, Sequence[Callable[[str], None] | None]] = {}  # batch id -> per call, where chunks go
+        self._sinks: dict[int, Sequence[Callable[[str], object] | None]] = {}  # batch id -> per call, where chunks go
+        self._reads: dict[tuple[int, int], int] = {}  # (batch id, call index) -> chunks read, not yet reported
         self._ids = itertools.count()
         self._write_lock = asyncio.Lock()
         self._call: Any = None
@@ -322,6 +352,21 @@ class GrpcChannel:
         if ended.cancelled() and batch_id in self._pending and not self.lost.is_set():
             asyncio.get_running_loop().create_task(self._write(encode_cancel(batch_id, index)))
 
+    def _read_back(self, batch_id: int, index: int) -> None:
+        """A chunk of a call in flight was read: report it to the worker, with the others read meanwhile in one
+        message per call (the call's generator waits once it is a window ahead of its reader)."""
+        if batch_id not in self._pending or self.lost.is_set():
+            return  # answered: nothing waits for the report any more
+        key = (batch_id, index)
+        if key not in self._reads:
+            asyncio.get_running_loop().call_soon(self._report_reads, key)
+        self._reads[key] = self._reads.get(key, 0) + 1
+
+    def _report_reads(self, key: tuple[int, int]) -> None:
+        count = self._reads.pop(key, 0)
+        if count and key[0] in self._pending and not self.lost.is_set():
+            asyncio.get_running_loop().create_task(self._write(encode_read(*key, count)))
+
     def _withdraw(self, batch_id: int, calls: int) -> None:
         """The caller gave up on a batch in flight (a call timeout, or its replica was replaced before it got
         to it): tell the worker to stop its calls, so that it never starts those it has not started when
@@ -335,7 +380,7 @@ class GrpcChannel:
             async with self._write_lock:
                 await self._call.write(message)
         except Exception as exc:  # the stream is broken; its reader says why
-            logger.debug("a cancel message to %s was not sent: %s", self.address, exc)
+            logger.debug("a cancel or read message to %s was not sent: %s", self.address, exc)
 
     def _answer(self, message: bytes) -> None:
         batch_id, kind = _REPLY.unpack_from(message)
@@ -343,7 +388,8 @@ class GrpcChannel:
             sinks = self._sinks.get(batch_id)
             (index,) = _INDEX.unpack_from(message, _REPLY.size)
             if sinks is not None and index < len(sinks) and (sink := sinks[index]) is not None:
-                sink(bytes(memoryview(message)[_REPLY.size + _INDEX.size :]).decode("utf-8", "surrogatepass"))
+                handed = sink(bytes(memoryview(message)[_REPLY.size + _INDEX.size :]).decode("utf-8", "surrogatepass"))
+                when_read(handed, lambda: self._read_back(batch_id, index))
             return
         future = self._pending.pop(batch_id, None)
         if future is None or future.done():

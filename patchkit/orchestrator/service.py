@@ -3,11 +3,13 @@
 A method runs one batch at a time, in the order its batches arrive, unless it is
 `@make(max_concurrency=N)`: then each of its batches runs on a thread of its own as soon as it
 arrives, up to N at once (an engine batching concurrent calls itself admits them between its
-steps). An `async def` method's calls run as tasks on the process's component loop instead: with
-`max_concurrency=N`, up to N at once with no thread each; without, one batch at a time as any
-method. A `stream=True` call whose chunks are wanted sends each chunk as it is made, and stops at
-its next chunk when the front-end cancels it (a task at once, wherever it awaits, as it does at its
-request's deadline); a call cancelled before it starts is not run.
+steps). An `async def` method's calls run as tasks on the process's component loop instead: a
+per-item one's up to its `max_concurrency` at once (`DEFAULT_ASYNC_CONCURRENCY` where not given) with
+no thread each; a `batch=True` one's one batch at a time, as any method. A `stream=True` call whose
+chunks are wanted sends each chunk as it is made, at most a window of them ahead of what the
+front-end reports read (its generator waits there), and stops at its next chunk when the front-end
+cancels it (a task at once, wherever it awaits, as it does at its request's deadline); a call
+cancelled before it starts is not run.
 """
 
 from __future__ import annotations
@@ -26,10 +28,20 @@ import grpc
 
 from patchkit import telemetry
 from patchkit.core import Call, CallHook, Component, make_methods
-from patchkit.core.event_loop import component_loop
+from patchkit.core.event_loop import ChunkWindow, component_loop
 from patchkit.errors import Cancelled, DeadlineExceeded
 from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_calls, run_calls_async
-from patchkit.orchestrator.rpc import CHECK, SECRET_KEY, SERVICE, Batch, WireCall, decode_message, encode_chunk, encode_outcomes
+from patchkit.orchestrator.rpc import (
+    CHECK,
+    SECRET_KEY,
+    SERVICE,
+    Batch,
+    Read,
+    WireCall,
+    decode_message,
+    encode_chunk,
+    encode_outcomes,
+)
 
 __all__ = ["WorkerService"]
 
@@ -137,7 +149,8 @@ class WorkerService:
             deadlines = [call.deadline(arrived) for call in runnable.values()]
             arguments: list[Call] = [call.call for call in runnable.values()]  # type: ignore[misc]  # failures are out
             with telemetry.execution(self.name, method, _traces(runnable.values())):
-                ran = await run_calls_async(self.component, method, arguments, sink, flags, deadlines, self.hook)
+                ran = await run_calls_async(self.component, method, arguments, sink, flags, deadlines, self.hook,
+                                            _windows(runnable.values()))
             for i, outcome in zip(index, ran):
                 outcomes[i] = outcome
             stopped += sum(flag.is_set() for flag in flags)
@@ -154,7 +167,7 @@ class WorkerService:
             flags = [call.cancelled for call in runnable.values()]
             arguments: list[Call] = [call.call for call in runnable.values()]  # type: ignore[misc]  # failures are out
             with telemetry.execution(self.name, method, _traces(runnable.values())):
-                ran = run_calls(self.component, method, arguments, sink, flags, self.hook)
+                ran = run_calls(self.component, method, arguments, sink, flags, self.hook, _windows(runnable.values()))
             for i, outcome in zip(index, ran):
                 outcomes[i] = outcome
             stopped += sum(flag.is_set() for flag in flags)
@@ -251,6 +264,13 @@ class _Stream:
 
     def _take(self, message: bytes, arrived: float) -> None:
         decoded = decode_message(message)
+        if isinstance(decoded, Read):
+            with self.lock:
+                batch = self.running.get(decoded.batch_id)
+                window = batch.calls[decoded.index].window if batch is not None and decoded.index < len(batch.calls) else None
+            if window is not None:
+                window.give(decoded.count)
+            return
         if not isinstance(decoded, Batch):
             batch_id, index = decoded
             with self.lock:
@@ -299,6 +319,11 @@ class _Stream:
                 self.outbox.put(encode_chunk(batch.batch_id, index, text))
 
         return send
+
+
+def _windows(calls: Iterable[WireCall]) -> list[ChunkWindow | None]:
+    """The windows of the calls whose chunks the front-end reads as they come (and reports reading)."""
+    return [call.window for call in calls]
 
 
 def _traces(calls: Iterable[WireCall]) -> list[dict[str, str] | None] | None:

@@ -3,14 +3,20 @@
     GET  /v1/models             a model per pipeline, by its name (one pipeline deployed alone: the
                                 deployment's `chat_name`)
     POST /v1/chat/completions   `model` names the pipeline (it may be left out where one is served);
-                                the last user message fills its text input (its one input, else
-                                `chat_input`); other inputs keep their captured values. The
-                                output is the assistant's message: a str output, or the `chat_output`
-                                field of a dict output. `stream: true` answers `chat.completion.chunk`
-                                events (the role, content deltas, a last chunk with its finish_reason,
-                                with `stream_options.include_usage` a usage chunk) then `data: [DONE]`.
+                                a pipeline with a `messages` input gets the whole conversation there,
+                                each message as the client sent it; the last user message fills its
+                                text input (its one other input, else `chat_input`); other inputs keep
+                                their captured values. The output is the assistant's message: a str
+                                output, or the `chat_output` field of a dict output. `stream: true`
+                                answers `chat.completion.chunk` events (the role, content deltas, a last
+                                chunk with its finish_reason, with `stream_options.include_usage` a
+                                usage chunk) then `data: [DONE]`.
 
-Sampling options (temperature, max_tokens, ...) are accepted and left to the pipeline's components.
+Nothing a request says is dropped unsaid: `tools`, `tool_choice`, `functions` and `function_call` reach
+the pipeline's input of the same name (a pipeline "takes tools" by declaring a `tools` input), and a
+request carrying one the pipeline does not declare is refused (400, `param` naming it); `tool_choice:
+"auto"` (the default) needs only a `tools` input. Sampling options (temperature, max_tokens, ...) are
+accepted and left to the pipeline's components.
 `usage` is an estimate: about four characters a token (OpenAI's rule of thumb), since the pipeline's
 own tokenizers are in its workers. Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -20,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
@@ -31,8 +37,13 @@ from patchkit.server.inputs import parse_json
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of
 from patchkit.serving.frontend import Frontend, Version
 
-__all__ = ["ChatRoutes", "estimate_tokens"]
+__all__ = ["MESSAGES_INPUT", "TOOL_FIELDS", "ChatRoutes", "estimate_tokens"]
 
+# The input a pipeline declares to get the whole conversation (a list of message dicts, as sent).
+MESSAGES_INPUT = "messages"
+# Request fields that change what the model may answer (tool calls): each reaches the pipeline's input of
+# the same name, and a request carrying one the pipeline has no input for is refused, never ignored.
+TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
 # OpenAI's error types, by status.
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 503: "overloaded_error",
                 504: "timeout_error"}
@@ -72,8 +83,8 @@ class ChatRoutes:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         async def run(body: bytes) -> web.StreamResponse:
-            chat, version, chat_input = self._parse(body)
-            completion = _Completion(self, request, chat, version, chat_input)
+            chat, version, inputs = self._parse(body)
+            completion = _Completion(self, request, chat, version, inputs)
             return await (completion.stream() if chat.get("stream") else completion.whole())
 
         return await self.read_body(request, self._openai_errors(request, run))
@@ -96,9 +107,9 @@ class ChatRoutes:
     def _error_reply(self, request: web.Request, status: int, message: str, param: str | None, code: str | None) -> web.Response:
         return json_reply(status, openai_error(status, message, param, code), {REQUEST_ID_HEADER: request_id_of(request)})
 
-    def _parse(self, body: bytes) -> tuple[dict[str, Any], Version, str]:
+    def _parse(self, body: bytes) -> tuple[dict[str, Any], Version, dict[str, Any]]:
         """The request, checked: a JSON object with `messages`, a model served, one choice; with the version of
-        the model's pipeline that serves it and the input its last user message fills."""
+        the model's pipeline that serves it and the inputs the request fills (`_chat_inputs`)."""
         chat = parse_json(body)
         if not isinstance(chat, dict):
             raise ChatError('the body must be a JSON object: {"model": ..., "messages": [...]}')
@@ -107,14 +118,25 @@ class ChatRoutes:
             raise ChatError("n must be 1: the pipeline answers once", param="n")
         if not isinstance(chat.get("stream", False), bool):
             raise ChatError("stream must be true or false", param="stream")
-        inputs = version.pipeline.inputs
+        return chat, version, self._chat_inputs(chat, version.pipeline.inputs)
+
+    def _chat_inputs(self, chat: dict[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The pipeline inputs a chat request fills: `messages` (the whole conversation) where the pipeline
+        declares it, the text input (the last user message), and the tool fields it declares."""
+        messages = _checked_messages(chat.get("messages"))
+        filled: dict[str, Any] = {name: chat[name] for name in _tool_fields(chat, inputs)}
+        if MESSAGES_INPUT in inputs:
+            filled[MESSAGES_INPUT] = messages
+        others = [name for name in inputs if name != MESSAGES_INPUT and name not in TOOL_FIELDS]
         chat_input = self.config.chat.input if self.config.chat.input in inputs else None
-        chat_input = chat_input or (next(iter(inputs)) if len(inputs) == 1 else None)
-        if chat_input is None:
+        chat_input = chat_input or (others[0] if len(others) == 1 and MESSAGES_INPUT not in inputs else None)
+        if chat_input is not None:
+            filled[chat_input] = _last_user_text(messages)
+        elif MESSAGES_INPUT not in inputs:
             raise ChatError(f"the pipeline has inputs {', '.join(sorted(inputs))}: deploy it with chat_input= naming the "
-                            "one the last user message fills")
-        chat["prompt"] = _last_user_text(chat.get("messages"))
-        return chat, version, chat_input
+                            f"one the last user message fills, or give it a {MESSAGES_INPUT!r} input for the whole "
+                            "conversation")
+        return filled
 
     def _version(self, model: object) -> Version:
         """The version serving `model`'s pipeline; no model: the only pipeline's."""
@@ -128,19 +150,19 @@ class ChatRoutes:
 
 
 class _Completion:
-    """One chat completion: the pipeline run on the last user message, answered whole or as chunks."""
+    """One chat completion: the pipeline run on the conversation (its inputs filled by the request), answered
+    whole or as chunks."""
 
     def __init__(self, routes: ChatRoutes, request: web.Request, chat: dict[str, Any], version: Version,
-                 chat_input: str) -> None:
+                 inputs: dict[str, Any]) -> None:
         self.routes, self.request, self.chat = routes, request, chat
-        self.version, self.chat_input = version, chat_input
+        self.version, self.inputs = version, inputs
         self.request_id = request_id_of(request)
         self.created = int(time.time())
         self.prompt_text = " ".join(_text(m.get("content")) for m in chat["messages"] if isinstance(m, dict))
 
-    def _query(self, on_delta: Callable[[str], None] | None = None) -> Awaitable[Any]:
-        return self.version.runner.query({self.chat_input: self.chat["prompt"]}, request_id=self.request_id,
-                                         on_delta=on_delta)
+    def _query(self, on_delta: Callable[[str], object] | None = None) -> Awaitable[Any]:
+        return self.version.runner.query(self.inputs, request_id=self.request_id, on_delta=on_delta)
 
     def _answer(self, output: Any) -> str:
         """The assistant's message in the pipeline's output."""
@@ -220,7 +242,8 @@ def _text(content: Any) -> str:
     return ""
 
 
-def _last_user_text(messages: Any) -> str:
+def _checked_messages(messages: Any) -> list[dict[str, Any]]:
+    """The request's `messages`, checked to be a non-empty list of objects with a role and text content."""
     if not isinstance(messages, list) or not messages:
         raise ChatError("messages must be a non-empty list of {role, content} objects", param="messages")
     for message in messages:
@@ -229,7 +252,32 @@ def _last_user_text(messages: Any) -> str:
         content = message.get("content")
         if content is not None and not isinstance(content, (str, list)):
             raise ChatError("a message's content must be a string or a list of content parts", param="messages")
+    return messages
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
     users = [m for m in messages if m["role"] == "user"]
     if not users:
         raise ChatError("messages has no user message: the last one is the pipeline's input", param="messages")
     return _text(users[-1].get("content"))
+
+
+def _tool_fields(chat: dict[str, Any], inputs: Mapping[str, Any]) -> list[str]:
+    """The tool fields the request carries (None counts as absent), each checked to have its pipeline input.
+
+    `tool_choice: "auto"` is OpenAI's default where tools are given: it needs only the `tools` input.
+
+    Raises:
+        ChatError: the first field the pipeline has no input for (400, `param` naming it).
+    """
+    given = [name for name in TOOL_FIELDS if chat.get(name) is not None]
+    for name in given:
+        if name in inputs or (name == "tool_choice" and chat[name] == "auto" and "tools" in inputs):
+            continue
+        if "tools" not in inputs:
+            why = "this pipeline takes no tools (it declares no 'tools' input)"
+        else:
+            why = f"this pipeline declares no {name!r} input"
+        raise ChatError(f"{name} was given, but {why}: it cannot honour it; leave {name} out, or give the pipeline "
+                        f"a {name!r} input", param=name, code="unsupported_parameter")
+    return [name for name in given if name in inputs]

@@ -49,25 +49,40 @@ class EventStream:
         return self.response
 
 
-async def pump(run: Callable[[Callable[[str], None]], Awaitable[T]], on_delta: Callable[[str], Awaitable[None]]) -> T:
+async def pump(run: Callable[[Callable[[str], object]], Awaitable[T]], on_delta: Callable[[str], Awaitable[None]]) -> T:
     """Run `run(report)`, awaiting `on_delta(chunk)` for each chunk it reports, in order; return its
     result once every chunk reported before it ended has been handed on.
 
-    `report` is called on the event loop, synchronously (the front-end's `on_delta`); it only queues
-    the chunk. Should `on_delta` raise (the client went away), the request is cancelled.
+    `report` is called on the event loop, synchronously (the front-end's `on_delta`); it queues the chunk
+    and returns a future done once `on_delta` has handed it on (sent to the client): the call making the
+    chunks waits for it once it is a window ahead (`CallEnvelope.on_chunk`), so a slow client slows the
+    generator instead of growing this queue. Should `on_delta` raise (the client went away), the request is
+    cancelled.
     """
-    chunks: asyncio.Queue[str] = asyncio.Queue()
-    task = asyncio.ensure_future(run(chunks.put_nowait))
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[tuple[str, asyncio.Future[None]]] = asyncio.Queue()
+
+    def report(chunk: str) -> asyncio.Future[None]:
+        handed: asyncio.Future[None] = loop.create_future()
+        chunks.put_nowait((chunk, handed))
+        return handed
+
+    async def hand_on(chunk: str, handed: asyncio.Future[None]) -> None:
+        await on_delta(chunk)
+        if not handed.done():
+            handed.set_result(None)
+
+    task = asyncio.ensure_future(run(report))
     try:
         while not task.done():
             getter = asyncio.ensure_future(chunks.get())
             await asyncio.wait((task, getter), return_when=asyncio.FIRST_COMPLETED)
             if getter.done():
-                await on_delta(getter.result())
+                await hand_on(*getter.result())
             else:
                 getter.cancel()
         while not chunks.empty():
-            await on_delta(chunks.get_nowait())
+            await hand_on(*chunks.get_nowait())
     except BaseException:
         task.cancel()
         task.add_done_callback(lambda done: done.cancelled() or done.exception())  # its error is no longer anyone's

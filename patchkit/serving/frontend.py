@@ -136,7 +136,7 @@ class Frontend:
         *,
         pipeline: str | None = None,
         request_id: str | None = None,
-        on_delta: Callable[[str], None] | None = None,
+        on_delta: Callable[[str], object] | None = None,
     ) -> RequestResult:
         """Run pipeline `pipeline` (None: the only one) on `inputs`, on its version as of now (`RequestRunner.query`)."""
         return await self.route(pipeline).runner.query(inputs, slo_ms, request_id=request_id, on_delta=on_delta)

@@ -72,7 +72,7 @@ class _Request:
     state: RequestState
     expires: float
     span: telemetry.Span
-    on_delta: Callable[[str], None] | None
+    on_delta: Callable[[str], object] | None
 
 
 class RequestRunner:
@@ -118,7 +118,7 @@ class RequestRunner:
         slo_ms: float | None = None,
         *,
         request_id: str | None = None,
-        on_delta: Callable[[str], None] | None = None,
+        on_delta: Callable[[str], object] | None = None,
     ) -> RequestResult:
         """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer.
 
@@ -149,7 +149,7 @@ class RequestRunner:
         slo_ms: float | None,
         request_id: str,
         span: telemetry.Span,
-        on_delta: Callable[[str], None] | None,
+        on_delta: Callable[[str], object] | None,
     ) -> RequestResult:
         if self.closing:
             raise Overloaded(self.load(), 0, "the endpoint is shutting down")
