@@ -7,7 +7,9 @@ Shared by every pipeline the front-end (frontend.py) serves, and by every versio
 (`patchkit.core.identity.deployed_names`); a component of a new version whose fingerprint (class,
 code, constructor arguments) is a deployed one's is served by that one, its workers, queues and caches kept.
 
-`add` starts a version's new components, all or none; `release` stops those no version in use calls.
+`add` starts a version's new components, all or none, each with the options of the component it is a new
+version of (`replaced`); `adopt` then serves the version's calls with them, and `release` stops those no
+version in use calls (or, when what follows `add` fails, those `add` started).
 The request runner submits each component call here (`submit`), as do the workers whose components
 call the components they hold (`CallService`) and the prefetcher.
 """
@@ -65,6 +67,7 @@ class Deployment:
         self.aliases: dict[str, Component] = {}  # uid of a component a deployed one serves -> that one
         self.starting: set[str] = set()  # components `add` is starting: they serve nothing yet
         self.sets: dict[str, ReplicaSet] = {}
+        self.retiring: set[str] = set()  # components `release` is stopping: no version calls them any more
         self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
         liveness = config.liveness
         checks = HealthChecks(liveness.health_check_period_s, liveness.health_check_timeout_s, liveness.health_check_failures)
@@ -90,6 +93,23 @@ class Deployment:
                     new[deployed_name(name, pipeline_name, versions[pipeline_name], {*self.components, *new})] = component
         return new
 
+    def replaced(self, pipelines: Mapping[str, Pipeline], new: Mapping[str, Component],
+                 served: Mapping[str, Pipeline]) -> dict[str, str]:
+        """Of `new` (by deployed name, as `new_components` gave them), each that is a new version of a deployed
+        component, with that one's name: the component the same pipeline names alike in its version `served` now.
+        A name new to its pipeline replaces nothing."""
+        by_uid = {component._patchkit_spec.uid: name for name, component in new.items()}
+        found: dict[str, str] = {}
+        for pipeline_name, pipeline in pipelines.items():
+            current = served.get(pipeline_name)
+            for var, component in pipeline.components.items():
+                name = by_uid.get(component._patchkit_spec.uid)
+                previous = None if current is None else current.components.get(var)
+                if name is None or name in found or previous is None:
+                    continue
+                found[name] = self.names[self.deployed(previous)._patchkit_spec.uid]
+        return found
+
     def _serving(self, component: Component) -> Component | None:
         """The deployed component that serves `component`'s calls: itself, its alias, or one of its fingerprint."""
         uid = component._patchkit_spec.uid
@@ -109,39 +129,44 @@ class Deployment:
         return {self.names[self.deployed(c)._patchkit_spec.uid] for c in pipeline.components.values()}
 
     # -- lifecycle --------------------------------------------------------------------------------------------
-    async def add(self, components: Mapping[str, Component], pipelines: Iterable[Pipeline]) -> None:
-        """Deploy `components` (by the names `new_components` gave), then serve `pipelines`' calls with them.
+    async def add(self, components: Mapping[str, Component], replaced: Mapping[str, str] | None = None) -> None:
+        """Deploy `components` (by the names `new_components` gave); `adopt` then serves a version's calls with them.
 
-        Each gets its `config.components` sizes (one without gets those of the component it replaces, else
-        its methods' defaults), its queues, then its replicas, all started before any serves a call of
-        `pipelines`; then the autoscaler, the first time when the config's `autoscale` is on. Raises the first
-        replica's start error, with every replica of `components` stopped and nothing else changed."""
+        Each gets its `config.components` sizes; one without, a new version of a deployed component (`replaced`:
+        new name -> that one's), gets that one's sizes and per-component options (`DeploymentConfig.carry`), any
+        other one replica with its methods' default batch sizes. Then its queues, then its replicas, all started
+        before any serves a call; then the autoscaler, the first time when the config's `autoscale` is on. Raises
+        the first replica's start error (or the cancellation of the update), with every replica of `components`
+        stopped and nothing else changed."""
         names = list(components)
+        replaced = replaced or {}
         for name, component in components.items():
-            self.config.components.setdefault(name, self._sizes(name, component))
+            old = replaced.get(name)
+            if old is not None and name not in self.config.components:
+                self.config.carry(old, name, self._sizes(component, old))
+            self.config.components.setdefault(name, self._sizes(component, None))
             self._register(name, component)
         self.starting.update(names)
         try:
             await self.supervisor.start(await self._specs(names))
-        except BaseException:
+        except BaseException:  # a start error, or the update cancelled: a replica that starts late stops then
+            await asyncio.gather(*self.supervisor.forget(names), return_exceptions=True)
             self._forget(names)
             raise
         finally:
             self.starting.difference_update(names)
-        for pipeline in pipelines:
-            self._adopt(pipeline)
         self.autoscaler.track(names)
         if self.config.autoscaling.autoscale and not self.autoscaler.running:
             self.autoscaler.start()
 
-    def _sizes(self, name: str, component: Component) -> ComponentConfig:
-        """A component's sizes where the config has none: those of the component it replaces (`name@v2` replacing
-        `name`) where it has the same methods, else one replica with each method's default batch size."""
-        methods = make_methods(type(component))
-        replaced = self.config.components.get(name.rpartition("@v")[0])
-        if replaced is not None and set(replaced.batch_sizes) == set(methods):
-            return replaced
-        return ComponentConfig(replicas=1, batch_sizes={m: component.batch_limit(m) for m in methods})
+    def _sizes(self, component: Component, replaced: str | None) -> ComponentConfig:
+        """A component's sizes where the config has none: those of component `replaced`, of which it is a new
+        version (a method it adds at its default batch size), else one replica with its methods' defaults."""
+        defaults = {method: component.batch_limit(method) for method in make_methods(type(component))}
+        old = None if replaced is None else self.config.components.get(replaced)
+        if old is None:
+            return ComponentConfig(replicas=1, batch_sizes=defaults)
+        return replace(old, batch_sizes={method: old.batch_sizes.get(method, size) for method, size in defaults.items()})
 
     def _register(self, name: str, component: Component) -> None:
         self.components[name] = component
@@ -158,19 +183,26 @@ class Deployment:
         resources = self.supervisor.backend.place(placed, self.config.plan is not None)
         return [self._spec(name, pinned) for name, pinned in zip(names, resources, strict=True)]
 
-    def _adopt(self, pipeline: Pipeline) -> None:
-        """Serve `pipeline`'s components with the deployed ones: its own objects, those of a deployed one's
-        fingerprint, and the copies its helpers' modules hold; and its prefetch routes, between deployed ones."""
-        for component in pipeline.components.values():
-            served = self._serving(component)
-            if served is None:
-                raise PatchkitError(f"no deployed component serves {component!r}: add() it first")
-            if served._patchkit_spec.uid != component._patchkit_spec.uid:
-                self.aliases[component._patchkit_spec.uid] = served
-        for uid, component in pipeline.component_aliases().items():
-            self.aliases[uid] = self.deployed(component)
-        if self.config.slo.prefetch:
-            self.prefetcher.add_routes([self._deployed_route(route) for route in find_routes(pipeline.graph)])
+    def adopt(self, pipelines: Iterable[Pipeline]) -> None:
+        """Serve `pipelines`' components with the deployed ones (`add` started those that were missing): their own
+        objects, those of a deployed one's fingerprint, and the copies their helpers' modules hold; and their
+        prefetch routes, between deployed ones. All or nothing: raises PatchkitError, with nothing changed, for a
+        component no deployed one serves."""
+        aliases: dict[str, Component] = {}
+        routes: list[PrefetchRoute] = []
+        for pipeline in pipelines:
+            for component in pipeline.components.values():
+                served = self._serving(component)
+                if served is None:
+                    raise PatchkitError(f"no deployed component serves {component!r}: add() it first")
+                if served._patchkit_spec.uid != component._patchkit_spec.uid:
+                    aliases[component._patchkit_spec.uid] = served
+            for uid, component in pipeline.component_aliases().items():
+                aliases[uid] = aliases.get(component._patchkit_spec.uid, self.deployed(component))
+            if self.config.slo.prefetch:
+                routes.extend(find_routes(pipeline.graph))
+        self.aliases.update(aliases)
+        self.prefetcher.add_routes([self._deployed_route(route) for route in routes])
 
     def _deployed_route(self, route: PrefetchRoute) -> PrefetchRoute:
         source = self.aliases.get(route.source_uid)
@@ -185,9 +217,11 @@ class Deployment:
         if not names:
             return
         self.autoscaler.forget(names)
-        retired = self.supervisor.forget(names)
-        await asyncio.gather(*retired, return_exceptions=True)
-        self._forget(names)
+        self.retiring.update(names)  # no longer a component that serves: /readyz and /healthz look past it from now on
+        try:
+            await asyncio.gather(*self.supervisor.forget(names), return_exceptions=True)
+        finally:
+            self._forget(names)
 
     def _forget(self, names: list[str]) -> None:
         """Drop everything of components `names` but their replicas (stopped, or never started)."""
@@ -200,7 +234,8 @@ class Deployment:
             self.queues = {key: queue for key, queue in self.queues.items() if key[0] != uid}
             self.prefetcher.drop_routes(uid)
             self.sets.pop(name, None)
-            self.config.components.pop(name, None)
+            self.retiring.discard(name)
+            self.config.drop(name)
 
     def _build_queues(self, name: str, component: Component) -> None:
         settings = self.config.components[name]

@@ -104,8 +104,9 @@ class Frontend:
     async def start(self) -> None:
         """Start every pipeline's components (see `Deployment.add`); raises the first replica's start error, with
         nothing left running."""
+        initial, self._initial = self._initial, {}  # the versions serving hold their pipelines: no copy kept here
         try:
-            await self._deploy(self._initial, ())
+            await self._deploy(initial, ())
         except BaseException:
             await self.deployment.close()
             raise
@@ -200,19 +201,35 @@ class Frontend:
 
     async def _deploy(self, pipelines: Mapping[str, Pipeline], remove: Iterable[str],
                       numbers: Mapping[str, int] | None = None) -> None:
+        """Start what `pipelines` need, build their versions, then switch to them with no await in between: an
+        update is applied whole or not at all. A failure (or the update's cancellation) at any step before the
+        switch stops the components started for it, and the versions serving keep serving, unchanged."""
+        first = numbers is None
         numbers = numbers or dict.fromkeys(pipelines, 1)
         for name, pipeline in pipelines.items():
             _check_pipeline(name, pipeline)
-        await self.deployment.add(self.deployment.new_components(pipelines, numbers), pipelines.values())
-        for name, pipeline in pipelines.items():
-            digest = pipeline.fingerprint()
-            runner = RequestRunner(pipeline, self.config, self.deployment, self.policy, self.collector, name=name,
-                                   load=lambda: self.inflight, tag=f"{numbers[name]}-{digest}", clock=self.clock)
-            self._switch(name, Version(name, numbers[name], digest, pipeline, runner))
+        added = self.deployment.new_components(pipelines, numbers)
+        served = {name: version.pipeline for name, version in self.versions.items()}
+        await self.deployment.add(added, self.deployment.replaced(pipelines, added, served))
+        try:
+            versions = [self._version(name, pipeline, numbers[name]) for name, pipeline in pipelines.items()]
+            self.deployment.adopt(pipelines.values())
+        except BaseException:
+            logger.warning("the update failed after its components started: stopping %s", ", ".join(added) or "none")
+            await asyncio.shield(self.deployment.release(added))  # a withdrawn update's cancellation ends no rollback
+            raise
+        for version in versions:
+            self._switch(version.name, version)
         for name in remove:
             self._switch(name, None)
-        if self.versions and self._initial is not pipelines:
+        if self.versions and not first:
             logger.info("serving %s", ", ".join(f"{v.name} version {v.tag}" for v in self.versions.values()))
+
+    def _version(self, name: str, pipeline: Pipeline, number: int) -> Version:
+        digest = pipeline.fingerprint()
+        runner = RequestRunner(pipeline, self.config, self.deployment, self.policy, self.collector, name=name,
+                               load=lambda: self.inflight, tag=f"{number}-{digest}", clock=self.clock)
+        return Version(name, number, digest, pipeline, runner)
 
     def _switch(self, name: str, version: Version | None) -> None:
         """Send pipeline `name`'s new requests to `version` (None: none); the one it replaces retires."""
@@ -229,6 +246,7 @@ class Frontend:
         """Once `old`'s requests have ended: stop the components no version in use calls any more."""
         await old.runner.drained(None)
         self._retiring.discard(old)
+        self.collector.retire(old.name, old.tag)  # its counts stay in the pipeline's, under no label of its own
         async with self._updating:
             if self.closing:
                 return
