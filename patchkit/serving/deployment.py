@@ -129,7 +129,8 @@ class Deployment:
         return {self.names[self.deployed(c)._patchkit_spec.uid] for c in pipeline.components.values()}
 
     # -- lifecycle --------------------------------------------------------------------------------------------
-    async def add(self, components: Mapping[str, Component], replaced: Mapping[str, str] | None = None) -> None:
+    async def add(self, components: Mapping[str, Component], replaced: Mapping[str, str] | None = None,
+                  rollable: Mapping[str, str] | None = None) -> dict[str, str]:
         """Deploy `components` (by the names `new_components` gave); `adopt` then serves a version's calls with them.
 
         Each gets its `config.components` sizes; one without, a new version of a deployed component (`replaced`:
@@ -137,7 +138,12 @@ class Deployment:
         other one replica with its methods' default batch sizes. Then its queues, then its replicas, all started
         before any serves a call; then the autoscaler, the first time when the config's `autoscale` is on. Raises
         the first replica's start error (or the cancellation of the update), with every replica of `components`
-        stopped and nothing else changed."""
+        stopped and nothing else changed.
+
+        `rollable`: of `replaced`, those whose old component the update retires. Where the backend has no room
+        for every replica of `components` beside those running (`Backend.room`), these start none: they are
+        returned (new name -> old), "starting" until a `RollingUpdate` has started their first replica in place
+        of an old one's."""
         names = list(components)
         replaced = replaced or {}
         for name, component in components.items():
@@ -146,18 +152,40 @@ class Deployment:
                 self.config.carry(old, name, self._sizes(component, old))
             self.config.components.setdefault(name, self._sizes(component, None))
             self._register(name, component)
+        rolls = self._rolls(names, rollable or {})
         self.starting.update(names)
         try:
-            await self.supervisor.start(await self._specs(names))
+            await self.supervisor.start(await self._specs([name for name in names if name not in rolls]))
         except BaseException:  # a start error, or the update cancelled: a replica that starts late stops then
             await asyncio.gather(*self.supervisor.forget(names), return_exceptions=True)
             self._forget(names)
             raise
         finally:
             self.starting.difference_update(names)
+        self.starting.update(rolls)
         self.autoscaler.track(names)
         if self.config.autoscaling.autoscale and not self.autoscaler.running:
             self.autoscaler.start()
+        return rolls
+
+    def _rolls(self, names: list[str], rollable: Mapping[str, str]) -> dict[str, str]:
+        """Of `rollable`, those to replace a few replicas at a time: all, where the backend has no room for every
+        replica of components `names` at once; else none."""
+        if not rollable:
+            return {}
+        wanted = [self.one_more(name) for name in names for _ in range(self.config.components[name].replicas)]
+        if self.supervisor.backend.room(wanted):
+            return {}
+        logger.warning("no room for a second copy of %s beside the running one: replacing their replicas a few at a "
+                       "time (a rolling update)", ", ".join(rollable))
+        return dict(rollable)
+
+    def fail_waiting(self, name: str, error: PatchkitError) -> None:
+        """Fail every call waiting in component `name`'s queues with `error`: it will serve none (an update that
+        switched to it first was rolled back)."""
+        replica_set = self.sets.get(name)
+        for queue in [] if replica_set is None else replica_set.queues:
+            queue.fail_waiting(error)
 
     def _sizes(self, component: Component, replaced: str | None) -> ComponentConfig:
         """A component's sizes where the config has none: those of component `replaced`, of which it is a new

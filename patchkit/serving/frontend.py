@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +27,13 @@ from patchkit.errors import ConfigError, InputError, PatchkitError, PipelineNotF
 from patchkit.orchestrator.backend import Backend
 from patchkit.scheduler.online.slo import SloPolicy, make_estimator
 from patchkit.serving.deployment import Deployment
+from patchkit.serving.rolling import RollingUpdate
 from patchkit.serving.runner import RequestResult, RequestRunner
 from patchkit.serving.stats import StatsCollector
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
+    from patchkit.core import Component
 
 __all__ = ["Frontend", "Readiness", "RequestResult", "Version"]
 
@@ -210,20 +212,69 @@ class Frontend:
             _check_pipeline(name, pipeline)
         added = self.deployment.new_components(pipelines, numbers)
         served = {name: version.pipeline for name, version in self.versions.items()}
-        await self.deployment.add(added, self.deployment.replaced(pipelines, added, served))
+        replaced = self.deployment.replaced(pipelines, added, served)
+        rolling = RollingUpdate(self.deployment, await self.deployment.add(added, replaced, self._rollable(replaced,
+                                                                                                         pipelines, remove)))
         try:
             versions = [self._version(name, pipeline, numbers[name]) for name, pipeline in pipelines.items()]
             self.deployment.adopt(pipelines.values())
+            await rolling.before_switch()
         except BaseException:
-            logger.warning("the update failed after its components started: stopping %s", ", ".join(added) or "none")
-            await asyncio.shield(self.deployment.release(added))  # a withdrawn update's cancellation ends no rollback
+            await asyncio.shield(self._roll_back(added, rolling))  # a withdrawn update's cancellation ends no rollback
             raise
+        previous = {name: self.versions.get(name) for name in [*pipelines, *remove]}
         for version in versions:
             self._switch(version.name, version)
         for name in remove:
             self._switch(name, None)
+        if rolling.gap():
+            await self._swap_after_switch(rolling, added, previous)
+        if rolling.rolls:
+            self._track(rolling.finish())
         if self.versions and not first:
             logger.info("serving %s", ", ".join(f"{v.name} version {v.tag}" for v in self.versions.values()))
+
+    def _rollable(self, replaced: Mapping[str, str], pipelines: Mapping[str, Pipeline],
+                  remove: Iterable[str]) -> dict[str, str]:
+        """Of `replaced` (new component -> the one it is a new version of), those whose old component no version
+        that keeps serving after this update calls: a rolling update may swap its replicas for the new one's."""
+        staying = [v.pipeline for name, v in self.versions.items() if name not in pipelines and name not in remove]
+        held = set().union(*(self.deployment.holds(pipeline) for pipeline in staying))
+        return {new: old for new, old in replaced.items() if old not in held}
+
+    async def _roll_back(self, added: Mapping[str, Component], rolling: RollingUpdate) -> None:
+        logger.warning("the update failed after its components started: stopping %s", ", ".join(added) or "none")
+        await self.deployment.release(added)
+        await rolling.undo()
+
+    async def _swap_after_switch(self, rolling: RollingUpdate, added: Mapping[str, Component],
+                                 previous: Mapping[str, Version | None]) -> None:
+        """The rolling update of old components with one replica: once the requests on the versions replaced have
+        ended (within the drain timeout), their replica is swapped for the new one's. On failure, switch back:
+        the new versions' requests waiting for those components fail with the error."""
+        try:
+            waits = [old.runner.drained(self.config.liveness.drain_timeout_s) for old in previous.values() if old]
+            await asyncio.gather(*waits)
+            await rolling.after_switch()
+        except BaseException as exc:
+            error = exc if isinstance(exc, PatchkitError) else PatchkitError(f"the update was rolled back: {exc!r}")
+            await asyncio.shield(self._switch_back(rolling, added, previous, error))
+            raise
+
+    async def _switch_back(self, rolling: RollingUpdate, added: Mapping[str, Component],
+                           previous: Mapping[str, Version | None], error: PatchkitError) -> None:
+        for name, old in previous.items():
+            if old is not None:
+                self._retiring.discard(old)
+            self._switch(name, old)
+        for name in rolling.rolls:
+            self.deployment.fail_waiting(name, error)
+        await self._roll_back(added, rolling)
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
 
     def _version(self, name: str, pipeline: Pipeline, number: int) -> Version:
         digest = pipeline.fingerprint()
@@ -238,16 +289,16 @@ class Frontend:
             self.versions[name] = version
         if old is not None:
             self._retiring.add(old)
-            task = asyncio.get_running_loop().create_task(self._release_when_idle(old))
-            self._releases.add(task)
-            task.add_done_callback(self._releases.discard)
+            self._track(self._release_when_idle(old))
 
     async def _release_when_idle(self, old: Version) -> None:
         """Once `old`'s requests have ended: stop the components no version in use calls any more."""
         await old.runner.drained(None)
-        self._retiring.discard(old)
-        self.collector.retire(old.name, old.tag)  # its counts stay in the pipeline's, under no label of its own
         async with self._updating:
+            if old in self.versions.values():
+                return  # an update that failed after its switch switched back to it
+            self._retiring.discard(old)
+            self.collector.retire(old.name, old.tag)  # its counts stay in the pipeline's, under no label of its own
             if self.closing:
                 return
             held = set().union(*(self.deployment.holds(v.pipeline) for v in self._live()))
