@@ -27,28 +27,24 @@ CPUS = 3
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A local Ray cluster of `CPUS` CPUs for the module (as tests/test_ray.py starts one); its address."""
-    from ray.cluster_utils import Cluster
-
+    """A local Ray instance of `CPUS` CPUs for the module, started as tests/test_ray.py starts one; its address."""
     tmp = tmp_path_factory.mktemp("ray")
     token = tmp / "auth_token"
     token.write_text(secrets.token_hex(16))
     with pytest.MonkeyPatch.context() as env:
-        env.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        env.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray's own switch: nodes on loopback only
         env.setenv("RAY_AUTH_MODE", "token")
-        env.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+        env.setenv("RAY_AUTH_TOKEN_PATH", str(token))  # not ~/.ray/auth_token
         env.setenv("RAY_USAGE_STATS_ENABLED", "0")
         env.delenv("RAY_ADDRESS", raising=False)
-        import ray
+        import ray  # after the variables above: Ray reads some of them once, at import
 
-        nodes = Cluster(initialize_head=True, head_node_args={
-            "num_cpus": CPUS, "node_ip_address": "127.0.0.1", "include_dashboard": False, "temp_dir": str(tmp / "r")})
-        ray.init(address=nodes.address, configure_logging=False, log_to_driver=False)
+        ray.init(num_cpus=CPUS, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=str(tmp / "r"),
+                 configure_logging=False, log_to_driver=False)
         try:
-            yield nodes.address
+            yield ray.get_runtime_context().gcs_address
         finally:
             ray.shutdown()
-            nodes.shutdown()
 
 
 def _free_cpus() -> float:
