@@ -8,22 +8,33 @@ version leaves the metrics' label sets.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
 import os
 import pickle
 import re
 import sys
 import threading
+import time
 import types
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import cloudpickle
 import httpx
+import psutil
 import pytest
 from versions import Tagger, shout_pipeline, wait_for, whisper_pipeline
 
 import patchkit
+from patchkit import Component, make
+from patchkit.config import DeploymentConfig
 from patchkit.errors import PatchkitError, WorkerDiedError
-from patchkit.orchestrator.process import Child, spawn
+from patchkit.orchestrator.process import Child, Message, spawn
+from patchkit.server import process as server_process
+from patchkit.server.process import FrontendServer
 
 
 def _tagger(stats: dict[str, object]) -> str:
@@ -105,6 +116,73 @@ def test_readyz_stays_ready_through_ten_updates() -> None:
             prober.join()
         assert len(answers) > 100
         assert [a for a in answers if a[0] != 200] == []
+
+
+class SlowStart(Component):
+    """Takes `delay_s` to set up: an update that starts it outlasts the patience of whoever asked for it."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+
+    def setup(self) -> None:
+        time.sleep(self.delay_s)
+
+    @make
+    def mark(self, text: str) -> str:
+        return f"{text}|slow"
+
+
+def slow(component: SlowStart, text: str = "hello") -> Any:
+    with patchkit.capture(run=False):
+        return component.mark(text)
+
+
+@pytest.fixture
+def frontend_server() -> Iterator[tuple[FrontendServer, asyncio.AbstractEventLoop]]:
+    """The front-end process's server, on a loop of its own thread, serving shout (local backend)."""
+    pipeline = shout_pipeline(Tagger("v1"), Tagger("shared"))
+    server = FrontendServer(pipeline, DeploymentConfig.resolve(pipeline, backend="local"))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        asyncio.run_coroutine_threadsafe(server.start(), loop).result(120)
+        yield server, loop
+    finally:
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result(120)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+
+
+def test_a_withdrawn_update_is_cancelled_whole(frontend_server: tuple[FrontendServer, asyncio.AbstractEventLoop]) -> None:
+    server, loop = frontend_server
+    before = _workers()
+    slow(SlowStart(3.0))
+    message = Message(1, cloudpickle.dumps({"pipelines": {"patchkit": patchkit.last_pipeline()}, "remove": []}))
+    threading.Timer(1.0, message.withdraw).start()  # while its worker starts: the asker gave up
+    with pytest.raises(concurrent.futures.CancelledError):  # answered "withdrawn": nothing applied
+        server_process._update(server, loop, message)
+    frontend = server.frontend
+    assert sorted(frontend.deployment.components) == ["shared", "tagger"]
+    assert [v.number for v in frontend.versions.values()] == [1]
+    # The worker that was starting when the update was withdrawn was stopped once up, not left behind.
+    assert sorted(r.component for r in frontend.deployment.supervisor.backend.replicas()) == ["shared", "tagger"]
+    time.sleep(4.0)  # past the slow setup: a worker whose start went on unwatched would be up by now
+    assert _workers() == before
+    result = asyncio.run_coroutine_threadsafe(frontend.query({"text": "still"}), loop).result(30)
+    assert result.output.startswith("STILL|V1@")
+
+
+def _workers() -> list[int]:
+    """The worker processes this process started (directly or through a thread), still running."""
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "patchkit.orchestrator.worker" in child.cmdline() and child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+        except psutil.Error:
+            continue
+    return sorted(found)
 
 
 class Unprintable:

@@ -17,6 +17,7 @@ call the components they hold (`CallService`) and the prefetcher.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -154,9 +155,12 @@ class Deployment:
             self._register(name, component)
         rolls = self._rolls(names, rollable or {})
         self.starting.update(names)
+        started = asyncio.ensure_future(self._start([name for name in names if name not in rolls]))
         try:
-            await self.supervisor.start(await self._specs([name for name in names if name not in rolls]))
-        except BaseException:  # a start error, or the update cancelled: a replica that starts late stops then
+            await asyncio.shield(started)
+        except BaseException:  # a start error, or the update cancelled: its starts end (a worker may be spawning)
+            with contextlib.suppress(BaseException):
+                await started
             await asyncio.gather(*self.supervisor.forget(names), return_exceptions=True)
             self._forget(names)
             raise
@@ -167,6 +171,9 @@ class Deployment:
         if self.config.autoscaling.autoscale and not self.autoscaler.running:
             self.autoscaler.start()
         return rolls
+
+    async def _start(self, names: list[str]) -> None:
+        await self.supervisor.start(await self._specs(names))
 
     def _rolls(self, names: list[str], rollable: Mapping[str, str]) -> dict[str, str]:
         """Of `rollable`, those to replace a few replicas at a time: all, where the backend has no room for every
