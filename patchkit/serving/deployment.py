@@ -239,6 +239,13 @@ class Deployment:
         self.aliases.update(aliases)
         self.prefetcher.add_routes([self._deployed_route(route) for route in routes])
 
+    def forget_pipeline(self, retired: Pipeline, live: Iterable[Pipeline]) -> None:
+        """Drop the aliases `adopt` made for `retired`'s own component objects (a version no longer served, its
+        requests ended), those a version `live` still has kept; called by the front-end as the version retires."""
+        kept = set().union(*(_uids(pipeline) for pipeline in live))
+        for uid in _uids(retired) - kept:
+            self.aliases.pop(uid, None)
+
     def _deployed_route(self, route: PrefetchRoute) -> PrefetchRoute:
         source = self.aliases.get(route.source_uid)
         target = self.aliases.get(route.target_uid)
@@ -359,6 +366,11 @@ class Deployment:
 
     def _submit_prefetch(self, uid: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         return self.queues[uid, PREFETCH_METHOD].submit(CallEnvelope(args, {})).future
+
+
+def _uids(pipeline: Pipeline) -> set[str]:
+    """The uids of a pipeline's component objects, the copies its helpers' modules hold included."""
+    return {c._patchkit_spec.uid for c in pipeline.components.values()} | set(pipeline.component_aliases())
 
 
 def _prefix_key(component: Component, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

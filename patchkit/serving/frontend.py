@@ -299,6 +299,7 @@ class Frontend:
                 return  # an update that failed after its switch switched back to it
             self._retiring.discard(old)
             self.collector.retire(old.name, old.tag)  # its counts stay in the pipeline's, under no label of its own
+            self.deployment.forget_pipeline(old.pipeline, [v.pipeline for v in self._live()])
             if self.closing:
                 return
             held = set().union(*(self.deployment.holds(v.pipeline) for v in self._live()))
