@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import secrets
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from versions import Tagger, shout_pipeline, update_under_load, wait_for
@@ -66,3 +67,33 @@ def test_an_update_with_no_room_for_a_second_copy_rolls_its_replicas(cluster: st
         wait_for(lambda: len(endpoint.stats()["components"]["tagger@v2"]["replicas"]) == replicas, 60)
         assert endpoint.query(text="Done").startswith("done|v2@")
         assert _free_cpus() == 0
+
+
+class BrokenTagger(Tagger):
+    """A new version of the tagger whose setup fails once `flag` exists: captured before, no worker can start it."""
+
+    def __init__(self, tag: str, flag: str) -> None:
+        super().__init__(tag)
+        self.flag = flag
+
+    def setup(self) -> None:
+        if Path(self.flag).exists():
+            raise RuntimeError("the model file is missing")
+        super().setup()
+
+
+@pytest.mark.parametrize("replicas", [2, 1])
+def test_a_rolling_update_that_fails_puts_the_old_replicas_back(cluster: str, replicas: int, tmp_path: Path) -> None:
+    with patchkit.deploy(shout_pipeline(Tagger("v1"), Tagger("shared")), backend="ray", ray_address=cluster,
+                         replicas={"tagger": replicas}, ray_actor_options={"shared": {"num_cpus": CPUS - replicas}},
+                         ray_placement_timeout_s=30) as endpoint:
+        wait_for(lambda: _free_cpus() == 0)
+        broken = shout_pipeline(BrokenTagger("v2", str(tmp_path / "flag")), Tagger("shared"))
+        (tmp_path / "flag").write_text("")
+        with pytest.raises(patchkit.PatchkitError, match="the model file is missing"):
+            endpoint.update(broken)
+        assert endpoint.query(text="Still").startswith("STILL|V1@")
+        assert [(r["version"], r["state"]) for r in endpoint.pipelines() if r["state"] != "retiring"] == [(1, "ready")]
+        wait_for(lambda: sorted(endpoint.stats()["components"]) == ["shared", "tagger"], 60)
+        assert len(endpoint.stats()["components"]["tagger"]["replicas"]) == replicas
+        wait_for(lambda: _free_cpus() == 0)
