@@ -9,7 +9,9 @@ hands it the backend the orchestrator built (`patchkit.orchestrator.backends.mak
 `update` changes the pipelines while they serve: the components a new version adds are started (and
 their `setup()` done) before any request reaches them, then the version takes every request that comes
 after; a request runs wholly on the version it started with, and the components no version in use
-calls any more are stopped once the requests on the old version have ended.
+calls any more are stopped once the requests on the old version have ended. An update that fails at
+any step before its switch stops what it started; a retired version leaves the front-end's memory and
+its request counts join its pipeline's "retired" ones.
 """
 
 from __future__ import annotations
@@ -177,8 +179,12 @@ class Frontend:
         arguments) are started, `setup()` done, before any request reaches them; then each new version takes
         every request that comes after this returns, while the requests in flight end on the version they
         started on. Components no version in use calls any more are stopped once those requests have ended.
-        One update at a time. Raises, with nothing changed that serves, for a pipeline or name that cannot be
-        served or a component that cannot start (its error)."""
+        A new version of a component gets the options the one it replaces was deployed with. Where the backend
+        has no room for a second copy of a changed component, its replicas are swapped a few at a time
+        (serving/rolling.py). One update at a time. Raises, with nothing changed that serves, for a pipeline or
+        name that cannot be served, a component that cannot start (its error), or any step before the switch
+        that fails; cancelled (a withdrawn update), it is applied whole or not at all: the switch, its last
+        step, has no await."""
         remove = list(remove)
         async with self._updating:
             self._check_update(pipelines, remove)
