@@ -91,6 +91,7 @@ def test_an_answer_that_comes_late_is_never_read_as_the_next_one(caplog: pytest.
         child.stop(5)
 
 
+@pytest.mark.slow
 def test_readyz_stays_ready_through_ten_updates() -> None:
     shared = Tagger("shared")
     with patchkit.deploy(shout_pipeline(Tagger("v1"), shared), replicas={"tagger": 2}) as endpoint:
