@@ -153,6 +153,7 @@ def frontend_server() -> Iterator[tuple[FrontendServer, asyncio.AbstractEventLoo
         asyncio.run_coroutine_threadsafe(server.close(), loop).result(120)
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
+        loop.close()
 
 
 def test_a_withdrawn_update_is_cancelled_whole(frontend_server: tuple[FrontendServer, asyncio.AbstractEventLoop]) -> None:

@@ -240,8 +240,13 @@ class Deployment:
         self.prefetcher.add_routes([self._deployed_route(route) for route in routes])
 
     def forget_pipeline(self, retired: Pipeline, live: Iterable[Pipeline]) -> None:
-        """Drop the aliases `adopt` made for `retired`'s own component objects (a version no longer served, its
-        requests ended), those a version `live` still has kept; called by the front-end as the version retires."""
+        """Drop the aliases and prefetch routes `adopt` made for `retired` (a version no longer served, its requests
+        ended), those a version `live` still has kept; called by the front-end as the version retires."""
+        live = list(live)
+        if self.config.slo.prefetch:
+            kept_routes = {self._deployed_route(route) for pipeline in live for route in find_routes(pipeline.graph)}
+            routes = [self._deployed_route(route) for route in find_routes(retired.graph)]
+            self.prefetcher.remove_routes([route for route in routes if route not in kept_routes])
         kept = set().union(*(_uids(pipeline) for pipeline in live))
         for uid in _uids(retired) - kept:
             self.aliases.pop(uid, None)
