@@ -183,8 +183,8 @@ class Frontend:
         has no room for a second copy of a changed component, its replicas are swapped a few at a time
         (serving/rolling.py). One update at a time. Raises, with nothing changed that serves, for a pipeline or
         name that cannot be served, a component that cannot start (its error), or any step before the switch
-        that fails; cancelled (a withdrawn update), it is applied whole or not at all: the switch, its last
-        step, has no await."""
+        that fails. Cancelled (a withdrawn update), it is applied whole or not at all: nothing is awaited
+        after the switch but a rolling update's swap, whose failure or cancellation switches back."""
         remove = list(remove)
         async with self._updating:
             self._check_update(pipelines, remove)
@@ -219,8 +219,8 @@ class Frontend:
         added = self.deployment.new_components(pipelines, numbers)
         served = {name: version.pipeline for name, version in self.versions.items()}
         replaced = self.deployment.replaced(pipelines, added, served)
-        rolling = RollingUpdate(self.deployment, await self.deployment.add(added, replaced, self._rollable(replaced,
-                                                                                                         pipelines, remove)))
+        rolls = await self.deployment.add(added, replaced, self._rollable(replaced, pipelines, remove))
+        rolling = RollingUpdate(self.deployment, rolls)
         try:
             versions = [self._version(name, pipeline, numbers[name]) for name, pipeline in pipelines.items()]
             self.deployment.adopt(pipelines.values())
