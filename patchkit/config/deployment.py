@@ -146,6 +146,29 @@ class DeploymentConfig:
         most = self.autoscaling.max_replicas
         return _pick(most, (name,), 0) if _names(most, name) else None
 
+    def carry(self, replaced: str, name: str, sizes: ComponentConfig) -> None:
+        """Give component `name`, a new version of component `replaced`, its sizes and options.
+
+        `sizes`, and every per-component option `replaced` has by name (`min_replicas`, `max_replicas`,
+        `ray_actor_options`, in the dicts the ray backend reads too). Called by the deployment as an update
+        adds `name`, so that what was set at deploy holds however many versions follow.
+        """
+        self.components[name] = sizes
+        for by_name in self._by_component():
+            if replaced in by_name:
+                by_name[name] = by_name[replaced]
+
+    def drop(self, name: str) -> None:
+        """Forget component `name`, which left the deployment: its sizes and its per-component options."""
+        self.components.pop(name, None)
+        for by_name in self._by_component():
+            by_name.pop(name, None)
+
+    def _by_component(self) -> list[dict[str, Any]]:
+        """The options set by component name, as the plain dicts their groups keep (each group's `check`)."""
+        values = (self.autoscaling.min_replicas, self.autoscaling.max_replicas, self.ray.actor_options)
+        return [value for value in values if isinstance(value, dict)]
+
     @classmethod
     def check_options(cls, options: Mapping[str, Any], known: Iterable[str] = (), /) -> None:
         """Check options on their own, before there is a pipeline (`patchkit serve` checks its flags before it runs the script).

@@ -185,6 +185,12 @@ class Backend(ABC):
         held = {gpu for replica in running for gpu in (replica.spec.resources.gpus or ())}
         return one_more(resource, units, held)
 
+    def room(self, specs: Sequence[ReplicaSpec]) -> bool:
+        """Whether the resources free now hold replicas `specs` beside those running; asked by the deployment
+        before an update starts the new version of a changed component beside the old one. The backends of
+        this machine share it among however many replicas run: always True."""
+        return True
+
     def capacity(self) -> dict[str, int] | None:
         """Units per resource type ("cpu", "gpu") the replicas may share; None: this machine's.
 

@@ -5,7 +5,9 @@ answers with one JSON line on its original stdout (its own prints then go to std
 soon as stdin reaches end-of-file: when the parent closes it, or when the parent dies for any
 reason, SIGKILL included. No child outlives its parent. A child that takes messages (the front-end:
 updates) reads more length-prefixed frames on that pipe and answers each with one JSON line
-(`Child.ask`, `ChildSide.answer_with`).
+(`Child.ask`, `ChildSide.answer_with`). Each message carries an id that its answer repeats, so an
+answer that comes after its asker gave up is told apart from the next one's (and discarded, logged);
+a message not answered in time is withdrawn, and its answer then says whether it was applied.
 
 A worker starts in a session (so a process group) of its own, which whatever its component starts
 joins: when its lifeline ends it stops the group's other processes before it exits, and the parent
@@ -15,7 +17,11 @@ component's `setup()` started outlives its worker.
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import itertools
 import json
+import logging
 import os
 import pickle
 import select
@@ -31,9 +37,13 @@ from typing import IO, Any, Protocol, TypeVar, cast
 
 from patchkit.errors import PatchkitError, WorkerDiedError, error_from_json, error_to_json
 
-__all__ = ["Child", "ChildSide", "spawn", "stop_group"]
+__all__ = ["Child", "ChildSide", "Message", "spawn", "stop_group"]
+
+logger = logging.getLogger(__name__)
 
 _LENGTH = 8
+_ASK, _WITHDRAW = b"a", b"w"  # what a message frame is: after its id, before its body
+WITHDRAW_TIMEOUT_S = 30.0  # how long a message not answered in time waits for its withdrawal's answer
 GROUP_GRACE_S = 2.0  # between SIGTERM and SIGKILL for the processes of a stopping worker's group
 
 
@@ -54,6 +64,8 @@ class Child:
     report: dict[str, Any]
     own_group: bool = False  # it leads a process group of its own: stopping it stops the group
     _asking: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False)
+    _buffer: bytes = field(default=b"", repr=False)  # what was read of the answers past the last line taken
 
     @property
     def pid(self) -> int:
@@ -62,26 +74,67 @@ class Child:
     def alive(self) -> bool:
         return self.process.poll() is None
 
-    def ask(self, message: bytes, timeout_s: float) -> dict[str, Any]:
-        """Send a message (a frame, as the bootstrap) to a child spawned with `messages=True`, and return its
-        JSON answer; one at a time. Raises the error it answered with, or WorkerDiedError when it is gone
-        or silent past `timeout_s`."""
+    def ask(self, message: bytes, timeout_s: float, *, withdraw_timeout_s: float = WITHDRAW_TIMEOUT_S) -> dict[str, Any]:
+        """Send a message (a frame, as the bootstrap, under an id of its own) to a child spawned with
+        `messages=True`, and return its JSON answer; one at a time. An answer to an earlier message, which
+        came after its asker gave up, is discarded (logged).
+
+        Not answered within `timeout_s`, the message is withdrawn: the child's handler learns it
+        (`Message.on_withdraw`) and answers at once whether what it asked was applied. Applied, its answer
+        is returned as if in time; else this raises.
+
+        Raises:
+            PatchkitError: the error the child answered with; or the message was withdrawn and nothing it
+                asked for was applied.
+            WorkerDiedError: the child is gone, or it answered neither the message nor its withdrawal
+                (within `withdraw_timeout_s` more): whether it was applied is not known.
+        """
         stdin, stdout = self.process.stdin, self.process.stdout
         with self._asking:
             if stdin is None or stdout is None or stdout.closed or not self.alive():
                 raise WorkerDiedError("the child process is gone, or takes no messages")
+            message_id = next(self._ids)
             try:
-                stdin.write(len(message).to_bytes(_LENGTH, "big") + message)
-                stdin.flush()
-                line = _read_line(stdout, timeout_s)
-            except (OSError, TimeoutError) as exc:
+                self._send(message_id, _ASK, message)
+                answer = self._answer(message_id, timeout_s)
+                if answer is None:
+                    logger.warning("no answer to message %d within %g s: withdrawing it", message_id, timeout_s)
+                    self._send(message_id, _WITHDRAW, b"")
+                    answer = self._answer(message_id, withdraw_timeout_s)
+            except OSError as exc:
                 raise WorkerDiedError(f"no answer from the child process: {exc}") from None
-        if not line:
-            raise WorkerDiedError("the child process exited before it answered")
-        answer: dict[str, Any] = json.loads(line)
+        if answer is None:
+            raise WorkerDiedError(f"no answer from the child process within {timeout_s:g} s, nor to the message's "
+                                  f"withdrawal within {withdraw_timeout_s:g} s more: whether it was applied is not known")
+        if answer.get("withdrawn"):
+            raise PatchkitError(f"no answer within {timeout_s:g} s: the message was withdrawn, and nothing it asked for "
+                                "was applied")
         if "error" in answer:
             raise error_from_json(answer["error"])
         return answer
+
+    def _send(self, message_id: int, kind: bytes, body: bytes) -> None:
+        frame = message_id.to_bytes(_LENGTH, "big") + kind + body
+        assert self.process.stdin is not None
+        self.process.stdin.write(len(frame).to_bytes(_LENGTH, "big") + frame)
+        self.process.stdin.flush()
+
+    def _answer(self, message_id: int, timeout_s: float) -> dict[str, Any] | None:
+        """The answer to message `message_id` (None: none within `timeout_s`); those to earlier ones are dropped."""
+        assert self.process.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                line, self._buffer = _next_line(self.process.stdout, self._buffer, deadline)
+            except TimeoutError:
+                return None
+            if not line:
+                raise WorkerDiedError("the child process exited before it answered")
+            answer: dict[str, Any] = json.loads(line)
+            if answer.get("id") == message_id:
+                return answer
+            logger.warning("discarded a late answer to message %s (message %d waits for its own): %.200s",
+                           answer.get("id"), message_id, line.decode(errors="replace").strip())
 
     def stop(self, timeout_s: float) -> None:
         """Cut the lifeline, give the child `timeout_s` to exit, then SIGKILL it; always reaps it.
@@ -152,18 +205,27 @@ def spawn(
 
 
 def _read_line(stream: IO[bytes], timeout_s: float) -> bytes:
-    fd, data, deadline = stream.fileno(), b"", time.monotonic() + timeout_s
-    while not data.endswith(b"\n"):
+    try:
+        return _next_line(stream, b"", time.monotonic() + timeout_s)[0]
+    except TimeoutError:
+        raise TimeoutError(f"no ready report within {timeout_s:g} s (PATCHKIT_WORKER_START_TIMEOUT_S)") from None
+
+
+def _next_line(stream: IO[bytes], data: bytes, deadline: float) -> tuple[bytes, bytes]:
+    """The next line of `stream`, `data` read before it (b"" at end of file), and what was read past it."""
+    fd = stream.fileno()
+    while b"\n" not in data:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError(f"no ready report within {timeout_s:g} s (PATCHKIT_WORKER_START_TIMEOUT_S)")
+            raise TimeoutError
         ready, _, _ = select.select([fd], [], [], remaining)
         if ready:
             chunk = os.read(fd, 65536)
             if not chunk:
-                return data
+                return data, b""
             data += chunk
-    return data
+    line, _, rest = data.partition(b"\n")
+    return line + b"\n", rest
 
 
 def stop_group(pgid: int, grace_s: float, *, spare: int | None = None) -> None:
@@ -221,9 +283,10 @@ class ChildSide:
         self._report = os.fdopen(os.dup(1), "w")
         os.dup2(2, 1)
         self._stdin = os.fdopen(0, "rb", buffering=0)
-        self._handler: Callable[[bytes], dict[str, Any]] | None = None
+        self._handler: Callable[[Message], dict[str, Any]] | None = None
         self._reported = False
         self._answering = threading.Lock()
+        self._open: dict[int, Message] = {}  # the messages being answered, by id
 
     def start(self, kind: type[B]) -> B:
         """Read the bootstrap, a pickled `kind`, then watch the lifeline and take the parent's `sys.path`
@@ -251,12 +314,18 @@ class ChildSide:
     def _watch_lifeline(self) -> None:
         """Exit at once when the parent closes stdin or dies; a child in a session of its own (a worker)
         first stops the processes of its group (what its component started). Frames the parent sends
-        meanwhile go to the `answer_with` handler, each on a thread of its own."""
+        meanwhile go to the `answer_with` handler, each on a thread of its own; a withdrawal, to the message's
+        `on_withdraw` callbacks."""
         leads_session = os.getsid(0) == os.getpid()
 
         def watch() -> None:
-            while (message := self._frame()) is not None:
-                if self._handler is not None:
+            while (frame := self._frame()) is not None:
+                message_id, kind, body = int.from_bytes(frame[:_LENGTH], "big"), frame[_LENGTH:_LENGTH + 1], frame[_LENGTH + 1:]
+                if kind == _WITHDRAW:
+                    if (message := self._open.get(message_id)) is not None:
+                        message.withdraw()
+                elif self._handler is not None:
+                    message = self._open[message_id] = Message(message_id, body)
                     threading.Thread(target=self._answer, args=(self._handler, message), daemon=True).start()
             if leads_session:
                 stop_group(os.getpid(), GROUP_GRACE_S, spare=os.getpid())
@@ -280,19 +349,27 @@ class ChildSide:
                 size, data = int.from_bytes(data, "big"), b""
         return data
 
-    def answer_with(self, handler: Callable[[bytes], dict[str, Any]]) -> None:
+    def answer_with(self, handler: Callable[[Message], dict[str, Any]]) -> None:
         """Answer the parent's messages (`Child.ask`) with `handler`'s JSON answer, or the error it raised; set
-        before `ready`, which then leaves the report stream open for the answers."""
+        before `ready`, which then leaves the report stream open for the answers. A handler that gives up on a
+        withdrawn message (`Message.on_withdraw`) with nothing applied raises CancelledError: the answer says
+        "withdrawn"; one that applied it anyway returns its answer."""
         self._handler = handler
 
-    def _answer(self, handler: Callable[[bytes], dict[str, Any]], message: bytes) -> None:
+    def _answer(self, handler: Callable[[Message], dict[str, Any]], message: Message) -> None:
         try:
             answer = handler(message)
+        except (asyncio.CancelledError, concurrent.futures.CancelledError) as exc:
+            if message.withdrawn:
+                answer = {"withdrawn": True}
+            else:
+                answer = {"error": error_to_json(PatchkitError(f"cancelled: {exc}"), traceback=False)}
         except BaseException as exc:
             error = exc if isinstance(exc, PatchkitError) else PatchkitError(f"{type(exc).__name__}: {exc}")
             answer = {"error": error_to_json(error, traceback=False)}
+        self._open.pop(message.id, None)
         with self._answering:
-            self._report.write(json.dumps(answer) + "\n")
+            self._report.write(json.dumps({"id": message.id, **answer}) + "\n")
             self._report.flush()
 
     def ready(self, **report: Any) -> None:
@@ -312,3 +389,30 @@ class ChildSide:
             self._report.close()
         else:
             self._report.flush()
+
+
+class Message:
+    """A message from the parent (`Child.ask`), as the child's handler gets it: its `id`, its `body`, and whether
+    the parent withdrew it (no answer in time), which `on_withdraw` callbacks hear of on the lifeline's thread."""
+
+    def __init__(self, message_id: int, body: bytes) -> None:
+        self.id = message_id
+        self.body = body
+        self.withdrawn = False
+        self._callbacks: list[Callable[[], object]] = []
+        self._lock = threading.Lock()
+
+    def on_withdraw(self, callback: Callable[[], object]) -> None:
+        """Call `callback` once the parent withdraws the message (at once if it has)."""
+        with self._lock:
+            if not self.withdrawn:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def withdraw(self) -> None:
+        """Called by the lifeline's watcher when the parent withdraws the message."""
+        with self._lock:
+            self.withdrawn, callbacks, self._callbacks = True, self._callbacks, []
+        for callback in callbacks:
+            callback()

@@ -100,6 +100,22 @@ class RayBackend(Backend):
     def place_one(self, resource: str, units: int, planned: bool, running: Sequence[Replica]) -> ReplicaResources:
         return ReplicaResources(threads=cpu_threads(units) if resource == "cpu" else 1)
 
+    def room(self, specs: Sequence[ReplicaSpec]) -> bool:
+        """Whether what the cluster has free now (`ray.available_resources()`) holds what the actors of `specs` ask for."""
+        import ray
+
+        self._connect()
+        wanted: dict[str, float] = defaultdict(float)
+        for spec in specs:
+            for key, amount in _wanted(self.actor_options(spec)).items():
+                wanted[key] += amount
+        free = ray.available_resources()
+        short = {key: free.get(key, 0.0) for key, amount in wanted.items() if free.get(key, 0.0) + 1e-9 < amount}
+        if short:
+            logger.info("the Ray cluster has no room for %d more replicas: they ask for %s; free: %s", len(specs),
+                        _amounts(wanted), _amounts(short))
+        return not short
+
     def capacity(self) -> dict[str, int] | None:
         return dict(self._capacity) if self._capacity else None
 

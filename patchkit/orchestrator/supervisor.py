@@ -125,6 +125,9 @@ class Supervisor:
         """Retire every replica of `components`, which leave the deployment, and start none of theirs again
         (a replacement under way stops once up); returns the futures of their stops (see `retire`)."""
         self._gone.update(components)
+        for name in components:  # a later component of one of these names starts afresh
+            self.failed.pop(name, None)
+            self._crashes.pop(name, None)
         retiring = [self.retire(replica) for replica in list(self._keepers) if replica.component in components]
         return [stopped for stopped in retiring if stopped is not None]
 

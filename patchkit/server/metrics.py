@@ -100,7 +100,8 @@ def _requests(snapshot: FrontendSnapshot) -> Iterator[Metric]:
         outcomes.add_metric([outcome], snapshot.outcomes.get(outcome, 0))
     yield outcomes
     by_pipeline = CounterMetricFamily("patchkit_pipeline_requests", "Requests a pipeline ran, by its name, its version "
-                                      "(number-digest) and their outcome.", labels=["pipeline", "version", "outcome"])
+                                      "(number-digest; 'retired': its versions that no longer serve) and their outcome.",
+                                      labels=["pipeline", "version", "outcome"])
     for (pipeline, version, outcome), count in sorted(snapshot.pipelines.items()):
         by_pipeline.add_metric([pipeline, version, outcome], count)
     yield by_pipeline

@@ -29,7 +29,7 @@ from patchkit import telemetry
 from patchkit.config import DeploymentConfig
 from patchkit.errors import PatchkitError
 from patchkit.orchestrator.backends import make_backend
-from patchkit.orchestrator.process import ChildSide
+from patchkit.orchestrator.process import ChildSide, Message
 from patchkit.server.connections import EdgeRunner
 from patchkit.server.http import build_app
 from patchkit.server.loop_lag import LoopLag
@@ -234,10 +234,21 @@ def main() -> None:
         raise SystemExit(1) from None
 
 
-def _update(server: FrontendServer, loop: asyncio.AbstractEventLoop, message: bytes) -> dict[str, Any]:
-    """An update `Endpoint.update` sent over the private pipe, applied on the server's loop: the versions it made."""
-    request = pickle.loads(message)  # noqa: S301 - from our parent, over a private pipe
-    return {"pipelines": asyncio.run_coroutine_threadsafe(server.update(request["pipelines"], request["remove"]), loop).result()}
+def _update(server: FrontendServer, loop: asyncio.AbstractEventLoop, message: Message) -> dict[str, Any]:
+    """An update `Endpoint.update` sent over the private pipe, applied on the server's loop: the versions it made.
+
+    Withdrawn by the parent (no answer in time), the update is cancelled where it is: before its switch, with
+    what it started stopped and nothing changed (this raises CancelledError, answered "withdrawn"); past it
+    (the switch has no await), it is applied and its versions are the answer (`Frontend.update`)."""
+    request = pickle.loads(message.body)  # noqa: S301 - from our parent, over a private pipe
+
+    async def apply() -> dict[str, dict[str, Any]]:
+        task = asyncio.current_task()
+        assert task is not None
+        message.on_withdraw(functools.partial(loop.call_soon_threadsafe, task.cancel))
+        return await server.update(request["pipelines"], request["remove"])
+
+    return {"pipelines": asyncio.run_coroutine_threadsafe(apply(), loop).result()}
 
 
 def _stamp_request_ids() -> None:

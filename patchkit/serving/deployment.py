@@ -7,7 +7,9 @@ Shared by every pipeline the front-end (frontend.py) serves, and by every versio
 (`patchkit.core.identity.deployed_names`); a component of a new version whose fingerprint (its
 identity: `patchkit.core.identity`) is a deployed one's is served by that one, its workers, queues and caches kept.
 
-`add` starts a version's new components, all or none; `release` stops those no version in use calls.
+`add` starts a version's new components, all or none, each with the options of the component it is a new
+version of (`replaced`); `adopt` then serves the version's calls with them, and `release` stops those no
+version in use calls (or, when what follows `add` fails, those `add` started).
 The request runner submits each component call here (`submit`), as do the workers whose components
 call the components they hold (`CallService`) and the prefetcher.
 """
@@ -15,6 +17,7 @@ call the components they hold (`CallService`) and the prefetcher.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -65,6 +68,7 @@ class Deployment:
         self.aliases: dict[str, Component] = {}  # uid of a component a deployed one serves -> that one
         self.starting: set[str] = set()  # components `add` is starting: they serve nothing yet
         self.sets: dict[str, ReplicaSet] = {}
+        self.retiring: set[str] = set()  # components `release` is stopping: no version calls them any more
         self.queues: dict[tuple[str, str], BatchQueue] = {}  # (component uid, method) -> queue
         liveness = config.liveness
         checks = HealthChecks(liveness.health_check_period_s, liveness.health_check_timeout_s, liveness.health_check_failures)
@@ -93,6 +97,23 @@ class Deployment:
                     new[deployed_name(name, pipeline_name, versions[pipeline_name], {*self.components, *new})] = component
         return new
 
+    def replaced(self, pipelines: Mapping[str, Pipeline], new: Mapping[str, Component],
+                 served: Mapping[str, Pipeline]) -> dict[str, str]:
+        """Of `new` (by deployed name, as `new_components` gave them), each that is a new version of a deployed
+        component, with that one's name: the component the same pipeline names alike in its version `served` now.
+        A name new to its pipeline replaces nothing."""
+        by_uid = {component._patchkit_spec.uid: name for name, component in new.items()}
+        found: dict[str, str] = {}
+        for pipeline_name, pipeline in pipelines.items():
+            current = served.get(pipeline_name)
+            for var, component in pipeline.components.items():
+                name = by_uid.get(component._patchkit_spec.uid)
+                previous = None if current is None else current.components.get(var)
+                if name is None or name in found or previous is None:
+                    continue
+                found[name] = self.names[self.deployed(previous)._patchkit_spec.uid]
+        return found
+
     def _serving(self, component: Component) -> Component | None:
         """The deployed component that serves `component`'s calls: itself, its alias, or one of its fingerprint."""
         uid = component._patchkit_spec.uid
@@ -112,42 +133,78 @@ class Deployment:
         return {self.names[self.deployed(c)._patchkit_spec.uid] for c in pipeline.components.values()}
 
     # -- lifecycle --------------------------------------------------------------------------------------------
-    async def add(self, components: Mapping[str, Component], pipelines: Iterable[Pipeline]) -> None:
-        """Deploy `components` (by the names `new_components` gave), then serve `pipelines`' calls with them.
+    async def add(self, components: Mapping[str, Component], replaced: Mapping[str, str] | None = None,
+                  rollable: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Deploy `components` (by the names `new_components` gave); `adopt` then serves a version's calls with them.
 
-        Each gets its `config.components` sizes (one without gets those of the component it replaces, else
-        its methods' defaults), its queues, then its replicas, all started before any serves a call of
-        `pipelines`; then the failed components `pipelines` call are started again (an update gives them another
-        try); then the autoscaler, the first time when the config's `autoscale` is on. Raises the first
-        replica's start error, with every replica of `components` stopped and nothing else changed."""
+        Each gets its `config.components` sizes; one without, a new version of a deployed component (`replaced`:
+        new name -> that one's), gets that one's sizes and per-component options (`DeploymentConfig.carry`), any
+        other one replica with its methods' default batch sizes. Then its queues, then its replicas, all started
+        before any serves a call; then the autoscaler, the first time when the config's `autoscale` is on. Raises
+        the first replica's start error (or the cancellation of the update), with every replica of `components`
+        stopped and nothing else changed.
+
+        `rollable`: of `replaced`, those whose old component the update retires. Where the backend has no room
+        for every replica of `components` beside those running (`Backend.room`), these start none: they are
+        returned (new name -> old), "starting" until a `RollingUpdate` has started their first replica in place
+        of an old one's."""
         names = list(components)
+        replaced = replaced or {}
         for name, component in components.items():
-            self.config.components.setdefault(name, self._sizes(name, component))
+            old = replaced.get(name)
+            if old is not None and name not in self.config.components:
+                self.config.carry(old, name, self._sizes(component, old))
+            self.config.components.setdefault(name, self._sizes(component, None))
             self._register(name, component)
+        rolls = self._rolls(names, rollable or {})
         self.starting.update(names)
+        started = asyncio.ensure_future(self._start([name for name in names if name not in rolls]))
         try:
-            await self.supervisor.start(await self._specs(names))
-        except BaseException:
+            await asyncio.shield(started)
+        except BaseException:  # a start error, or the update cancelled: its starts end (a worker may be spawning)
+            with contextlib.suppress(BaseException):
+                await started
+            await asyncio.gather(*self.supervisor.forget(names), return_exceptions=True)
             self._forget(names)
             raise
         finally:
             self.starting.difference_update(names)
-        pipelines = list(pipelines)
-        for pipeline in pipelines:
-            self._adopt(pipeline)
-        await self._revive(set().union(*(self.holds(pipeline) for pipeline in pipelines)))
+        self.starting.update(rolls)
         self.autoscaler.track(names)
         if self.config.autoscaling.autoscale and not self.autoscaler.running:
             self.autoscaler.start()
+        return rolls
 
-    def _sizes(self, name: str, component: Component) -> ComponentConfig:
-        """A component's sizes where the config has none: those of the component it replaces (`name@v2` replacing
-        `name`) where it has the same methods, else one replica with each method's default batch size."""
-        methods = make_methods(type(component))
-        replaced = self.config.components.get(name.rpartition("@v")[0])
-        if replaced is not None and set(replaced.batch_sizes) == set(methods):
-            return replaced
-        return ComponentConfig(replicas=1, batch_sizes={m: component.batch_limit(m) for m in methods})
+    async def _start(self, names: list[str]) -> None:
+        await self.supervisor.start(await self._specs(names))
+
+    def _rolls(self, names: list[str], rollable: Mapping[str, str]) -> dict[str, str]:
+        """Of `rollable`, those to replace a few replicas at a time: all, where the backend has no room for every
+        replica of components `names` at once; else none."""
+        if not rollable:
+            return {}
+        wanted = [self.one_more(name) for name in names for _ in range(self.config.components[name].replicas)]
+        if self.supervisor.backend.room(wanted):
+            return {}
+        logger.warning("no room for a second copy of %s beside the running one: replacing their replicas a few at a "
+                       "time (a rolling update)", ", ".join(rollable))
+        return dict(rollable)
+
+    def fail_waiting(self, name: str, error: PatchkitError) -> None:
+        """Fail every call waiting in component `name`'s queues with `error`: it will serve none (an update that
+        switched to it first was rolled back)."""
+        replica_set = self.sets.get(name)
+        for queue in [] if replica_set is None else replica_set.queues:
+            queue.fail_waiting(error)
+
+    def _sizes(self, component: Component, replaced: str | None) -> ComponentConfig:
+        """A component's sizes where the config has none: those of component `replaced`, of which it is a new
+        version (a method it adds at its default batch size), else one replica with its methods' defaults."""
+        defaults = {method: component.batch_limit(method) for method in make_methods(type(component))}
+        old = None if replaced is None else self.config.components.get(replaced)
+        if old is None:
+            return ComponentConfig(replicas=1, batch_sizes=defaults)
+        return replace(old, batch_sizes={method: old.batch_sizes.get(method, size) for method, size in defaults.items()})
 
     def _register(self, name: str, component: Component) -> None:
         self.components[name] = component
@@ -164,19 +221,38 @@ class Deployment:
         resources = self.supervisor.backend.place(placed, self.config.plan is not None)
         return [self._spec(name, pinned) for name, pinned in zip(names, resources, strict=True)]
 
-    def _adopt(self, pipeline: Pipeline) -> None:
-        """Serve `pipeline`'s components with the deployed ones: its own objects, those of a deployed one's
-        fingerprint, and the copies its helpers' modules hold; and its prefetch routes, between deployed ones."""
-        for component in pipeline.components.values():
-            served = self._serving(component)
-            if served is None:
-                raise PatchkitError(f"no deployed component serves {component!r}: add() it first")
-            if served._patchkit_spec.uid != component._patchkit_spec.uid:
-                self.aliases[component._patchkit_spec.uid] = served
-        for uid, component in pipeline.component_aliases().items():
-            self.aliases[uid] = self.deployed(component)
+    def adopt(self, pipelines: Iterable[Pipeline]) -> None:
+        """Serve `pipelines`' components with the deployed ones (`add` started those that were missing): their own
+        objects, those of a deployed one's fingerprint, and the copies their helpers' modules hold; and their
+        prefetch routes, between deployed ones. All or nothing: raises PatchkitError, with nothing changed, for a
+        component no deployed one serves."""
+        aliases: dict[str, Component] = {}
+        routes: list[PrefetchRoute] = []
+        for pipeline in pipelines:
+            for component in pipeline.components.values():
+                served = self._serving(component)
+                if served is None:
+                    raise PatchkitError(f"no deployed component serves {component!r}: add() it first")
+                if served._patchkit_spec.uid != component._patchkit_spec.uid:
+                    aliases[component._patchkit_spec.uid] = served
+            for uid, component in pipeline.component_aliases().items():
+                aliases[uid] = aliases.get(component._patchkit_spec.uid, self.deployed(component))
+            if self.config.slo.prefetch:
+                routes.extend(find_routes(pipeline.graph))
+        self.aliases.update(aliases)
+        self.prefetcher.add_routes([self._deployed_route(route) for route in routes])
+
+    def forget_pipeline(self, retired: Pipeline, live: Iterable[Pipeline]) -> None:
+        """Drop the aliases and prefetch routes `adopt` made for `retired` (a version no longer served, its requests
+        ended), those a version `live` still has kept; called by the front-end as the version retires."""
+        live = list(live)
         if self.config.slo.prefetch:
-            self.prefetcher.add_routes([self._deployed_route(route) for route in find_routes(pipeline.graph)])
+            kept_routes = {self._deployed_route(route) for pipeline in live for route in find_routes(pipeline.graph)}
+            routes = [self._deployed_route(route) for route in find_routes(retired.graph)]
+            self.prefetcher.remove_routes([route for route in routes if route not in kept_routes])
+        kept = set().union(*(_uids(pipeline) for pipeline in live))
+        for uid in _uids(retired) - kept:
+            self.aliases.pop(uid, None)
 
     def _deployed_route(self, route: PrefetchRoute) -> PrefetchRoute:
         source = self.aliases.get(route.source_uid)
@@ -191,9 +267,11 @@ class Deployment:
         if not names:
             return
         self.autoscaler.forget(names)
-        retired = self.supervisor.forget(names)
-        await asyncio.gather(*retired, return_exceptions=True)
-        self._forget(names)
+        self.retiring.update(names)  # no longer a component that serves: /readyz and /healthz look past it from now on
+        try:
+            await asyncio.gather(*self.supervisor.forget(names), return_exceptions=True)
+        finally:
+            self._forget(names)
 
     def _forget(self, names: list[str]) -> None:
         """Drop everything of components `names` but their replicas (stopped, or never started)."""
@@ -206,7 +284,8 @@ class Deployment:
             self.queues = {key: queue for key, queue in self.queues.items() if key[0] != uid}
             self.prefetcher.drop_routes(uid)
             self.sets.pop(name, None)
-            self.config.components.pop(name, None)
+            self.retiring.discard(name)
+            self.config.drop(name)
 
     def _build_queues(self, name: str, component: Component) -> None:
         settings = self.config.components[name]
@@ -280,15 +359,25 @@ class Deployment:
         if name in self.sets:
             self.sets[name].fail(why)
 
-    async def _revive(self, held: set[str]) -> None:
-        """Start again the replicas of the failed components (see `Supervisor`) that `held` names: an update's
-        pipelines call them again. Their calls queue again at once; raises the first start error, as `add`."""
+    async def revive(self, pipelines: Iterable[Pipeline]) -> None:
+        """Start again the replicas of the failed components (see `Supervisor`) that `pipelines` call: an update
+        gives them another try. Their calls queue again at once. One that cannot start is failed again, with its
+        start error, and the update goes on: called by the front-end once an update's pipelines are adopted."""
+        held = set().union(*(self.holds(pipeline) for pipeline in pipelines))
         names = self.supervisor.revive([name for name in self.supervisor.failed if name in held])
+        if not names:
+            return
+        logger.warning("starting the failed components %s again, as the deployment is updated", ", ".join(names))
         for name in names:
             self.sets[name].revive()
-        if names:
-            logger.warning("starting the failed components %s again, as the deployment is updated", ", ".join(names))
+        try:
             await self.supervisor.start(await self._specs(names))
+        except Exception as exc:
+            for name in names:
+                why = f"{name} is failed: started again by an update, it could not start: {type(exc).__name__}: {exc}"
+                logger.error("%s", why)
+                self.supervisor.failed[name] = why
+                self.sets[name].fail(why)
 
     # -- calls --------------------------------------------------------------------------------------------------
     def submit(
@@ -317,6 +406,9 @@ def _warn_if_edited(name: str, component: Component, fingerprints: Mapping[str, 
     if name in fingerprints.values() and fingerprints.get(fingerprint(component)) != name:
         logger.warning("%s is the object deployed, but what its code reads changed since: it keeps its workers, "
                        "which start no new version of it; make the object again to deploy the edit", name)
+def _uids(pipeline: Pipeline) -> set[str]:
+    """The uids of a pipeline's component objects, the copies its helpers' modules hold included."""
+    return {c._patchkit_spec.uid for c in pipeline.components.values()} | set(pipeline.component_aliases())
 
 
 def _prefix_key(component: Component, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

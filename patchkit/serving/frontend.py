@@ -9,7 +9,9 @@ hands it the backend the orchestrator built (`patchkit.orchestrator.backends.mak
 `update` changes the pipelines while they serve: the components a new version adds are started (and
 their `setup()` done) before any request reaches them, then the version takes every request that comes
 after; a request runs wholly on the version it started with, and the components no version in use
-calls any more are stopped once the requests on the old version have ended.
+calls any more are stopped once the requests on the old version have ended. An update that fails at
+any step before its switch stops what it started; a retired version leaves the front-end's memory and
+its request counts join its pipeline's "retired" ones.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,11 +29,13 @@ from patchkit.errors import ConfigError, InputError, PatchkitError, PipelineNotF
 from patchkit.orchestrator.backend import Backend
 from patchkit.scheduler.online.slo import SloPolicy, make_estimator
 from patchkit.serving.deployment import Deployment
+from patchkit.serving.rolling import RollingUpdate
 from patchkit.serving.runner import RequestResult, RequestRunner
 from patchkit.serving.stats import StatsCollector
 
 if TYPE_CHECKING:
     from patchkit.client.pipeline import Pipeline  # the top layer: a type only
+    from patchkit.core import Component
 
 __all__ = ["Frontend", "Readiness", "RequestResult", "Version"]
 
@@ -104,8 +108,9 @@ class Frontend:
     async def start(self) -> None:
         """Start every pipeline's components (see `Deployment.add`); raises the first replica's start error, with
         nothing left running."""
+        initial, self._initial = self._initial, {}  # the versions serving hold their pipelines: no copy kept here
         try:
-            await self._deploy(self._initial, ())
+            await self._deploy(initial, ())
         except BaseException:
             await self.deployment.close()
             raise
@@ -174,8 +179,12 @@ class Frontend:
         on, `patchkit.core.identity`) are started, `setup()` done, before any request reaches them; then each new version takes
         every request that comes after this returns, while the requests in flight end on the version they
         started on. Components no version in use calls any more are stopped once those requests have ended.
-        One update at a time. Raises, with nothing changed that serves, for a pipeline or name that cannot be
-        served or a component that cannot start (its error)."""
+        A new version of a component gets the options the one it replaces was deployed with. Where the backend
+        has no room for a second copy of a changed component, its replicas are swapped a few at a time
+        (serving/rolling.py). One update at a time. Raises, with nothing changed that serves, for a pipeline or
+        name that cannot be served, a component that cannot start (its error), or any step before the switch
+        that fails. Cancelled (a withdrawn update), it is applied whole or not at all: nothing is awaited
+        after the switch but a rolling update's swap, whose failure or cancellation switches back."""
         remove = list(remove)
         async with self._updating:
             self._check_update(pipelines, remove)
@@ -200,19 +209,85 @@ class Frontend:
 
     async def _deploy(self, pipelines: Mapping[str, Pipeline], remove: Iterable[str],
                       numbers: Mapping[str, int] | None = None) -> None:
+        """Start what `pipelines` need, build their versions, then switch to them with no await in between: an
+        update is applied whole or not at all. A failure (or the update's cancellation) at any step before the
+        switch stops the components started for it, and the versions serving keep serving, unchanged."""
+        first = numbers is None
         numbers = numbers or dict.fromkeys(pipelines, 1)
         for name, pipeline in pipelines.items():
             _check_pipeline(name, pipeline)
-        await self.deployment.add(self.deployment.new_components(pipelines, numbers), pipelines.values())
-        for name, pipeline in pipelines.items():
-            digest = pipeline.fingerprint()
-            runner = RequestRunner(pipeline, self.config, self.deployment, self.policy, self.collector, name=name,
-                                   load=lambda: self.inflight, tag=f"{numbers[name]}-{digest}", clock=self.clock)
-            self._switch(name, Version(name, numbers[name], digest, pipeline, runner))
+        added = self.deployment.new_components(pipelines, numbers)
+        served = {name: version.pipeline for name, version in self.versions.items()}
+        replaced = self.deployment.replaced(pipelines, added, served)
+        rolls = await self.deployment.add(added, replaced, self._rollable(replaced, pipelines, remove))
+        rolling = RollingUpdate(self.deployment, rolls)
+        try:
+            versions = [self._version(name, pipeline, numbers[name]) for name, pipeline in pipelines.items()]
+            self.deployment.adopt(pipelines.values())
+            await self.deployment.revive(pipelines.values())
+            await rolling.before_switch()
+        except BaseException:
+            await asyncio.shield(self._roll_back(added, rolling))  # a withdrawn update's cancellation ends no rollback
+            raise
+        previous = {name: self.versions.get(name) for name in [*pipelines, *remove]}
+        for version in versions:
+            self._switch(version.name, version)
         for name in remove:
             self._switch(name, None)
-        if self.versions and self._initial is not pipelines:
+        if rolling.gap():
+            await self._swap_after_switch(rolling, added, previous)
+        if rolling.rolls:
+            self._track(rolling.finish())
+        if self.versions and not first:
             logger.info("serving %s", ", ".join(f"{v.name} version {v.tag}" for v in self.versions.values()))
+
+    def _rollable(self, replaced: Mapping[str, str], pipelines: Mapping[str, Pipeline],
+                  remove: Iterable[str]) -> dict[str, str]:
+        """Of `replaced` (new component -> the one it is a new version of), those whose old component no version
+        that keeps serving after this update calls: a rolling update may swap its replicas for the new one's."""
+        staying = [v.pipeline for name, v in self.versions.items() if name not in pipelines and name not in remove]
+        held = set().union(*(self.deployment.holds(pipeline) for pipeline in staying))
+        return {new: old for new, old in replaced.items() if old not in held}
+
+    async def _roll_back(self, added: Mapping[str, Component], rolling: RollingUpdate) -> None:
+        logger.warning("the update failed after its components started: stopping %s", ", ".join(added) or "none")
+        await self.deployment.release(added)
+        await rolling.undo()
+
+    async def _swap_after_switch(self, rolling: RollingUpdate, added: Mapping[str, Component],
+                                 previous: Mapping[str, Version | None]) -> None:
+        """The rolling update of old components with one replica: once the requests on the versions replaced have
+        ended (within the drain timeout), their replica is swapped for the new one's. On failure, switch back:
+        the new versions' requests waiting for those components fail with the error."""
+        try:
+            waits = [old.runner.drained(self.config.liveness.drain_timeout_s) for old in previous.values() if old]
+            await asyncio.gather(*waits)
+            await rolling.after_switch()
+        except BaseException as exc:
+            error = exc if isinstance(exc, PatchkitError) else PatchkitError(f"the update was rolled back: {exc!r}")
+            await asyncio.shield(self._switch_back(rolling, added, previous, error))
+            raise
+
+    async def _switch_back(self, rolling: RollingUpdate, added: Mapping[str, Component],
+                           previous: Mapping[str, Version | None], error: PatchkitError) -> None:
+        for name, old in previous.items():
+            if old is not None:
+                self._retiring.discard(old)
+            self._switch(name, old)
+        for name in rolling.rolls:
+            self.deployment.fail_waiting(name, error)
+        await self._roll_back(added, rolling)
+
+    def _track(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._releases.add(task)
+        task.add_done_callback(self._releases.discard)
+
+    def _version(self, name: str, pipeline: Pipeline, number: int) -> Version:
+        digest = pipeline.fingerprint()
+        runner = RequestRunner(pipeline, self.config, self.deployment, self.policy, self.collector, name=name,
+                               load=lambda: self.inflight, tag=f"{number}-{digest}", clock=self.clock)
+        return Version(name, number, digest, pipeline, runner)
 
     def _switch(self, name: str, version: Version | None) -> None:
         """Send pipeline `name`'s new requests to `version` (None: none); the one it replaces retires."""
@@ -221,15 +296,17 @@ class Frontend:
             self.versions[name] = version
         if old is not None:
             self._retiring.add(old)
-            task = asyncio.get_running_loop().create_task(self._release_when_idle(old))
-            self._releases.add(task)
-            task.add_done_callback(self._releases.discard)
+            self._track(self._release_when_idle(old))
 
     async def _release_when_idle(self, old: Version) -> None:
         """Once `old`'s requests have ended: stop the components no version in use calls any more."""
         await old.runner.drained(None)
-        self._retiring.discard(old)
         async with self._updating:
+            if old in self.versions.values():
+                return  # an update that failed after its switch switched back to it
+            self._retiring.discard(old)
+            self.collector.retire(old.name, old.tag)  # its counts stay in the pipeline's, under no label of its own
+            self.deployment.forget_pipeline(old.pipeline, [v.pipeline for v in self._live()])
             if self.closing:
                 return
             held = set().union(*(self.deployment.holds(v.pipeline) for v in self._live()))

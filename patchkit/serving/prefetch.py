@@ -85,7 +85,11 @@ class Prefetcher:
 
     def drop_routes(self, uid: str) -> None:
         """Forget the routes from or to component `uid`, which left the deployment."""
-        kept = [r for r in self.routes if uid not in (r.source_uid, r.target_uid)]
+        self.remove_routes([r for r in self.routes if uid in (r.source_uid, r.target_uid)])
+
+    def remove_routes(self, routes: list[PrefetchRoute]) -> None:
+        """Forget `routes`: their components left, or the pipeline version whose calls they start no longer serves."""
+        kept = [r for r in self.routes if r not in routes]
         self.routes, self._by_site, self._by_method = [], {}, {}
         self.add_routes(kept)
 

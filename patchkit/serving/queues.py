@@ -170,6 +170,13 @@ class BatchQueue:
             loop.call_soon(self.dispatch)
         return call
 
+    def fail_waiting(self, error: PatchkitError) -> None:
+        """Fail every call waiting here with `error`; called when its component will serve none of them."""
+        waiting, self._pending, self._ranked = self._pending, deque(), 0
+        for call in waiting:
+            if not call.future.done():
+                call.future.set_result((False, Failure.verdict(error)))
+
     def _withdraw(self, call: PendingCall) -> None:
         """Its future is done: if it was cancelled while queued, it leaves the queue now."""
         if call.future.cancelled() and call.dispatched is None:

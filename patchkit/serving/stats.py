@@ -17,7 +17,9 @@ from patchkit.scheduler.online.slo import SloPolicy
 from patchkit.serving.deployment import Deployment
 from patchkit.serving.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot, MethodSnapshot
 
-__all__ = ["StatsCollector"]
+__all__ = ["RETIRED", "StatsCollector"]
+
+RETIRED = "retired"  # the version label of the requests of a pipeline's versions that no longer serve
 
 
 class StatsCollector:
@@ -42,6 +44,12 @@ class StatsCollector:
         if pipeline is not None:
             self.by_pipeline[pipeline, version, outcome] += 1
 
+    def retire(self, pipeline: str, version: str) -> None:
+        """Version `version` of `pipeline` has ended its last request: its counts join the pipeline's "retired" ones,
+        so that the series `/metrics` shows stay as many however many updates come, each pipeline's sums kept."""
+        for key in [key for key in self.by_pipeline if key[:2] == (pipeline, version)]:
+            self.by_pipeline[pipeline, RETIRED, key[2]] += self.by_pipeline.pop(key)
+
     def answered(self, latency_s: float, slo_ms: float | None, pipeline: str | None = None, version: str = "") -> None:
         """A request was answered after `latency_s`, within its SLO or not (counted as "ok" too)."""
         self.count("ok", pipeline, version)
@@ -53,17 +61,19 @@ class StatsCollector:
 
     def healthy(self) -> bool:
         """Whether every component has a healthy replica (alive, serving, its last health check passed): `/healthz`."""
-        starting = self.deployment.starting  # an update's new components: they serve nothing yet
-        return all(any(r.healthy for r in s.replicas) for n, s in self.deployment.sets.items() if n not in starting)
+        # An update's new components serve nothing yet; those it retires serve nothing any more.
+        passing = {*self.deployment.starting, *self.deployment.retiring}
+        return all(any(r.healthy for r in s.replicas) for n, s in self.deployment.sets.items() if n not in passing)
 
     def not_ready(self) -> list[str]:
         """Why not every worker is up, one line per replica (none: all are); part of `/readyz`, which asks no
         token, so each line names the replica and its state, never its error text."""
         supervisor = self.deployment.supervisor
-        reasons = [f"{r.id} is {r.state.value}; another is starting in its place" for r in supervisor.replacing()]
+        reasons = [f"{r.id} is {r.state.value}; another is starting in its place" for r in supervisor.replacing()
+                   if r.component not in self.deployment.retiring]
         for name, replica_set in self.deployment.sets.items():
-            if name in self.deployment.starting:
-                continue  # an update's new component, serving nothing until all of it is up
+            if name in self.deployment.starting or name in self.deployment.retiring:
+                continue  # an update's new component, serving nothing until all of it is up; or one no version calls
             if name in supervisor.failed:
                 reasons.append(f"{name} is failed: its replicas die by a signal in native code at every start")
                 continue
