@@ -202,3 +202,26 @@ def test_a_worker_dying_by_sigsegv_is_named_backed_off_then_failed_and_answered_
         endpoint.close()
     left = [pid for pid in [frontend, *workers] if _stat(pid) is not None]
     assert not left, f"processes left after close(): {left}"
+
+
+@pytest.mark.slow
+def test_an_update_that_keeps_a_failed_component_starts_it_again() -> None:
+    crasher = Crasher(crash_on="boom")  # crashes on some inputs only, as a kernel missing for one shape would
+    pipeline = _crash_pipeline(crasher)
+    with patchkit.deploy(pipeline, max_retries=0) as endpoint:
+
+        def failed() -> bool:
+            if endpoint.stats()["components"]["crasher"]["state"] == "failed":
+                return True
+            with pytest.raises(WorkerDiedError):
+                endpoint.query(text="boom")
+            return False
+
+        _wait_until(failed, "the component was marked failed", 120)
+        with pytest.raises(ComponentFailed):
+            endpoint.query(text="fine")
+        endpoint.update(pipeline)  # the same component: given another try
+        stats = endpoint.stats()["components"]["crasher"]
+        assert stats["state"] == "serving" and len(stats["replicas"]) == 1
+        assert endpoint.query(text="fine") == "FINE"
+        assert httpx.get(endpoint.url + "/readyz", timeout=30).status_code == 200
