@@ -108,6 +108,10 @@ def main() -> None:
         "tables": [{"caption": "Median (min-max) over the runs; off over on, the medians' ratio.",
                     "columns": ["measure", "repack on (llama.cpp's default)", "repack off (AMX hosts)", "off / on"],
                     "rows": rows}],
+        "plots": [{"title": "Median rate, weight repacking on and off", "kind": "bar", "ylabel": "tokens/s",
+                   "x": list(keys.values()),
+                   "series": {arm_label: [round(summary[arm][key]["median"], 1) for key in keys]
+                              for arm, arm_label in (("on", "repack on"), ("off", "repack off"))}}],
         "runs": runs,
     }
     print(json.dumps(result["tables"], indent=2))
