@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import copy
+import secrets
 import shutil
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +78,19 @@ def workers_started(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(LocalBackend, "start", counted)
     return started
+
+
+@pytest.fixture(scope="session")
+def ray_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """What every local Ray instance of the session runs with; a folder for their files. Ray reads some of these
+    variables once, at its import: so one token (not ~/.ray/auth_token) serves every module's instance."""
+    tmp = tmp_path_factory.mktemp("ray")
+    token = tmp / "auth_token"
+    token.write_text(secrets.token_hex(16))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray's own switch: nodes on loopback only
+        env.setenv("RAY_AUTH_MODE", "token")
+        env.setenv("RAY_AUTH_TOKEN_PATH", str(token))
+        env.setenv("RAY_USAGE_STATS_ENABLED", "0")
+        env.delenv("RAY_ADDRESS", raising=False)
+        yield tmp

@@ -16,7 +16,6 @@ import importlib
 import importlib.util
 import json
 import os
-import secrets
 import shutil
 import signal
 import socket
@@ -46,32 +45,24 @@ CLUSTER = {"num_cpus": 8, "num_gpus": 2, "resources": {"node_a": 2, "node_b": 2}
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def cluster(ray_environment: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A local Ray instance for the module; its address. Ray writes only under the module's tmp dir."""
     tmp = tmp_path_factory.mktemp("ray")
-    token = tmp / "auth_token"
-    token.write_text(secrets.token_hex(16))
     home_token = Path.home() / ".ray" / "auth_token"
     had_home_token = home_token.exists()
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray's own switch: nodes on loopback only
-        env.setenv("RAY_AUTH_MODE", "token")
-        env.setenv("RAY_AUTH_TOKEN_PATH", str(token))  # not ~/.ray/auth_token
-        env.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        env.delenv("RAY_ADDRESS", raising=False)
-        import ray  # after the variables above: Ray reads some of them once, at import
+    import ray  # after the session's Ray variables (conftest.py): Ray reads some of them once, at import
 
-        ray.init(
-            **CLUSTER, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=str(tmp / "r"),
-            configure_logging=False, log_to_driver=False,
-        )
-        try:
-            session = Path(ray._private.worker._global_node.get_session_dir_path())
-            assert session.is_relative_to(tmp), f"Ray writes its session to {session}, outside {tmp}"
-            assert had_home_token or not home_token.exists(), "Ray wrote ~/.ray/auth_token"
-            yield ray.get_runtime_context().gcs_address
-        finally:
-            ray.shutdown()
+    ray.init(
+        **CLUSTER, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=str(tmp / "r"),
+        configure_logging=False, log_to_driver=False,
+    )
+    try:
+        session = Path(ray._private.worker._global_node.get_session_dir_path())
+        assert session.is_relative_to(tmp), f"Ray writes its session to {session}, outside {tmp}"
+        assert had_home_token or not home_token.exists(), "Ray wrote ~/.ray/auth_token"
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
 
 
 def _wait_until(condition: Callable[[], Any], what: str, timeout_s: float = 60.0) -> Any:

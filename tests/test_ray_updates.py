@@ -9,7 +9,6 @@ request fails, each runs wholly on one version, and `/readyz` stays 200.
 from __future__ import annotations
 
 import importlib.util
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,25 +26,17 @@ CPUS = 3
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A local Ray instance of `CPUS` CPUs for the module, started as tests/test_ray.py starts one; its address."""
+def cluster(ray_environment: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A local Ray instance of `CPUS` CPUs for the module, in the session's Ray environment (conftest.py); its address."""
     tmp = tmp_path_factory.mktemp("ray")
-    token = tmp / "auth_token"
-    token.write_text(secrets.token_hex(16))
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # Ray's own switch: nodes on loopback only
-        env.setenv("RAY_AUTH_MODE", "token")
-        env.setenv("RAY_AUTH_TOKEN_PATH", str(token))  # not ~/.ray/auth_token
-        env.setenv("RAY_USAGE_STATS_ENABLED", "0")
-        env.delenv("RAY_ADDRESS", raising=False)
-        import ray  # after the variables above: Ray reads some of them once, at import
+    import ray  # after the session's Ray variables: Ray reads some of them once, at import
 
-        ray.init(num_cpus=CPUS, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=str(tmp / "r"),
-                 configure_logging=False, log_to_driver=False)
-        try:
-            yield ray.get_runtime_context().gcs_address
-        finally:
-            ray.shutdown()
+    ray.init(num_cpus=CPUS, _node_ip_address="127.0.0.1", include_dashboard=False, _temp_dir=str(tmp / "r"),
+             configure_logging=False, log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
 
 
 def _free_cpus() -> float:
