@@ -185,13 +185,19 @@ class Supervisor:
         dead.state, dead.why = ReplicaState.DEAD, why
         dead.gone.set()
         self.replaced.append(Replacement(dead.id, component, ReplicaState.DEAD, why, time.time()))
-        self.failed[component] = why
         self._on_down(dead, why)
+        self.mark_failed(component, why)
+        self._track(self.backend.stop(dead))
+
+    def mark_failed(self, component: str, why: str) -> None:
+        """Fail `component` (see the module's docstring): none of its replicas starts again, those running are
+        retired, and `on_failed` tells the front-end. Called here after its crashes, and by the deployment when an
+        update's try to start it again (`revive`) failed."""
+        self.failed[component] = why
         for replica in [r for r in self._keepers if r.component == component]:
             self.retire(replica)
         if self._on_failed is not None:
             self._on_failed(component, why)
-        self._track(self.backend.stop(dead))
 
     def revive(self, components: list[str]) -> list[str]:
         """Take the failed ones of `components` out of `failed`, their crash counts cleared; returns them, whose

@@ -376,8 +376,7 @@ class Deployment:
             for name in names:
                 why = f"{name} is failed: started again by an update, it could not start: {type(exc).__name__}: {exc}"
                 logger.error("%s", why)
-                self.supervisor.failed[name] = why
-                self.sets[name].fail(why)
+                self.supervisor.mark_failed(name, why)
 
     # -- calls --------------------------------------------------------------------------------------------------
     def submit(
