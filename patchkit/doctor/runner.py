@@ -16,20 +16,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from importlib.util import find_spec
 
+from patchkit.crashes import killed_by
 from patchkit.doctor.checks import CHECKS, Check
 from patchkit.doctor.environment import install_hint
 
 __all__ = ["CheckResult", "each_check", "run_check", "run_checks", "signal_detail", "skip_reason"]
 
 TIMEOUT_S = 300.0  # a check's time: loading a model of several GB from a slow disk included
-NATIVE_CRASHES = {
-    signal.SIGSEGV: "in native code",
-    signal.SIGBUS: "in native code",
-    signal.SIGFPE: "in native code",
-    signal.SIGABRT: "in native code (an abort)",
-    signal.SIGILL: "in native code: an instruction this CPU does not have",
-    signal.SIGKILL: "(the kernel's out-of-memory killer, or a kill from outside)",
-}
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<function>\S+)')
 
 
@@ -63,11 +56,7 @@ def signal_detail(number: int, stderr: str) -> str:
     """A child killed by signal `number`, in words: the signal's name, what it means, and the innermost
     Python frame faulthandler wrote on `stderr` ("SIGSEGV in native code, under llama_cpp/_internals.py:312
     in decode")."""
-    try:
-        sig = signal.Signals(number)
-        words = f"{sig.name} {NATIVE_CRASHES.get(sig, '')}".rstrip()
-    except ValueError:
-        words = f"signal {number}"
+    words = killed_by(number)
     frame = _FRAME.search(stderr)
     if frame is None:
         return words

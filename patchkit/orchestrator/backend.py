@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import signal
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from patchkit.core import Component
+from patchkit.crashes import NATIVE_CRASH_SIGNALS, signal_name
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Outcome
 from patchkit.orchestrator.handles import Handles
@@ -66,21 +66,13 @@ class ReplicaState(enum.Enum):
     DEAD = "dead"  # its process or its stream ended
 
 
-# Signals a process gets from its own native code going wrong (a C extension's bad memory access, an
-# instruction this CPU lacks, a failed assertion), as opposed to being stopped from outside.
-NATIVE_CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGILL", "SIGBUS", "SIGFPE", "SIGABRT"})
-
-
 def signal_death(pid: int | None, code: int | None) -> tuple[str | None, str]:
     """The signal that ended a worker process with exit `code` (a negative code, as `subprocess` gives it),
     and how the supervisor's log and the errors say it: "worker pid 7 was killed by SIGSEGV, a crash in
     native code" (None and its exit code where no signal ended it)."""
     if code is None or code >= 0:
         return None, f"worker pid {pid} exited with code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
+    name = signal_name(-code)
     if name in NATIVE_CRASH_SIGNALS:
         return name, f"worker pid {pid} was killed by {name}, a crash in native code"
     return name, f"worker pid {pid} was killed by {name}"

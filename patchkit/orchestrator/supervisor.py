@@ -32,7 +32,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from patchkit.orchestrator.backend import NATIVE_CRASH_SIGNALS, Backend, Replica, ReplicaSpec, ReplicaState
+from patchkit.crashes import NATIVE_CRASH_SIGNALS
+from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec, ReplicaState
 
 __all__ = ["HealthChecks", "Replacement", "Supervisor"]
 

@@ -39,8 +39,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from patchkit.crashes import NATIVE_CRASH_SIGNALS
 from patchkit.errors import ComponentFailed, DeadlineExceeded, PatchkitError, WorkerDiedError
-from patchkit.orchestrator.backend import NATIVE_CRASH_SIGNALS, Replica, ReplicaState
+from patchkit.orchestrator.backend import Replica, ReplicaState
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.execute import Failure, Outcome, ran
 from patchkit.orchestrator.supervisor import DOCTOR_HINT
