@@ -1,21 +1,28 @@
-"""Pictures of a pipeline graph: DOT and Mermaid text, and a self-contained SVG for Jupyter.
+"""Pictures of a pipeline graph: DOT and Mermaid text, and a self-contained SVG for Jupyter and the docs.
 
-The SVG is laid out here (layers by longest path, back edges of loops drawn as arcs), so a
-notebook shows the graph without Graphviz installed. All three fill the calls of one overlap group
-(calls a request may have in flight together) with one colour from a small cycling palette.
+The SVG is laid out by `layout.py` (ranks by dependency, parallel branches side by side, long edges
+routed between boxes, labels where nothing covers them), so a notebook shows the graph without
+Graphviz installed; `draw_svg` draws any such picture of boxes and arrows (the docs draw their
+diagrams with it too). All three fill the calls of one overlap group (calls a request may have in
+flight together) with one colour from a small cycling palette.
 """
 
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from patchkit.capture.layout import LABEL_H, layered
+
 if TYPE_CHECKING:
-    from patchkit.capture.graph import Edge, Graph
+    from patchkit.capture.graph import Graph
 
-__all__ = ["to_dot", "to_mermaid", "to_svg"]
+__all__ = ["Arrow", "Shape", "draw_svg", "to_dot", "to_mermaid", "to_svg"]
 
-_W, _H, _GAP_X, _GAP_Y, _MARGIN = 170, 44, 36, 70, 24
+_H, _ELLIPSE_H, _STACK, _MARGIN = 44.0, 40.0, 5.0, 20.0
+_DATA, _CONTROL = "#555555", "#b0632a"
 _OVERLAP_FILLS = ("#ffe0b2", "#d4efd4", "#e3d5f5", "#ffd4dc", "#cfe8f7", "#f3efb0")
 _SEVERAL = "several in flight"  # the note on a call that overlaps with itself (a group of one)
 
@@ -136,130 +143,157 @@ def to_mermaid(graph: Graph) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _layers(ids: list[str], edges: list[Edge]) -> tuple[dict[str, int], set[tuple[str, str]]]:
-    """Layer of each node by longest path, after dropping the back edges of a depth-first search."""
-    out: dict[str, list[str]] = {i: [] for i in ids}
-    for e in edges:
-        if e.src in out and e.dst in out and e.dst not in out[e.src]:
-            out[e.src].append(e.dst)
-    back: set[tuple[str, str]] = set()
-    state: dict[str, int] = {}
-    order: list[str] = []
+@dataclass(frozen=True)
+class Shape:
+    """A box of a picture: a title, an optional smaller line under it, its fill; an ellipse for an input
+    or output; `stacked` draws a second box behind it (several of one call in flight)."""
 
-    def visit(u: str) -> None:
-        state[u] = 1
-        for v in out[u]:
-            if state.get(v) == 1:
-                back.add((u, v))
-            elif v not in state:
-                visit(v)
-        state[u] = 2
-        order.append(u)
-
-    for i in ids:
-        if i not in state:
-            visit(i)
-    layer = {i: 0 for i in ids}
-    for u in reversed(order):
-        for v in out[u]:
-            if (u, v) not in back:
-                layer[v] = max(layer[v], layer[u] + 1)
-    return layer, back
+    id: str
+    title: str
+    subtitle: str = ""
+    fill: str = "#ffffff"
+    ellipse: bool = False
+    stacked: bool = False
 
 
-def to_svg(graph: Graph) -> str:
-    """A standalone SVG picture of the graph; overlap groups are fills, explained under the lowest row."""
-    ids = _all_ids(graph)
-    layer, back = _layers(ids, graph.edges)
-    rows: dict[int, list[str]] = {}
-    for node_id in ids:
-        rows.setdefault(layer[node_id], []).append(node_id)
-    width = max((len(r) for r in rows.values()), default=1) * (_W + _GAP_X) + 2 * _MARGIN + 80
-    pos: dict[str, tuple[float, float]] = {}
-    for y, row in rows.items():
-        span = len(row) * (_W + _GAP_X) - _GAP_X
-        x0 = (width - 80 - span) / 2
-        for k, node_id in enumerate(row):
-            pos[node_id] = (x0 + k * (_W + _GAP_X), _MARGIN + y * (_H + _GAP_Y))
-    height = (max(rows, default=0) + 1) * (_H + _GAP_Y) + 2 * _MARGIN
+@dataclass(frozen=True)
+class Arrow:
+    """An edge of a picture, from one shape's id to another's, with an optional label; dashed for control."""
+
+    src: str
+    dst: str
+    label: str = ""
+    dashed: bool = False
+
+
+def text_width(text: str, size: float, bold: bool = False) -> float:
+    """A generous estimate of a text's width in Helvetica at `size` px (no font metrics at hand)."""
+    return len(text) * size * (0.64 if bold else 0.6)
+
+
+def _size(shape: Shape) -> tuple[float, float]:
+    width = max(text_width(shape.title, 12, bold=True), text_width(shape.subtitle, 10)) + 28
+    width = max(width, 110.0) + (_STACK if shape.stacked else 0.0)
+    return width, (_ELLIPSE_H if shape.ellipse else _H) + (_STACK if shape.stacked else 0.0)
+
+
+def draw_svg(shapes: list[Shape], arrows: list[Arrow], legend: Sequence[tuple[str | None, str]] = ()) -> str:
+    """A standalone SVG of `shapes` joined by `arrows`, laid out in ranks (`layout.layered`); `legend`
+    lines, each with the fill of its swatch (or None), go under the picture.
+
+    The SVG marks what it draws for readers and tests: `class="node"` on each box (a rect or an ellipse),
+    `class="edge"` on each arrow's path, `class="label"` on an arrow's label and the rect behind it,
+    `class="legend"` on the legend."""
+    known = {shape.id for shape in shapes}
+    arrows = [a for a in arrows if a.src in known and a.dst in known]
+    sizes = {shape.id: _size(shape) for shape in shapes}
+    spans = [(a.src, a.dst, text_width(a.label, 10) + 6 if a.label else 0.0) for a in arrows]
+    layout = layered(sizes, spans)
+    legend_w = max((text_width(line, 11) + 40 for _, line in legend), default=0.0)
+    width, height = max(layout.width, legend_w + 2 * _MARGIN), layout.height + 18 * len(legend)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" height="{height:.0f}" '
-        'font-family="Helvetica, Arial, sans-serif" font-size="12">',
+        f'viewBox="0 0 {width:.0f} {height:.0f}" font-family="Helvetica, Arial, sans-serif" font-size="12">',
         '<defs><marker id="arrow" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
-        'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="#555"/></marker></defs>',
+        'orient="auto-start-reverse"><path d="M 0 0 L 10 5 L 0 10 z" fill="context-stroke"/></marker></defs>',
     ]
-    parts += _svg_loops(graph, pos)
-    parts += [_svg_edge(e, pos, (e.src, e.dst) in back) for e in graph.edges if e.src in pos and e.dst in pos]
-    overlap, alone = _overlap_of(graph), _alone(graph)
-    for node_id in ids:
-        fill = _fill(overlap[node_id]) if node_id in overlap else "#ffffff"
-        parts.append(_svg_node(graph, node_id, pos[node_id], fill, stacked=node_id in alone))
-    parts += _svg_legend(graph, height)
+    for arrow, route, label in zip(arrows, layout.routes, layout.labels):
+        parts.append(_svg_arrow(arrow, route, label))
+    for shape in shapes:
+        parts.append(_svg_shape(shape, layout.boxes[shape.id], sizes[shape.id]))
+    for k, (fill, line) in enumerate(legend):
+        y = layout.height + 18 * k
+        swatch = (
+            f'<rect class="legend" x="{_MARGIN:.0f}" y="{y:.0f}" width="14" height="12" fill="{fill}" stroke="#333"/>'
+            if fill
+            else ""
+        )
+        parts.append(
+            f'{swatch}<text class="legend" x="{_MARGIN + 22:.0f}" y="{y + 10:.0f}" fill="#444" font-size="11">'
+            f"{html.escape(line)}</text>"
+        )
     parts.append("</svg>")
     return "\n".join(parts)
 
 
-def _svg_legend(graph: Graph, height: float) -> list[str]:
-    """Lines under the lowest row (in the bottom gap every picture has) saying what the fills mean."""
-    lines = ["calls in the same colour may be in flight together"] if graph.overlap_groups else []
-    lines += [f"a stacked box: {_SEVERAL} of one call"] if _alone(graph) else []
-    return [
-        f'<text x="{_MARGIN}" y="{height - _MARGIN - 30 + 15 * k:.0f}" fill="#444" font-size="11">{line}</text>'
-        for k, line in enumerate(lines)
-    ]
-
-
-def _svg_loops(graph: Graph, pos: dict[str, tuple[float, float]]) -> list[str]:
-    out = []
-    for loop_id, loop in graph.loops.items():
-        members = [pos[n.id] for n in graph.nodes.values() if loop_id in n.loops and n.id in pos]
-        if not members:
-            continue
-        x0 = min(x for x, _ in members) - 12
-        y0 = min(y for _, y in members) - 22
-        x1 = max(x for x, _ in members) + _W + 12
-        y1 = max(y for _, y in members) + _H + 10
-        out.append(
-            f'<rect x="{x0:.0f}" y="{y0:.0f}" width="{x1 - x0:.0f}" height="{y1 - y0:.0f}" rx="10" '
-            'fill="#f4f8ff" stroke="#7a9cc6" stroke-dasharray="5 3"/>'
-            f'<text x="{x0 + 8:.0f}" y="{y0 + 14:.0f}" fill="#46648c">{html.escape(loop.kind)} (line {loop.lineno})</text>'
+def _svg_arrow(arrow: Arrow, route: list[tuple[float, float]], label: tuple[float, float, float, float] | None) -> str:
+    color = _CONTROL if arrow.dashed else _DATA
+    dash = ' stroke-dasharray="5 4"' if arrow.dashed else ""
+    path = " ".join(f"{'M' if k == 0 else 'L'} {x:.1f} {y:.1f}" for k, (x, y) in enumerate(route))
+    out = f'<path class="edge" d="{path}" fill="none" stroke="{color}"{dash} marker-end="url(#arrow)"/>'
+    if label is not None:
+        x, y, w, h = label
+        out += (
+            f'<rect class="label" x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="#ffffff" '
+            f'fill-opacity="0.85"/><text class="label" x="{x + 3:.1f}" y="{y + LABEL_H - 3.5:.1f}" fill="{color}" '
+            f'font-size="10">{html.escape(arrow.label)}</text>'
         )
     return out
 
 
-def _svg_edge(edge: Edge, pos: dict[str, tuple[float, float]], is_back: bool) -> str:
-    (sx, sy), (dx, dy) = pos[edge.src], pos[edge.dst]
-    dash = ' stroke-dasharray="5 4"' if edge.kind == "control" else ""
-    color = "#b0632a" if edge.kind == "control" else "#555"
-    if is_back or sy >= dy:
-        x1, y1, x2, y2 = sx + _W, sy + _H / 2, dx + _W, dy + _H / 2
-        bulge = max(x1, x2) + 50
-        path = f"M {x1:.0f} {y1:.0f} C {bulge:.0f} {y1:.0f}, {bulge:.0f} {y2:.0f}, {x2:.0f} {y2:.0f}"
-        mid = (bulge - 10, (y1 + y2) / 2)
-    else:
-        x1, y1, x2, y2 = sx + _W / 2, sy + _H, dx + _W / 2, dy
-        path = f"M {x1:.0f} {y1:.0f} L {x2:.0f} {y2:.0f}"
-        mid = ((x1 + x2) / 2 + 4, (y1 + y2) / 2)
-    label = (
-        f'<text x="{mid[0]:.0f}" y="{mid[1]:.0f}" fill="{color}" font-size="10">{html.escape(edge.label)}</text>'
-        if edge.label
-        else ""
-    )
-    return f'<path d="{path}" fill="none" stroke="{color}"{dash} marker-end="url(#arrow)"/>{label}'
+def _rect_size(w: float, h: float) -> str:
+    return f'width="{w:.1f}" height="{h:.1f}"'
 
 
-def _svg_node(graph: Graph, node_id: str, at: tuple[float, float], fill: str, stacked: bool) -> str:
+def _svg_shape(shape: Shape, at: tuple[float, float], size: tuple[float, float]) -> str:
     x, y = at
-    cx, cy = x + _W / 2, y + _H / 2
-    title, sub = _text(graph, node_id)
-    if node_id in graph.nodes:
-        box = f'width="{_W}" height="{_H}" rx="6" fill="{fill}" stroke="#333"'
-        shape = f'<rect x="{x + 5:.0f}" y="{y - 5:.0f}" {box}/>' if stacked else ""
-        shape += f'<rect x="{x:.0f}" y="{y:.0f}" {box}/>'
+    w, h = size
+    if shape.stacked:  # the box in front sits low and left; the one behind peeks out above and right
+        w, h = w - _STACK, h - _STACK
+        behind = f'<rect x="{x + _STACK:.1f}" y="{y:.1f}" {_rect_size(w, h)} rx="6" fill="{shape.fill}" stroke="#333"/>'
+        y += _STACK
     else:
-        shape = f'<ellipse cx="{cx:.0f}" cy="{cy:.0f}" rx="{_W / 2:.0f}" ry="{_H / 2:.0f}" fill="#eef5ea" stroke="#4d7a3a"/>'
-    middle = f'x="{cx:.0f}" text-anchor="middle"'
-    text = f'<text {middle} y="{y + (18 if sub else 27):.0f}" font-weight="bold">{html.escape(title)}</text>'
-    if sub:
-        text += f'<text {middle} y="{y + 34:.0f}" fill="#666" font-size="10">{html.escape(sub)}</text>'
-    return shape + text
+        behind = ""
+    cx, cy = x + w / 2, y + h / 2
+    if shape.ellipse:
+        box = (
+            f'<ellipse class="node" cx="{cx:.1f}" cy="{cy:.1f}" rx="{w / 2:.1f}" ry="{h / 2:.1f}" '
+            f'fill="{shape.fill}" stroke="#4d7a3a"/>'
+        )
+    else:
+        box = f'<rect class="node" x="{x:.1f}" y="{y:.1f}" {_rect_size(w, h)} rx="6" fill="{shape.fill}" stroke="#333"/>'
+    middle = f'x="{cx:.1f}" text-anchor="middle"'
+    title_y = cy - 3 if shape.subtitle else cy + 4
+    text = f'<text {middle} y="{title_y:.1f}" font-weight="bold">{html.escape(shape.title)}</text>'
+    if shape.subtitle:
+        text += f'<text {middle} y="{cy + 12:.1f}" fill="#666" font-size="10">{html.escape(shape.subtitle)}</text>'
+    return behind + box + text
+
+
+def to_svg(graph: Graph) -> str:
+    """A standalone SVG picture of the graph (`draw_svg`): a box per call, titled with its component and
+    method, its class, line and innermost loop under it; inputs and the output as ellipses; data edges solid,
+    control edges dashed with their condition; the calls of an overlap group in one fill, a call that
+    overlaps with itself stacked, and a legend under the picture saying what the fills mean."""
+    overlap, alone = _overlap_of(graph), _alone(graph)
+    shapes = []
+    for node_id in _all_ids(graph):
+        title, sub = _text(graph, node_id)
+        node = graph.nodes.get(node_id)
+        if node is None:
+            shapes.append(Shape(node_id, title, sub, "#eef5ea", ellipse=True))
+            continue
+        if node.loops and node.loops[-1] in graph.loops:
+            loop = graph.loops[node.loops[-1]]
+            sub += f" · in {loop.kind} L{loop.lineno}"
+        fill = _fill(overlap[node_id]) if node_id in overlap else "#ffffff"
+        shapes.append(Shape(node_id, title, sub, fill, stacked=node_id in alone))
+    arrows = [Arrow(e.src, e.dst, e.label, e.kind == "control") for e in graph.edges]
+    return draw_svg(shapes, arrows, _legend(graph))
+
+
+def _legend(graph: Graph) -> list[tuple[str | None, str]]:
+    """The lines under a picture: what each fill means, the stacked box, the dashed edges."""
+    lines: list[tuple[str | None, str]] = []
+    for i, group in enumerate(graph.overlap_groups):
+        if len(group) > 1:
+            names = ", ".join(graph.nodes[n].label if n in graph.nodes else n for n in group)
+            lines.append((_fill(i), f"may be in flight together: {names}"))
+        else:
+            label = graph.nodes[group[0]].label if group[0] in graph.nodes else group[0]
+            lines.append((_fill(i), f"a stacked box: {_SEVERAL} of one call ({label})"))
+    if lines:
+        lines.insert(0, (None, "calls in the same colour may be in flight together"))
+    if any(e.kind == "control" for e in graph.edges):
+        lines.append((None, "dashed: the call runs only when the condition on the edge holds"))
+    return lines
