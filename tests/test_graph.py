@@ -148,3 +148,21 @@ def test_svg_colours_overlap_groups_and_explains_them() -> None:
         assert "calls in the same colour may be in flight together" in svg and "stacked box" in svg
         plain = _pipeline(name).graph
         assert "in flight" not in plain.to_svg() + plain.to_dot() + plain.to_mermaid()
+
+
+def test_components_passed_to_a_helper_are_its_calls_before_any_run() -> None:
+    ns = load_source(
+        '''
+def answer(q, search, writer, words=8):
+    docs = search.retrieve(q)
+    return writer.generate(q, docs, max_words=words)
+def run(query):
+    with patchkit.capture(run=False):
+        return answer(query, retriever, llm)
+''',
+        "<graph helper arguments>",
+    )
+    ns["run"]("What is a generator?")
+    edges = _edges(patchkit.last_pipeline())
+    assert {("input:query", "retriever.retrieve", "data"), ("retriever.retrieve", "llm.generate", "data")} <= edges
+    assert ("llm.generate", "output", "data") in edges

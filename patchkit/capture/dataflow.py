@@ -6,7 +6,8 @@ Component, a `@make` method, a function, a nested code object) and the variable 
 from. Variables are tracked flow-insensitively, iterated to a fixed point. A call whose callee is
 a `@make` method becomes a node with data edges from its arguments' sources; calls into nested
 code (comprehensions, lambdas) and into the user's own helper functions are analysed in place,
-so a component called inside a helper is still that component; so are the methods of an object
+so a component called inside a helper is still that component (passed to it as a positional argument
+too); so are the methods of an object
 the block holds (`self.search(q)`) and `super()`'s. Every component reachable from an object the
 body loads (`self.retriever`, a dict of tools) is registered with the graph, called on the capture
 run or not. The abstract values and name resolution are `values.py`'s; control dependence (from
@@ -123,7 +124,7 @@ class _Analysis:
         it returns, and the calls whose results it returns unchanged."""
         if depth >= MAX_DEPTH:
             return EMPTY, EMPTY
-        key = (code, tuple(sorted((k, v.taint) for k, v in env.items())), tuple(context[1]), depth)
+        key = (code, tuple(sorted((k, v.taint, id(v.obj)) for k, v in env.items())), tuple(context[1]), depth)
         if key in self._memo:
             return self._memo[key]
         self._memo[key] = EMPTY, EMPTY  # recursion guard
@@ -301,7 +302,7 @@ class _Step:
             return
         result, parts = taint, EMPTY
         if ref is not None:  # a helper returning a call's result as it is returns a part of what it is given
-            returned, parts = self._enter(i, ref, taint)
+            returned, parts = self._enter(i, ref, taint, self._positional(i, e, popped))
             result |= returned
         for v in args:  # a lambda or helper passed as an argument runs with the other arguments
             if isinstance(v.obj, CodeRef) or is_user_function(v.obj):
@@ -310,7 +311,17 @@ class _Step:
         absorb(self.env, receiver.origin, taint - receiver.taint)
         stack.append(Value(result, parts=parts))
 
-    def _enter(self, i: int, ref: Any, taint: frozenset[str]) -> tuple[frozenset[str], frozenset[str]]:
+    def _positional(self, i: int, e: Instr, popped: list[Value]) -> list[Value]:
+        """The positional arguments of a plain CALL (after the callable and its self-or-NULL slot); none where
+        keywords are passed, as which parameter a value binds to is then not known here."""
+        before = self.shape.body[i - 1] if i else None
+        if e.name != "CALL" or (isinstance(before, Instr) and before.name == "KW_NAMES"):
+            return []
+        return popped[2:]
+
+    def _enter(
+        self, i: int, ref: Any, taint: frozenset[str], positional: list[Value] = ()  # type: ignore[assignment]
+    ) -> tuple[frozenset[str], frozenset[str]]:
         if isinstance(ref, CodeRef):
             code = ref.code
             scope = Scope(False, self.scope.globals, outer=self.scope, outer_env=dict(self.env))
@@ -321,8 +332,13 @@ class _Step:
             scope = Scope(False, fn.__globals__, cells=dict(zip(code.co_freevars, (c.cell_contents for c in closure))))
         nparams = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & 0x4) + bool(code.co_flags & 0x8)
         env = {param: Value(taint) for param in code.co_varnames[:nparams]}
+        first = 0
         if isinstance(ref, types.MethodType) and code.co_argcount:  # a method: its `self` is known
             env[code.co_varnames[0]] = Value(taint, ref.__self__)
+            first = 1
+        if not isinstance(ref, CodeRef):  # a component passed to a helper is that component inside it
+            for param, arg in zip(code.co_varnames[first : code.co_argcount], positional):
+                env[param] = Value(taint, arg.obj)
         return self.analysis.call(code, scope, env, self._context_at(i), self.depth)
 
     def _node(self, i: int, e: Instr, ref: MakeRef, taint: frozenset[str]) -> str:
