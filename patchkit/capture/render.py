@@ -278,8 +278,17 @@ def to_svg(graph: Graph) -> str:
             sub += f" · in {loop.kind} L{loop.lineno}"
         fill = _fill(overlap[node_id]) if node_id in overlap else "#ffffff"
         shapes.append(Shape(node_id, title, sub, fill, stacked=node_id in alone))
-    arrows = [Arrow(e.src, e.dst, e.label, e.kind == "control") for e in graph.edges]
-    return draw_svg(shapes, arrows, _legend(graph))
+    return draw_svg(shapes, _arrows(graph), _legend(graph))
+
+
+def _arrows(graph: Graph) -> list[Arrow]:
+    """One arrow per source, destination and kind of edge, its label the edges' labels joined."""
+    labels: dict[tuple[str, str, str], list[str]] = {}
+    for e in graph.edges:
+        labels.setdefault((e.src, e.dst, e.kind), [])
+        if e.label and e.label not in labels[(e.src, e.dst, e.kind)]:
+            labels[(e.src, e.dst, e.kind)].append(e.label)
+    return [Arrow(src, dst, ", ".join(text), kind == "control") for (src, dst, kind), text in labels.items()]
 
 
 def _legend(graph: Graph) -> list[tuple[str | None, str]]:
