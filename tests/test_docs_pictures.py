@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -100,11 +101,46 @@ def test_a_result_file_without_its_provenance_is_refused(key: str, tmp_path: Pat
         benchmarks.load_results(tmp_path)
 
 
-def test_the_architecture_diagram_draws_every_unit_of_the_import_rules() -> None:
+def test_the_architecture_diagram_draws_every_unit_of_the_import_rules(site: dict[str, str]) -> None:
     diagram = hook("architecture_diagram")
     page = rendered(diagram, "architecture.md")
-    assert "```mermaid\nflowchart TD" in page
+    assert f"]({diagram.UNITS_SVG})" in page and diagram.MARKER not in page
+    svg = site[diagram.UNITS_SVG]
     units = diagram.units((DOCS / "architecture.md").read_text())
     assert len(units) > 10
+    leaves = re.search(r"every unit may import the leaves: ([^<]*)<", svg)
+    assert leaves is not None
     for unit in units:
-        assert f'{unit.name.replace(".", "_")}["' in page, unit.name
+        name = diagram._short(unit.name)
+        assert (name in leaves.group(1).split(", ")) if unit.leaf else (f">{name}<" in svg), unit.name
+    home = rendered(diagram, "index.md")
+    assert f"]({diagram.PROCESSES_SVG})" in home and "<svg" in site[diagram.PROCESSES_SVG]
+
+
+_SCRIPT_ELSEWHERE = re.compile(r"<script[^>]*\bsrc=[\"']?(https?:)?//", re.I)
+
+
+def _pages_as_built() -> dict[str, str]:
+    """Every page's markdown after every hook's on_page_markdown, as MkDocs renders it."""
+    hooks = [hook(name) for name in ("options", "example_graphs", "architecture_diagram", "benchmark_results", "reference")]
+    pages = {}
+    for path in sorted(DOCS.rglob("*.md")):
+        text = path.read_text()
+        for module in hooks:
+            if hasattr(module, "on_page_markdown"):
+                text = module.on_page_markdown(text, None, None, None)
+        pages[str(path.relative_to(DOCS))] = text
+    return pages
+
+
+def test_no_page_loads_a_script_from_another_host(config: Any) -> None:
+    """A page reads offline and without another host: no script from elsewhere, no Mermaid (the theme loads
+    Mermaid's script from a CDN for a mermaid block), no web fonts."""
+    for entry in config["extra_javascript"]:
+        assert "//" not in str(entry), f"mkdocs.yml extra_javascript loads {entry} from another host"
+    fences = config["mdx_configs"].get("pymdownx.superfences", {}).get("custom_fences", [])
+    assert not [fence for fence in fences if "mermaid" in str(fence)], "mkdocs.yml turns mermaid blocks into diagrams"
+    assert config["theme"]["font"] is False, "the theme loads its fonts from Google's host"
+    for name, text in _pages_as_built().items():
+        assert "```mermaid" not in text and 'class="mermaid"' not in text, f"{name} draws a Mermaid diagram"
+        assert not _SCRIPT_ELSEWHERE.search(text), f"{name} loads a script from another host"
