@@ -8,8 +8,8 @@ a `@make` method becomes a node with data edges from its arguments' sources; cal
 code (comprehensions, lambdas) and into the user's own helper functions are analysed in place,
 so a component called inside a helper is still that component (passed to it as a positional
 argument too); so are the methods of an object the block holds (`self.search(q)`) and `super()`'s.
-Every component reachable from an object the body loads (`self.retriever`, a dict of tools) is registered with the graph, called on the capture
-run or not. The abstract values and name resolution are `values.py`'s; control dependence (from
+Every component reachable from an object the body loads (`self.retriever`, a dict of tools) is
+registered with the graph, called on the capture run or not. The abstract values and name resolution are `values.py`'s; control dependence (from
 post-dominators over the body's control-flow graph) and loops (from its backward jumps) are
 `control.py`'s. `build_graph` is called once per capture, by `client/capture.py`.
 """
