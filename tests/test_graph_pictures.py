@@ -137,16 +137,17 @@ def shortfalls(svg: str) -> list[str]:
     return found
 
 
-def _examples() -> Any:
+def _hook() -> Any:
     spec = importlib.util.spec_from_file_location("_docs_hook_example_graphs", ROOT / "docs" / "hooks" / "example_graphs.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return module.example_graphs()
+    return module
 
 
-EXAMPLES = _examples()
+HOOK = _hook()
+EXAMPLES = HOOK.example_graphs()
 
 
 @pytest.mark.parametrize("graph", EXAMPLES, ids=[f"{g.example}-{g.name}" for g in EXAMPLES])
@@ -228,3 +229,15 @@ def test_overlap_groups_are_coloured_and_explained() -> None:
     assert fill_of[labels[0]] == fill_of[labels[1]] != "#ffffff"
     legend = [e for e in root if e.get("class") == "legend" and e.tag.endswith("rect")]
     assert fill_of[labels[0]] in {e.get("fill") for e in legend}
+
+
+def test_the_docs_draw_calls_in_flight_together() -> None:
+    """The Examples page's last picture: a pipeline whose calls may overlap, in colours explained under it."""
+    graph = HOOK.in_flight_together().graph
+    assert [len(group) for group in graph.overlap_groups] == [2, 1, 1]
+    svg = graph.to_svg()
+    assert shortfalls(svg) == []
+    root = list(ET.fromstring(svg))
+    swatches = {e.get("fill") for e in root if e.get("class") == "legend" and e.tag.endswith("rect")}
+    boxes = {e.get("fill") for e in root if e.get("class") == "node" and e.tag.endswith("rect")}
+    assert len(swatches) == 3 and swatches <= boxes

@@ -4,7 +4,8 @@ Every module of examples/ is loaded as `patchkit serve` loads a script (its `if 
 block does not run) and every pipeline it holds at module level is drawn with `Graph.to_svg()`, which lays
 the graph out itself (no Graphviz). The examples capture with `run=False`, so nothing is loaded or run: the
 components are only constructed. The pictures go into the built site (`img/examples/*.svg`), never into the
-repository; the Examples page's marker line becomes a section per example showing them.
+repository; the Examples page's marker line becomes a section per example showing them, and a last section
+with a pipeline whose calls may be in flight together (none of the examples has such calls), captured here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import inspect
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +24,7 @@ import patchkit
 MARKER = "<!-- the example graphs, made by docs/hooks/example_graphs.py -->"
 ROOT = Path(__file__).resolve().parents[2]
 IMAGES = "img/examples"
+IN_FLIGHT = f"{IMAGES}/in-flight-together.svg"
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,44 @@ def example_graphs(root: Path = ROOT) -> tuple[ExampleGraph, ...]:
     return tuple(found)
 
 
+def in_flight_together() -> patchkit.Pipeline:
+    """Two searches of one question, then three rewrites of it and a search for each: calls a request may have
+    in flight together, deployed with parallel calls."""
+    from patchkit.components import BM25Search, FaissRetriever, LlamaCppGenerator, merge_hits
+
+    dense, keywords = FaissRetriever("pydoc", topk=3), BM25Search("pydoc", topk=3)
+    llm = LlamaCppGenerator(max_tokens=64)
+    question = "How do I catch an exception?"
+    with patchkit.capture(run=False) as pipeline:  # nothing loads or runs
+        found = dense.retrieve(question)
+        matched = keywords.search(question)
+        docs = merge_hits(found, matched)
+        styles = ("shorter", "broader", "more technical")
+        rewrites = [llm.generate(f"Rewrite as a {style} question: {question}") for style in styles]
+        more = [dense.retrieve(rewrite) for rewrite in rewrites]
+        return llm.generate(question, docs + [doc for hits in more for doc in hits])  # the pipeline's output
+    return pipeline  # run=False skipped the body, so this function goes on to here
+
+
+def _in_flight_section() -> list[str]:
+    source = inspect.getsource(in_flight_together).rstrip()
+    return [
+        "## Calls in flight together",
+        "",
+        "In none of the examples above may a request have two calls in flight at once: each call needs the "
+        "result of the one before it. In this pipeline it may ([Parallel calls](parallel-calls.md)): the two "
+        "searches of the question overlap (one fill), and each comprehension's calls reach their component "
+        "together (a stacked box).",
+        "",
+        "```python",
+        source,
+        "```",
+        "",
+        f"![A pipeline whose calls may be in flight together]({IN_FLIGHT})",
+        "",
+    ]
+
+
 def markdown(graphs: tuple[ExampleGraph, ...]) -> str:
     """The Examples page's sections: per example, its summary, how to run it, and its pictures."""
     parts: list[str] = []
@@ -88,7 +129,7 @@ def markdown(graphs: tuple[ExampleGraph, ...]) -> str:
                     "helper functions it calls, so the graph shows only its input and its output.",
                     "",
                 ]
-    return "\n".join(parts)
+    return "\n".join(parts + _in_flight_section())
 
 
 def on_pre_build(config: Any) -> None:
@@ -108,6 +149,7 @@ def on_files(files: Any, config: Any) -> Any:
 
     for graph in example_graphs():
         files.append(File.generated(config, graph.src_uri, content=graph.svg))
+    files.append(File.generated(config, IN_FLIGHT, content=in_flight_together().graph.to_svg()))
     return files
 
 
