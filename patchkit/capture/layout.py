@@ -169,10 +169,13 @@ def _place(rows: list[list[_Point]], points: dict[str, _Point]) -> None:
         sequence = range(1, len(rows)) if downward else range(len(rows) - 2, -1, -1)
         for r in sequence:
             row = rows[r]
-            desired = []
-            for p in row:
+            desired: list[float] = []
+            for k, p in enumerate(row):
                 near = (p.ins if downward else p.outs) or (p.outs if downward else p.ins)
-                desired.append(sum(points[n].x for n in near) / len(near) if near else p.x)
+                if near:
+                    desired.append(sum(points[n].x for n in near) / len(near))
+                else:  # a box joined to nothing stays beside the box before it
+                    desired.append(desired[-1] + gaps(row)[k - 1] if k else p.x)
             weights = [1.0 if p.box else 4.0 for p in row]  # long edges straight first
             for p, x in zip(row, _isotonic(desired, weights, gaps(row))):
                 p.x = x
@@ -217,7 +220,7 @@ def layered(sizes: dict[str, tuple[float, float]], edges: list[tuple[str, str, f
     rows: list[list[_Point]] = [[] for _ in range(top + 1)]
     for key in points:  # boxes in their given order, then each edge's points in edge order
         rows[points[key].rank].append(points[key])
-    rows = _order(rows, points)
+    rows = [[p for p in row if p.ins or p.outs] + [p for p in row if not (p.ins or p.outs)] for row in _order(rows, points)]
     _place(rows, points)
     bands = _bands(rows, sizes, edges)
     return _routes(points, chains, down, edges, sizes, bands, back)
