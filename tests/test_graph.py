@@ -166,3 +166,18 @@ def run(query):
     edges = _edges(patchkit.last_pipeline())
     assert {("input:query", "retriever.retrieve", "data"), ("retriever.retrieve", "llm.generate", "data")} <= edges
     assert ("llm.generate", "output", "data") in edges
+
+
+def test_components_passed_by_keyword_to_a_helper_are_its_calls() -> None:
+    ns = load_source(
+        '''
+def answer(q, search=None, writer=None):
+    return writer.generate(q, search.retrieve(q))
+def run(query):
+    with patchkit.capture(run=False):
+        return answer(query, writer=llm, search=retriever)
+''',
+        "<graph helper keywords>",
+    )
+    ns["run"]("What is a generator?")
+    assert ("retriever.retrieve", "llm.generate", "data") in _edges(patchkit.last_pipeline())

@@ -6,12 +6,13 @@ Component, a `@make` method, a function, a nested code object) and the variable 
 from. Variables are tracked flow-insensitively, iterated to a fixed point. A call whose callee is
 a `@make` method becomes a node with data edges from its arguments' sources; calls into nested
 code (comprehensions, lambdas) and into the user's own helper functions are analysed in place,
-so a component called inside a helper is still that component (passed to it as a positional
-argument too); so are the methods of an object the block holds (`self.search(q)`) and `super()`'s.
-Every component reachable from an object the body loads (`self.retriever`, a dict of tools) is
-registered with the graph, called on the capture run or not. The abstract values and name resolution are `values.py`'s; control dependence (from
-post-dominators over the body's control-flow graph) and loops (from its backward jumps) are
-`control.py`'s. `build_graph` is called once per capture, by `client/capture.py`.
+so a component called inside a helper is still that component (passed to it as an argument
+too); so are the methods of an object the block holds (`self.search(q)`) and `super()`'s. Every
+component reachable from an object the body loads (`self.retriever`, a dict of tools) is
+registered with the graph, called on the capture run or not. The abstract values and name
+resolution are `values.py`'s; control dependence (from post-dominators over the body's
+control-flow graph) and loops (from its backward jumps) are `control.py`'s. `build_graph` is
+called once per capture, by `client/capture.py`.
 """
 
 from __future__ import annotations
@@ -301,7 +302,7 @@ class _Step:
             return
         result, parts = taint, EMPTY
         if ref is not None:  # a helper returning a call's result as it is returns a part of what it is given
-            returned, parts = self._enter(i, ref, taint, self._positional(i, e, popped))
+            returned, parts = self._enter(i, ref, taint, *self._arguments(i, e, popped))
             result |= returned
         for v in args:  # a lambda or helper passed as an argument runs with the other arguments
             if isinstance(v.obj, CodeRef) or is_user_function(v.obj):
@@ -310,16 +311,32 @@ class _Step:
         absorb(self.env, receiver.origin, taint - receiver.taint)
         stack.append(Value(result, parts=parts))
 
-    def _positional(self, i: int, e: Instr, popped: list[Value]) -> list[Value]:
-        """The positional arguments of a plain CALL (after the callable and its self-or-NULL slot); none where
-        keywords are passed, as which parameter a value binds to is then not known here."""
-        before = self.shape.body[i - 1] if i else None
-        if e.name != "CALL" or (isinstance(before, Instr) and before.name == "KW_NAMES"):
-            return []
-        return popped[2:]
+    def _arguments(self, i: int, e: Instr, popped: list[Value]) -> tuple[list[Value], dict[str, Value]]:
+        """The positional and keyword arguments of a call (after the callable and its self-or-NULL slot), the
+        keywords named by the KW_NAMES before a CALL (3.11, 3.12) or the constant tuple a CALL_KW pops (3.13);
+        none for `f(*args, **kwargs)`, where which parameter a value binds to is not known here."""
+        if e.name not in ("CALL", "CALL_KW"):
+            return [], {}
+        k = i - 1
+        while k >= 0 and isinstance(self.shape.body[k], Instr) and self.shape.body[k].name == "PRECALL":  # 3.11
+            k -= 1
+        before = self.shape.body[k] if k >= 0 else None
+        names: tuple[str, ...] = ()
+        if isinstance(before, Instr) and before.name == ("KW_NAMES" if e.name == "CALL" else "LOAD_CONST"):
+            names = tuple(before.arg) if isinstance(before.arg, tuple) else ()
+        elif e.name == "CALL_KW":
+            return [], {}
+        args = popped[2:-1] if e.name == "CALL_KW" else popped[2:]
+        split = len(args) - len(names)
+        return args[:split], dict(zip(names, args[split:]))
 
     def _enter(
-        self, i: int, ref: Any, taint: frozenset[str], positional: list[Value] = ()  # type: ignore[assignment]
+        self,
+        i: int,
+        ref: Any,
+        taint: frozenset[str],
+        positional: list[Value] | None = None,
+        keywords: dict[str, Value] | None = None,
     ) -> tuple[frozenset[str], frozenset[str]]:
         if isinstance(ref, CodeRef):
             code = ref.code
@@ -336,8 +353,11 @@ class _Step:
             env[code.co_varnames[0]] = Value(taint, ref.__self__)
             first = 1
         if not isinstance(ref, CodeRef):  # a component passed to a helper is that component inside it
-            for param, arg in zip(code.co_varnames[first : code.co_argcount], positional):
+            for param, arg in zip(code.co_varnames[first : code.co_argcount], positional or []):
                 env[param] = Value(taint, arg.obj)
+            for param, arg in (keywords or {}).items():
+                if param in code.co_varnames[first:nparams]:
+                    env[param] = Value(taint, arg.obj)
         return self.analysis.call(code, scope, env, self._context_at(i), self.depth)
 
     def _node(self, i: int, e: Instr, ref: MakeRef, taint: frozenset[str]) -> str:
