@@ -323,7 +323,9 @@ class _Step:
         before = self.shape.body[k] if k >= 0 else None
         names: tuple[str, ...] = ()
         if isinstance(before, Instr) and before.name == ("KW_NAMES" if e.name == "CALL" else "LOAD_CONST"):
-            names = tuple(before.arg) if isinstance(before.arg, tuple) else ()
+            if not isinstance(before.arg, tuple):
+                return [], {}
+            names = before.arg
         elif e.name == "CALL_KW":
             return [], {}
         args = popped[2:-1] if e.name == "CALL_KW" else popped[2:]
