@@ -222,13 +222,11 @@ def layered(sizes: dict[str, tuple[float, float]], edges: list[tuple[str, str, f
         rows[points[key].rank].append(points[key])
     rows = [[p for p in row if p.ins or p.outs] + [p for p in row if not (p.ins or p.outs)] for row in _order(rows, points)]
     _place(rows, points)
-    bands = _bands(rows, sizes, edges)
+    bands = _bands(rows, sizes)
     return _routes(points, chains, down, edges, sizes, bands, back)
 
 
-def _bands(
-    rows: list[list[_Point]], sizes: dict[str, tuple[float, float]], edges: list[tuple[str, str, float]]
-) -> list[tuple[float, float]]:
+def _bands(rows: list[list[_Point]], sizes: dict[str, tuple[float, float]]) -> list[tuple[float, float]]:
     """(top, bottom) of each rank: a box rank as tall as its tallest box, a label rank as a label if it has one."""
     bands = []
     y = _MARGIN
@@ -265,6 +263,9 @@ def _routes(
             labels.append((right + _LOOP_OUT + 4, y + h / 2 - LABEL_H / 2, label_w, LABEL_H) if label_w else None)
             continue
         route = [ports[(k, "out")]]
+        band_bottom = bands[points[s].rank][1]
+        if route[0][1] < band_bottom:  # a box lower than its rank: straight down out of the rank first
+            route.append((route[0][0], band_bottom))
         label = None
         for key in chain[1:-1]:
             p = points[key]
