@@ -42,7 +42,7 @@ def site(config: Any) -> dict[str, str]:
     """The files the hooks add to the site, as MkDocs asks them once it has collected the pages: each one's
     path in the site and its content."""
     files = config.plugins.on_files(Files([]), config=config)
-    return {file.src_uri: file.content_string for file in files}
+    return {file.src_uri: file.content_string for file in files if not file.src_uri.endswith(".png")}  # text files
 
 
 def rendered(module: ModuleType, page: str) -> str:
@@ -108,3 +108,14 @@ def test_the_architecture_diagram_draws_every_unit_of_the_import_rules() -> None
     assert len(units) > 10
     for unit in units:
         assert f'{unit.name.replace(".", "_")}["' in page, unit.name
+
+
+def test_the_dashboard_page_says_so_when_its_screenshot_cannot_be_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    shot = hook("dashboard_screenshot")
+    assert "docs/hooks/dashboard_screenshot.py" in (ROOT / "mkdocs.yml").read_text()
+    monkeypatch.setattr(shot, "chromium", lambda: None)
+    shot.on_pre_build(None)
+    assert not list(shot.on_files(Files([]), config=None))
+    page = rendered(shot, "dashboard.md")
+    assert shot.MARKER not in page
+    assert '!!! note "No screenshot in this build"' in page and "Chromium is not installed" in page

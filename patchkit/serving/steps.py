@@ -14,7 +14,7 @@ An event is a JSON object:
 
     {"phase": "start", "call": 0, "node": "n1", "component": "retriever", "method": "retrieve", "at_ms": 0.4}
     {"phase": "end", "call": 0, "node": "n1", "component": "retriever", "method": "retrieve", "at_ms": 12.9,
-     "batch": 4, "replica": "retriever-0", "wait_ms": 1.2, "duration_ms": 12.5, "preview": "['Exceptions ..."}
+     "batch": 4, "replica": "retriever#0", "wait_ms": 1.2, "duration_ms": 12.5, "preview": "['Exceptions ..."}
 
 `call` numbers the request's calls from 0 in the order they were made; `at_ms` is milliseconds since
 the request arrived; `duration_ms` runs from the call's submission to its outcome (its wait
@@ -106,9 +106,10 @@ class RequestSteps:
             step.error = {"type": error[0], "message": error[1]}
         if self.watcher is None:
             return
-        event: dict[str, Any] = {"phase": "end", **{k: v for k, v in step.timing().items() if k != "started_ms"},
-                                 "at_ms": round(step.ended_ms, 3)}
-        del event["failed"]
+        timing = step.timing()
+        event: dict[str, Any] = {"phase": "end", "call": step.call, "node": step.node, "component": step.component,
+                                 "method": step.method, "at_ms": round(step.ended_ms, 3),
+                                 **{key: timing[key] for key in ("batch", "replica", "wait_ms", "duration_ms")}}
         if step.error is not None:
             event["error"] = step.error
         elif step.sensitive:
