@@ -146,3 +146,16 @@ def test_recent_requests_keep_their_calls_timings(endpoint: patchkit.Endpoint) -
     assert last["outcome"] == "ok" and [c["component"] for c in last["calls"]] == ["retriever", "vault", "llm"]
     assert all(c["duration_ms"] is not None and c["replica"] for c in last["calls"])
     assert "preview" not in json.dumps(recent)
+
+
+def test_a_preview_is_cut_to_step_preview_chars() -> None:
+    from patchkit.serving.steps import RequestSteps
+
+    for size, shown in ((10, "x" * 9 + "\u2026"), (100, "x" * 50), (0, None)):
+        sent: list[dict[str, Any]] = []
+        steps = RequestSteps("r1", "rag", "1-abc", sent.append, preview_chars=size)
+        step = steps.start("n0", "llm", "generate", sensitive=False)
+        steps.end(step, batch=3, replica="llm#1", wait_s=0.002, result="x" * 50)
+        assert [event["phase"] for event in sent] == ["start", "end"]
+        assert sent[1].get("preview") == shown and sent[1]["batch"] == 3 and sent[1]["replica"] == "llm#1"
+        assert sent[1]["wait_ms"] == 2.0

@@ -10,6 +10,9 @@ hands each event to its watcher, on the event loop, in the order the calls start
 request's calls are kept, without previews, in the front-end's `RecentRequests` for the dashboard's
 timeline (`GET /v1/requests`).
 
+Only the calls the request's own code makes through its call hook are steps: a holder's calls to a
+component it was given, and a component made while the code runs (run in place, with no queue), are not.
+
 An event is a JSON object:
 
     {"phase": "start", "call": 0, "node": "n1", "component": "retriever", "method": "retrieve", "at_ms": 0.4}
