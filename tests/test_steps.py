@@ -1,5 +1,5 @@
 """Step events: a streamed request's component calls, each reported as it starts and as it ends, on the
-default backend (worker processes) with simulated components."""
+default backend (worker processes, so those tests are slow) with simulated components."""
 
 from __future__ import annotations
 
@@ -67,6 +67,7 @@ def assert_in_order(steps: list[dict[str, Any]], calls: list[str]) -> None:
         assert start["node"] == end["node"] is not None
 
 
+@pytest.mark.slow  # worker processes
 def test_every_call_starts_and_ends_in_order_among_the_tokens(endpoint: patchkit.Endpoint) -> None:
     question = "What is a decorator?"
     sent = events(endpoint, "/v1/pipelines/rag/query", {"inputs": {"question": question}, "stream": True, "steps": True})
@@ -85,6 +86,7 @@ def test_every_call_starts_and_ends_in_order_among_the_tokens(endpoint: patchkit
     assert {s["node"] for s in steps} <= {node["id"] for node in graph["nodes"]}
 
 
+@pytest.mark.slow  # worker processes
 def test_without_the_opt_in_the_stream_is_the_same_less_its_steps(endpoint: patchkit.Endpoint) -> None:
     body = {"inputs": {"question": "What is a list?"}, "stream": True}
     plain = events(endpoint, "/v1/pipelines/rag/query", body)
@@ -97,6 +99,7 @@ def test_without_the_opt_in_the_stream_is_the_same_less_its_steps(endpoint: patc
     assert all(set(event) in ({"delta"}, {"output", "request_id", "latency_ms"}) for event in plain)
 
 
+@pytest.mark.slow  # worker processes
 def test_a_failed_call_ends_with_its_error(endpoint: patchkit.Endpoint) -> None:
     sent = events(endpoint, "/v1/pipelines/check/query", {"inputs": {"text": "please fail"}, "stream": True, "steps": True})
     steps = [event["step"] for event in sent if "step" in event]
@@ -106,6 +109,7 @@ def test_a_failed_call_ends_with_its_error(endpoint: patchkit.Endpoint) -> None:
     assert "error" in sent[-1]
 
 
+@pytest.mark.slow  # worker processes
 def test_a_sensitive_component_shows_no_preview(endpoint: patchkit.Endpoint) -> None:
     question = "Where is the key?"
     steps = [s for s in endpoint["rag"].stream(question=question, steps=True) if isinstance(s, Step)]
@@ -115,6 +119,7 @@ def test_a_sensitive_component_shows_no_preview(endpoint: patchkit.Endpoint) -> 
     assert next(s for s in steps if s.component == "retriever" and s.phase == "end").preview
 
 
+@pytest.mark.slow  # worker processes
 def test_the_clients_yield_steps_among_the_text(endpoint: patchkit.Endpoint) -> None:
     stream = endpoint["rag"].stream(question="What is a tuple?", steps=True)
     items = list(stream)
@@ -132,6 +137,7 @@ def test_the_clients_yield_steps_among_the_text(endpoint: patchkit.Endpoint) -> 
     assert all(isinstance(item, str) for item in plain)
 
 
+@pytest.mark.slow  # worker processes
 def test_steps_need_a_stream(endpoint: patchkit.Endpoint) -> None:
     for path, body in (("/v1/pipelines/rag/query", {"inputs": {"question": "q"}, "steps": True}),
                        ("/v1/pipelines/rag/query?steps=true", {"inputs": {"question": "q"}})):
@@ -139,6 +145,7 @@ def test_steps_need_a_stream(endpoint: patchkit.Endpoint) -> None:
         assert reply.status_code == 400 and "stream" in reply.json()["error"]["message"]
 
 
+@pytest.mark.slow  # worker processes
 def test_recent_requests_keep_their_calls_timings(endpoint: patchkit.Endpoint) -> None:
     endpoint["rag"].query(question="What is a dict?")
     recent = httpx.get(endpoint.url + "/v1/activity").json()["requests"]
