@@ -175,3 +175,13 @@ class BrokenSetup(Component):
 
 __all__ = ["CORPUS", "BrokenSetup", "Crasher", "Flaky", "Generator", "Grader", "Hanger", "Retriever", "Slow", "Streamer",
            "patchkit"]
+
+
+class Vault(Component):
+    """Looks up a secret: marked sensitive, so no step event shows what it returns."""
+
+    sensitive = True
+
+    @make(read_only=True)
+    def lookup(self, text: str) -> str:
+        return f"secret-{len(text)}"

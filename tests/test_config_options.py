@@ -30,6 +30,7 @@ DESCRIBED = {
     "drain_timeout_s", "prioritize", "priority", "pause_admission", "admission_queue_limit", "estimator", "prefetch", "autoscale",
     "autoscale_interval_s", "scale_up_after_s", "scale_down_after_s", "min_replicas", "max_replicas", "plan",
     "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level", "name", "chat_input", "chat_output", "components",
+    "step_preview_chars",
 }
 
 
@@ -130,7 +131,8 @@ def test_every_flat_option_lands_on_its_groups_field(tmp_path: Path) -> None:
     key.write_text("key")
     given: dict[str, Any] = {
         "backend": "ray", "host": "127.0.0.2", "port": 9, "read_timeout_s": 3.0, "auth_token": "t", "debug": True,
-        "log_level": "ERROR", "max_body_bytes": 10, "max_inflight_bytes": 20, "max_inflight_requests": 30,
+        "log_level": "ERROR", "step_preview_chars": 12, "max_body_bytes": 10, "max_inflight_bytes": 20,
+        "max_inflight_requests": 30,
         "max_inflight_batches": 4, "batch_wait_ms": 1.5, "pipelining": False, "parallel_calls": False,
         "request_timeout_s": 7.0,
         "call_timeout_s": 8.0, "abandoned_grace_s": 1.0, "max_retries": 0, "health_check_period_s": 2.0,

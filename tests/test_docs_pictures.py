@@ -43,7 +43,7 @@ def site(config: Any) -> dict[str, str]:
     """The files the hooks add to the site, as MkDocs asks them once it has collected the pages: each one's
     path in the site and its content."""
     files = config.plugins.on_files(Files([]), config=config)
-    return {file.src_uri: file.content_string for file in files}
+    return {file.src_uri: file.content_string for file in files if not file.src_uri.endswith(".png")}  # text files
 
 
 def rendered(module: ModuleType, page: str) -> str:
@@ -144,3 +144,15 @@ def test_no_page_loads_a_script_from_another_host(config: Any) -> None:
     for name, text in _pages_as_built().items():
         assert "```mermaid" not in text and 'class="mermaid"' not in text, f"{name} draws a Mermaid diagram"
         assert not _SCRIPT_ELSEWHERE.search(text), f"{name} loads a script from another host"
+
+
+
+def test_the_dashboard_page_says_so_when_its_screenshot_cannot_be_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    shot = hook("dashboard_screenshot")
+    assert "docs/hooks/dashboard_screenshot.py" in (ROOT / "mkdocs.yml").read_text()
+    monkeypatch.setattr(shot, "chromium", lambda: None)
+    shot.on_pre_build(None)
+    assert not list(shot.on_files(Files([]), config=None))
+    page = rendered(shot, "dashboard.md")
+    assert shot.MARKER not in page
+    assert '!!! note "No screenshot in this build"' in page and "Chromium is not installed" in page

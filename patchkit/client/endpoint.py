@@ -11,7 +11,7 @@ import sys
 import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 from urllib.parse import quote
 
 import cloudpickle
@@ -19,7 +19,7 @@ import httpx
 
 from patchkit import envs
 from patchkit.client.pipeline import Pipeline, last_pipeline
-from patchkit.client.streams import AsyncStream, Stream
+from patchkit.client.streams import AsyncStream, Step, Stream
 from patchkit.config import OPTIONS, DeploymentConfig
 from patchkit.config.options import reference
 from patchkit.errors import ConfigError, DeadlineExceeded, PatchkitError, error_from_json
@@ -120,7 +120,11 @@ class Endpoint:
         """
         return await self._aquery(QUERY_PATH, inputs)
 
-    def stream(self, **inputs: Any) -> Stream:
+    @overload
+    def stream(self, *, steps: Literal[False] = False, **inputs: Any) -> Stream: ...
+    @overload
+    def stream(self, *, steps: Literal[True], **inputs: Any) -> Stream[str | Step]: ...
+    def stream(self, *, steps: bool = False, **inputs: Any) -> Stream[Any]:
         """Run the pipeline on `inputs`, streaming.
 
         Iterate the result for the output's text as it is produced, then read its `output` (and `request_id`). Nothing is sent
@@ -132,26 +136,33 @@ class Endpoint:
             stream.output   # what query() returns
 
         Args:
+            steps: also yield a `Step` as each component call starts and as it ends, among the chunks in the order
+                they happened (a pipeline input named `steps` cannot be given here).
             **inputs: the pipeline's inputs by name.
 
         Returns:
             The stream. While iterating, it raises the error the endpoint answered or sent as its last event.
         """
-        return self._stream(QUERY_PATH, inputs)
+        return self._stream(QUERY_PATH, inputs, steps)
 
-    def astream(self, **inputs: Any) -> AsyncStream:
+    @overload
+    def astream(self, *, steps: Literal[False] = False, **inputs: Any) -> AsyncStream: ...
+    @overload
+    def astream(self, *, steps: Literal[True], **inputs: Any) -> AsyncStream[str | Step]: ...
+    def astream(self, *, steps: bool = False, **inputs: Any) -> AsyncStream[Any]:
         """`stream` for asyncio code.
 
         `async for chunk in endpoint.astream(...)`, then its `output`. Leaving the loop early (`break`) closes the stream: the
         endpoint cancels the request.
 
         Args:
+            steps: also yield a `Step` as each component call starts and ends, as `stream` does.
             **inputs: the pipeline's inputs by name.
 
         Returns:
             The async stream.
         """
-        return self._astream(QUERY_PATH, inputs)
+        return self._astream(QUERY_PATH, inputs, steps)
 
     def __getitem__(self, name: str) -> PipelineClient:
         """The client of pipeline `name` (one of those `pipelines()` lists): its `query`, `aquery`, `stream`, `astream`.
@@ -181,18 +192,18 @@ class Endpoint:
             raise self._transport_error(exc, self._query_timeout) from exc
         return self._reply(response)["output"]
 
-    def _stream(self, path: str, inputs: dict[str, Any]) -> Stream:
+    def _stream(self, path: str, inputs: dict[str, Any], steps: bool = False) -> Stream[Any]:
         self._check_open()
-        body = {"inputs": inputs, "stream": True}
+        body = {"inputs": inputs, "stream": True, **({"steps": True} if steps else {})}
 
         def open_response() -> Any:
             return self._transport(lambda: self._client.stream("POST", path, json=body, timeout=self._query_timeout))
 
         return Stream(open_response, self._reply)
 
-    def _astream(self, path: str, inputs: dict[str, Any]) -> AsyncStream:
+    def _astream(self, path: str, inputs: dict[str, Any], steps: bool = False) -> AsyncStream[Any]:
         self._check_open()
-        body = {"inputs": inputs, "stream": True}
+        body = {"inputs": inputs, "stream": True, **({"steps": True} if steps else {})}
 
         @contextlib.asynccontextmanager
         async def open_response() -> AsyncIterator[httpx.Response]:
@@ -408,13 +419,21 @@ class PipelineClient:
         """As `Endpoint.aquery`, on this pipeline."""
         return await self.endpoint._aquery(self._path, inputs)
 
-    def stream(self, **inputs: Any) -> Stream:
+    @overload
+    def stream(self, *, steps: Literal[False] = False, **inputs: Any) -> Stream: ...
+    @overload
+    def stream(self, *, steps: Literal[True], **inputs: Any) -> Stream[str | Step]: ...
+    def stream(self, *, steps: bool = False, **inputs: Any) -> Stream[Any]:
         """As `Endpoint.stream`, on this pipeline."""
-        return self.endpoint._stream(self._path, inputs)
+        return self.endpoint._stream(self._path, inputs, steps)
 
-    def astream(self, **inputs: Any) -> AsyncStream:
+    @overload
+    def astream(self, *, steps: Literal[False] = False, **inputs: Any) -> AsyncStream: ...
+    @overload
+    def astream(self, *, steps: Literal[True], **inputs: Any) -> AsyncStream[str | Step]: ...
+    def astream(self, *, steps: bool = False, **inputs: Any) -> AsyncStream[Any]:
         """As `Endpoint.astream`, on this pipeline."""
-        return self.endpoint._astream(self._path, inputs)
+        return self.endpoint._astream(self._path, inputs, steps)
 
     def __repr__(self) -> str:
         return f"<PipelineClient {self.name!r} of {self.endpoint.url}>"

@@ -4,6 +4,10 @@ Iterating one yields the output's text as it is produced; once done, `output` an
 hold the final reply. When the output is a string, the chunks always add up to it: what the
 server's deltas did not carry (all of it, when the output came from no streaming call) comes as
 a last chunk.
+
+Opened with `steps=True`, the stream yields a `Step` as each component call of the request starts
+and as it ends, among the text chunks in the order they happened (`patchkit.serving.steps` says
+what each carries); `steps` keeps them all.
 """
 
 from __future__ import annotations
@@ -11,13 +15,53 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import httpx
 
 from patchkit.errors import PatchkitError, error_from_json
 
-__all__ = ["AsyncStream", "Stream", "sse_data"]
+__all__ = ["AsyncStream", "Step", "Stream", "sse_data"]
+
+if TYPE_CHECKING:  # what a stream yields: text (a bare `Stream`), or text and steps
+    import typing_extensions
+
+    Chunk = typing_extensions.TypeVar("Chunk", default=str)
+else:
+    Chunk = TypeVar("Chunk")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step event: a component call of the request started (`phase` "start") or ended ("end").
+
+    An end carries the batch it rode in, the replica that ran it, its wait in the queue and its duration
+    (milliseconds), and a `preview` of its result (cut short; None for a component marked `sensitive`,
+    then `sensitive` is True) or its `error` (`{"type", "message"}`). `at_ms`: since the request arrived.
+    """
+
+    phase: str
+    call: int
+    component: str
+    method: str
+    node: str | None = None
+    at_ms: float = 0.0
+    batch: int | None = None
+    replica: str | None = None
+    wait_ms: float | None = None
+    duration_ms: float | None = None
+    preview: str | None = None
+    error: dict[str, str] | None = None
+    sensitive: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)  # fields a newer endpoint sends
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Step:
+        """The step a `data: {"step": {...}}` event carries."""
+        known = {f.name for f in fields(cls)} - {"extra"}
+        return cls(**{k: v for k, v in data.items() if k in known},
+                   extra={k: v for k, v in data.items() if k not in known})
 
 
 class _Events:
@@ -51,17 +95,22 @@ def sse_data(lines: Iterator[str]) -> Iterator[str]:
 
 
 class _Reader:
-    """Turns events into text chunks and keeps the final reply; shared by both streams."""
+    """Turns events into text chunks (and steps) and keeps the final reply; shared by both streams."""
 
     def __init__(self) -> None:
         self.output: Any = None
         self.request_id: str | None = None
         self.done = False
+        self.steps: list[Step] = []
         self._streamed: list[str] = []
 
-    def read(self, data: str) -> str | None:
-        """The chunk an event carries, if any; raises the error an error event carries."""
+    def read(self, data: str) -> Any:
+        """The chunk or `Step` an event carries, if any; raises the error an error event carries."""
         event = json.loads(data)
+        if "step" in event:
+            step = Step.from_json(event["step"])
+            self.steps.append(step)
+            return step
         if "delta" in event:
             self._streamed.append(event["delta"])
             return str(event["delta"])
@@ -89,18 +138,18 @@ class _Reader:
             raise PatchkitError("the endpoint's event stream ended before its final event")
 
 
-class Stream(_Reader):
-    """What `Endpoint.stream` returns: iterate it for text chunks, then read `output`."""
+class Stream(_Reader, Generic[Chunk]):
+    """What `Endpoint.stream` returns: iterate it for text chunks (and, with `steps=True`, `Step`s), then read `output`."""
 
     def __init__(self, open_response: Callable[[], Any], reply: Callable[[httpx.Response], Any]) -> None:
         super().__init__()
         self._open, self._reply = open_response, reply
 
-    def __iter__(self) -> Iterator[str]:
+    def __iter__(self) -> Iterator[Chunk]:
         with self._open() as response:
             if not self.check(response, lambda r: self._reply(_read(r))):
                 if isinstance(self.output, str):
-                    yield self.output
+                    yield self.output  # type: ignore[misc]  # text is a chunk of every stream
                 return
             for data in sse_data(response.iter_lines()):
                 chunk = self.read(data)
@@ -109,7 +158,7 @@ class Stream(_Reader):
         self.finished()
 
 
-class AsyncStream(_Reader):
+class AsyncStream(_Reader, Generic[Chunk]):
     """What `Endpoint.astream` returns: `async for` it for text chunks, then read `output`.
 
     Leaving the loop early closes the stream once the loop's generator is collected; to close it at a point
@@ -123,9 +172,9 @@ class AsyncStream(_Reader):
     def __init__(self, open_response: Callable[[], Any], reply: Callable[[httpx.Response], Any]) -> None:
         super().__init__()
         self._open, self._reply = open_response, reply
-        self._iterations: list[AsyncGenerator[str, None]] = []
+        self._iterations: list[AsyncGenerator[Chunk, None]] = []
 
-    def __aiter__(self) -> AsyncIterator[str]:
+    def __aiter__(self) -> AsyncIterator[Chunk]:
         iteration = self._chunks()
         self._iterations.append(iteration)
         return iteration
@@ -136,19 +185,19 @@ class AsyncStream(_Reader):
         for iteration in iterations:
             await iteration.aclose()
 
-    async def __aenter__(self) -> AsyncStream:
+    async def __aenter__(self) -> AsyncStream[Chunk]:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _chunks(self) -> AsyncGenerator[str, None]:
+    async def _chunks(self) -> AsyncGenerator[Chunk, None]:
         async with self._open() as response:
             if not response.headers.get("content-type", "").startswith("text/event-stream"):
                 await response.aread()
             if not self.check(response, self._reply):
                 if isinstance(self.output, str):
-                    yield self.output
+                    yield self.output  # type: ignore[misc]  # text is a chunk of every stream
                 return
             events = _Events()
             async for line in response.aiter_lines():

@@ -35,12 +35,14 @@ class ServerConfig(OptionGroup):
     port: int = option(0, help="the port it listens on (0: any free port)", ge=0, le=65535, flag=True)
     read_timeout_s: float = option(30.0, help="a request's headers and body must arrive within this, else 408",
                                    gt=0, described=True)
-    auth_token: str | None = option(None, help="a bearer token for every route but /healthz and /readyz (default: "
-                                    "PATCHKIT_AUTH_TOKEN)",
+    auth_token: str | None = option(None, help="a bearer token for every route but /healthz, /readyz and the "
+                                    "dashboard's page (default: PATCHKIT_AUTH_TOKEN)",
                                     nonempty="a non-empty string (the bearer token clients send)", secret=True)
     optional_inputs: tuple[str, ...] = option((), help="inputs a request may leave out (they keep their captured value)",
                                               check=check_names, described=True)
     debug: bool = option(False, help="error replies carry tracebacks", described=True)
+    step_preview_chars: int = option(200, help="how much of each call's result a step event shows (0: none; "
+                                     "never of a component marked sensitive)", ge=0, described=True)
     # None: as the deploying process's `patchkit` logger (its effective level), which `resolve` reads.
     log_level: str | None = option(None, help="what the front-end and the workers log: debug, info, warning, error or critical",
                                    choices=tuple(level.lower() for level in LOG_LEVELS), any_case=True, described=True,

@@ -56,6 +56,8 @@ class Component:
     # their model, their state): those are private parts, run inside this component wherever it runs.
     # A component given through any other parameter is deployed on its own and shared (see docs/deploy.md).
     in_place: tuple[str, ...] = ()
+    # True: what its calls return is never shown outside the pipeline (step events carry no preview of it).
+    sensitive: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """Record the constructor's arguments: the component travels to its workers as them (its spec)."""

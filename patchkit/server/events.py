@@ -1,7 +1,8 @@
 """Server-sent events: a reply streamed as `data: ...` events while the pipeline produces text.
 
 A route runs its request through `pump`, which hands each text chunk the front-end reports
-(`RequestRunner.query(on_delta=...)`) to the route as it comes, then returns the request's result. The
+(`RequestRunner.query(on_delta=...)`), and each step event where the client asked for them
+(`on_step=...`), to the route as it comes, in the order reported, then returns the request's result. The
 `EventStream` starts the reply (200, `text/event-stream`) with its first event only, so that a
 request that fails before producing anything still gets its plain JSON error and status.
 """
@@ -17,6 +18,7 @@ from aiohttp import web
 __all__ = ["EventStream", "pump"]
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 
 class EventStream:
@@ -49,9 +51,9 @@ class EventStream:
         return self.response
 
 
-async def pump(run: Callable[[Callable[[str], object]], Awaitable[T]], on_delta: Callable[[str], Awaitable[None]]) -> T:
-    """Run `run(report)`, awaiting `on_delta(chunk)` for each chunk it reports, in order; return its
-    result once every chunk reported before it ended has been handed on.
+async def pump(run: Callable[[Callable[[Item], object]], Awaitable[T]], on_delta: Callable[[Item], Awaitable[None]]) -> T:
+    """Run `run(report)`, awaiting `on_delta(chunk)` for each chunk (or step event) it reports, in order; return
+    its result once every chunk reported before it ended has been handed on.
 
     `report` is called on the event loop, synchronously (the front-end's `on_delta`); it queues the chunk
     and returns a future done once `on_delta` has handed it on (sent to the client): the call making the
@@ -60,14 +62,14 @@ async def pump(run: Callable[[Callable[[str], object]], Awaitable[T]], on_delta:
     cancelled.
     """
     loop = asyncio.get_running_loop()
-    chunks: asyncio.Queue[tuple[str, asyncio.Future[None]]] = asyncio.Queue()
+    chunks: asyncio.Queue[tuple[Item, asyncio.Future[None]]] = asyncio.Queue()
 
-    def report(chunk: str) -> asyncio.Future[None]:
+    def report(chunk: Item) -> asyncio.Future[None]:
         handed: asyncio.Future[None] = loop.create_future()
         chunks.put_nowait((chunk, handed))
         return handed
 
-    async def hand_on(chunk: str, handed: asyncio.Future[None]) -> None:
+    async def hand_on(chunk: Item, handed: asyncio.Future[None]) -> None:
         await on_delta(chunk)
         if not handed.done():
             handed.set_result(None)

@@ -5,7 +5,8 @@
                      the `X-Pipeline-Version` header); with "stream": true a text/event-stream:
                      `data: {"delta": "..."}` per text chunk of the output's streaming call, then
                      `data: {"output", "request_id", "latency_ms"}`, or, for an error after the stream
-                     started, `data: {"error": {...}}`
+                     started, `data: {"error": {...}}`; with "steps": true too (or `?steps=true`), a
+                     `data: {"step": {...}}` event as each component call starts and ends (serving/steps.py)
     POST /v1/query   the same, on the only pipeline (400 where several are served)
     GET  /v1/pipelines   each pipeline served: name, version, digest, inputs, output, state, components
     POST /v1/chat/completions, GET /v1/models   the OpenAI chat API, a pipeline per model (chat.py)
@@ -20,6 +21,7 @@
     GET  /v1/plan    the deployment's configuration (`DeploymentConfig.describe`, an allow-list) and its inputs
     GET  /v1/stats   per component: replicas, batches, throughput, queues (`Endpoint.stats()`)
     GET  /v1/traces  the last finished requests with an SLO
+    GET  /, /dashboard, /v1/activity, /v1/graph.svg   the dashboard (server/dashboard/), its files public
 
 Every reply carries the request's id in its `X-Request-ID` header: the client's own (1 to 200
 printable ASCII characters, else 400), else a fresh one; query replies and errors carry it in their
@@ -51,6 +53,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from patchkit.errors import InputError
 from patchkit.server.bodies import BodyBudget
 from patchkit.server.chat import ChatRoutes
+from patchkit.server.dashboard import DashboardRoutes, is_public
 from patchkit.server.events import EventStream, pump
 from patchkit.server.inputs import InputSchema, output_json
 from patchkit.server.loop_lag import LoopLag
@@ -74,7 +77,7 @@ _SCHEMAS = web.AppKey("schemas", weakref.WeakKeyDictionary)  # Version -> its In
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
 _BODIES = web.AppKey("bodies", BodyBudget)
 _ROUTES = ("POST /v1/query, /v1/pipelines/{name}/query, /v1/chat/completions, GET /healthz, /readyz, /metrics, "
-           "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/models")
+           "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/activity, /v1/models, /dashboard")
 VERSION_HEADER = "X-Pipeline-Version"
 _PROBES = ("/healthz", "/readyz")  # answered from the start, and without the token
 
@@ -125,11 +128,12 @@ async def _edge(request: web.Request, handler: Callable[[web.Request], Awaitable
 async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     frontend = request.app[_FRONTEND]
     token = frontend.config.server.auth_token
-    if token is not None and request.path not in _PROBES and not _authorized(request, token):
+    public = request.path in _PROBES or is_public(request.path)  # the dashboard's files hold no data
+    if token is not None and not public and not _authorized(request, token):
         message = "this endpoint needs the deployment's token: send the header 'Authorization: Bearer <auth_token>'"
         challenge = {"WWW-Authenticate": 'Bearer realm="patchkit"'}
         return _refuse(request, 401, {"type": "Unauthorized", "message": message}, challenge)
-    if not frontend.started and request.path not in _PROBES:
+    if not frontend.started and not public:
         message = "the endpoint is starting: its workers are not all up yet (GET /readyz says when they are)"
         return _refuse(request, 503, {"type": "Starting", "message": message}, {"Retry-After": "1"})
     try:
@@ -182,8 +186,11 @@ async def query(request: web.Request) -> web.StreamResponse:
     async def run(body: bytes) -> web.StreamResponse:
         version = request.app[_FRONTEND].route(request.match_info.get("name"))
         parsed = schema_of(request.app, version).parse(body)
+        steps = parsed.steps or _steps_asked(request)
         if parsed.stream:
-            return await _stream_query(request, version, parsed.inputs, parsed.slo_ms)
+            return await _stream_query(request, version, parsed.inputs, parsed.slo_ms, steps)
+        if steps:
+            raise InputError('steps are events of a stream: send "stream": true with ?steps=true')
         result = await version.runner.query(parsed.inputs, parsed.slo_ms, request_id=request_id_of(request))
         return web.Response(body=_result_json(result), content_type="application/json", headers={VERSION_HEADER: version.tag})
 
@@ -205,21 +212,34 @@ def _result_json(result: RequestResult) -> bytes:
         output_json(result.output), json.dumps(result.request_id).encode(), result.latency_s * 1000)
 
 
+def _steps_asked(request: web.Request) -> bool:
+    """Whether the query string asks for step events: `?steps=true` (or 1); false, 0 or none: not."""
+    value = request.query.get("steps")
+    if value is None or value.lower() in ("false", "0"):
+        return False
+    if value.lower() in ("true", "1", ""):
+        return True
+    raise InputError(f"the query parameter steps must be true or false; got {value[:80]!r}")
+
+
 async def _stream_query(
-    request: web.Request, version: Version, inputs: dict[str, Any], slo_ms: float | None
+    request: web.Request, version: Version, inputs: dict[str, Any], slo_ms: float | None, steps: bool = False
 ) -> web.StreamResponse:
-    """`"stream": true`: a `data: {"delta": ...}` event per chunk, then the reply as the last event.
+    """`"stream": true`: a `data: {"delta": ...}` event per chunk, then the reply as the last event; with `steps`,
+    a `data: {"step": ...}` event as each call starts and ends, among them in the order they happened.
 
     An error before the first event is the usual JSON error; after it, a last `data: {"error": ...}` event."""
     request_id = request_id_of(request)
     stream = EventStream(request, {REQUEST_ID_HEADER: request_id, VERSION_HEADER: version.tag})
 
-    async def send_delta(delta: str) -> None:
-        await stream.send(json.dumps({"delta": delta}).encode())
+    async def send_delta(item: str | dict[str, Any]) -> None:
+        await stream.send(json.dumps({"delta": item} if isinstance(item, str) else {"step": item}).encode())
+
+    def run(report: Callable[[str | dict[str, Any]], object]) -> Awaitable[RequestResult]:
+        return version.runner.query(inputs, slo_ms, request_id=request_id, on_delta=report, on_step=report if steps else None)
 
     try:
-        result = await pump(lambda on_delta: version.runner.query(inputs, slo_ms, request_id=request_id, on_delta=on_delta),
-                            send_delta)
+        result = await pump(run, send_delta)
         final = _result_json(result)
     except ConnectionResetError:
         raise  # the client went away: nobody to answer
@@ -352,4 +372,5 @@ def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Applic
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/traces", traces)
     ChatRoutes(frontend, read_body).add_to(app.router)
+    DashboardRoutes(frontend).add_to(app.router)
     return app

@@ -39,10 +39,12 @@ class QueryBody:
     inputs: dict[str, Any]
     slo_ms: float | None = None
     stream: bool = False  # answer as server-sent events
+    steps: bool = False  # with `stream`: a step event as each component call starts and ends
 
 
 class InputSchema:
-    """Checks `{"inputs": {...}, "slo_ms"?: n, "stream"?: bool}` bodies; every input is required unless listed as optional."""
+    """Checks `{"inputs": {...}, "slo_ms"?: n, "stream"?: bool, "steps"?: bool}` bodies; every input is required
+    unless listed as optional."""
 
     def __init__(self, defaults: Mapping[str, Any], optional: tuple[str, ...] = ()) -> None:
         self.defaults = dict(defaults)
@@ -53,17 +55,21 @@ class InputSchema:
         request = parse_json(body)
         if not isinstance(request, dict):
             raise InputError('the body must be a JSON object: {"inputs": {...}}')
-        extra = set(request) - {"inputs", "slo_ms", "stream"}
+        extra = set(request) - {"inputs", "slo_ms", "stream", "steps"}
         if extra:
-            raise InputError(f"unknown field {sorted(extra)[0]!r} in the body; it takes 'inputs', 'slo_ms' and 'stream'")
+            raise InputError(f"unknown field {sorted(extra)[0]!r} in the body; it takes 'inputs', 'slo_ms', 'stream' "
+                             "and 'steps'")
         slo_ms = _slo_ms(request.get("slo_ms"))
-        stream = request.get("stream", False)
-        if not isinstance(stream, bool):
-            raise InputError(f"stream must be true or false; got {json.dumps(stream)[:80]}")
+        stream, steps = request.get("stream", False), request.get("steps", False)
+        for name, value in (("stream", stream), ("steps", steps)):
+            if not isinstance(value, bool):
+                raise InputError(f"{name} must be true or false; got {json.dumps(value)[:80]}")
+        if steps and not stream:
+            raise InputError('steps are events of a stream: send "stream": true with "steps": true')
         inputs = request.get("inputs")
         if not isinstance(inputs, dict):
             raise InputError('the body needs "inputs": an object with one entry per pipeline input')
-        return QueryBody(self.check(inputs), slo_ms, stream)
+        return QueryBody(self.check(inputs), slo_ms, stream, steps)
 
     def check(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Type-check given inputs against the captured defaults, report the first missing one, and

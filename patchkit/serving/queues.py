@@ -69,6 +69,8 @@ class PendingCall:
     dispatched: float | None = None  # when it last left the queue in a batch
     prefix: str | None = None  # the component's prefix_key for it: routed to the replica holding that state
     priority: int = 0  # its pipeline's: higher leaves first
+    batch: int | None = None  # the size of the batch it last left in
+    replica: str | None = None  # the replica that batch went to
 
     @property
     def ranked(self) -> bool:
@@ -261,6 +263,8 @@ class BatchQueue:
     async def _send(self, replica: Replica, batch: list[PendingCall]) -> None:
         start = self.clock()
         turn: Turn | None = None
+        for call in batch:
+            call.batch, call.replica = len(batch), replica.id
         try:
             async with asyncio.timeout(None) as scope:
                 turn = Turn(scope, self.timeout_s, self.method, batch)

@@ -32,6 +32,7 @@ from patchkit.serving.bridge import await_, run_sync
 from patchkit.serving.deployment import Deployment
 from patchkit.serving.queues import BatchQueue, PendingCall
 from patchkit.serving.stats import StatsCollector
+from patchkit.serving.steps import CallStep, RequestSteps
 from patchkit.serving.waves import Waves
 
 if TYPE_CHECKING:
@@ -67,12 +68,13 @@ class RequestResult:
 @dataclass(frozen=True)
 class _Request:
     """What a request's component calls need of it: its SLO state, when it times out (the event loop's
-    time), its span, and where the chunks of its output go when it streams."""
+    time), its span, where the chunks of its output go when it streams, and its calls' steps."""
 
     state: RequestState
     expires: float
     span: telemetry.Span
     on_delta: Callable[[str], object] | None
+    steps: RequestSteps
 
 
 class RequestRunner:
@@ -119,6 +121,7 @@ class RequestRunner:
         *,
         request_id: str | None = None,
         on_delta: Callable[[str], object] | None = None,
+        on_step: Callable[[dict[str, Any]], object] | None = None,
     ) -> RequestResult:
         """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer.
 
@@ -126,14 +129,17 @@ class RequestRunner:
         one; it is in the result, the request's traces and spans. `on_delta`: called on this loop with
         each text chunk of the calls whose result is the pipeline's output, or an item of it
         (`stream=True` methods the captured graph connects to the output), as they are made.
+        `on_step`: called on this loop with each step event of the request's component calls, as each
+        starts and ends, in that order (`patchkit.serving.steps`).
         Cancelling the query (its client went away) withdraws its queued calls and stops its running
         ones where they can stop; it counts as `cancelled`.
         """
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         span = telemetry.start_request(request_id, self.name, self.tag)
+        steps = RequestSteps(request_id, self.name, self.tag, on_step, self.config.server.step_preview_chars)
         error: BaseException | None = None
         try:
-            return await self._query(inputs, slo_ms, request_id, span, on_delta)
+            return await self._query(inputs, slo_ms, request_id, span, on_delta, steps)
         except BaseException as exc:
             error = exc
             raise
@@ -142,6 +148,8 @@ class RequestRunner:
             if error is not None:
                 self.stats.count(outcome, self.name, self.tag)
             telemetry.end_request(span, outcome)
+            steps.finish(outcome, time.perf_counter() - steps.arrived)
+            self.stats.recent.add(steps)
 
     async def _query(
         self,
@@ -150,6 +158,7 @@ class RequestRunner:
         request_id: str,
         span: telemetry.Span,
         on_delta: Callable[[str], object] | None,
+        steps: RequestSteps,
     ) -> RequestResult:
         if self.closing:
             raise Overloaded(self.load(), 0, "the endpoint is shutting down")
@@ -164,7 +173,7 @@ class RequestRunner:
         self._idle.clear()
         ok = False
         try:
-            output = await self._admitted(variables, _Request(state, expires, span, on_delta))
+            output = await self._admitted(variables, _Request(state, expires, span, on_delta, steps))
             ok = True
         finally:
             self.policy.finish(state, ok=ok)
@@ -248,28 +257,36 @@ class RequestRunner:
         if (uid, method.name) in deployment.prefetcher.sources:
             deployment.prefetcher.on_call(component, method.name, site, args, kwargs)
         name, state = deployment.names[uid], request.state
+        node = self.pipeline.graph.node_at(site) if site is not None else None
+        step = request.steps.start(node.id if node is not None else None, name, method.name,
+                                   sensitive=bool(getattr(component, "sensitive", False)))
         call_span, carrier = telemetry.start_call(request.span, name, method.name)
         slack = self.policy.check(state) if state.deadline is not None else None  # an SLO applies: the slack
         streams = method.stream and request.on_delta is not None and site in self.output_sites
         envelope = CallEnvelope(args, kwargs, request.expires, request.on_delta if streams else None, trace=carrier)
         submitted = _Submitted(name, method.name, deployment.submit(queue, component, envelope, slack, self.priority))
-        if call_span is not None or state.deadline is not None:  # a span to end, or a visit to record
-            submitted.call.future.add_done_callback(
-                functools.partial(self._ended, submitted, state, call_span, time.time_ns(), self.clock(), _size(args))
-            )
+        submitted.call.future.add_done_callback(
+            functools.partial(self._ended, submitted, request, step, call_span, time.time_ns(), self.clock(), _size(args))
+        )
         return submitted
 
     def _ended(
-        self, submitted: _Submitted, state: RequestState, span: telemetry.Span, submitted_ns: int, started: float,
-        size: int, future: asyncio.Future[Any],
+        self, submitted: _Submitted, request: _Request, step: CallStep, span: telemetry.Span, submitted_ns: int,
+        started: float, size: int, future: asyncio.Future[Any],
     ) -> None:
-        """When a call's outcome is in (whether or not its request has looked yet): its span ends and, under an
-        SLO, its visit is recorded, so a request's trace sees its calls as they come back."""
-        call = submitted.call
+        """When a call's outcome is in (whether or not its request has looked yet): its step ends, its span ends
+        and, under an SLO, its visit is recorded, so a request's trace sees its calls as they come back."""
+        call, state = submitted.call, request.state
+        wait = call.waited if call.dispatched is not None else None
         if future.cancelled() or future.exception() is not None:
-            telemetry.end_call(span, submitted_ns, None, "cancelled" if future.cancelled() else str(future.exception()))
+            why = "the request ended" if future.cancelled() else str(future.exception())
+            request.steps.end(step, batch=call.batch, replica=call.replica, wait_s=wait,
+                              error=("Cancelled", why) if future.cancelled() else (type(future.exception()).__name__, why))
+            telemetry.end_call(span, submitted_ns, None, "cancelled" if future.cancelled() else why)
             return
         ok, value = future.result()
+        request.steps.end(step, batch=call.batch, replica=call.replica, wait_s=wait,
+                          result=value if ok else None, error=None if ok else (value.type_name, value.message))
         if span is not None:
             dispatched_ns = None if call.dispatched is None else time.time_ns() - int((self.clock() - call.dispatched) * 1e9)
             telemetry.end_call(span, submitted_ns, dispatched_ns, None if ok else value.message)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import deque
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from patchkit.scheduler.online.autoscale import Decision, ScalingPolicy
 
@@ -26,6 +28,8 @@ if TYPE_CHECKING:
 __all__ = ["Autoscaler"]
 
 logger = logging.getLogger(__name__)
+
+RECENT_DECISIONS = 50
 
 
 class Autoscaler:
@@ -50,6 +54,7 @@ class Autoscaler:
         self.sets, self.one_more, self.clock = sets, one_more, clock
         self.policy = ScalingPolicy(config, slo, sets, supervisor.backend, started=clock(), capacity=capacity)
         self._stopping = asyncio.Event()
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)  # the decisions applied lately, for the dashboard
         self._task: asyncio.Task[None] | None = None
 
     # -- the loop -------------------------------------------------------------------------------
@@ -108,6 +113,8 @@ class Autoscaler:
             return False
         self.policy.applied(decision, now)
         self.slo.record_scaling(decision.kind)
+        self.recent.append({"at": time.time(), "kind": decision.kind, "component": name, "replicas": decision.replicas,
+                            "replica": changed, "reason": decision.reason})
         logger.info("scaled %s %s to %d replicas (%s): %s", decision.kind.removeprefix("scale_"), name, decision.replicas,
                     changed, decision.reason)
         if stopped is not None:

@@ -16,6 +16,7 @@ from typing import Any
 from patchkit.scheduler.online.slo import SloPolicy
 from patchkit.serving.deployment import Deployment
 from patchkit.serving.snapshot import LATENCY_BUCKETS_S, FrontendSnapshot, MethodSnapshot
+from patchkit.serving.steps import RecentRequests
 
 __all__ = ["RETIRED", "StatsCollector"]
 
@@ -36,6 +37,7 @@ class StatsCollector:
         self.latency_buckets = [0] * (len(LATENCY_BUCKETS_S) + 1)
         self.latency_sum_s = 0.0
         self.started = time.time()
+        self.recent = RecentRequests()  # the last requests' calls, for the dashboard's timeline
 
     def count(self, outcome: str, pipeline: str | None = None, version: str = "") -> None:
         """A request ended with `outcome` (see `outcome_of`); one a pipeline's runner ran counts under its name and
