@@ -19,6 +19,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -32,6 +33,8 @@ CLI_MARKER = "<!-- the CLI's help, made from patchkit/cli.py -->"
 READ_ONLY_MARKER = "<!-- the built-in components' read_only methods, made from patchkit/components/ -->"
 MAKE_TABLE_MARKER = "<!-- the built-in components' @make options, made from patchkit/components/ -->"
 OPENAPI_MARKER = "<!-- the OpenAPI document, made from patchkit/server/openapi.py -->"
+CHANGELOG_MARKER = "<!-- the changelog, made from CHANGELOG.md -->"
+ROOT = Path(__file__).resolve().parents[2]
 # Members of public classes that patchkit itself calls: left out of the reference, by the entry's public name.
 HIDDEN: dict[str, tuple[str, ...]] = {
     "patchkit.Pipeline": ("run", "variables", "recorded_run", "absorb", "component_aliases", "fingerprint", "parallel",
@@ -141,9 +144,15 @@ def openapi_document() -> str:
     return f"```json\n{json.dumps(made, indent=2)}\n```"
 
 
+def changelog() -> str:
+    """CHANGELOG.md as a page of the site: written once, at the top of the repository, where GitHub shows it."""
+    text = (ROOT / "CHANGELOG.md").read_text()
+    return text.replace("(docs/upgrading.md)", "(upgrading.md)")
+
+
 MARKERS: dict[str, Callable[[], str]] = {CLI_MARKER: cli_help, METRICS_MARKER: metrics_table, GROUPS_MARKER: groups_table,
                                          READ_ONLY_MARKER: read_only_list, MAKE_TABLE_MARKER: make_table,
-                                         OPENAPI_MARKER: openapi_document}
+                                         OPENAPI_MARKER: openapi_document, CHANGELOG_MARKER: changelog}
 
 
 def entry_options(name: str, options: dict[str, Any]) -> dict[str, Any]:
