@@ -129,3 +129,13 @@ def test_every_patchkit_name_the_docs_write_is_importable_from_patchkit() -> Non
     assert "PipelineNotFound" in written
     missing = sorted(name for name in written if not hasattr(patchkit, name))
     assert not missing, f"the docs write patchkit.NAME for names patchkit does not export: {missing}"
+
+
+def test_the_option_help_and_the_pages_tell_read_only_one_way() -> None:
+    from patchkit.config import OPTIONS
+
+    assert "@make(read_only=True)" in OPTIONS["parallel_calls"].option.help
+    pages = {page.name: page.read_text() for page in sorted((ROOT / "docs").rglob("*.md"))}
+    for name, text in pages.items():  # the old story: every independent call overlaps unless turned off
+        assert not re.search(r"calls overlap unless\s+`?parallel_calls", text), name
+    assert "Declaring `read_only`" in pages["parallel-calls.md"]
