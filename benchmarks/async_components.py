@@ -2,6 +2,7 @@
 against the same component written with `time.sleep` on threads, in the same run.
 
     python benchmarks/async_components.py [--seconds 10] [--clients 512] [--rounds 3] [--json results.json]
+        [--result benchmarks/results/async_components.json]
 
 Each variant is deployed on the local backend (one worker process, one replica) and driven over HTTP
 by a closed loop of `--clients` clients (aiohttp, in a process of its own pinned to the last core, as
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import provenance  # benchmarks/provenance.py: this script's directory is on sys.path
 
 import patchkit
 from patchkit import Component, make
@@ -188,7 +190,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default=None)
     parser.add_argument("--drive", default=None, help="be the clients of the endpoint at this URL, print the result")
+    parser.add_argument("--result", default=None, help="write a result file for the site (benchmarks/results/)")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     if args.drive:
         print(json.dumps(asyncio.run(closed_loop(args.drive, args.clients, args.seconds))))
         return
@@ -210,6 +214,43 @@ def main() -> None:
     print(text)
     if args.json:
         Path(args.json).write_text(text + "\n")
+    if args.result:
+        provenance.write(args.result, result_file(results, args.rounds, load_before))
+
+
+LABELS = {"async_512": "`async def`, `max_concurrency=512`",
+          "threads_64": "`time.sleep` on threads, `max_concurrency=64` (the baseline)",
+          "threads_512": "`time.sleep` on threads, `max_concurrency=512`",
+          "no_wait": "no wait (the serving path's ceiling here)"}
+
+
+def result_file(results: dict[str, Any], rounds: int, load_before: float) -> dict[str, Any]:
+    """The run as a result file: each variant's rounds and median, and a plot of the medians."""
+    rows = []
+    for label, runs in results["runs"].items():
+        rates = [run["requests_per_s"] for run in runs]
+        middle = sorted(runs, key=lambda run: run["requests_per_s"])[len(runs) // 2]
+        latency = (f"{middle['p50_ms']:,.0f} / {middle['p99_ms']:,.0f}" if middle["p50_ms"] is not None else "-")
+        wrong = sum(run["wrong"] + run["errors"] for run in runs)
+        rows.append([LABELS[label], ", ".join(f"{rate:,.0f}" for rate in rates),
+                     f"{results['median_requests_per_s'][label]:,.0f}", latency, str(wrong)])
+    return provenance.result_file(
+        title="Async components: one replica awaiting 100 ms, many clients, against threads",
+        components="simulated", load_before=load_before,
+        setup=f"One replica (local backend) of a component whose call waits 100 ms, in four variants deployed one "
+              f"after another, driven over HTTP by a closed loop of {results['clients']} clients (aiohttp, a process "
+              f"of its own) for {results['seconds']:g} s each; {rounds} round(s), each starting from the next "
+              "variant; every answer checked. The serving path shares the machine's cores with the clients.",
+        tables=[{"caption": "Requests per second each round and their median; latency of the median round; "
+                            "wrong answers and errors over every round.",
+                 "columns": ["variant", "requests/s, each round", "median", "p50 / p99 latency (ms)",
+                             "wrong or failed"],
+                 "rows": rows}],
+        plots=[{"title": "Median requests per second", "kind": "barh", "xlabel": "requests/s",
+                "x": [LABELS[label].replace("`", "") for label in results["runs"]],
+                "series": {"median": [round(results["median_requests_per_s"][label], 1)
+                                      for label in results["runs"]]}}],
+        raw=results)
 
 
 if __name__ == "__main__":

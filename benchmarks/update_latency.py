@@ -7,7 +7,7 @@ started and warmed before the switch) and whose code after the call differs; the
 (its workers kept). The baseline, in the same run: the same load while the user's other option is taken,
 `close()` and `deploy()` of the new version (every request in that gap fails or waits).
 
-    python benchmarks/update_latency.py --rate 50 --seconds 6 --json update.json
+    python benchmarks/update_latency.py --rate 50 --seconds 6 --json update.json --result benchmarks/results/update.json
 
 Reports p50/p99 latency of the requests sent in steady state and in the update's window (from the call of
 `update()` until 1 s after it returned), the time `update()` took, the time from its call to the first answer
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import subprocess
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import provenance  # benchmarks/provenance.py: this script's directory is on sys.path
 
 import patchkit
 from patchkit import Component, make
@@ -159,7 +161,9 @@ def main() -> None:
     parser.add_argument("--change", choices=("update", "redeploy"), default=None,
                         help="measure one side here (default: each in a fresh process of its own)")
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--result", default=None, help="write a result file for the site (benchmarks/results/)")
     args = parser.parse_args()
+    load_before = os.getloadavg()[0]
     if args.change is not None:
         results = [measure(args.rate, args.seconds, redeploy=args.change == "redeploy")]
     else:
@@ -169,6 +173,35 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as out:
             json.dump({"rate": args.rate, "seconds": args.seconds, "results": results}, out, indent=2)
+    if args.result:
+        provenance.write(args.result, result_file(args.rate, args.seconds, results, load_before))
+
+
+def result_file(rate: float, seconds: float, results: list[dict[str, Any]], load_before: float) -> dict[str, Any]:
+    """The run as a result file: a table of both sides and a plot of their latencies, steady and during."""
+    def ms(value: float) -> str:
+        return f"{value:.1f}"
+
+    rows = [[side["change"], str(side["requests"]), str(side["failed"]),
+             f"{ms(side['steady']['p50_ms'])} / {ms(side['steady']['p99_ms'])} ms",
+             f"{ms(side['during_change']['p50_ms'])} / {ms(side['during_change']['p99_ms'])} ms",
+             f"{side['change_call_s']:.2f} s", f"{side['first_new_answer_after_call_s']:.2f} s"] for side in results]
+    labels = ["steady p50", "steady p99", "during p50", "during p99"]
+    return provenance.result_file(
+        title="Updating a served pipeline: latency during the update, against closing and deploying again",
+        components="simulated", load_before=load_before,
+        setup=f"A two-stage pipeline (a 2 ms batched stage the update keeps, a 5 ms batched stage it replaces) on the "
+              f"local backend, an open-loop Poisson load of {rate:g} requests/s for {seconds:g} s, the change, then "
+              f"{seconds:g} s more; each side in a fresh process. 'During' is every request sent from the call until "
+              "1 s after it returned; the redeploy's latencies are of the requests it answered.",
+        tables=[{"caption": "Requests, failures and latency (p50 / p99) of each side.",
+                 "columns": ["change", "requests", "failed", "steady p50 / p99", "during the change p50 / p99",
+                             "the call took", "first answer of the new version after the call"],
+                 "rows": rows}],
+        plots=[{"title": "Latency, steady and during the change", "kind": "bar", "ylabel": "ms", "x": labels,
+                "series": {side["change"]: [round(side[part][key], 1) for part in ("steady", "during_change")
+                                            for key in ("p50_ms", "p99_ms")] for side in results}}],
+        rate=rate, seconds=seconds, results=results)
 
 
 def _in_fresh_process(args: argparse.Namespace, change: str) -> dict[str, Any]:

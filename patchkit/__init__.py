@@ -8,10 +8,12 @@ worker and back are drawn in `docs/architecture.md`.
 """
 
 from patchkit import capture as _capture_package  # noqa: F401 - load the package before the function shadows its name
+from patchkit.capture.graph import Graph
 from patchkit.client.capture import capture
-from patchkit.client.endpoint import Endpoint, deploy
+from patchkit.client.endpoint import Endpoint, PipelineClient, deploy
 from patchkit.client.pipeline import Pipeline, last_pipeline
 from patchkit.client.planning import plan
+from patchkit.client.streams import AsyncStream, Stream
 from patchkit.core import Component, make
 from patchkit.errors import (
     CallError,
@@ -24,6 +26,7 @@ from patchkit.errors import (
     MakeError,
     Overloaded,
     PatchkitError,
+    PipelineNotFound,
     PlanError,
     WorkerDiedError,
 )
@@ -32,6 +35,7 @@ from patchkit.scheduler.offline.plan import Plan
 __version__ = "0.1.0"
 
 __all__ = [
+    "AsyncStream",
     "CallError",
     "CaptureError",
     "Component",
@@ -40,13 +44,17 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "Endpoint",
+    "Graph",
     "InputError",
     "MakeError",
     "Overloaded",
     "PatchkitError",
     "Pipeline",
+    "PipelineClient",
+    "PipelineNotFound",
     "Plan",
     "PlanError",
+    "Stream",
     "WorkerDiedError",
     "capture",
     "deploy",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
 
@@ -54,7 +54,7 @@ def _describe(question: str, output: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def component_table(stats: dict[str, Any]) -> str:
+def component_table(stats: Mapping[str, Any]) -> str:
     """Per component method: replicas, batch size, calls, batches, mean batch, mean batch latency and
     the prompt tokens its replicas reused of those they were given.
 

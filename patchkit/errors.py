@@ -14,7 +14,7 @@
     ├── PipelineNotFound    a request named a pipeline the endpoint does not serve (also a LookupError)
     └── PlanError           no plan fits the resources or the SLO: says what is missing and how to declare it
 
-Errors cross process boundaries as JSON (`error_to_json` / `error_from_json`), never as pickles.
+Every one is importable from `patchkit` too. Errors cross process boundaries as JSON, never as pickles.
 
 This module imports nothing from patchkit, so every part may raise these.
 """
@@ -39,19 +39,21 @@ __all__ = [
     "PipelineNotFound",
     "PlanError",
     "WorkerDiedError",
-    "error_from_json",
-    "error_to_json",
-    "unknown_input",
 ]
 
 
 class PatchkitError(Exception):
-    """Root of every error patchkit raises on purpose."""
+    """Root of every error patchkit raises on purpose: `except patchkit.PatchkitError` catches them all.
+
+    Over HTTP a request's error is `{"error": {"type": ..., "message": ...}}` with the status each error below
+    names (HTTP 500 for one that names none), and `Endpoint` raises it again as the same type.
+    """
 
 
 class CaptureError(PatchkitError):
     """A `with patchkit.capture():` block holds code patchkit cannot turn into a pipeline.
 
+    Raised by `patchkit.capture()` when the block is captured, before anything runs deployed; never over HTTP.
     The message names the user's file and line, the construct, and what to write instead.
 
     Attributes:
@@ -71,23 +73,34 @@ class CaptureError(PatchkitError):
 
 
 class MakeError(PatchkitError, TypeError):
-    """`@make` or `Component` used in a way patchkit cannot serve; the message names the method."""
+    """`@make` or `Component` used in a way patchkit cannot serve; the message names the method.
+
+    Raised where the mistake is made: when the decorator is applied, or when the component is built.
+    """
 
 
 class InputError(PatchkitError, TypeError):
-    """A pipeline was called with an unknown, missing or ill-typed input; the message names it."""
+    """A pipeline was called with an unknown, missing or ill-typed input; the message names it.
+
+    Raised by `pipeline(...)`, and by the front-end for a request whose body or inputs are wrong: HTTP 400
+    (413 for a body past `max_body_bytes`), which `Endpoint.query()` raises again as InputError.
+    """
 
 
 class ConfigError(PatchkitError, ValueError):
     """A deployment option is unknown, out of range, or conflicts with another.
 
     The message names it, suggests the closest known name for a misspelt one, and gives both values of a
-    conflict.
+    conflict. Raised by `deploy()`, `plan()`, `Endpoint.update()` and `patchkit serve` where the options are
+    given, before anything starts.
     """
 
 
 class ComponentError(PatchkitError):
-    """A component method raised.
+    """A component method raised (HTTP 500, with the component's error text).
+
+    Raised by the request whose pipeline code did not catch the component's exception, or, for code that
+    catches it, that exception itself as plain Python would see it.
 
     Attributes:
         component: the component's name in the deployment.
@@ -107,7 +120,8 @@ class CallError(PatchkitError):
     """A component call failed between the front-end and its worker, not in the component.
 
     Its arguments could not be pickled or unpickled, or its result could not be. Only that call (or, for a
-    reply that cannot be read, that batch) fails; the worker keeps serving.
+    reply that cannot be read, that batch) fails; the worker keeps serving. Raised by the request that made the
+    call (HTTP 500).
 
     Attributes:
         component: the component's name in the deployment.
@@ -121,19 +135,29 @@ class CallError(PatchkitError):
 
 
 class WorkerDiedError(PatchkitError):
-    """The worker process serving a component died while it held a call, or could not start."""
+    """The worker process serving a component died while it held a call, or could not start.
+
+    Raised by a request whose call was on a replica that died once the call's retries (`max_retries`, or the
+    method's `retries`) are spent (HTTP 500), and by `deploy()` or `Endpoint.update()` when a worker could not
+    start (its stderr, above the error, says why).
+    """
 
 
 class ComponentFailed(WorkerDiedError):
     """A component's replicas died by a signal (a crash in native code) at every restart.
 
-    patchkit stopped restarting them: its calls fail at once (HTTP 503) until it is replaced or the deployment is
-    updated. The message names the component and the signal, and points at `patchkit doctor`.
+    patchkit stopped restarting them: raised at once by every request that calls it (HTTP 503) until it is
+    replaced or the deployment is updated, and `/readyz` answers 503 meanwhile. The message names the component and the
+    signal, and points at `patchkit doctor`.
     """
 
 
 class DeadlineExceeded(PatchkitError):
-    """A request ran past its deadline (its SLO, or the endpoint's)."""
+    """A request ran past its deadline (its SLO, or the endpoint's `request_timeout_s`).
+
+    Raised by the request (HTTP 504), whose calls still queued are withdrawn, and by `Endpoint.query()` when no
+    answer came within the endpoint's timeout. A component's own TimeoutError is its error (500), never this.
+    """
 
 
 class Cancelled(PatchkitError):
@@ -145,6 +169,9 @@ class Cancelled(PatchkitError):
 
 class Overloaded(PatchkitError):
     """Admission is closed because the admission queue is full (HTTP 503, with Retry-After).
+
+    Raised by a request refused at the door: the requests or body bytes in flight are at their limits, the
+    workers are still starting, or the server is draining. Retry after the header's seconds.
 
     Attributes:
         queue_length: the requests waiting when this one was refused.
@@ -158,7 +185,10 @@ class Overloaded(PatchkitError):
 
 
 class PipelineNotFound(PatchkitError, LookupError):
-    """A request named a pipeline the endpoint does not serve (HTTP 404); the message lists those it does."""
+    """A request named a pipeline the endpoint does not serve (HTTP 404); the message lists those it does.
+
+    Raised by `endpoint[name]`'s calls and by `POST /v1/pipelines/{name}/query` for a name not served.
+    """
 
     def __init__(self, name: str, served: list[str] | None = None) -> None:
         self.name = name
@@ -169,8 +199,8 @@ class PipelineNotFound(PatchkitError, LookupError):
 class PlanError(PatchkitError):
     """The planner found no plan: the resources or the SLO cannot hold the pipeline.
 
-    The message says what is missing (which components, how many units of which resource) and what to
-    declare.
+    Raised by `plan()`, `deploy()` and `patchkit plan` before anything serves; never over HTTP. The message says
+    what is missing (which components, how many units of which resource) and what to declare.
     """
 
 

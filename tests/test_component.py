@@ -160,6 +160,7 @@ def test_batch_call_with_wrong_arguments_is_a_type_error_naming_the_method() -> 
 
 def test_public_names() -> None:
     assert sorted(patchkit.__all__) == [
+        "AsyncStream",
         "CallError",
         "CaptureError",
         "Component",
@@ -168,13 +169,17 @@ def test_public_names() -> None:
         "ConfigError",
         "DeadlineExceeded",
         "Endpoint",
+        "Graph",
         "InputError",
         "MakeError",
         "Overloaded",
         "PatchkitError",
         "Pipeline",
+        "PipelineClient",
+        "PipelineNotFound",
         "Plan",
         "PlanError",
+        "Stream",
         "WorkerDiedError",
         "capture",
         "deploy",

@@ -340,4 +340,4 @@ def test_the_option_table_lists_every_key() -> None:
         assert f"`components.NAME.{key}`" in table, key
     for key in config_file.PipelineOptions.model_fields:
         assert f"`pipelines.NAME.{key}`" in table, key
-    assert config_file.TABLE_MARKER in (ROOT / "docs" / "options.md").read_text()
+    assert config_file.TABLE_MARKER in (ROOT / "docs" / "reference" / "config.md").read_text()

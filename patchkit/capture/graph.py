@@ -45,6 +45,19 @@ class Guard:
 
 @dataclass
 class Node:
+    """One component call site of the pipeline code: `graph.nodes[id]`.
+
+    Attributes:
+        id: its id in the graph (and in `GET /v1/graph`).
+        component: the component's name in the pipeline (the variable it was bound to).
+        cls: the component's class name.
+        method: the `@make` method called.
+        site: where the call is in the source (its file and line).
+        guards: the conditions that decide whether it runs.
+        loops: the ids of the loops that repeat it, outermost first.
+        visits: how many times the eager runs made it.
+    """
+
     id: str
     component: str
     cls: str
@@ -56,11 +69,21 @@ class Node:
 
     @property
     def label(self) -> str:
+        """`component.method`, as the pictures write it."""
         return f"{self.component}.{self.method}"
 
 
 @dataclass(frozen=True)
 class Edge:
+    """A dependency between two nodes (or an input and a node, or a node and `"output"`).
+
+    Attributes:
+        src: the node (or input name) it comes from.
+        dst: the node (or `"output"`) it goes to.
+        kind: `"data"` (dst reads what src returned) or `"control"` (src decides whether dst runs).
+        label: the variable that carries the data, where there is one.
+    """
+
     src: str
     dst: str
     kind: Literal["data", "control"]
@@ -68,7 +91,27 @@ class Edge:
 
 
 class Graph:
-    """Built by `dataflow.build_graph` at capture; `count_run` adds the visits of each eager run."""
+    """A captured pipeline's calls and their dependencies: `pipeline.graph`, also served as `GET /v1/graph`.
+
+    It renders itself in Jupyter (as SVG); `to_svg()`, `to_mermaid()` and `to_dot()` draw it elsewhere.
+
+        for group in pipeline.graph.overlap_groups:  # calls a request may have in flight together
+            print([pipeline.graph.nodes[node].label for node in group])
+
+    Built at capture from the block's bytecode; each eager run (`pipeline(...)`, the capture's own) adds its
+    visits.
+
+    Attributes:
+        inputs: the pipeline's input names.
+        nodes: each call site by node id (`Node`: its component, method, source line, guards and loops).
+        edges: the data and control dependencies (`Edge`), inputs and `"output"` included.
+        loops: each loop that repeats calls, by id.
+        runs: how many eager runs the visit counts come from.
+        overlap_groups: the calls a request may have in flight at once when deployed (calls of methods
+            declared `@make(read_only=True)`): each group is the node ids of one stretch of the pipeline code,
+            in the order the code reaches them; a group of one node is a call that overlaps itself (issued in
+            a loop before its first result is needed). Empty where no call may overlap.
+    """
 
     def __init__(self, inputs: Iterable[str]) -> None:
         self.inputs = list(inputs)
@@ -100,6 +143,7 @@ class Graph:
         return None if node_id is None else self.nodes[node_id]
 
     def add_edge(self, src: str, dst: str, kind: Literal["data", "control"], label: str = "") -> None:
+        """Add a dependency, once (called by the data-flow pass at capture)."""
         edge = Edge(src, dst, kind, label)
         if src != dst or kind == "data":
             if edge not in self.edges:
@@ -117,9 +161,11 @@ class Graph:
         return self._named[uid][0]
 
     def name_held(self) -> None:
-        """Name the components passed to named components' constructors (the generator a Grader is
-        given), after the bound ones have their names, so a pipeline's `llm` keeps its own; each is
-        then a component of the pipeline, deployed once and called by its holders there."""
+        """Name the components passed to named components' constructors (the generator a Grader is given).
+
+        Called after the bound ones have their names, so a pipeline's `llm` keeps its own; each is then a
+        component of the pipeline, deployed once and called by its holders there.
+        """
         todo = list(self._named.values())
         while todo:
             holder_name, holder = todo.pop(0)
@@ -128,6 +174,7 @@ class Graph:
                     todo.append((self.name_component(inner, f"{holder_name}_{label}"), inner))
 
     def name_of(self, component: Component) -> str | None:
+        """The component's name in the pipeline, if it has one."""
         named = self._named.get(component._patchkit_spec.uid)
         return named[0] if named else None
 
@@ -146,18 +193,24 @@ class Graph:
         return {n.id: (n.visits / self.runs if self.runs else 0.0) for n in self.nodes.values()}
 
     def output_sites(self) -> frozenset[CallSite]:
-        """The call sites whose result is the output as it is, or an item of it (a field of a dict output):
-        a streaming call there streams the output."""
+        """The call sites whose result is the output as it is, or an item of it (a field of a dict output).
+
+        A streaming call there streams the output.
+        """
         sources = {e.src for e in self.edges if e.dst == OUTPUT and e.label == PART}
         return frozenset(self.nodes[n].site for n in sources if n in self.nodes)
 
     def components(self) -> dict[str, Component]:
+        """The pipeline's components by name."""
         return dict(self._named.values())
 
     # -- views ----------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        """Plain data for `GET /v1/graph`: nodes with their source place, visits and overlap group (an
-        index into `overlap_groups`, or None), edges, loops, and the overlap groups as lists of node ids."""
+        """Plain data, as `GET /v1/graph` serves it.
+
+        Nodes with their source place, visits and overlap group (an index into `overlap_groups`, or None),
+        edges, loops, and the overlap groups as lists of node ids.
+        """
         overlap = {node_id: i for i, group in enumerate(self.overlap_groups) for node_id in group}
         nodes = [
             {
@@ -186,12 +239,15 @@ class Graph:
         }
 
     def to_dot(self) -> str:
+        """The graph in Graphviz's dot language."""
         return render.to_dot(self)
 
     def to_mermaid(self) -> str:
+        """The graph as a Mermaid flowchart (for a Markdown page that renders Mermaid)."""
         return render.to_mermaid(self)
 
     def to_svg(self) -> str:
+        """The graph drawn as SVG, by patchkit itself (no Graphviz needed): what Jupyter shows."""
         return render.to_svg(self)
 
     def _repr_svg_(self) -> str:

@@ -23,6 +23,7 @@ from patchkit.client.streams import AsyncStream, Step, Stream
 from patchkit.config import OPTIONS, DeploymentConfig
 from patchkit.config.options import reference
 from patchkit.errors import ConfigError, DeadlineExceeded, PatchkitError, error_from_json
+from patchkit.server.reports import PlanReport, Stats
 
 if TYPE_CHECKING:
     from patchkit.scheduler.offline.plan import Plan
@@ -57,14 +58,7 @@ class Endpoint:
     several. Calls share pooled keep-alive connections: one client for every thread's `query`, one per
     event loop for `aquery`. A call that gets no answer within the endpoint's `request_timeout_s` (plus a
     margin) raises DeadlineExceeded. Also a context manager; whatever is still open closes when the
-    interpreter exits.
-
-    Args:
-        url: where the endpoint's HTTP API answers.
-        closer: what `close()` calls to stop the front-end and its workers.
-        timeout_s: the endpoint's request timeout.
-        headers: sent with every request (sync and async), such as its bearer token.
-        updater: how `update` reaches the front-end (None: this endpoint takes no updates).
+    interpreter exits. Made by `deploy()`, not by hand.
 
     Attributes:
         url: where the endpoint's HTTP API answers (`POST {url}/v1/query`).
@@ -74,6 +68,15 @@ class Endpoint:
         self, url: str, closer: Callable[[], None], *, timeout_s: float = 300.0, headers: Mapping[str, str] | None = None,
         updater: Updater | None = None,
     ) -> None:
+        """Called by `deploy()` once the front-end answers.
+
+        Args:
+            url: where the endpoint's HTTP API answers.
+            closer: what `close()` calls to stop the front-end and its workers.
+            timeout_s: the endpoint's request timeout.
+            headers: sent with every request (sync and async), such as its bearer token.
+            updater: how `update` reaches the front-end (None: this endpoint takes no updates).
+        """
         self.url = url
         self._updater = updater
         self._headers = {"Accept": "application/json", **(headers or {})}
@@ -285,14 +288,22 @@ class Endpoint:
         except httpx.TransportError as exc:
             raise self._transport_error(exc, self._query_timeout) from exc
 
-    def stats(self) -> dict[str, Any]:
-        """Per component: replicas, batch sizes, throughput, queue lengths; and request counts."""
-        result: dict[str, Any] = self._request("GET", "/v1/stats?replicas=1")
+    def stats(self) -> Stats:
+        """Per component: replicas, batch sizes, throughput, queue lengths; and request counts (`GET /v1/stats`).
+
+        Returns:
+            A dict of the shape `Stats` describes.
+        """
+        result: Stats = self._request("GET", "/v1/stats?replicas=1")
         return result
 
-    def plan(self) -> dict[str, Any]:
-        """What `GET /v1/plan` serves: per component its replicas and batch sizes, and the Plan applied, if any."""
-        result: dict[str, Any] = self._request("GET", "/v1/plan")
+    def plan(self) -> PlanReport:
+        """What `GET /v1/plan` serves: per component its replicas and batch sizes, and the Plan applied, if any.
+
+        Returns:
+            A dict of the shape `PlanReport` describes.
+        """
+        result: PlanReport = self._request("GET", "/v1/plan")
         return result
 
     def traces(self) -> list[Trace]:

@@ -139,7 +139,23 @@ class _Reader:
 
 
 class Stream(_Reader, Generic[Chunk]):
-    """What `Endpoint.stream` returns: iterate it for text chunks (and, with `steps=True`, `Step`s), then read `output`."""
+    """What `Endpoint.stream()` returns: iterate it for the output's text chunks, then read `output`.
+
+        stream = endpoint.stream(question="What is a generator?")
+        for chunk in stream:  # each chunk as the output's streaming call yields it
+            print(chunk, end="")
+        print(stream.output, stream.request_id)  # the whole output, as query() returns it
+
+    With `steps=True` the iteration also yields a `Step` as each component call starts and ends, in the order
+    they happened (`stream.steps` keeps them all). The request is sent when the iteration starts, and each
+    iteration sends it again. A pipeline whose output no streaming call makes answers in one piece: the
+    iteration yields its output once if it is a string. An error the pipeline raises after the stream started
+    is raised by the iteration, as `query()` raises it.
+
+    Attributes:
+        output: the pipeline's output once the iteration ended (None before).
+        request_id: the request's id (its `X-Request-ID`) once the iteration ended (None before).
+    """
 
     def __init__(self, open_response: Callable[[], Any], reply: Callable[[httpx.Response], Any]) -> None:
         super().__init__()
@@ -159,7 +175,10 @@ class Stream(_Reader, Generic[Chunk]):
 
 
 class AsyncStream(_Reader, Generic[Chunk]):
-    """What `Endpoint.astream` returns: `async for` it for text chunks, then read `output`.
+    """What `Endpoint.astream()` returns: `async for` it for the output's text chunks (and, with `steps=True`,
+    `Step`s), then read `output`.
+
+    As `Stream`, with `output` and `request_id` set once the iteration ended.
 
     Leaving the loop early closes the stream once the loop's generator is collected; to close it at a point
     of your choosing (the endpoint then cancels the request), use it as a context manager, or `aclose()` it:

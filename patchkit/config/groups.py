@@ -73,8 +73,10 @@ class LimitsConfig(OptionGroup):
     batch_wait_ms: float = option(0.0, help="a partial batch leaves once its oldest call waited this long", ge=0,
                                   described=True, flag=True)
     pipelining: bool = option(True, help="false: requests run in waves, each waiting for the one before", described=True)
-    parallel_calls: bool = option(True, help="a request's independent calls overlap, each waited for where its result "
-                                  "is first needed; false: one call at a time, as plain Python", described=True)
+    parallel_calls: bool = option(True, help="a request's independent calls of methods declared "
+                                  "@make(read_only=True) overlap, each waited for where its result is first needed; "
+                                  "every other call keeps its place; false: one call at a time, as plain Python",
+                                  described=True)
 
     def check(self) -> None:
         """Refuse a `max_inflight_bytes` below `max_body_bytes`: a body of the largest size could never be admitted."""

@@ -49,15 +49,20 @@ class Component:
     """
 
     _patchkit_spec: ComponentSpec
-    # The resource types one replica can run on; the planner picks one per component. A class (or
-    # an instance, in its __init__) that can use a GPU says so: ("cpu", "gpu") or ("gpu",).
     devices: tuple[str, ...] = ("cpu",)
-    # Constructor parameters whose components this one uses beyond their @make methods (their index,
-    # their model, their state): those are private parts, run inside this component wherever it runs.
-    # A component given through any other parameter is deployed on its own and shared (see docs/deploy.md).
+    """The resource types one replica can run on, of "cpu" and "gpu"; the planner picks one per component.
+
+    A class (or an instance, in its `__init__`) that can use a GPU says so: `("cpu", "gpu")` or `("gpu",)`.
+    """
     in_place: tuple[str, ...] = ()
-    # True: what its calls return is never shown outside the pipeline (step events carry no preview of it).
+    """Constructor parameters whose components this one uses beyond their `@make` methods (their index, their
+    model, their state): those run inside this component wherever it runs.
+
+    A component given through any other parameter is deployed on its own and shared: its holder calls it
+    through patchkit, its queue and its replicas (Deploying, "Shared components").
+    """
     sensitive: bool = False
+    """True: what its calls return is never shown outside the pipeline (step events carry no preview of it)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """Record the constructor's arguments: the component travels to its workers as them (its spec)."""
@@ -608,8 +613,12 @@ def make(
             receives the chunks as they come.
         ordered: the method has effects: its calls keep plain Python's order (the default for a method
             that is not `read_only`, said explicitly).
-        read_only: the method changes nothing another call or the pipeline's code could see (no store,
-            file or state written), so its calls overlap other read-only calls.
+        read_only: a promise that the method changes nothing another call or the pipeline's code could
+            see (no store, file or state written), so that deployed, its calls overlap the request's other
+            read-only calls; a call of a method without it keeps its place. Not checked: a method declared
+            so that writes can be reordered against the request's later reads (the deployed answer then
+            differs from plain Python's). It orders one request's calls only, not concurrent requests'
+            nor a component's replicas.
 
     Returns:
         The method marked (`@make`), or the decorator that marks it (`@make(...)`).

@@ -22,6 +22,7 @@
     GET  /v1/stats   per component: replicas, batches, throughput, queues (`Endpoint.stats()`)
     GET  /v1/traces  the last finished requests with an SLO
     GET  /, /dashboard, /v1/activity, /v1/graph.svg   the dashboard (server/dashboard/), its files public
+    GET  /openapi.json   this API as an OpenAPI 3.1 document (openapi.py), its pipelines' inputs included
 
 Every reply carries the request's id in its `X-Request-ID` header: the client's own (1 to 200
 printable ASCII characters, else 400), else a fresh one; query replies and errors carry it in their
@@ -58,6 +59,7 @@ from patchkit.server.events import EventStream, pump
 from patchkit.server.inputs import InputSchema, output_json
 from patchkit.server.loop_lag import LoopLag
 from patchkit.server.metrics import CONTENT_TYPE, DeploymentMetrics
+from patchkit.server.openapi import document
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of, set_request_id
 from patchkit.server.request_ids import REQUEST_ID, check_request_id, new_request_id
 from patchkit.serving.frontend import Frontend, RequestResult, Version
@@ -77,7 +79,7 @@ _SCHEMAS = web.AppKey("schemas", weakref.WeakKeyDictionary)  # Version -> its In
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
 _BODIES = web.AppKey("bodies", BodyBudget)
 _ROUTES = ("POST /v1/query, /v1/pipelines/{name}/query, /v1/chat/completions, GET /healthz, /readyz, /metrics, "
-           "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/activity, /v1/models, /dashboard")
+           "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/activity, /v1/models, /dashboard, /openapi.json")
 VERSION_HEADER = "X-Pipeline-Version"
 _PROBES = ("/healthz", "/readyz")  # answered from the start, and without the token
 
@@ -352,6 +354,15 @@ async def traces(request: web.Request) -> web.Response:
     return _json(200, {"traces": [trace.to_dict() for trace in request.app[_FRONTEND].policy.finished]})
 
 
+async def openapi(request: web.Request) -> web.Response:
+    """This API as an OpenAPI 3.1 document: the routes served, and the inputs of each pipeline."""
+    frontend = request.app[_FRONTEND]
+    routes = [(route.method, route.resource.canonical, route.handler) for route in request.app.router.routes()
+              if route.resource is not None]
+    inputs = {name: schema_of(request.app, version).describe() for name, version in frontend.versions.items()}
+    return _json(200, document(routes, inputs=inputs, auth=frontend.config.server.auth_token is not None))
+
+
 def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Application:
     """The routes over `frontend`; `/metrics` shows `loop_lag` too when the server measures it."""
     app = web.Application(client_max_size=frontend.config.limits.max_body_bytes, middlewares=[_edge])
@@ -371,6 +382,7 @@ def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Applic
     app.router.add_get("/v1/plan", plan)
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/traces", traces)
+    app.router.add_get("/openapi.json", openapi)
     ChatRoutes(frontend, read_body).add_to(app.router)
     DashboardRoutes(frontend).add_to(app.router)
     return app
