@@ -175,8 +175,7 @@ class Stream(_Reader, Generic[Chunk]):
 
 
 class AsyncStream(_Reader, Generic[Chunk]):
-    """What `Endpoint.astream()` returns: `async for` it for the output's text chunks (and, with `steps=True`,
-    `Step`s), then read `output`.
+    """What `Endpoint.astream()` returns: `async for` it for text chunks (and `Step`s), then read `output`.
 
     As `Stream`, with `output` and `request_id` set once the iteration ended.
 
