@@ -10,7 +10,6 @@ worker and back are drawn in `docs/architecture.md`.
 from patchkit import capture as _capture_package  # noqa: F401 - load the package before the function shadows its name
 from patchkit.client.capture import capture
 from patchkit.client.endpoint import Endpoint, deploy
-from patchkit.client.pipeline import Pipeline, last_pipeline
 from patchkit.client.planning import plan
 from patchkit.core import Component, make
 from patchkit.errors import (
@@ -27,6 +26,7 @@ from patchkit.errors import (
     PlanError,
     WorkerDiedError,
 )
+from patchkit.program.pipeline import Pipeline, last_pipeline
 from patchkit.scheduler.offline.plan import Plan
 
 __version__ = "0.1.0"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from patchkit.client.pipeline import Pipeline
+    from patchkit.program.pipeline import Pipeline
     from patchkit.reload import Reloader
     from patchkit.scheduler.offline.plan import Plan
 
@@ -158,8 +158,8 @@ def _import(target: str, *, again: bool = False) -> Pipeline:
     import difflib
     import importlib
 
-    from patchkit.client.pipeline import Pipeline
     from patchkit.errors import ConfigError
+    from patchkit.program.pipeline import Pipeline
 
     module_name, _, attribute = target.partition(":")
     if not module_name or not attribute:

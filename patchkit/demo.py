@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
 
 from patchkit.client.endpoint import Endpoint, deploy
-from patchkit.client.pipeline import Pipeline
+from patchkit.program.pipeline import Pipeline
 from patchkit.tables import text_table
 
 __all__ = ["ask", "component_table", "main"]

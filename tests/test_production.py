@@ -25,8 +25,8 @@ import pytest
 import yaml
 
 from patchkit.cli import _load, parser
-from patchkit.client.pipeline import Pipeline
 from patchkit.config.groups import LivenessConfig
+from patchkit.program.pipeline import Pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = (ROOT / "Dockerfile").read_text()

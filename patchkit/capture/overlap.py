@@ -3,7 +3,7 @@
 A call of a `read_only=True` method whose result goes straight into a variable
 (`docs = retriever.retrieve(q)`), into a comprehension's list (`[grader.grade(q, d) for d in docs]`) or
 nowhere is *deferred*: deployed, the call hook submits it and hands back a `Pending`
-(`core/pending.py`), and the code goes on. A call of any other method keeps plain Python's place, as
+(`capture/pending.py`), and the code goes on. A call of any other method keeps plain Python's place, as
 `ordered=True` does: every open call is waited for before it is made, and it is waited for where it is made,
 so what it writes every later call reads, and it is never made after an earlier call failed. The pass knows,
 at each instruction, which variables may hold a Pending, which calls may be open and which stack items hold
@@ -17,7 +17,7 @@ Pendings, and so where the code must wait (`Actions`, written into the body by `
   branches, loops over containers, builtins) and other read-only component calls;
 - before local work that runs user code on some values (an operator's dunder, a truth test, a format, a
   property, a builtin's key function or generator), a `guard` that settles first unless the running values
-  are plain data (`core/guards.py`): so no user code runs while calls are open, and nothing changes an
+  are plain data (`capture/guards.py`): so no user code runs while calls are open, and nothing changes an
   object an open call holds (`x += y` on a mutable `x` settles first), which is what keeps a call's
   arguments as they were when it was made;
 - before a loop starts, `iterable(...)`: a generator's steps settle first, as they run the user's code;
@@ -43,9 +43,9 @@ from bytecode import Instr, Label, TryBegin, TryEnd
 
 from patchkit.capture.analysis import successors
 from patchkit.capture.compat import CALL_OPS, PY313, name_of
+from patchkit.capture.guards import INPLACE_OPS, SHALLOW_OPS
 from patchkit.capture.ir import BlockExit
 from patchkit.capture.stack import pops_pushes
-from patchkit.core.guards import INPLACE_OPS, SHALLOW_OPS
 
 __all__ = ["COMPREHENSION", "EMPTY", "OUTER", "STORES", "Actions", "Guard", "OverlapPass", "SiteNode", "State",
            "is_comprehension", "reads_of"]
@@ -85,7 +85,7 @@ _PURE_BUILTINS = frozenset({"len", "str", "int", "float", "bool", "abs", "round"
                             "zip", "list", "tuple", "dict", "set", "frozenset", "sum", "any", "all", "repr", "reversed",
                             "min", "max", "sorted"})
 COMPREHENSION = "<listcomp>"  # 3.11 runs a list comprehension as its own code; 3.12+ inline it
-# The window's instructions that may run user code, by the check (`core/guards.py`) of their operands.
+# The window's instructions that may run user code, by the check (`capture/guards.py`) of their operands.
 _CHECKED = {
     "COMPARE_OP": "deep", "CONTAINS_OP": "deep", "FORMAT_VALUE": "deep", "FORMAT_SIMPLE": "deep",
     "FORMAT_WITH_SPEC": "deep", "CONVERT_VALUE": "deep", "BUILD_SET": "deep", "SET_ADD": "deep", "MAP_ADD": "deep",
@@ -154,7 +154,7 @@ class State:
 
 @dataclass(frozen=True)
 class Guard:
-    """A check of the operands an instruction is about to use: `kind` names it in `core/guards.py`;
+    """A check of the operands an instruction is about to use: `kind` names it in `capture/guards.py`;
     `depths` are the operands' places on the stack (1 its top), in the order the check takes them; `extra`
     constants follow them (an attribute's name, an operator's number)."""
 

@@ -18,11 +18,11 @@ import cloudpickle
 import httpx
 
 from patchkit import envs
-from patchkit.client.pipeline import Pipeline, last_pipeline
 from patchkit.client.streams import AsyncStream, Stream
 from patchkit.config import OPTIONS, DeploymentConfig
 from patchkit.config.options import reference
 from patchkit.errors import ConfigError, DeadlineExceeded, PatchkitError, error_from_json
+from patchkit.program.pipeline import Pipeline, last_pipeline
 
 if TYPE_CHECKING:
     from patchkit.scheduler.offline.plan import Plan

@@ -21,7 +21,6 @@ from typing import Any, TypeVar, overload
 
 from patchkit.core.calls import Call, CallHook, active_call_hook, call_hook, site_of
 from patchkit.core.event_loop import component_loop, on_component_loop, watched
-from patchkit.core.guards import allow_descriptor
 from patchkit.core.spec import ComponentSpec
 from patchkit.errors import MakeError
 
@@ -480,9 +479,6 @@ class MakeMethod:
             for column, name in zip(columns, params):
                 column.append(bound.arguments[name])
         return columns
-
-
-allow_descriptor(MakeMethod)  # reading `component.method` makes a BoundMake: patchkit's code, not the user's
 
 
 class BoundMake:
