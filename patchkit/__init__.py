@@ -9,7 +9,8 @@ worker and back are drawn in `docs/architecture.md`.
 
 from patchkit import capture as _capture_package  # noqa: F401 - load the package before the function shadows its name
 from patchkit.client.capture import capture
-from patchkit.client.endpoint import Endpoint, deploy
+from patchkit.client.deploy import deploy
+from patchkit.client.endpoint import Endpoint
 from patchkit.client.planning import plan
 from patchkit.core import Component, make
 from patchkit.errors import (

@@ -10,7 +10,8 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
 
-from patchkit.client.endpoint import Endpoint, deploy
+from patchkit.client.deploy import deploy
+from patchkit.client.endpoint import Endpoint
 from patchkit.program.pipeline import Pipeline
 from patchkit.tables import text_table
 

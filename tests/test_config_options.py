@@ -222,7 +222,7 @@ def test_a_flag_needs_one_simple_type() -> None:
 def test_deploy_parameters_that_are_options_default_as_their_metadata_says() -> None:
     from inspect import Parameter, signature
 
-    from patchkit.client.endpoint import DEPLOY_ARGUMENTS
+    from patchkit.client.deploy import DEPLOY_ARGUMENTS
 
     for name, parameter in signature(patchkit.deploy).parameters.items():
         if name in OPTIONS:

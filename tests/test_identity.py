@@ -17,7 +17,7 @@ import pytest
 
 import patchkit
 from patchkit import reload
-from patchkit.core import identity as ids
+from patchkit.program import identity as ids
 
 APP = '''\
 import patchkit
