@@ -18,8 +18,8 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.core.base import DEFAULT_ASYNC_CONCURRENCY
 from patchkit.core.event_loop import component_loop
+from patchkit.core.make import DEFAULT_ASYNC_CONCURRENCY
 from patchkit.errors import Cancelled, DeadlineExceeded, MakeError
 from patchkit.orchestrator.execute import Outcome, StopFlag, run_calls_async
 from patchkit.serving.frontend import Frontend

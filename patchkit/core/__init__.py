@@ -7,8 +7,9 @@ decorator, `spec` how a component is rebuilt elsewhere and shown, `calls` a call
 (`patchkit.capture.pending`); a component's identity is the program's (`patchkit.program.identity`).
 """
 
-from patchkit.core.base import BoundMake, Component, MakeMethod, ensure_setup, make, make_methods, mark_served_elsewhere
 from patchkit.core.calls import Call, CallHook, CallSite, active_call_hook, call_hook
+from patchkit.core.component import Component, ensure_setup, mark_served_elsewhere
+from patchkit.core.make import BoundMake, MakeMethod, make, make_methods
 from patchkit.core.spec import ComponentSpec, secret_like
 
 __all__ = [
