@@ -1,5 +1,7 @@
-"""`deploy()`: the options checked, a plan made where asked, and the front-end process started (or its thread, with
-the inprocess backend); it returns the `Endpoint` that talks to it (`endpoint.py`)."""
+"""`deploy()`: the options checked, a plan made where asked, and the front-end process started.
+
+With the inprocess backend, a thread of this process instead. It returns the `Endpoint` that talks to it (`endpoint.py`).
+"""
 
 from __future__ import annotations
 
