@@ -18,7 +18,7 @@ from typing import Any, TypeVar, overload
 
 from patchkit.core.calls import Call, CallHook, active_call_hook, call_hook, site_of
 from patchkit.core.component import Component, ensure_setup
-from patchkit.core.event_loop import component_loop, watched
+from patchkit.core.event_loop import component_loop, iterate_inline, run_inline, watched
 from patchkit.errors import MakeError
 
 __all__ = ["DEFAULT_ASYNC_CONCURRENCY", "DEFAULT_BATCH_SIZE", "BoundMake", "MakeMethod", "make", "make_methods"]
@@ -167,14 +167,11 @@ class MakeMethod:
             chunks.close()
 
     def _run_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
+        """The synchronous edge of `_arun_batch`: on the component loop, this thread waiting, or here."""
         ensure_setup(component)
-        if self.asynchronous:  # on the component loop, this thread waiting: a running loop here is no matter
+        if self.asynchronous:  # a running loop in this thread is no matter: it is not the one that runs it
             return component_loop().run(self._arun_batch(component, calls), self.qualname)
-        if self.stream:
-            return ["".join(self.chunks(component, args, kwargs)) for args, kwargs in calls]
-        if not self.batch:
-            return [self.fn(component, *args, **kwargs) for args, kwargs in calls]
-        return self._results(self.fn(component, *self._columns(component, calls)), calls)
+        return run_inline(self._arun_batch(component, calls))
 
     async def run_batch_async(self, component: Component, calls: Sequence[Call], hook: CallHook | None = None) -> list[Any]:
         """`run_batch` of an `async def` method, on the component loop; the component is set up.
@@ -193,20 +190,32 @@ class MakeMethod:
         return await watched(self.fn(component, *args, **kwargs), self.qualname)
 
     async def _arun_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
+        """A batch's calls: the one implementation, for a plain `def` method as for an `async def` one.
+
+        A plain method's calls run one after another and never wait, so its synchronous edge runs this here
+        (`run_inline`); an `async def` method's per-item calls await together on the loop.
+        """
+        if self.batch:
+            made = self.fn(component, *self._columns(component, calls))
+            return self._results(await watched(made, self.qualname) if self.asynchronous else made, calls)
+        if not self.asynchronous:
+            one = self._joined if self.stream else self._call_here
+            return [await one(component, args, kwargs) for args, kwargs in calls]
         if self.stream:
             return list(await asyncio.gather(*(self._joined(component, args, kwargs) for args, kwargs in calls)))
-        if not self.batch:  # a task each, awaiting together: one that fails leaves the others to end
-            runs = [asyncio.ensure_future(self.call_async(component, args, kwargs)) for args, kwargs in calls]
-            try:
-                return list(await asyncio.gather(*runs))
-            finally:
-                for run in runs:
-                    run.cancel()
-        columns = self._columns(component, calls)
-        return self._results(await watched(self.fn(component, *columns), self.qualname), calls)
+        runs = [asyncio.ensure_future(self.call_async(component, args, kwargs)) for args, kwargs in calls]
+        try:  # a task each, awaiting together
+            return list(await asyncio.gather(*runs))
+        finally:
+            for run in runs:
+                run.cancel()
+
+    async def _call_here(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of a plain `def` per-item method, in the calling thread."""
+        return self.fn(component, *args, **kwargs)
 
     async def _joined(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """One call of an async `stream=True` method: its chunks joined."""
+        """One call of a `stream=True` method: its chunks joined."""
         return "".join([chunk async for chunk in self.achunks(component, args, kwargs)])
 
     def _results(self, results: Any, calls: Sequence[Call]) -> list[Any]:
@@ -220,35 +229,44 @@ class MakeMethod:
         return list(results)
 
     def chunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Generator[str, None, None]:
-        """The text chunks of one call of a `stream=True` method, as it yields them.
+        """The text chunks of one call of a `stream=True` method, as it yields them: the synchronous edge of `achunks`.
 
-        Each checked to be a str. An async generator runs on the component loop, its chunks handed to this thread as they come.
+        Each checked to be a str. An async generator runs on the component loop, its chunks handed to this thread as they
+        come; a plain one runs here.
         """
         if self.asynchronous:
             yield from component_loop().iterate(self.achunks(component, args, kwargs), self.qualname)
-            return
-        made = self.fn(component, *args, **kwargs)
-        try:
-            for chunk in made:
-                yield self._chunk(chunk)
-        finally:
-            made.close()
+        else:
+            yield from iterate_inline(self.achunks(component, args, kwargs))
 
     async def achunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncGenerator[str, None]:
-        """The text chunks of one call of an async `stream=True` method, on the component loop.
+        """The text chunks of one call of a `stream=True` method: the one implementation, for a generator or an async one.
 
-        Each step of the method watched, each chunk checked to be a str. Closing it closes the method's generator.
+        An async generator's chunks come on the component loop, each of its steps watched. Each chunk checked to be a str.
+        Closing it closes the method's generator.
         """
         made = self.fn(component, *args, **kwargs)
         try:
             while True:
                 try:
-                    chunk = await watched(made.__anext__(), self.qualname)
+                    chunk = await self._next_chunk(made)
                 except StopAsyncIteration:
                     return
                 yield self._chunk(chunk)
         finally:
-            await made.aclose()
+            if self.asynchronous:
+                await made.aclose()
+            else:
+                made.close()
+
+    async def _next_chunk(self, made: Any) -> Any:
+        """The method's generator's next chunk; StopAsyncIteration at its end."""
+        if self.asynchronous:
+            return await watched(made.__anext__(), self.qualname)
+        try:
+            return next(made)
+        except StopIteration:
+            raise StopAsyncIteration from None
 
     def _chunk(self, chunk: Any) -> str:
         if not isinstance(chunk, str):
