@@ -22,13 +22,13 @@ from patchkit.capture.assemble import Program, assemble
 from patchkit.capture.compat import CALL_OPS, PY312, PY313
 from patchkit.capture.graph import Graph
 from patchkit.capture.ir import CapturedBlock
-from patchkit.capture.overlap import (
+from patchkit.capture.overlap import OverlapPass
+from patchkit.capture.overlap_state import (
     COMPREHENSION,
     EMPTY,
     OUTER,
     Actions,
     Guard,
-    OverlapPass,
     SiteNode,
     State,
     is_comprehension,
