@@ -15,7 +15,7 @@ import pytest
 
 import patchkit
 from patchkit import ConfigError
-from patchkit.cli import OPTION_FLAGS, main, parser
+from patchkit.cli.commands import OPTION_FLAGS, main, parser
 from patchkit.components.testing import Simulated
 from patchkit.config import OPTIONS, DeploymentConfig, OptionSpec
 from patchkit.config import file as cf

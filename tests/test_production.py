@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from patchkit.cli import _load, parser
+from patchkit.cli import parser
+from patchkit.cli.targets import load_pipeline
 from patchkit.config.groups import LivenessConfig
 from patchkit.program.pipeline import Pipeline
 
@@ -65,7 +66,7 @@ def test_the_dockerfile_installs_extras_that_exist_and_serves_a_pipeline_that_lo
     args = parser().parse_args(["serve", *command])
     assert (args.host, args.port) == ("0.0.0.0", 8000)  # reachable from outside the container
     [target] = args.targets
-    assert isinstance(_load(target), Pipeline)  # the default target loads (nothing runs: run=False)
+    assert isinstance(load_pipeline(target), Pipeline)  # the default target loads (nothing runs: run=False)
     assert _instructions("STOPSIGNAL") == ["SIGTERM"]  # what the front-end drains on
 
 

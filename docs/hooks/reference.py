@@ -1,7 +1,7 @@
 """MkDocs hook (mkdocs.yml `hooks:`): the reference pages' generated parts, made when the site is built.
 
 Each marker line of a page under docs/reference/ becomes what the code says: the `--help` of `patchkit`
-and of each of its commands (patchkit/cli.py's parser), the metrics `/metrics` serves (patchkit/server/metrics.py's
+and of each of its commands (patchkit/cli/commands.py's parser), the metrics `/metrics` serves (patchkit/server/metrics.py's
 collector), and the deploy options by group of `patchkit.config.DeploymentConfig` (their field metadata).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from patchkit.config import OPTIONS
 
-CLI_MARKER = "<!-- the CLI's help, made from patchkit/cli.py -->"
+CLI_MARKER = "<!-- the CLI's help, made from patchkit/cli/commands.py -->"
 METRICS_MARKER = "<!-- the metrics, made from patchkit/server/metrics.py -->"
 GROUPS_MARKER = "<!-- the options by group, made from patchkit/config/ -->"
 HELP_COLUMNS = "100"  # argparse wraps to $COLUMNS: the page's width, whatever terminal builds the site
