@@ -22,8 +22,8 @@ from typing import Any
 
 import patchkit
 from patchkit import Component, make
+from patchkit.capture.pending import Window, run_in_window
 from patchkit.core import call_hook
-from patchkit.core.pending import Window, run_in_window
 
 
 class Stage(Component):

@@ -37,8 +37,8 @@ import patchkit
 from patchkit import Component, make
 from patchkit.bench import BenchResult
 from patchkit.config import DeploymentConfig
+from patchkit.config.backends import make_backend
 from patchkit.orchestrator.backend import ReplicaSpec
-from patchkit.orchestrator.backends import make_backend
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.rpc import HEALTH, SECRET_KEY

@@ -10,8 +10,8 @@ worker and back are drawn in `docs/architecture.md`.
 from patchkit import capture as _capture_package  # noqa: F401 - load the package before the function shadows its name
 from patchkit.capture.graph import Graph
 from patchkit.client.capture import capture
-from patchkit.client.endpoint import Endpoint, PipelineClient, deploy
-from patchkit.client.pipeline import Pipeline, last_pipeline
+from patchkit.client.deploy import deploy
+from patchkit.client.endpoint import Endpoint, PipelineClient
 from patchkit.client.planning import plan
 from patchkit.client.streams import AsyncStream, Stream
 from patchkit.core import Component, make
@@ -30,6 +30,7 @@ from patchkit.errors import (
     PlanError,
     WorkerDiedError,
 )
+from patchkit.program.pipeline import Pipeline, last_pipeline
 from patchkit.scheduler.offline.plan import Plan
 
 __version__ = "0.1.0"

@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TextIO
 
-from patchkit.client.endpoint import Endpoint, deploy
-from patchkit.client.pipeline import Pipeline
+from patchkit.client.deploy import deploy
+from patchkit.client.endpoint import Endpoint
+from patchkit.program.pipeline import Pipeline
 from patchkit.tables import text_table
 
 __all__ = ["ask", "component_table", "main"]

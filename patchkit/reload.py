@@ -3,7 +3,7 @@
 A thread polls the files' modification times and sizes (no dependency; an editor's save is seen within
 about two polls). A file that changed and then held still for one poll is loaded again (the script run
 again, or the module imported again), captured, and handed to the server's `update` on the server's event
-loop: the components whose identity did not change (`patchkit.core.identity`: their class, its attributes
+loop: the components whose identity did not change (`patchkit.program.identity`: their class, its attributes
 and defaults, the module globals and helpers their code reads, their constructor arguments) keep their
 workers, new ones start and finish `setup()` before the new version takes requests. The log names what
 changed, as `reloading app.py: gen changed: Gen.PROMPT, helper fmt`; a save that changes none of it (a
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from patchkit.core.identity import Identity, identity
+from patchkit.program.identity import Identity, identity
 
 if TYPE_CHECKING:
-    from patchkit.client.pipeline import Pipeline
+    from patchkit.program.pipeline import Pipeline
     from patchkit.server.process import FrontendServer
 
 __all__ = ["POLL_S", "Reloader", "Watched", "changes", "identities", "reason", "stamp"]

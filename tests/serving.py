@@ -19,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import patchkit
 from patchkit.config import DeploymentConfig
-from patchkit.orchestrator.backends import make_backend
+from patchkit.config.backends import make_backend
 from patchkit.serving.frontend import Frontend
 
 ROOT = Path(__file__).resolve().parent.parent

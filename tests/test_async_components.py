@@ -18,8 +18,8 @@ from serving import run_frontend
 
 import patchkit
 from patchkit import Component, make
-from patchkit.core.base import DEFAULT_ASYNC_CONCURRENCY
-from patchkit.core.event_loop import component_loop
+from patchkit.core.event_loop import component_loop, run_inline
+from patchkit.core.make import DEFAULT_ASYNC_CONCURRENCY
 from patchkit.errors import Cancelled, DeadlineExceeded, MakeError
 from patchkit.orchestrator.execute import Outcome, StopFlag, run_calls_async
 from patchkit.serving.frontend import Frontend
@@ -448,3 +448,53 @@ def test_a_per_item_async_method_s_batch_awaits_together() -> None:
     fetcher.most = 0
     assert Fetcher.fetch.run_batch(fetcher, calls) == [x + 1 for x in range(8)]  # its eager batch too
     assert fetcher.most == 8
+
+
+def test_a_plain_method_runs_through_the_async_core_in_the_calling_thread_and_no_loop() -> None:
+    """A plain method's batch and stream run through the core an `async def` method's run on, here: in the caller's
+    thread, with no event loop running there, and its generator closed when its reader stops."""
+
+    class Plain(Component):
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, bool]] = []
+            self.closed = False
+
+        def _note(self) -> None:
+            try:
+                asyncio.get_running_loop()
+                running = True
+            except RuntimeError:
+                running = False
+            self.seen.append((threading.get_ident(), running))
+
+        @make
+        def double(self, x: int) -> int:
+            self._note()
+            return 2 * x
+
+        @make(stream=True)
+        def count(self, n: int) -> Any:
+            self._note()
+            try:
+                for i in range(n):
+                    yield str(i)
+            finally:
+                self.closed = True
+
+    plain = Plain()
+    assert Plain.double.run_batch(plain, [((1,), {}), ((2,), {})]) == [2, 4]
+    assert plain.count(3) == "012"
+    chunks = Plain.count.chunks(plain, (5,), {})
+    assert next(chunks) == "0"
+    plain.closed = False
+    chunks.close()
+    assert plain.closed
+    assert plain.seen == [(threading.get_ident(), False)] * 4
+
+
+def test_run_inline_refuses_a_coroutine_that_waits() -> None:
+    async def waits() -> None:
+        await asyncio.sleep(0)
+
+    with pytest.raises(RuntimeError, match="waited"):
+        run_inline(waits())

@@ -21,8 +21,8 @@ from test_slo import FakeClock, learned
 import patchkit
 from patchkit.components.testing import Simulated
 from patchkit.config import DeploymentConfig
+from patchkit.config.backends import make_backend
 from patchkit.orchestrator.backend import ReplicaSpec
-from patchkit.orchestrator.backends import make_backend
 from patchkit.orchestrator.resources import SHARES_PER_CORE, ReplicaResources, one_more
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 from patchkit.scheduler.online.slo import RequestState

@@ -116,7 +116,7 @@ def test_failed_body_propagates_and_leaves_no_capture_active() -> None:
 
 
 def test_last_pipeline_before_any_capture(monkeypatch: pytest.MonkeyPatch) -> None:
-    from patchkit.client import pipeline as pipeline_module
+    from patchkit.program import pipeline as pipeline_module
 
     monkeypatch.setattr(pipeline_module, "_last", None)
     with pytest.raises(patchkit.PatchkitError, match="no pipeline captured yet"):

@@ -21,7 +21,8 @@ from serving import serve_cli
 
 import patchkit
 from patchkit import Component, ConfigError, make
-from patchkit.cli import _import, main, parser, serve_settings
+from patchkit.cli.commands import main, parser, serve_settings
+from patchkit.cli.targets import import_pipeline
 from patchkit.config import OPTIONS, DeploymentConfig
 from patchkit.config import file as cf
 
@@ -255,7 +256,7 @@ def app_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_module_attribute_names_a_pipeline(app_dir: Path) -> None:
-    pipeline = _import("shoutapp.main:pipeline")
+    pipeline = import_pipeline("shoutapp.main:pipeline")
     assert isinstance(pipeline, patchkit.Pipeline) and pipeline(text="yo") == "YO!"
 
 
@@ -272,12 +273,12 @@ def test_module_attribute_names_a_pipeline(app_dir: Path) -> None:
 )
 def test_module_attribute_errors_say_what_is_missing(app_dir: Path, target: str, message: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(message)):
-        _import(target)
+        import_pipeline(target)
 
 
 def test_a_module_missing_a_dependency_raises_as_python_does(app_dir: Path) -> None:
     with pytest.raises(ModuleNotFoundError, match="no_such_dependency_here"):
-        _import("broken:pipeline")
+        import_pipeline("broken:pipeline")
 
 
 @pytest.mark.slow

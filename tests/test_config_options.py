@@ -15,7 +15,7 @@ import pytest
 
 import patchkit
 from patchkit import ConfigError
-from patchkit.cli import OPTION_FLAGS, main, parser
+from patchkit.cli.commands import OPTION_FLAGS, main, parser
 from patchkit.components.testing import Simulated
 from patchkit.config import OPTIONS, DeploymentConfig, OptionSpec
 from patchkit.config import file as cf
@@ -224,7 +224,7 @@ def test_a_flag_needs_one_simple_type() -> None:
 def test_deploy_parameters_that_are_options_default_as_their_metadata_says() -> None:
     from inspect import Parameter, signature
 
-    from patchkit.client.endpoint import DEPLOY_ARGUMENTS
+    from patchkit.client.deploy import DEPLOY_ARGUMENTS
 
     for name, parameter in signature(patchkit.deploy).parameters.items():
         if name in OPTIONS:

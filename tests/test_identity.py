@@ -17,7 +17,7 @@ import pytest
 
 import patchkit
 from patchkit import reload
-from patchkit.core import identity as ids
+from patchkit.program import identity as ids
 
 APP = '''\
 import patchkit
@@ -186,7 +186,7 @@ def test_installed_and_patchkit_code_counts_by_name() -> None:
 
 
 def test_an_object_without_a_stable_digest_falls_back_to_its_type_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="patchkit.core.identity")
+    caplog.set_level(logging.DEBUG, logger="patchkit.program.identity")
     source = APP.replace("UNRELATED = 1", "import threading\n\nLOCK = threading.Lock()").replace(
         "return text.strip()", "with LOCK:\n        return text.strip()")
     assert ids.fingerprint(gen(source)) == ids.fingerprint(gen(source))  # two locks: one digest

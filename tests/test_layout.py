@@ -1,12 +1,13 @@
-"""The package map holds: every import the table of docs/architecture.md allows, no cycle, and a module map
-that names every module.
+"""The package map holds: every import the table of docs/architecture.md allows, no cycle, a module map
+that names every module, a `core` that needs nothing of patchkit but the exception tree and the environment,
+and modules about one thing (none over MAX_LINES lines).
 
 The rules are written once, as the table between the two marker comments of docs/architecture.md's
 "Which way the imports go"; this file parses it, and the module map under "The package map" (its
-convention is the comment above it). Imports are read with `ast` from every module,
-those inside functions included; only the ones under `if TYPE_CHECKING:` are left out, since they
-never run. A unit is a subpackage (`patchkit.capture`, `patchkit.scheduler.online`, ...) or a
-top-level module (`patchkit.errors`, `patchkit.cli`, ...).
+convention is the comment above it). Imports are read with `ast` from every module, those inside
+functions and those under `if TYPE_CHECKING:` included: a type a layer names is a concept it depends on.
+A unit is a subpackage (`patchkit.capture`, `patchkit.scheduler.online`, ...) or a top-level module
+(`patchkit.errors`, `patchkit.cli`, ...).
 """
 
 from __future__ import annotations
@@ -22,6 +23,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "patchkit"
 NESTED = ("patchkit.scheduler.offline", "patchkit.scheduler.online")  # units one level deeper
+CORE, CORE_MAY = "patchkit.core", frozenset({"patchkit.errors", "patchkit.envs"})  # what core may import of patchkit
+MAX_LINES = 450  # a module longer than this holds more than one thing
+# Modules over MAX_LINES while they are cut along their concerns; each is named here until it is, and not after.
+OVER_MAX_LINES = frozenset({"patchkit/components/generators/llama/engine.py"})
 RULES_DOC = ROOT / "docs" / "architecture.md"
 BEGIN, END = "<!-- import rules: read by tests/test_layout.py -->", "<!-- end of import rules -->"
 MAP = "<!-- module map: read by tests/test_layout.py"
@@ -41,19 +46,9 @@ def unit_of(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
 def _imports(node: ast.AST, module: str) -> Iterator[str]:
-    """Every patchkit module `node` imports at run time, at any depth."""
+    """Every patchkit module `node` imports, at any depth: inside functions and under `if TYPE_CHECKING:` too."""
     for child in ast.iter_child_nodes(node):
-        if isinstance(child, ast.If) and _is_type_checking(child.test):
-            for other in child.orelse:
-                yield from _imports(other, module)
-            continue
         if isinstance(child, ast.Import):
             yield from (alias.name for alias in child.names if alias.name.split(".")[0] == "patchkit")
         elif isinstance(child, ast.ImportFrom):
@@ -147,7 +142,7 @@ def _within(module: str, names: frozenset[str]) -> bool:
 
 
 def broken_rules(unit: str, rules: dict[str, Rule]) -> list[str]:
-    """Every run-time import of a module of `unit` that its row does not allow, as "module imports other"."""
+    """Every import of a module of `unit` (type-only ones too) that its row does not allow, as "module imports other"."""
     rule, leaves = rules[unit], frozenset(u for u, r in rules.items() if r.leaf)
     broken = []
     for path in sorted(PACKAGE.rglob("*.py")):
@@ -182,6 +177,53 @@ def test_no_import_cycle_between_packages() -> None:
 def test_the_cycle_finder_finds_one() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_type_only_and_function_local_imports_count() -> None:
+    code = """
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    from patchkit.serving.frontend import Frontend
+def build() -> None:
+    from patchkit.config import backends
+"""
+    found = set(_imports(ast.parse(code), "patchkit.orchestrator.x"))
+    assert found == {"patchkit.serving.frontend", "patchkit.config.backends"}
+    graph = {**GRAPH, "patchkit.orchestrator": GRAPH["patchkit.orchestrator"] | {"patchkit.serving"}}
+    assert _cycle(graph) is not None  # serving drives the orchestrator: a type it names from above closes a loop
+
+
+def core_imports() -> list[str]:
+    """Every import of patchkit from a module of `core` but of itself, the exception tree and the environment."""
+    outside = []
+    for path in sorted((PACKAGE / "core").rglob("*.py")):
+        module = _module_name(path)
+        for imported in sorted(set(_imports(ast.parse(path.read_text(), str(path)), module))):
+            if imported != "patchkit" and unit_of(imported) not in {CORE, *CORE_MAY}:
+                outside.append(f"{module} imports {imported}")
+    return outside
+
+
+def test_core_imports_nothing_of_patchkit_but_errors_and_envs() -> None:
+    outside = core_imports()
+    assert not outside, "core holds Component, make, the call hook and the spec, and needs nothing else: " + "; ".join(outside)
+
+
+def modules_over(limit: int) -> dict[str, int]:
+    """Every module of patchkit/ longer than `limit` lines, by its path under the repository, with its length."""
+    lengths = {path.relative_to(ROOT).as_posix(): len(path.read_text().splitlines()) for path in PACKAGE.rglob("*.py")}
+    return {path: lines for path, lines in sorted(lengths.items()) if lines > limit}
+
+
+def test_no_module_is_over_the_limit() -> None:
+    over = {path: lines for path, lines in modules_over(MAX_LINES).items() if path not in OVER_MAX_LINES}
+    assert not over, f"cut these along their concerns (at most {MAX_LINES} lines each): {over}"
+
+
+def test_a_module_excused_from_the_limit_still_needs_it() -> None:
+    over = modules_over(MAX_LINES)
+    done = sorted(OVER_MAX_LINES - set(over))
+    assert not done, f"{done} fit in {MAX_LINES} lines now: take them out of OVER_MAX_LINES"
 
 
 def test_every_unit_has_a_row_in_the_table() -> None:

@@ -25,7 +25,7 @@ import pytest
 
 import patchkit
 from patchkit import Component, make
-from patchkit.core.guards import CHECKS
+from patchkit.capture.guards import CHECKS
 
 # The front-end and the workers import this module again: the log directory reaches them by the environment.
 EVENTS = Path(os.environ.setdefault("OVERLAP_TEST_EVENTS", tempfile.mkdtemp(prefix="patchkit-overlap-events-")))

@@ -15,8 +15,8 @@ from conftest import load_source
 from test_parallel_calls import outcome
 
 import patchkit
+from patchkit.capture.pending import Window, run_in_window
 from patchkit.core import call_hook
-from patchkit.core.pending import Window, run_in_window
 
 SNIPPETS = {
     "independent_then_merge": '''

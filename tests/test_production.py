@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from patchkit.cli import _load, parser
-from patchkit.client.pipeline import Pipeline
+from patchkit.cli import parser
+from patchkit.cli.targets import load_pipeline
 from patchkit.config.groups import LivenessConfig
+from patchkit.program.pipeline import Pipeline
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
@@ -65,7 +66,7 @@ def test_the_dockerfile_installs_extras_that_exist_and_serves_a_pipeline_that_lo
     args = parser().parse_args(["serve", *command])
     assert (args.host, args.port) == ("0.0.0.0", 8000)  # reachable from outside the container
     [target] = args.targets
-    assert isinstance(_load(target), Pipeline)  # the default target loads (nothing runs: run=False)
+    assert isinstance(load_pipeline(target), Pipeline)  # the default target loads (nothing runs: run=False)
     assert _instructions("STOPSIGNAL") == ["SIGTERM"]  # what the front-end drains on
 
 

@@ -27,7 +27,8 @@ import pytest
 from serving import serve_cli
 
 from patchkit import ConfigError
-from patchkit.cli import Target, _load, _source_file, main, parser, serve_settings, serve_targets
+from patchkit.cli.commands import main, parser, serve_settings
+from patchkit.cli.targets import Target, load_pipeline, serve_targets, source_file
 from patchkit.config import DeploymentConfig
 from patchkit.config import file as cf
 from patchkit.reload import Reloader, Watched, reason, stamp
@@ -134,9 +135,9 @@ def test_a_naming_mistake_is_one_line_and_exit_2_before_anything_loads(capsys: p
 def test_a_script_that_captures_nothing_is_refused_even_after_another_captured(tmp_path: Path) -> None:
     (tmp_path / "shout.py").write_text(_shout())
     (tmp_path / "empty.py").write_text("x = 1\n")
-    assert _load(str(tmp_path / "shout.py")).components
+    assert load_pipeline(str(tmp_path / "shout.py")).components
     with pytest.raises(ConfigError, match=r"empty.py ran no `with patchkit.capture\(\):` block"):
-        _load(str(tmp_path / "empty.py"))  # the capture before it is shout.py's, not empty.py's
+        load_pipeline(str(tmp_path / "empty.py"))  # the capture before it is shout.py's, not empty.py's
 
 
 def test_a_module_target_is_imported_again_and_its_own_file_watched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -148,11 +149,11 @@ def test_a_module_target_is_imported_again_and_its_own_file_watched(tmp_path: Pa
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delitem(sys.modules, "loudapp", raising=False)
     monkeypatch.delitem(sys.modules, "loudapp.main", raising=False)
-    assert _source_file("loudapp.main:pipeline") == module
-    first = _load("loudapp.main:pipeline")
+    assert source_file("loudapp.main:pipeline") == module
+    first = load_pipeline("loudapp.main:pipeline")
     module.write_text(_shout("?"))
-    assert _load("loudapp.main:pipeline") is first  # imported once: the same module, the same pipeline
-    again = _load("loudapp.main:pipeline", again=True)
+    assert load_pipeline("loudapp.main:pipeline") is first  # imported once: the same module, the same pipeline
+    again = load_pipeline("loudapp.main:pipeline", again=True)
     assert again is not first and again(text="yo") == "YO?"
     sys.modules.pop("loudapp.main", None)
     sys.modules.pop("loudapp", None)
@@ -236,7 +237,7 @@ def test_reload_reason_is_one_line_naming_the_file_and_line(tmp_path: Path) -> N
     assert reason(syntax.value, script).endswith("app.py, line 2: SyntaxError: '(' was never closed")
     script.write_text("import no_such_module_here\n")
     with pytest.raises(ModuleNotFoundError) as missing:
-        _load(str(script))
+        load_pipeline(str(script))
     assert reason(missing.value, script).endswith(
         "app.py, line 1: ModuleNotFoundError: No module named 'no_such_module_here'")
 
@@ -254,7 +255,7 @@ def test_the_reloader_serves_each_change_and_keeps_the_version_before_when_one_f
     caplog.set_level(logging.INFO, logger="patchkit.reload")
     script = tmp_path / "shout.py"
     script.write_text(_shout("!"))
-    pipeline = _load(str(script))
+    pipeline = load_pipeline(str(script))
     config = DeploymentConfig.resolve({"shout": pipeline}, backend="inprocess", port=0)
 
     def errors() -> list[str]:
@@ -263,7 +264,7 @@ def test_the_reloader_serves_each_change_and_keeps_the_version_before_when_one_f
     async def body() -> None:
         server = FrontendServer({"shout": pipeline}, config)
         await server.start()
-        watched = Watched("shout", script, functools.partial(_load, str(script), again=True), "shout.py", stamp(script))
+        watched = Watched("shout", script, functools.partial(load_pipeline, str(script), again=True), "shout.py", stamp(script))
         reloader = Reloader([watched], poll_s=0.05)
         reloader.start(server)
         versions = server.frontend.versions

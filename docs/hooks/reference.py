@@ -1,7 +1,7 @@
 """MkDocs hook (mkdocs.yml `hooks:`): the reference pages' generated parts, made when the site is built.
 
 Each marker line of a page becomes what the code says: the `--help` of `patchkit` and of each of its commands
-(patchkit/cli.py's parser), the metrics `/metrics` serves (patchkit/server/metrics.py's collector), the deploy
+(patchkit/cli/commands.py's parser), the metrics `/metrics` serves (patchkit/server/metrics.py's collector), the deploy
 options by group of `patchkit.config.DeploymentConfig` (their field metadata), which built-in methods are declared
 `@make(read_only=True)` (read from the components' classes), and the HTTP API's OpenAPI document.
 
@@ -29,7 +29,7 @@ import patchkit.components
 from patchkit.config import OPTIONS
 from patchkit.core import Component, make_methods
 
-CLI_MARKER = "<!-- the CLI's help, made from patchkit/cli.py -->"
+CLI_MARKER = "<!-- the CLI's help, made from patchkit/cli/commands.py -->"
 READ_ONLY_MARKER = "<!-- the built-in components' read_only methods, made from patchkit/components/ -->"
 MAKE_TABLE_MARKER = "<!-- the built-in components' @make options, made from patchkit/components/ -->"
 OPENAPI_MARKER = "<!-- the OpenAPI document, made from patchkit/server/openapi.py -->"

@@ -4,7 +4,7 @@
 it rewrites too), places each wait before its instruction (ahead of a call's KW_NAMES and PRECALL),
 and `parallel_program` assembles the result into a `Program` that knows its deferred call instructions
 (`Program.deferred_sites`), and fills the graph's overlap groups. The waits call the runtime's functions
-(`core/pending.py`), which the code holds as constants: nothing is added to the user's namespace.
+(`capture/pending.py`), which the code holds as constants: nothing is added to the user's namespace.
 Called once per block and calls found, by `client/capture.py`.
 """
 
@@ -22,20 +22,20 @@ from patchkit.capture.assemble import Program, assemble
 from patchkit.capture.compat import CALL_OPS, PY312, PY313
 from patchkit.capture.graph import Graph
 from patchkit.capture.ir import CapturedBlock
-from patchkit.capture.overlap import (
+from patchkit.capture.overlap import OverlapPass
+from patchkit.capture.overlap_state import (
     COMPREHENSION,
     EMPTY,
     OUTER,
     Actions,
     Guard,
-    OverlapPass,
     SiteNode,
     State,
     is_comprehension,
     reads_of,
 )
+from patchkit.capture.pending import RUNTIME
 from patchkit.core import CallSite, make_methods
-from patchkit.core.pending import RUNTIME
 
 __all__ = ["ParallelBody", "call_indexes", "parallel_program", "rewrite"]
 

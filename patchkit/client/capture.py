@@ -27,9 +27,9 @@ from patchkit.capture.ir import CapturedBlock
 from patchkit.capture.parallel import parallel_program
 from patchkit.capture.recorder import Recorder
 from patchkit.capture.skip import BodySkipped, Skipper
-from patchkit.client.pipeline import Pipeline, set_last_pipeline
 from patchkit.core import call_hook
 from patchkit.errors import CaptureError
+from patchkit.program.pipeline import Pipeline, set_last_pipeline
 
 __all__ = ["Capture", "capture"]
 

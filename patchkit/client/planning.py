@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from patchkit.client.pipeline import Pipeline, last_pipeline
+from patchkit.program.pipeline import Pipeline, last_pipeline
 from patchkit.scheduler.offline.plan import Plan
 from patchkit.scheduler.offline.planner import plan as plan_pipelines
 

@@ -29,14 +29,14 @@ from patchkit.config.groups import (
 )
 from patchkit.config.options import check_counts, check_names, check_value, close_hint, collect, is_int, option
 from patchkit.core import Component, make_methods
-from patchkit.core.identity import deployed_names
 from patchkit.errors import ConfigError, InputError
 from patchkit.orchestrator.resources import SHARES_PER_CORE
+from patchkit.program.identity import deployed_names
 from patchkit.scheduler.offline.plan import Plan
 
 if TYPE_CHECKING:
-    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
     from patchkit.orchestrator.ray_options import RayOptions
+    from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["OPTIONS", "ComponentConfig", "DeploymentConfig", "check_pipeline_name", "served_components"]
 
@@ -246,7 +246,7 @@ class DeploymentConfig:
         """Build the config from deploy()'s arguments, naming any component, method or input it does not know.
 
         `pipeline`: the one served, or several by name, whose components are named as one deployment names
-        them (`patchkit.core.identity.deployed_names`).
+        them (`patchkit.program.identity.deployed_names`).
         `replicas`: one count for every component, or counts by component name. `batch_size`: one
         size for every method, or sizes by component ("retriever") or method ("retriever.retrieve").
         `plan`: replicas, batch sizes and placement of every component, instead of those two.

@@ -1,13 +1,15 @@
 """`Component` and `@make`, and the call hook their calls go through: the leaf every part of patchkit may import.
 
-This package imports nothing from patchkit but the leaf `errors` module. `base` holds the class and the
+This package imports nothing from patchkit but the leaves `errors` and `envs`. `base` holds the class and the
 decorator, `spec` how a component is rebuilt elsewhere and shown, `calls` a call's site and its hook,
-`pending` a request's calls in flight (parallel calls), `event_loop` the loop async components run on,
-`engine_turn` how an engine that batches by itself splits a turn (its engine and the cost model share it).
+`event_loop` the loop async components run on, `engine_turn` how an engine that batches by itself splits a turn
+(its engine and the cost model share it). A request's calls in flight (parallel calls) are the capture's runtime
+(`patchkit.capture.pending`); a component's identity is the program's (`patchkit.program.identity`).
 """
 
-from patchkit.core.base import BoundMake, Component, MakeMethod, ensure_setup, make, make_methods, mark_served_elsewhere
 from patchkit.core.calls import Call, CallHook, CallSite, active_call_hook, call_hook
+from patchkit.core.component import Component, ensure_setup, mark_served_elsewhere
+from patchkit.core.make import BoundMake, MakeMethod, make, make_methods
 from patchkit.core.spec import ComponentSpec, secret_like
 
 __all__ = [

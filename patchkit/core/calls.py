@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from patchkit.core.base import Component, MakeMethod
+    from patchkit.core.component import Component
+    from patchkit.core.make import MakeMethod
 
 __all__ = ["Call", "CallHook", "CallSite", "DeferredSites", "active_call_hook", "call_hook", "deferring", "site_of"]
 

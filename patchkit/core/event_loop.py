@@ -34,8 +34,8 @@ from patchkit import envs
 from patchkit.errors import MakeError
 
 __all__ = [
-    "CLOSE_TIMEOUT_S", "STREAM_BUFFER", "ChunkWindow", "EventLoop", "component_loop", "iterate_on", "on_component_loop",
-    "watched",
+    "CLOSE_TIMEOUT_S", "STREAM_BUFFER", "ChunkWindow", "EventLoop", "component_loop", "iterate_inline", "iterate_on",
+    "on_component_loop", "run_inline", "watched",
 ]
 
 logger = logging.getLogger(__name__)
@@ -276,6 +276,36 @@ def _check(name: str, started: float, limit_s: float) -> None:
             "`await asyncio.to_thread(...)`, or the method in a plain def",
             name, held, limit_s,
         )
+
+
+def run_inline(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run `coroutine`, which never waits (it awaits only coroutines that return without suspending), to its end in
+    the calling thread, on no loop. How a plain `def` method's calls run through the one asynchronous core that
+    `MakeMethod` writes for both kinds of method.
+
+    Raises:
+        RuntimeError: the coroutine waited after all (it was closed first).
+    """
+    try:
+        coroutine.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coroutine.close()
+    raise RuntimeError(f"{coroutine!r} waited, and runs only on an event loop")
+
+
+def iterate_inline(items: AsyncGenerator[T, None]) -> Iterator[T]:
+    """The items of the async generator `items`, which never waits, as a plain iterator for the calling thread
+    (`run_inline` for each step). Closing the iterator closes `items`."""
+    try:
+        while True:
+            try:
+                item = run_inline(items.__anext__())
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        run_inline(items.aclose())
 
 
 _LOOP: EventLoop | None = None

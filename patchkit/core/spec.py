@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from patchkit.core.base import Component
+    from patchkit.core.component import Component
 
 __all__ = ["MASK", "ComponentSpec", "secret_like"]
 

@@ -27,8 +27,8 @@ from aiohttp import web
 
 from patchkit import telemetry
 from patchkit.config import DeploymentConfig
+from patchkit.config.backends import make_backend
 from patchkit.errors import PatchkitError
-from patchkit.orchestrator.backends import make_backend
 from patchkit.orchestrator.process import ChildSide, Message
 from patchkit.server.connections import EdgeRunner
 from patchkit.server.http import build_app
@@ -37,7 +37,7 @@ from patchkit.server.request_ids import RequestIdFilter
 from patchkit.serving.frontend import Frontend
 
 if TYPE_CHECKING:
-    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
+    from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["FrontendBootstrap", "FrontendServer", "ServerThread", "serve_blocking"]
 

@@ -4,8 +4,8 @@ Shared by every pipeline the front-end (frontend.py) serves, and by every versio
 `ReplicaSet` per component, one `BatchQueue` per (component, method) with the batch size the config
 (or its plan) gives it, the `Supervisor` that starts the replicas the backend places, the
 `Autoscaler` and the `Prefetcher`. A component object several pipelines use is deployed once
-(`patchkit.core.identity.deployed_names`); a component of a new version whose fingerprint (its
-identity: `patchkit.core.identity`) is a deployed one's is served by that one, its workers, queues and caches kept.
+(`patchkit.program.identity.deployed_names`); a component of a new version whose fingerprint (its
+identity: `patchkit.program.identity`) is a deployed one's is served by that one, its workers, queues and caches kept.
 
 `add` starts a version's new components, all or none, each with the options of the component it is a new
 version of (`replaced`); `adopt` then serves the version's calls with them, and `release` stops those no
@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any
 from patchkit.capture.holders import constructor_components
 from patchkit.config import ComponentConfig, DeploymentConfig
 from patchkit.core import Component, make_methods
-from patchkit.core.identity import deployed_name, fingerprint
 from patchkit.errors import PatchkitError
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec
 from patchkit.orchestrator.envelope import CallEnvelope
@@ -35,6 +34,7 @@ from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.handles import CallService, Handles
 from patchkit.orchestrator.resources import ReplicaResources
 from patchkit.orchestrator.supervisor import HealthChecks, Supervisor
+from patchkit.program.identity import deployed_name, fingerprint
 from patchkit.scheduler.online.slo import SloPolicy
 from patchkit.serving.prefetch import PREFETCH_METHOD, Prefetcher, PrefetchRoute, find_routes
 from patchkit.serving.queues import BatchQueue, PendingCall
@@ -42,7 +42,7 @@ from patchkit.serving.replicas import ReplicaSet
 from patchkit.serving.scaling import Autoscaler
 
 if TYPE_CHECKING:
-    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
+    from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["Deployment"]
 

@@ -4,7 +4,7 @@ Made of three parts, each in its own module: the `Deployment` (deployment.py: re
 supervisor, autoscaler, shared by every pipeline), a `RequestRunner` per version of each pipeline
 (runner.py: admission, the pipeline's code per request, its calls) and the `StatsCollector` (stats.py:
 counters and the views of them). Built and driven by the front-end process (`patchkit.server`), which
-hands it the backend the orchestrator built (`patchkit.orchestrator.backends.make_backend`).
+hands it the backend the orchestrator built (`patchkit.config.backends.make_backend`).
 
 `update` changes the pipelines while they serve: the components a new version adds are started (and
 their `setup()` done) before any request reaches them, then the version takes every request that comes
@@ -34,8 +34,8 @@ from patchkit.serving.runner import RequestResult, RequestRunner
 from patchkit.serving.stats import StatsCollector
 
 if TYPE_CHECKING:
-    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
     from patchkit.core import Component
+    from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["Frontend", "Readiness", "RequestResult", "Version"]
 
@@ -176,7 +176,7 @@ class Frontend:
         """Serve `pipelines` (by name: a new version of one served, or one more), and stop serving `remove`.
 
         Their components that no deployed one serves (by object, or by fingerprint: everything its behaviour depends
-        on, `patchkit.core.identity`) are started, `setup()` done, before any request reaches them; then each new version takes
+        on, `patchkit.program.identity`) are started, `setup()` done, before any request reaches them; then each new version takes
         every request that comes after this returns, while the requests in flight end on the version they
         started on. Components no version in use calls any more are stopped once those requests have ended.
         A new version of a component gets the options the one it replaces was deployed with. Where the backend

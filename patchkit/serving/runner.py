@@ -5,7 +5,7 @@ submits each `@make` call to its (component, method) batching queue (deployment.
 so the user's control flow runs unchanged while many requests share batches (component-level
 batching) and sit at different components at once (pipelining). With parallel calls the code is the
 rewritten one (capture/parallel.py): at its deferred call sites the hook hands back a `Pending` at once,
-kept in the request's `Window` (core/pending.py), so a request's independent calls are in flight
+kept in the request's `Window` (capture/pending.py), so a request's independent calls are in flight
 together and the code waits where each result is first used. Every request ends under one outcome
 name, `outcome_of`, which its counters, its metrics and its trace all read. On the front-end's loop.
 """
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from patchkit import telemetry
+from patchkit.capture.pending import Window, run_in_window
 from patchkit.config import DeploymentConfig
 from patchkit.core import CallSite, Component, MakeMethod, call_hook
-from patchkit.core.pending import Window, run_in_window
 from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.scheduler.online.slo import RequestState, SloPolicy
@@ -36,7 +36,7 @@ from patchkit.serving.steps import CallStep, RequestSteps
 from patchkit.serving.waves import Waves
 
 if TYPE_CHECKING:
-    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
+    from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["RequestResult", "RequestRunner", "outcome_of"]
 

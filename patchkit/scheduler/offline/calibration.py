@@ -27,7 +27,7 @@ from patchkit.capture.recorder import CallRecord
 from patchkit.scheduler.offline.cache import digest
 
 if TYPE_CHECKING:
-    from patchkit.client.pipeline import Pipeline
+    from patchkit.program.pipeline import Pipeline
 
 __all__ = ["CalibrationCache"]
 

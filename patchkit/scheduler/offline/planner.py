@@ -39,7 +39,7 @@ from patchkit.scheduler.offline.workload import Workload, interleave
 
 if TYPE_CHECKING:
     from patchkit.capture.recorder import CallRecord
-    from patchkit.client.pipeline import Pipeline
+    from patchkit.program.pipeline import Pipeline
     from patchkit.scheduler.offline.profiles import ComponentProfile
 
 __all__ = ["options_of", "plan"]

@@ -60,7 +60,7 @@ from patchkit.scheduler.offline.runs import check_outcomes, timed
 from patchkit.scheduler.offline.workload import Workload, visits_by_component
 
 if TYPE_CHECKING:
-    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
+    from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["ComponentProfile", "MethodProfile", "Profiler", "thread_counts", "visits_by_component"]
 

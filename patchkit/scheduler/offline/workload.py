@@ -16,13 +16,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from patchkit.core.identity import deployed_names
 from patchkit.errors import ConfigError
+from patchkit.program.identity import deployed_names
 
 if TYPE_CHECKING:
     from patchkit.capture.recorder import CallRecord
-    from patchkit.client.pipeline import Pipeline  # the top layer: a type only
     from patchkit.core import Component
+    from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["Workload", "interleave", "visits_by_component"]
 

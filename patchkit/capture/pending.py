@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from patchkit.core.guards import CHECKS, Memo, ids
+from patchkit.capture.guards import CHECKS, Memo, ids
 
 __all__ = ["RUNTIME", "Pending", "Window", "guard", "iterable", "resolve", "run_in_window", "settle"]
 

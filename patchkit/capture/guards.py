@@ -29,6 +29,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from patchkit.core import MakeMethod
+
 __all__ = ["CHECKS", "INPLACE_OPS", "SHALLOW_OPS", "Memo", "lookup"]
 
 
@@ -303,3 +305,6 @@ def _call(memo: Memo, fn: Any, *arguments: Any) -> bool:
 
 CHECKS: dict[str, Callable[..., bool]] = {"shallow": _shallow, "deep": _deep, "inplace": _inplace,
                                           "subscript": _subscript, "call": _call, "attribute": _attribute}
+
+
+allow_descriptor(MakeMethod)  # reading `component.method` makes a BoundMake: patchkit's code, not the user's

@@ -17,11 +17,11 @@ import cloudpickle
 
 from patchkit.capture.assemble import Program
 from patchkit.capture.graph import Graph
+from patchkit.capture.pending import RUNTIME
 from patchkit.capture.recorder import CallRecord, Recorder
 from patchkit.core import Component, active_call_hook, call_hook
-from patchkit.core.identity import Identity, fingerprint, program_identity
-from patchkit.core.pending import RUNTIME
 from patchkit.errors import PatchkitError, unknown_input
+from patchkit.program.identity import Identity, fingerprint, program_identity
 
 __all__ = ["Pipeline", "last_pipeline", "set_last_pipeline"]
 
@@ -99,7 +99,7 @@ class Pipeline:
         return self.identity().digest
 
     def identity(self) -> Identity:
-        """What the pipeline runs, part by part (`patchkit.core.identity.Identity`).
+        """What the pipeline runs, part by part (`patchkit.program.identity.Identity`).
 
         Its code, the module globals and helpers that code reads (followed as a component's are), the objects
         it is bound to, its inputs and output, and each component's fingerprint (`component NAME`).
@@ -234,7 +234,7 @@ def _unmarshal_code(data: bytes) -> types.CodeType:
     return _swap_consts(marshal.loads(data), _runtime_function)  # noqa: S302 - code this interpreter marshalled
 
 
-# A parallel program holds the functions of its runtime (`core/pending.py`) as constants, which marshal
+# A parallel program holds the functions of its runtime (`capture/pending.py`) as constants, which marshal
 # cannot write: they travel as these marks, by name.
 _RUNTIME_MARK = "<patchkit runtime>"
 _RUNTIME_NAMES = {id(fn): name for name, fn in RUNTIME.items()}

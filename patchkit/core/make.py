@@ -1,31 +1,27 @@
-"""`Component` and `@make`: the class a pipeline's parts derive from and the decorator that marks their steps.
+"""`@make`: the decorator that marks a `Component`'s steps, and the methods it makes.
 
-A `Component` records its constructor arguments as it is created (its `ComponentSpec`), so any
-process can rebuild it; state loaded by `setup()` never travels. `@make` marks the methods a
-pipeline calls; each call goes through the active `CallHook` when one is installed (capture
-records calls, the front-end routes them to workers) and runs locally otherwise.
+`@make` marks the methods a pipeline calls; each call goes through the active `CallHook` when one is
+installed (capture records calls, the front-end routes them to workers) and runs locally otherwise.
+A `MakeMethod` runs a batch of calls, a call or a stream of chunks: its asynchronous core is written
+once, and its synchronous edge runs that core on the component loop (an `async def` method) or right
+here, in the calling thread (a plain `def` one, whose core never waits: `event_loop.run_inline`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import inspect
 import math
 import sys
-import threading
-import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Generator, Sequence
-from contextvars import ContextVar
+from collections.abc import AsyncGenerator, Callable, Generator, Sequence
 from typing import Any, TypeVar, overload
 
 from patchkit.core.calls import Call, CallHook, active_call_hook, call_hook, site_of
-from patchkit.core.event_loop import component_loop, on_component_loop, watched
-from patchkit.core.guards import allow_descriptor
-from patchkit.core.spec import ComponentSpec
+from patchkit.core.component import Component, ensure_setup
+from patchkit.core.event_loop import component_loop, iterate_inline, run_inline, watched
 from patchkit.errors import MakeError
 
-__all__ = ["BoundMake", "Component", "MakeMethod", "ensure_setup", "make", "make_methods", "mark_served_elsewhere"]
+__all__ = ["DEFAULT_ASYNC_CONCURRENCY", "DEFAULT_BATCH_SIZE", "BoundMake", "MakeMethod", "make", "make_methods"]
 
 DEFAULT_BATCH_SIZE = 32
 # The calls in flight per replica of an `async def` per-item method (a coroutine, or an async generator
@@ -35,217 +31,6 @@ DEFAULT_BATCH_SIZE = 32
 # `max_concurrency=1` for a method whose calls must not interleave.
 DEFAULT_ASYNC_CONCURRENCY = 32
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-class Component:
-    """Base class of every pipeline part.
-
-    Subclasses write an ordinary `__init__`; its arguments are recorded without the subclass doing
-    anything. Heavy state (models, indexes) belongs in `setup()`, which runs once, lazily, in the
-    process that executes the component: the first local call, or a worker at start. A subclass's
-    `setup` runs once per instance however often it is called (the user's own call included), so
-    calling it ahead of the first call loads nothing twice. It may be `async def` (an async client
-    opened on the loop its `async def` methods run on): calling it still loads, and returns, at once.
-    """
-
-    _patchkit_spec: ComponentSpec
-    devices: tuple[str, ...] = ("cpu",)
-    """The resource types one replica can run on, of "cpu" and "gpu"; the planner picks one per component.
-
-    A class (or an instance, in its `__init__`) that can use a GPU says so: `("cpu", "gpu")` or `("gpu",)`.
-    """
-    in_place: tuple[str, ...] = ()
-    """Constructor parameters whose components this one uses beyond their `@make` methods (their index, their
-    model, their state): those run inside this component wherever it runs.
-
-    A component given through any other parameter is deployed on its own and shared: its holder calls it
-    through patchkit, its queue and its replicas (Deploying, "Shared components").
-    """
-    sensitive: bool = False
-    """True: what its calls return is never shown outside the pipeline (step events carry no preview of it)."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        """Record the constructor's arguments: the component travels to its workers as them (its spec)."""
-        self = super().__new__(cls)
-        self.__dict__["_patchkit_spec"] = ComponentSpec(cls, args, dict(kwargs), uuid.uuid4().hex)
-        self.__dict__["_patchkit_setup_lock"] = threading.RLock()
-        self.__dict__["_patchkit_ready"] = False
-        return self
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if inspect.isfunction(own := cls.__dict__.get("setup")):
-            cls.setup = _once(own)  # type: ignore[method-assign,assignment]
-
-    def setup(self) -> Awaitable[None] | None:
-        """Load heavy state. Called once per instance in the process that runs it, before its first call there."""
-        return None
-
-    def stats(self) -> dict[str, Any]:
-        """The component's own figures (hit rates, bytes moved, seconds spent).
-
-        Called by its worker when the front-end asks a replica for its stats, on a thread other than the one running batches.
-        Numbers, nested dicts of numbers allowed, appear in `/metrics` per replica; other values only in `Endpoint.stats()`. None
-        by default.
-        """
-        return {}
-
-    def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-        """A key naming the state a call of `method` reuses on the replica that ran it, or None.
-
-        The state is, for instance, the prompt prefix whose KV state an LLM keeps. A deployment sends a call
-        with a key to the replica that last ran a call with that key, unless that one is much busier than
-        the least loaded (cache-aware routing). Called by the front-end for every call, so it must be cheap.
-
-        Args:
-            method: the `@make` method called.
-            args: the call's positional arguments.
-            kwargs: its keyword arguments.
-
-        Returns:
-            The key, or None (the default): no replica is preferred.
-        """
-        return None
-
-    def check_health(self) -> None:
-        """Raise if this replica should no longer serve (a lost connection, a wedged engine).
-
-        Called by its worker for every periodic health check (`health_check_period_s`), on a thread other than the one running
-        batches. A check that raises, or does not return within `health_check_timeout_s`, fails; after `health_check_failures`
-        failures in a row the replica is recycled (stopped, another started in its place). Passes by default.
-        """
-
-    def batch_limit(self, method: str) -> int:
-        """The largest batch of `method` this instance takes (its memory bound).
-
-        The method's `@make(max_batch_size=...)` unless the instance knows better. Read by deploy() for default batch sizes and by
-        the profiler as the batch size its search starts from.
-
-        Args:
-            method: the name of a `@make` method.
-
-        Returns:
-            The largest batch size.
-
-        Raises:
-            MakeError: `method` is not a `@make` method.
-        """
-        found = getattr(type(self), method, None)
-        if not isinstance(found, MakeMethod):
-            raise MakeError(f"{type(self).__name__}.{method} is not a @make method")
-        return found.max_batch_size
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # Only the spec travels; the receiving process rebuilds the object and runs setup() itself.
-        return (ComponentSpec.build, (self._patchkit_spec,))
-
-    def __repr__(self) -> str:
-        return self._patchkit_spec.describe()
-
-
-# The components whose setup() runs in this context (thread, task), so that the calls their own setup
-# makes (`super().setup()`, a `@make` call) run on what it has loaded so far instead of waiting for it.
-_SETTING_UP: ContextVar[frozenset[int]] = ContextVar("patchkit_setting_up", default=frozenset())
-
-
-def _once(setup: Callable[[Component], Any]) -> Callable[[Component], Any]:
-    """`setup` run at most once per instance.
-
-    Later calls return at once, and concurrent first calls wait for the one that runs it. A subclass's setup calling
-    `super().setup()` runs the parent's inside its own run; the instance is ready when the outermost returns (not if it raises).
-
-    An `async def setup` runs on the component loop (`event_loop.py`) while its caller waits; called on
-    that loop (`await super().setup()` inside another async setup) it returns the coroutine to await.
-    """
-
-    # The wrapper names only `setup` and module-level functions: a class defined in `__main__` or a
-    # notebook travels by value, and so does this wrapper with whatever it refers to.
-    @functools.wraps(setup)
-    def once(self: Component) -> Coroutine[Any, Any, None] | None:
-        return _setup_once(self, setup)
-
-    return once
-
-
-def _setup_once(component: Component, setup: Callable[[Component], Any]) -> Coroutine[Any, Any, None] | None:
-    """What `once` does.
-
-    Run `setup` unless the instance is ready, in this context if its setup runs here already (a parent's), else under the
-    instance's lock, marking it ready when it returns.
-    """
-    asynchronous = inspect.iscoroutinefunction(setup)
-    if asynchronous and on_component_loop():
-        return _once_on_loop(component, setup)
-    state = component.__dict__
-    if state["_patchkit_ready"]:
-        return None
-    if id(component) in _SETTING_UP.get():
-        _run_setup(component, setup)
-        return None
-    with state["_patchkit_setup_lock"]:
-        if state["_patchkit_ready"]:
-            return None
-        token = _SETTING_UP.set(_SETTING_UP.get() | {id(component)})
-        try:
-            _run_setup(component, setup)
-        finally:
-            _SETTING_UP.reset(token)
-        state["_patchkit_ready"] = True
-    return None
-
-
-def _run_setup(component: Component, setup: Callable[[Component], Any]) -> None:
-    """`setup` itself, in this thread; an async one on the component loop, this thread waiting."""
-    if inspect.iscoroutinefunction(setup):
-        component_loop().run(_watched_setup(component, setup), setup.__qualname__)
-    else:
-        setup(component)
-
-
-async def _watched_setup(component: Component, setup: Callable[[Component], Any]) -> None:
-    await watched(setup(component), setup.__qualname__)
-
-
-async def _once_on_loop(component: Component, setup: Callable[[Component], Any]) -> None:
-    """An async setup called on the component loop.
-
-    The parent's, inside the instance's own setup, runs there; the instance's whole setup, if it has not run, runs from a thread
-    that waits for the loop.
-    """
-    if component.__dict__["_patchkit_ready"]:
-        return
-    if id(component) in _SETTING_UP.get():
-        await watched(setup(component), setup.__qualname__)
-        return
-    await asyncio.to_thread(ensure_setup, component)
-
-
-def ensure_setup(component: Component) -> None:
-    """Run `component.setup()` once in this process.
-
-    Called before any local execution. A call the component's own setup makes runs on what that setup has loaded so far.
-    """
-    state = component.__dict__
-    if state["_patchkit_ready"] or id(component) in _SETTING_UP.get():
-        return
-    with state["_patchkit_setup_lock"]:
-        if not state["_patchkit_ready"]:
-            if (pending := component.setup()) is not None:  # an async setup, asked for on the loop it runs on
-                if inspect.iscoroutine(pending):
-                    pending.close()
-                raise MakeError(
-                    f"{type(component).__name__} is not set up, and code running on patchkit's event loop (an "
-                    "async method) cannot wait for its async setup(): set it up before, or call it from a plain def"
-                )
-            state["_patchkit_ready"] = True  # for the base's empty setup, which nothing wraps
-
-
-def mark_served_elsewhere(component: Component) -> None:
-    """Mark `component` as served by its own deployment, not by this process.
-
-    It is held by a worker's component, whose calls of it go through the worker's hook, so its `setup()` never runs here.
-    """
-    component.__dict__["_patchkit_ready"] = True
 
 
 class MakeMethod:
@@ -382,14 +167,11 @@ class MakeMethod:
             chunks.close()
 
     def _run_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
+        """The synchronous edge of `_arun_batch`: on the component loop, this thread waiting, or here."""
         ensure_setup(component)
-        if self.asynchronous:  # on the component loop, this thread waiting: a running loop here is no matter
+        if self.asynchronous:  # a running loop in this thread is no matter: it is not the one that runs it
             return component_loop().run(self._arun_batch(component, calls), self.qualname)
-        if self.stream:
-            return ["".join(self.chunks(component, args, kwargs)) for args, kwargs in calls]
-        if not self.batch:
-            return [self.fn(component, *args, **kwargs) for args, kwargs in calls]
-        return self._results(self.fn(component, *self._columns(component, calls)), calls)
+        return run_inline(self._arun_batch(component, calls))
 
     async def run_batch_async(self, component: Component, calls: Sequence[Call], hook: CallHook | None = None) -> list[Any]:
         """`run_batch` of an `async def` method, on the component loop; the component is set up.
@@ -408,20 +190,32 @@ class MakeMethod:
         return await watched(self.fn(component, *args, **kwargs), self.qualname)
 
     async def _arun_batch(self, component: Component, calls: Sequence[Call]) -> list[Any]:
+        """A batch's calls: the one implementation, for a plain `def` method as for an `async def` one.
+
+        A plain method's calls run one after another and never wait, so its synchronous edge runs this here
+        (`run_inline`); an `async def` method's per-item calls await together on the loop.
+        """
+        if self.batch:
+            made = self.fn(component, *self._columns(component, calls))
+            return self._results(await watched(made, self.qualname) if self.asynchronous else made, calls)
+        if not self.asynchronous:
+            one = self._joined if self.stream else self._call_here
+            return [await one(component, args, kwargs) for args, kwargs in calls]
         if self.stream:
             return list(await asyncio.gather(*(self._joined(component, args, kwargs) for args, kwargs in calls)))
-        if not self.batch:  # a task each, awaiting together: one that fails leaves the others to end
-            runs = [asyncio.ensure_future(self.call_async(component, args, kwargs)) for args, kwargs in calls]
-            try:
-                return list(await asyncio.gather(*runs))
-            finally:
-                for run in runs:
-                    run.cancel()
-        columns = self._columns(component, calls)
-        return self._results(await watched(self.fn(component, *columns), self.qualname), calls)
+        runs = [asyncio.ensure_future(self.call_async(component, args, kwargs)) for args, kwargs in calls]
+        try:  # a task each, awaiting together
+            return list(await asyncio.gather(*runs))
+        finally:
+            for run in runs:
+                run.cancel()
+
+    async def _call_here(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of a plain `def` per-item method, in the calling thread."""
+        return self.fn(component, *args, **kwargs)
 
     async def _joined(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """One call of an async `stream=True` method: its chunks joined."""
+        """One call of a `stream=True` method: its chunks joined."""
         return "".join([chunk async for chunk in self.achunks(component, args, kwargs)])
 
     def _results(self, results: Any, calls: Sequence[Call]) -> list[Any]:
@@ -435,35 +229,44 @@ class MakeMethod:
         return list(results)
 
     def chunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Generator[str, None, None]:
-        """The text chunks of one call of a `stream=True` method, as it yields them.
+        """The text chunks of one call of a `stream=True` method, as it yields them: the synchronous edge of `achunks`.
 
-        Each checked to be a str. An async generator runs on the component loop, its chunks handed to this thread as they come.
+        Each checked to be a str. An async generator runs on the component loop, its chunks handed to this thread as they
+        come; a plain one runs here.
         """
         if self.asynchronous:
             yield from component_loop().iterate(self.achunks(component, args, kwargs), self.qualname)
-            return
-        made = self.fn(component, *args, **kwargs)
-        try:
-            for chunk in made:
-                yield self._chunk(chunk)
-        finally:
-            made.close()
+        else:
+            yield from iterate_inline(self.achunks(component, args, kwargs))
 
     async def achunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncGenerator[str, None]:
-        """The text chunks of one call of an async `stream=True` method, on the component loop.
+        """The text chunks of one call of a `stream=True` method: the one implementation, for a generator or an async one.
 
-        Each step of the method watched, each chunk checked to be a str. Closing it closes the method's generator.
+        An async generator's chunks come on the component loop, each of its steps watched. Each chunk checked to be a str.
+        Closing it closes the method's generator.
         """
         made = self.fn(component, *args, **kwargs)
         try:
             while True:
                 try:
-                    chunk = await watched(made.__anext__(), self.qualname)
+                    chunk = await self._next_chunk(made)
                 except StopAsyncIteration:
                     return
                 yield self._chunk(chunk)
         finally:
-            await made.aclose()
+            if self.asynchronous:
+                await made.aclose()
+            else:
+                made.close()
+
+    async def _next_chunk(self, made: Any) -> Any:
+        """The method's generator's next chunk; StopAsyncIteration at its end."""
+        if self.asynchronous:
+            return await watched(made.__anext__(), self.qualname)
+        try:
+            return next(made)
+        except StopIteration:
+            raise StopAsyncIteration from None
 
     def _chunk(self, chunk: Any) -> str:
         if not isinstance(chunk, str):
@@ -487,9 +290,6 @@ class MakeMethod:
             for column, name in zip(columns, params):
                 column.append(bound.arguments[name])
         return columns
-
-
-allow_descriptor(MakeMethod)  # reading `component.method` makes a BoundMake: patchkit's code, not the user's
 
 
 class BoundMake:

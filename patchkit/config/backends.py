@@ -1,19 +1,17 @@
 """The one place a deployment's transport is chosen: the backend its config names, built from its options.
 
-Called by the front-end process when it builds a deployment; the online scheduler never names a
-concrete backend. Each backend places its own replicas (`Backend.place`).
+Called by the front-end process when it builds a deployment; the online scheduler and serving never name a
+concrete backend. It sits with the options it reads (`DeploymentConfig`), above the orchestrator whose backends it
+builds, so the orchestrator never sees a deployment's configuration. Each backend places its own replicas
+(`Backend.place`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from patchkit.config.deployment import DeploymentConfig
 from patchkit.orchestrator.backend import Backend
 from patchkit.orchestrator.inprocess import InProcessBackend
 from patchkit.orchestrator.local import LocalBackend
-
-if TYPE_CHECKING:
-    from patchkit.config import DeploymentConfig  # read here, never imported at run time: config sits above
 
 __all__ = ["make_backend"]
 

@@ -30,10 +30,9 @@ import types
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from patchkit.core.base import Component
+from patchkit.core import Component
 
 __all__ = ["Identity", "code_digest", "deployed_name", "deployed_names", "fingerprint", "identity", "program_identity"]
 
@@ -268,8 +267,6 @@ class _Walk:
         return digest
 
     def _value(self, value: Any, depth: int, defaults: bool) -> bytes:
-        from patchkit.core.base import Component
-
         if isinstance(value, (tuple, list)):
             return _hash(type(value).__name__, *(self.value(v, depth) for v in value))
         if isinstance(value, dict):
@@ -365,8 +362,6 @@ def _cell(cell: types.CellType) -> Any:
 
 def _kind(value: Any) -> str:
     """How a global is named in a change: `helper fmt`, `class Formatter`, `module constant TEMPLATE`..."""
-    from patchkit.core.base import Component
-
     kind = type(value)  # not `value.__class__`, which a proxy's code answers
     if issubclass(kind, type):
         return "class"
