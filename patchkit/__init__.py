@@ -11,7 +11,8 @@ from patchkit import capture as _capture_package  # noqa: F401 - load the packag
 from patchkit.capture.graph import Graph
 from patchkit.client.capture import capture
 from patchkit.client.deploy import deploy
-from patchkit.client.endpoint import Endpoint, PipelineClient
+from patchkit.client.endpoint import Endpoint
+from patchkit.client.pipeline_client import PipelineClient
 from patchkit.client.planning import plan
 from patchkit.client.streams import AsyncStream, Stream
 from patchkit.core import Component, make

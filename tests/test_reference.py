@@ -26,7 +26,7 @@ import patchkit
 import patchkit.components
 import patchkit.config
 import patchkit.errors
-from patchkit.client.endpoint import PipelineClient
+from patchkit.client.pipeline_client import PipelineClient
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = sorted((ROOT / "docs" / "reference").glob("*.md"))
