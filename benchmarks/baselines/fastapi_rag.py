@@ -21,7 +21,8 @@ It speaks patchkit's HTTP API (`POST /v1/query {"inputs": {"question": ...}, "st
 `data: {"output": ...}`; `GET /healthz`), so one load generator drives both. Prints `READY <url>` on
 stdout once it answers. Every llama.cpp model opens through patchkit's `open_llama`, which turns off
 the weight repacking that crashes llama.cpp on CPUs with AMX (the only part of patchkit it uses,
-besides the corpus and the model paths).
+besides the corpus, the model paths and the cache directory where the corpus's embeddings are kept
+once computed, as an index is built ahead of serving).
 """
 
 from __future__ import annotations
