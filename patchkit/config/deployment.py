@@ -4,7 +4,8 @@ Per component, its replicas and per-method batch sizes, and deploy()'s options i
 
 `DeploymentConfig.resolve` turns deploy()'s arguments into a config: replicas and batch sizes come
 from a `Plan` when one is given, else from the arguments or the components' own defaults
-(`@make(max_batch_size=...)`); the flat options (`port=`, `slo_ms=`, `ray_address=`) fill the groups.
+(`@make(max_batch_size=...)`), an engine's replicas from the cores (`machine.py`); the flat options
+(`port=`, `slo_ms=`, `ray_address=`) fill the groups.
 """
 
 from __future__ import annotations
