@@ -13,8 +13,8 @@ are cached). Arms, each a fresh deployment driven by a closed loop of `--clients
   (`Grader()`, `Rewriter()`), planned again for that pipeline (profiling those copies at 1 and 2
   threads and 1-16 calls at once takes a while on 2 cores);
 - `- prefix reuse`: the plan, with `LlamaCppGenerator(prefix_cache=False)`;
-- `- thread allocation`: no plan: one replica per component, one thread each, where the OS puts
-  them (`deploy()`'s default);
+- `- thread allocation`: no plan: one replica per component (`replicas=1`), the cores shared evenly
+  (`deploy()`'s default before it gave an LLM engine a replica per core);
 - `- continuous batching`: the plan, the LLM's calls at once per replica set to 1;
 - `sequential`: the pre-fork server of `benchmarks/baselines/server.py`, a worker per core, each
   running a request start to end with its own copy of every component.
@@ -140,7 +140,7 @@ def arms(workload: Workload) -> dict[str, Callable[[], tuple[patchkit.Pipeline, 
     if workload.name == "crag-real":
         found["- shared engine"] = private_engines
     found["- prefix reuse"] = lambda: (fresh(), {"plan": planned, "prefix_reuse": False})
-    found["- thread allocation"] = lambda: (fresh(), {})
+    found["- thread allocation"] = lambda: (fresh(), {"replicas": 1})
     found["- continuous batching"] = no_batching
     return found
 

@@ -4,7 +4,8 @@ Per component, its replicas and per-method batch sizes, and deploy()'s options i
 
 `DeploymentConfig.resolve` turns deploy()'s arguments into a config: replicas and batch sizes come
 from a `Plan` when one is given, else from the arguments or the components' own defaults
-(`@make(max_batch_size=...)`); the flat options (`port=`, `slo_ms=`, `ray_address=`) fill the groups.
+(`@make(max_batch_size=...)`), an engine's replicas from the cores (`machine.py`); the flat options
+(`port=`, `slo_ms=`, `ray_address=`) fill the groups.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from patchkit.config.groups import (
     ServerConfig,
     SloConfig,
 )
+from patchkit.config.machine import unplanned_plan
 from patchkit.config.options import check_counts, check_names, check_value, close_hint, collect, is_int, option
 from patchkit.core import Component, make_methods
 from patchkit.errors import ConfigError, InputError
@@ -268,13 +270,18 @@ class DeploymentConfig:
             if not isinstance(plan, Plan):  # 'auto' is deploy()'s to turn into a Plan
                 raise ConfigError(f"plan must be a Plan here (deploy() and `patchkit serve` plan for 'auto'); got {plan!r}")
             return cls(components=_planned(components, plan), plan=plan.to_dict(), secret=secret, **grouped)
+        sized = None if replicas is not None or batch_size is not None else unplanned_plan(components, options)
         configs = {}
         for name, component in components.items():
             sizes = {}
             for method_name in make_methods(type(component)):
                 sizes[method_name] = _pick(batch_size, (f"{name}.{method_name}", name), component.batch_limit(method_name))
-            configs[name] = ComponentConfig(replicas=_pick(replicas, (name,), 1), batch_sizes=sizes)
-        return cls(components=configs, secret=secret, **grouped)
+            if sized is not None:  # the machine's layout; each method keeps its own batch size
+                part = sized.components[name]
+                configs[name] = ComponentConfig(replicas=part.replicas, batch_sizes=sizes, resource="cpu", units=part.units)
+            else:
+                configs[name] = ComponentConfig(replicas=_pick(replicas, (name,), 1), batch_sizes=sizes)
+        return cls(components=configs, secret=secret, plan=None if sized is None else sized.to_dict(), **grouped)
 
     def describe(self) -> dict[str, Any]:
         """The plan the front-end runs, for `GET /v1/plan`, by flat option name.
