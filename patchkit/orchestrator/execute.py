@@ -166,8 +166,8 @@ def run_calls(
 ) -> list[Outcome]:
     """Run a batch's calls on this thread: `run_calls_async` with `in_thread=True`, run to its end here.
 
-    Called by the worker and the inprocess backend for every batch of a plain `def` method (and of an
-    `async def` one by code that holds no loop: its calls then wait here for the component loop). A
+    Called by the inprocess backend for every batch of a plain `def` method, and by `run_batch` (for an
+    `async def` method too, from code that holds no loop: its calls then wait here for the component loop). A
     `stream=True` method's chunks go to `on_chunk(index, text)`, each paced by its window (None: not paced)
     and stopped at its next chunk once its `cancelled` event is set.
     """
