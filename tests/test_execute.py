@@ -159,15 +159,19 @@ def _failure(outcome: Outcome) -> Failure:
     return failure
 
 
+def _only_the_middle_one_failed(outcomes: list[Outcome], first: str, last: str, message: str) -> None:
+    """The first and last of three calls answered; the middle one failed with its own ValueError, alone."""
+    assert outcomes[0] == (True, first) and outcomes[2] == (True, last)
+    failure = _failure(outcomes[1])
+    assert failure.source == COMPONENT and isinstance(failure.error, ValueError) and failure.message == message
+
+
 @pytest.mark.parametrize(("entry", "kind"), PATHS)
 def test_a_failing_batch_is_run_again_one_call_at_a_time_so_only_the_bad_input_fails(entry: str, kind: str) -> None:
     checker = Checker()
     texts = ["an apple", "a bad pear", "a plum"]
     outcomes, _ = run(entry, checker, "check" if kind == "def" else "acheck", [((text,), {}) for text in texts])
-    assert outcomes[0] == (True, "AN APPLE") and outcomes[2] == (True, "A PLUM")
-    failure = _failure(outcomes[1])
-    assert failure.source == COMPONENT and isinstance(failure.error, ValueError)
-    assert failure.message == "cannot check 'a bad pear'"
+    _only_the_middle_one_failed(outcomes, "AN APPLE", "A PLUM", "cannot check 'a bad pear'")
     assert checker.batches == [texts, *([text] for text in texts)]  # the batch once, then each call alone
 
 
@@ -198,10 +202,7 @@ def test_a_stream_s_error_fails_only_its_own_call(entry: str, kind: str) -> None
     talker = Talker()
     texts = ["one two", "three boom four", "five six seven"]
     outcomes, chunks = run(entry, talker, "talk" if kind == "def" else "atalk", [((text,), {}) for text in texts])
-    assert outcomes[0] == (True, "one two ") and outcomes[2] == (True, "five six seven ")
-    failure = _failure(outcomes[1])
-    assert failure.source == COMPONENT and isinstance(failure.error, ValueError)
-    assert failure.message == "boom in 'three boom four'"
+    _only_the_middle_one_failed(outcomes, "one two ", "five six seven ", "boom in 'three boom four'")
     assert chunks == {0: ["one ", "two "], 1: ["three "], 2: ["five ", "six ", "seven "]}
     assert sorted(talker.closed) == sorted(texts)  # every generator closed, the failed one included
 
