@@ -6,14 +6,14 @@ Shared by the worker process and the inprocess backend, so both isolate failures
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import time
 import traceback
-from abc import ABC, abstractmethod
 from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from patchkit.core import Call, CallHook, Component, MakeMethod, call_hook
 from patchkit.core.event_loop import ChunkWindow
@@ -147,11 +147,8 @@ class StopFlag(threading.Event):
 
 
 def run_batch(component: Component, method_name: str, calls: Sequence[Call], hook: CallHook | None = None) -> list[Outcome]:
-    """Run `calls` as one batch on this thread, no chunk handed on: `run_calls` with nothing to stream to.
-
-    Called by the profiler's replays (on a thread of their own) and by code that runs a component here.
-    `hook`: what the component's own calls to the components it holds go through (`MakeMethod.run_batch`).
-    """
+    """`run_calls` with no chunk handed on; called by the profiler's replays, on a thread of their own. `hook`:
+    what the component's own calls to the components it holds go through (`MakeMethod.run_batch`)."""
     return run_calls(component, method_name, calls, hook=hook)
 
 
@@ -164,13 +161,9 @@ def run_calls(
     hook: CallHook | None = None,
     windows: Sequence[ChunkWindow | None] | None = None,
 ) -> list[Outcome]:
-    """Run a batch's calls on this thread: `run_calls_async` with `in_thread=True`, run to its end here.
-
-    Called by the inprocess backend for every batch of a plain `def` method, and by `run_batch` (for an
-    `async def` method too, from code that holds no loop: its calls then wait here for the component loop). A
-    `stream=True` method's chunks go to `on_chunk(index, text)`, each paced by its window (None: not paced)
-    and stopped at its next chunk once its `cancelled` event is set.
-    """
+    """`run_calls_async` with `in_thread=True`, run to its end on this thread: called by the inprocess backend
+    for every batch of a plain `def` method, and by `run_batch` (an `async def` method's calls then wait here
+    for the component loop). A streaming call stops at its next chunk once its `cancelled` flag is set."""
     stops = cancelled if cancelled is not None else [StopFlag() for _ in calls]
     return finish(run_calls_async(component, method_name, calls, on_chunk, stops, [None] * len(calls), hook, windows,
                                   in_thread=True))
@@ -188,22 +181,18 @@ async def run_calls_async(
     *,
     in_thread: bool = False,
 ) -> list[Outcome]:
-    """Run a batch's calls, with an outcome per call; the one path of every batch, whatever its method.
+    """Run a batch's calls, an outcome per call: the one path of every batch, whatever its method. A batch
+    method's calls run as one, again one at a time if it fails in its own code, so that only the failing call
+    fails; a per-item method's each alone; a `stream=True` method's chunks go to `on_chunk(index, text)` as
+    they are made, a call whose reader is a whole window behind waiting where it yields (backpressure).
 
-    A batch method's calls run as one, re-run one at a time if it fails in its own code, so that only the
-    failing call fails; a per-item method's calls each alone; a `stream=True` method's chunks are handed to
-    `on_chunk(index, text)` as they are made, and a call whose reader is a whole window behind waits where
-    it yields (backpressure: its generator is not asked for its next chunk).
-
-    Awaited on the component loop for an `async def` method (the worker and the inprocess backend; the
-    component is set up): the calls of a per-item or streaming method run all at once, a task each awaiting
-    together without a thread. A call is cancelled where it awaits once its stop (a `StopFlag`) is set (its
-    request ended: the outcome says Cancelled) or at its deadline (`time.monotonic()`; the outcome says
-    DeadlineExceeded); a batch method's, once every call's is.
-
-    `in_thread=True` (`run_calls`, for a plain `def` method): every call's code runs on the calling thread,
-    one after another, as plain calls, so the coroutine never suspends and `finish` runs it to its end
-    without a loop; a streaming call stops at its next chunk once its stop is set, and deadlines do not apply.
+    Awaited on the component loop for an `async def` method (by the worker and the inprocess backend; the
+    component is set up): a per-item or streaming method's calls a task each, awaiting together. A call is
+    cancelled where it awaits once its stop is set (its request ended: Cancelled) or at its deadline
+    (`time.monotonic()`: DeadlineExceeded); a batch method's, once every call's is. `in_thread=True` (a plain
+    `def` method's, `run_calls`): each call's code runs on this thread, one after another, as plain calls, so
+    the coroutine never suspends and `finish` runs it without a loop; a streaming call stops at its next chunk
+    once its stop is set, and deadlines do not apply.
     """
     method = _method(component, method_name)
     if isinstance(method, Failure):
@@ -220,13 +209,12 @@ def finish(run: Coroutine[Any, Any, T]) -> T:
     try:
         run.send(None)
     except StopIteration as done:
-        result: T = done.value
-        return result
+        return done.value
     run.close()
     raise RuntimeError("a batch run in its thread awaited something that suspends; its steps must be plain calls")
 
 
-async def _run(steps: _Steps) -> list[Outcome]:
+async def _run(steps: _OnThread | _OnLoop) -> list[Outcome]:
     """What a batch does, written once for both ways of taking its steps (`_OnThread`, `_OnLoop`)."""
     count = len(steps.calls)
     if not count:
@@ -245,12 +233,12 @@ async def _run(steps: _Steps) -> list[Outcome]:
     return outcomes
 
 
-async def _streamed(steps: _Steps, index: int) -> str:
+async def _streamed(steps: _OnThread | _OnLoop, index: int) -> str:
     """One call of a `stream=True` method: its chunks handed on as they are made, each paced by the call's
     window; their concatenation. However it ends, its generator is closed here, now (its cleanup runs: an
     engine drops the sequence)."""
     chunks = steps.chunks(index)
-    sink = None if steps.on_chunk is None else _sink(steps.on_chunk, index)
+    sink = None if steps.on_chunk is None else functools.partial(steps.on_chunk, index)
     window = None if steps.windows is None else steps.windows[index]
     parts: list[str] = []
     try:
@@ -265,30 +253,14 @@ async def _streamed(steps: _Steps, index: int) -> str:
     return "".join(parts)
 
 
-def _sink(on_chunk: Callable[[int, str], None], index: int) -> Callable[[str], None]:
-    return lambda text: on_chunk(index, text)
-
-
-class _Chunks(Protocol):
-    """A streaming call's chunks as `_streamed` takes them."""
-
-    async def next(self) -> str | None:
-        """Its next chunk; None once it has ended."""
-
-    async def pace(self, window: ChunkWindow) -> None:
-        """Wait while the call's reader is a whole `window` behind."""
-
-    async def close(self) -> None:
-        """Close its generator, now."""
-
-
 @dataclass
-class _Steps(ABC):
+class _Steps:
     """A batch's calls of one `@make` method on its component, and how each step of their run is taken.
 
     `_run` and `_streamed` say what a batch does with its steps, once for both ways: `_OnThread` takes each
     as a plain call on the calling thread, `_OnLoop` awaits it on the component loop, where it can be
-    cancelled. A step's outcome is its result or its failure, never an exception.
+    cancelled. Each has `batch(indices)` (the batch method once over those calls), `call(i)`, `stream(i)`
+    (an outcome each: a result or a failure, never an exception), `chunks(i)` and `each(step)`.
     """
 
     method: MakeMethod
@@ -298,26 +270,6 @@ class _Steps(ABC):
     stops: Sequence[StopFlag]
     windows: Sequence[ChunkWindow | None] | None
     hook: CallHook | None
-
-    @abstractmethod
-    async def batch(self, indices: Sequence[int]) -> Outcome:
-        """The batch method run once over the calls at `indices`: the list of their results, or its failure."""
-
-    @abstractmethod
-    async def call(self, index: int) -> Outcome:
-        """One call of a per-item method."""
-
-    @abstractmethod
-    async def stream(self, index: int) -> Outcome:
-        """One call of a `stream=True` method (`_streamed`)."""
-
-    @abstractmethod
-    def chunks(self, index: int) -> _Chunks:
-        """A streaming call's chunks, its generator started."""
-
-    @abstractmethod
-    async def each(self, step: Callable[[int], Coroutine[Any, Any, Outcome]]) -> list[Outcome]:
-        """`step(i)` for every call: their outcomes, in the calls' order."""
 
 
 class _OnThread(_Steps):
@@ -338,7 +290,7 @@ class _OnThread(_Steps):
         except COMPONENT_ERRORS as exc:
             return (False, Failure.of(exc))
 
-    def chunks(self, index: int) -> _Chunks:
+    def chunks(self, index: int) -> _ThreadChunks:
         args, kwargs = self.calls[index]
         return _ThreadChunks(self.method.run_chunks(self.component, args, kwargs, self.hook), self.stops[index])
 
@@ -360,14 +312,13 @@ class _OnLoop(_Steps):
         return await _guarded(run, [self.stops[i] for i in indices], latest)
 
     async def call(self, index: int) -> Outcome:
-        args, kwargs = self.calls[index]
-        return await _guarded(self.method.call_async(self.component, args, kwargs), [self.stops[index]],
-                              self.deadlines[index])
+        run = self.method.call_async(self.component, *self.calls[index])
+        return await _guarded(run, [self.stops[index]], self.deadlines[index])
 
     async def stream(self, index: int) -> Outcome:
         return await _guarded(_streamed(self, index), [self.stops[index]], self.deadlines[index])
 
-    def chunks(self, index: int) -> _Chunks:
+    def chunks(self, index: int) -> _LoopChunks:
         args, kwargs = self.calls[index]
         return _LoopChunks(self.method.achunks(self.component, args, kwargs))
 
@@ -382,12 +333,12 @@ class _Stopped(Exception):
     """A streaming call on a thread met its stop at a chunk: its request ended."""
 
 
+@dataclass
 class _ThreadChunks:
     """A `def` (or, through the component loop, an `async def`) streaming call's chunks, made on this thread."""
 
-    def __init__(self, chunks: Generator[str, None, None], stop: threading.Event) -> None:
-        self._chunks = chunks
-        self._stop = stop
+    _chunks: Generator[str, None, None]
+    _stop: threading.Event
 
     async def next(self) -> str | None:
         chunk = next(self._chunks, None)
@@ -402,11 +353,11 @@ class _ThreadChunks:
         self._chunks.close()
 
 
+@dataclass
 class _LoopChunks:
     """An `async def` streaming call's chunks, made on the component loop, where the call awaits them."""
 
-    def __init__(self, chunks: AsyncGenerator[str, None]) -> None:
-        self._chunks = chunks
+    _chunks: AsyncGenerator[str, None]
 
     async def next(self) -> str | None:
         try:
