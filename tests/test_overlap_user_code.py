@@ -11,6 +11,7 @@ code's, in one log file per pipeline, across the front-end's and the workers' pr
 
 from __future__ import annotations
 
+import dis
 import importlib.util
 import os
 import shutil
@@ -25,7 +26,8 @@ import pytest
 
 import patchkit
 from patchkit import Component, make
-from patchkit.capture.guards import CHECKS
+from patchkit.capture import guards
+from patchkit.capture.guards import CHECKS, INPLACE_OPS, SHALLOW_OPS
 
 # The front-end and the workers import this module again: the log directory reaches them by the environment.
 EVENTS = Path(os.environ.setdefault("OVERLAP_TEST_EVENTS", tempfile.mkdtemp(prefix="patchkit-overlap-events-")))
@@ -458,6 +460,30 @@ def test_a_long_container_is_walked_once_between_two_waits() -> None:
     big.append(Keyed())  # a change the request's own code could only make after settling
     assert not CHECKS["deep"](memo, 3, big)
     assert not CHECKS["deep"]({}, 3, list(range(20_000)))  # too long to walk: the calls are settled first
+
+
+def _binary_op_of(source: str, mode: str) -> int:
+    [op] = [i.arg for i in dis.get_instructions(compile(source, "<operator>", mode)) if i.opname == "BINARY_OP"]
+    assert op is not None
+    return op
+
+
+@pytest.mark.parametrize("symbol", ["+", "&", "//", "<<", "@", "*", "%", "|", "**", ">>", "-", "/", "^"])
+def test_the_operator_sets_are_what_this_python_compiles_each_operator_to(symbol: str) -> None:
+    """The guards know an operator by the number BINARY_OP carries for it on the running Python: arithmetic,
+    concatenation and repetition look at no item; `x op= y` is known as in place, with its plain operator."""
+    plain, in_place = _binary_op_of(f"x {symbol} y", "eval"), _binary_op_of(f"x {symbol}= y", "exec")
+    assert (plain in SHALLOW_OPS) == (symbol in {"+", "//", "<<", "@", "*", "**", ">>", "/"})
+    assert plain not in INPLACE_OPS and in_place in INPLACE_OPS
+    assert CHECKS["inplace"]({}, "text", [Keyed()], in_place) == (plain in SHALLOW_OPS)  # the others walk the items
+
+
+def test_an_operator_this_python_does_not_name_is_an_import_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dis, "_nb_ops", [entry for entry in dis._nb_ops if entry[0] != "NB_INPLACE_XOR"])
+    spec = importlib.util.spec_from_file_location("guards_elsewhere", guards.__file__)
+    assert spec is not None and spec.loader is not None
+    with pytest.raises(ImportError, match=r"NB_INPLACE_XOR, and Python 3\.\d+\.\d+ does not have it"):
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
 
 
 def test_the_membership_benchmark_keeps_its_calls_open_through_the_loop() -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dis
 import operator
+import sys
 import types
 import weakref
 from collections.abc import Callable, Iterable
@@ -51,10 +52,29 @@ _BUILTIN_CALLABLES = ids({types.BuiltinFunctionType, types.MethodDescriptorType,
                           types.ClassMethodDescriptorType, operator.itemgetter})
 MAX_ITEMS = 10_000  # past this many items a value counts as not data: the calls are settled instead
 _MEMO_MIN = 16  # containers this long or longer keep their verdict in the memo
-# BINARY_OP's operators that touch no item of a builtin container (concatenation, repetition, arithmetic);
+
+
+def _binary_op(name: str) -> int:
+    """BINARY_OP's argument for the operator `dis` names `name` ("NB_ADD"); an ImportError naming what this
+    Python lacks, where it does not name it."""
+    names = [entry[0] for entry in getattr(dis, "_nb_ops", ())]
+    if name not in names:
+        where = "dis._nb_ops does not name it" if names else "it has no dis._nb_ops"
+        raise ImportError(f"patchkit's overlap guards need BINARY_OP's operator {name}, and Python "
+                          f"{sys.version.split()[0]} does not have it: {where}")
+    return names.index(name)
+
+
+# BINARY_OP's operators, each also in place (`+=`, `&=`, ...).
+_OPERATORS = ("ADD", "AND", "FLOOR_DIVIDE", "LSHIFT", "MATRIX_MULTIPLY", "MULTIPLY", "REMAINDER", "OR", "POWER",
+              "RSHIFT", "SUBTRACT", "TRUE_DIVIDE", "XOR")
+# Those that touch no item of a builtin container (concatenation, repetition, arithmetic: + // << @ * ** >> /);
 # the others (`%` formats items, `|`, `&`, `^`, `-` hash them) look at the items too.
-SHALLOW_OPS = frozenset({0, 2, 3, 4, 5, 8, 9, 11})  # + // << @ * ** >> /, by BINARY_OP's argument
-INPLACE_OPS = frozenset(range(13, 26))  # +=, &=, ... : their argument minus 13 is the operator's
+SHALLOW_OPS = frozenset(_binary_op("NB_" + name) for name in
+                        ("ADD", "FLOOR_DIVIDE", "LSHIFT", "MATRIX_MULTIPLY", "MULTIPLY", "POWER", "RSHIFT", "TRUE_DIVIDE"))
+# Each in-place operator's plain one: `x += y` on an immutable `x` is `x + y`.
+_PLAIN_OF = {_binary_op("NB_INPLACE_" + name): _binary_op("NB_" + name) for name in _OPERATORS}
+INPLACE_OPS = frozenset(_PLAIN_OF)
 # Builtins that look at no item of the containers they are given (a length, a copy, a lazy iterator).
 _SHALLOW_BUILTINS = ids({len, bool, list, tuple, reversed, enumerate, zip, range})
 
@@ -284,7 +304,7 @@ def _inplace(memo: Memo, target: Any, value: Any, op: int) -> bool:
     """`x += y`: an immutable `x` (a new object is made, nothing an open call holds changes)."""
     if id(type(target)) not in _IMMUTABLE:
         return False
-    return id(type(value)) in _DATA_TYPES if op - 13 in SHALLOW_OPS else _deep(memo, target, value)
+    return id(type(value)) in _DATA_TYPES if _PLAIN_OF[op] in SHALLOW_OPS else _deep(memo, target, value)
 
 
 def _subscript(memo: Memo, container: Any, key: Any) -> bool:

@@ -6,13 +6,14 @@ Shared by the worker process and the inprocess backend, so both isolate failures
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import time
 import traceback
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from patchkit.core import Call, CallHook, Component, MakeMethod, call_hook
 from patchkit.core.event_loop import ChunkWindow
@@ -27,13 +28,15 @@ __all__ = [
     "Outcome",
     "StopFlag",
     "component_stats",
+    "finish",
     "ran",
     "run_batch",
     "run_calls",
     "run_calls_async",
-    "run_streamed",
     "setup_error",
 ]
+
+T = TypeVar("T")
 
 # Where a call failed (`Failure.source`).
 COMPONENT = "component"  # its component's code raised
@@ -144,20 +147,9 @@ class StopFlag(threading.Event):
 
 
 def run_batch(component: Component, method_name: str, calls: Sequence[Call], hook: CallHook | None = None) -> list[Outcome]:
-    """Run `calls` as one batch; a failing batch method is re-run call by call to find the failing call.
-
-    Called by a worker for every batch message, by the inprocess backend on its replica thread.
-    `hook`: what the component's own calls to the components it holds go through (`MakeMethod.run_batch`).
-    """
-    method = _method(component, method_name)
-    if isinstance(method, Failure):
-        return [(False, method)] * len(calls)
-    if method.batch and len(calls) > 1:
-        try:
-            return [(True, result) for result in method.run_batch(component, calls, hook)]
-        except COMPONENT_ERRORS:  # noqa: S110 - re-run one by one below, so only the failing call fails
-            pass
-    return [_run_one(method, component, call, hook) for call in calls]
+    """`run_calls` with no chunk handed on; called by the profiler's replays, on a thread of their own. `hook`:
+    what the component's own calls to the components it holds go through (`MakeMethod.run_batch`)."""
+    return run_calls(component, method_name, calls, hook=hook)
 
 
 def run_calls(
@@ -165,60 +157,16 @@ def run_calls(
     method_name: str,
     calls: Sequence[Call],
     on_chunk: Callable[[int, str], None] | None = None,
-    cancelled: Sequence[threading.Event] | None = None,
+    cancelled: Sequence[StopFlag] | None = None,
     hook: CallHook | None = None,
     windows: Sequence[ChunkWindow | None] | None = None,
 ) -> list[Outcome]:
-    """Run a batch's calls: as `run_batch`, but a `stream=True` method's calls one by one through
-    `run_streamed`, their chunks handed to `on_chunk(index, text)`, each paced by its window (None: not
-    paced) and stopped once its `cancelled` event is set. Called by the worker and the inprocess backend
-    for every batch."""
-    method = getattr(type(component), method_name, None)
-    if not (isinstance(method, MakeMethod) and method.stream):
-        return run_batch(component, method_name, calls, hook)
-    outcomes = []
-    for i, call in enumerate(calls):
-        sink = (lambda text, i=i: on_chunk(i, text)) if on_chunk is not None else None
-        stop = cancelled[i] if cancelled is not None else threading.Event()
-        window = windows[i] if windows is not None else None
-        outcomes.append(run_streamed(component, method_name, call, sink, stop, hook, window))
-    return outcomes
-
-
-def run_streamed(
-    component: Component,
-    method_name: str,
-    call: Call,
-    on_chunk: Callable[[str], None] | None,
-    cancelled: threading.Event,
-    hook: CallHook | None = None,
-    window: ChunkWindow | None = None,
-) -> Outcome:
-    """One call of a `stream=True` method: each chunk handed to `on_chunk` as it is made (None: kept
-    only), its outcome their concatenation. With a `window`, the generator waits after a chunk while its
-    reader is a whole window behind (backpressure: it is not asked for its next chunk). Once `cancelled`
-    is set the method's generator is closed at its next chunk (an engine then drops the sequence) and the
-    outcome says Cancelled."""
-    method = _method(component, method_name)
-    if isinstance(method, Failure):
-        return (False, method)
-    parts: list[str] = []
-    try:
-        chunks = method.run_chunks(component, *call, hook)
-        try:
-            for chunk in chunks:
-                if cancelled.is_set():
-                    return (False, Failure.verdict(Cancelled("its request ended while it ran: it was stopped")))
-                parts.append(chunk)
-                if on_chunk is not None:
-                    on_chunk(chunk)
-                    if window is not None:
-                        window.take(cancelled)
-        finally:
-            chunks.close()
-    except COMPONENT_ERRORS as exc:
-        return (False, Failure.of(exc))
-    return (True, "".join(parts))
+    """`run_calls_async` with `in_thread=True`, run to its end on this thread: called by the inprocess backend
+    for every batch of a plain `def` method, and by `run_batch` (an `async def` method's calls then wait here
+    for the component loop). A streaming call stops at its next chunk once its `cancelled` flag is set."""
+    stops = cancelled if cancelled is not None else [StopFlag() for _ in calls]
+    return finish(run_calls_async(component, method_name, calls, on_chunk, stops, [None] * len(calls), hook, windows,
+                                  in_thread=True))
 
 
 async def run_calls_async(
@@ -230,70 +178,206 @@ async def run_calls_async(
     deadlines: Sequence[float | None],
     hook: CallHook | None = None,
     windows: Sequence[ChunkWindow | None] | None = None,
+    *,
+    in_thread: bool = False,
 ) -> list[Outcome]:
-    """Run a batch of an `async def` method's calls on the component loop, where the worker and the inprocess
-    backend await it; the component is set up. `run_calls` for coroutines: the calls of a per-item or
-    streaming method run all at once (a task each, awaiting together without a thread); a batch method's
-    calls as one, re-run one by one if it fails,
-    so that only the failing call fails. A call is cancelled where it awaits once its stop is set (its
-    request ended: the outcome says Cancelled) or at its deadline (`time.monotonic()`; the outcome says
-    DeadlineExceeded); a batch method's, once every call's is. A streaming call with a window waits
-    where it yields while its reader is a whole window behind."""
+    """Run a batch's calls, an outcome per call: the one path of every batch, whatever its method. A batch
+    method's calls run as one, again one at a time if it fails in its own code, so that only the failing call
+    fails; a per-item method's each alone; a `stream=True` method's chunks go to `on_chunk(index, text)` as
+    they are made, a call whose reader is a whole window behind waiting where it yields (backpressure).
+
+    Awaited on the component loop for an `async def` method (by the worker and the inprocess backend; the
+    component is set up): a per-item or streaming method's calls a task each, awaiting together. A call is
+    cancelled where it awaits once its stop is set (its request ended: Cancelled) or at its deadline
+    (`time.monotonic()`: DeadlineExceeded); a batch method's, once every call's is. `in_thread=True` (a plain
+    `def` method's, `run_calls`): each call's code runs on this thread, one after another, as plain calls, so
+    the coroutine never suspends and `finish` runs it without a loop; a streaming call stops at its next chunk
+    once its stop is set, and deadlines do not apply.
+    """
     method = _method(component, method_name)
     if isinstance(method, Failure):
         return [(False, method)] * len(calls)
+    if in_thread:
+        return await _run(_OnThread(method, component, calls, on_chunk, stops, windows, hook))
     with call_hook(hook):  # each task starts in a copy of this context: its hook with it
-        if method.batch:
-            return await _batch_async(method, component, calls, stops, deadlines, hook)
-        runs = [
-            _guarded(_one_async(method, component, call, None if on_chunk is None else _sink(on_chunk, i),
-                                None if windows is None else windows[i]), [stop], deadline)
-            for i, (call, stop, deadline) in enumerate(zip(calls, stops, deadlines))
-        ]
+        return await _run(_OnLoop(method, component, calls, on_chunk, stops, windows, hook, deadlines))
+
+
+def finish(run: Coroutine[Any, Any, T]) -> T:
+    """Run `run` to its end on this thread, with no loop: a coroutine whose every step is a plain call
+    (`in_thread=True`), so it ends at its first step. Called on a worker's or a replica's thread."""
+    try:
+        run.send(None)
+    except StopIteration as done:
+        return done.value
+    run.close()
+    raise RuntimeError("a batch run in its thread awaited something that suspends; its steps must be plain calls")
+
+
+async def _run(steps: _OnThread | _OnLoop) -> list[Outcome]:
+    """What a batch does, written once for both ways of taking its steps (`_OnThread`, `_OnLoop`)."""
+    count = len(steps.calls)
+    if not count:
+        return []
+    if not steps.method.batch:
+        return await steps.each(steps.stream if steps.method.stream else steps.call)
+    ok, value = await steps.batch(range(count))
+    if ok:
+        return [(True, result) for result in value]
+    if count == 1 or value.source != COMPONENT:  # stopped or late: every call's verdict
+        return [(False, value)] * count
+    outcomes: list[Outcome] = []  # find the failing call: each alone
+    for i in range(count):
+        ok, value = await steps.batch([i])
+        outcomes.append((True, value[0]) if ok else (False, value))
+    return outcomes
+
+
+async def _streamed(steps: _OnThread | _OnLoop, index: int) -> str:
+    """One call of a `stream=True` method: its chunks handed on as they are made, each paced by the call's
+    window; their concatenation. However it ends, its generator is closed here, now (its cleanup runs: an
+    engine drops the sequence)."""
+    chunks = steps.chunks(index)
+    sink = None if steps.on_chunk is None else functools.partial(steps.on_chunk, index)
+    window = None if steps.windows is None else steps.windows[index]
+    parts: list[str] = []
+    try:
+        while (chunk := await chunks.next()) is not None:
+            parts.append(chunk)
+            if sink is not None:
+                sink(chunk)
+                if window is not None:
+                    await chunks.pace(window)
+    finally:
+        await chunks.close()
+    return "".join(parts)
+
+
+@dataclass
+class _Steps:
+    """A batch's calls of one `@make` method on its component, and how each step of their run is taken.
+
+    `_run` and `_streamed` say what a batch does with its steps, once for both ways: `_OnThread` takes each
+    as a plain call on the calling thread, `_OnLoop` awaits it on the component loop, where it can be
+    cancelled. Each has `batch(indices)` (the batch method once over those calls), `call(i)`, `stream(i)`
+    (an outcome each: a result or a failure, never an exception), `chunks(i)` and `each(step)`.
+    """
+
+    method: MakeMethod
+    component: Component
+    calls: Sequence[Call]
+    on_chunk: Callable[[int, str], None] | None
+    stops: Sequence[StopFlag]
+    windows: Sequence[ChunkWindow | None] | None
+    hook: CallHook | None
+
+
+class _OnThread(_Steps):
+    """Every step a plain call on this thread: the coroutines never suspend (`finish`)."""
+
+    async def batch(self, indices: Sequence[int]) -> Outcome:
+        calls = [self.calls[i] for i in indices]
+        return _caught(lambda: self.method.run_batch(self.component, calls, self.hook))
+
+    async def call(self, index: int) -> Outcome:
+        return _caught(lambda: self.method.run_batch(self.component, [self.calls[index]], self.hook)[0])
+
+    async def stream(self, index: int) -> Outcome:
+        try:
+            return (True, await _streamed(self, index))
+        except _Stopped:
+            return (False, Failure.verdict(Cancelled("its request ended while it ran: it was stopped")))
+        except COMPONENT_ERRORS as exc:
+            return (False, Failure.of(exc))
+
+    def chunks(self, index: int) -> _ThreadChunks:
+        args, kwargs = self.calls[index]
+        return _ThreadChunks(self.method.run_chunks(self.component, args, kwargs, self.hook), self.stops[index])
+
+    async def each(self, step: Callable[[int], Coroutine[Any, Any, Outcome]]) -> list[Outcome]:
+        return [await step(i) for i in range(len(self.calls))]
+
+
+@dataclass
+class _OnLoop(_Steps):
+    """Every step awaited on the component loop, cancelled where it awaits once its stops are set or at its
+    deadline (`_guarded`); a per-item or streaming method's calls a task each, awaiting together."""
+
+    deadlines: Sequence[float | None]
+
+    async def batch(self, indices: Sequence[int]) -> Outcome:
+        deadlines = [self.deadlines[i] for i in indices]
+        latest = None if None in deadlines else max(d for d in deadlines if d is not None)
+        run = self.method.run_batch_async(self.component, [self.calls[i] for i in indices], self.hook)
+        return await _guarded(run, [self.stops[i] for i in indices], latest)
+
+    async def call(self, index: int) -> Outcome:
+        run = self.method.call_async(self.component, *self.calls[index])
+        return await _guarded(run, [self.stops[index]], self.deadlines[index])
+
+    async def stream(self, index: int) -> Outcome:
+        return await _guarded(_streamed(self, index), [self.stops[index]], self.deadlines[index])
+
+    def chunks(self, index: int) -> _LoopChunks:
+        args, kwargs = self.calls[index]
+        return _LoopChunks(self.method.achunks(self.component, args, kwargs))
+
+    async def each(self, step: Callable[[int], Coroutine[Any, Any, Outcome]]) -> list[Outcome]:
+        runs = [step(i) for i in range(len(self.calls))]
         if len(runs) > 1:
             return list(await asyncio.gather(*runs))  # a task each, awaiting together, each cancelled alone
         return [await run for run in runs]
 
 
-def _sink(on_chunk: Callable[[int, str], None], index: int) -> Callable[[str], None]:
-    return lambda text: on_chunk(index, text)
+class _Stopped(Exception):
+    """A streaming call on a thread met its stop at a chunk: its request ended."""
 
 
-async def _one_async(
-    method: MakeMethod, component: Component, call: Call, on_chunk: Callable[[str], None] | None, window: ChunkWindow | None
-) -> Any:
-    args, kwargs = call
-    if not method.stream:
-        return await method.call_async(component, args, kwargs)
-    parts: list[str] = []
-    chunks = method.achunks(component, args, kwargs)
+@dataclass
+class _ThreadChunks:
+    """A `def` (or, through the component loop, an `async def`) streaming call's chunks, made on this thread."""
+
+    _chunks: Generator[str, None, None]
+    _stop: threading.Event
+
+    async def next(self) -> str | None:
+        chunk = next(self._chunks, None)
+        if chunk is not None and self._stop.is_set():
+            raise _Stopped
+        return chunk
+
+    async def pace(self, window: ChunkWindow) -> None:
+        window.take(self._stop)
+
+    async def close(self) -> None:
+        self._chunks.close()
+
+
+@dataclass
+class _LoopChunks:
+    """An `async def` streaming call's chunks, made on the component loop, where the call awaits them."""
+
+    _chunks: AsyncGenerator[str, None]
+
+    async def next(self) -> str | None:
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    async def pace(self, window: ChunkWindow) -> None:
+        await window.take_async()
+
+    async def close(self) -> None:
+        await self._chunks.aclose()
+
+
+def _caught(run: Callable[[], Any]) -> Outcome:
+    """`run()`'s outcome: what the component's code raised is the call's failure."""
     try:
-        async for chunk in chunks:
-            parts.append(chunk)
-            if on_chunk is not None:
-                on_chunk(chunk)
-                if window is not None:
-                    await window.take_async()
-    finally:
-        await chunks.aclose()  # at once, here: a call cancelled mid-stream runs its generator's cleanup now
-    return "".join(parts)
-
-
-async def _batch_async(
-    method: MakeMethod, component: Component, calls: Sequence[Call], stops: Sequence[StopFlag],
-    deadlines: Sequence[float | None], hook: CallHook | None,
-) -> list[Outcome]:
-    latest = None if any(deadline is None for deadline in deadlines) else max(d for d in deadlines if d is not None)
-    ok, value = await _guarded(method.run_batch_async(component, calls, hook), stops, latest)
-    if ok:
-        return [(True, result) for result in value]
-    if len(calls) == 1 or value.source != COMPONENT:
-        return [(False, value)] * len(calls)
-    outcomes: list[Outcome] = []  # find the failing call: each alone
-    for call, stop, deadline in zip(calls, stops, deadlines):
-        ok, value = await _guarded(method.run_batch_async(component, [call], hook), [stop], deadline)
-        outcomes.append((True, value[0]) if ok else (False, value))
-    return outcomes
+        return (True, run())
+    except COMPONENT_ERRORS as exc:
+        return (False, Failure.of(exc))
 
 
 async def _guarded(run: Coroutine[Any, Any, Any], stops: Sequence[StopFlag], deadline: float | None) -> Outcome:
@@ -349,13 +433,6 @@ def _method(component: Component, method_name: str) -> MakeMethod | Failure:
         return method
     cls = type(component).__name__
     return Failure.of(ComponentError(cls, method_name, f"{cls} has no @make method {method_name!r}"))
-
-
-def _run_one(method: MakeMethod, component: Component, call: Call, hook: CallHook | None) -> Outcome:
-    try:
-        return (True, method.run_batch(component, [call], hook)[0])
-    except COMPONENT_ERRORS as exc:
-        return (False, Failure.of(exc))
 
 
 def setup_error(name: str, exc: BaseException) -> ComponentError:

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from patchkit import telemetry
@@ -53,73 +53,44 @@ class DirectChannel:
 
     async def run_batch(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
         """Run the batch, in an execution span per traced call, as a worker does; a streaming call's
-        chunks handed to its `on_chunk` on this loop as they are made (`expires` does not apply: no call
-        waits here). Once the batch is given up on (its replica recycled) or a call's request ends, a
-        streamed call stops at its next chunk."""
+        chunks handed to its `on_chunk` on this loop as they are made (`expires` does not apply to a plain
+        `def` method's: no call waits here). Once the batch is given up on (its replica recycled) or a
+        call's request ends, a streamed call stops at its next chunk, and an `async def` method's call is
+        cancelled where it awaits."""
         if self.lost.is_set():
             raise WorkerDiedError(f"inprocess replica is stopped: {self.lost_reason}")
         made = getattr(type(self.component), method, None)
-        if isinstance(made, MakeMethod) and made.asynchronous:
-            outcomes = await self._run_async(method, calls)
-            self.batches += 1
-            self.calls += len(calls)
-            return outcomes
-        traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
-        loop = asyncio.get_running_loop()
-        stops = [threading.Event() for _ in calls]
+        run = self._run_async if isinstance(made, MakeMethod) and made.asynchronous else self._run
         windows = _windows(calls)
-        sink = _sink(loop, calls, windows)
         streamed = any(call.on_chunk is not None for call in calls)
-        watched = [(call.ended, lambda future, stop=stop: future.cancelled() and stop.set())
-                   for call, stop in zip(calls, stops) if call.ended is not None and streamed]
-        for end, stop_on_end in watched:
-            end.add_done_callback(stop_on_end)
-        try:
-            with telemetry.execution(self.name, method, traces):
-                streaming = (sink, stops, None, windows) if streamed else ()
-                args = (self.component, method, [call.call for call in calls], *streaming)
-                inline = not streamed and self._took.get(method, INLINE_BELOW_S) < INLINE_BELOW_S
-                outcomes = await (self._inline(*args) if inline else self._on_thread(self._timed, *args))
-        except asyncio.CancelledError:
-            for stop in stops:
-                stop.set()
-            raise
-        finally:
-            for end, stop_on_end in watched:
-                end.remove_done_callback(stop_on_end)
+        sink = _sink(asyncio.get_running_loop(), calls, windows) if streamed else None
+        traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
+        with _stopped_when_ended(calls) as stops:
+            outcomes = await run(method, calls, _Streaming(sink, stops, windows), traces)
         self.batches += 1
         self.calls += len(calls)
         return outcomes
 
-    async def _run_async(self, method: str, calls: Sequence[CallEnvelope]) -> list[Outcome]:
+    async def _run(self, method: str, calls: Sequence[CallEnvelope], streaming: _Streaming,
+                   traces: list[dict[str, str] | None] | None) -> list[Outcome]:
+        """A batch of a plain `def` method: on a thread, or inline when it is quick and streams nothing."""
+        with telemetry.execution(self.name, method, traces):
+            given = (streaming.sink, streaming.stops, None, streaming.windows) if streaming.sink is not None else ()
+            args = (self.component, method, [call.call for call in calls], *given)
+            inline = streaming.sink is None and self._took.get(method, INLINE_BELOW_S) < INLINE_BELOW_S
+            return await (self._inline(*args) if inline else self._on_thread(self._timed, *args))
+
+    async def _run_async(self, method: str, calls: Sequence[CallEnvelope], streaming: _Streaming,
+                         traces: list[dict[str, str] | None] | None) -> list[Outcome]:
         """A batch of an `async def` method: its calls as tasks on the component loop (`run_calls_async`), under
-        the locks; each cancelled there once its request ends (its `ended` future is cancelled) or at its
-        `expires`, and every one of them if this batch is given up on."""
-        loop = asyncio.get_running_loop()
-        stops = [StopFlag() for _ in calls]
-        now, clock = time.monotonic(), loop.time()
+        the locks or a slot (`_admitting`); each cancelled there at its `expires` too."""
+        now, clock = time.monotonic(), asyncio.get_running_loop().time()
         deadlines = [None if call.expires is None else now + call.expires - clock for call in calls]
-        windows = _windows(calls)
-        sink = _sink(loop, calls, windows)
-        streamed = any(call.on_chunk is not None for call in calls)
-        watched = [(call.ended, lambda future, stop=stop: future.cancelled() and stop.set())
-                   for call, stop in zip(calls, stops) if call.ended is not None]
-        for end, stop_on_end in watched:
-            end.add_done_callback(stop_on_end)
-        traces = [call.trace for call in calls] if any(call.trace is not None for call in calls) else None
-        try:
-            async with self._admitting(method):
-                with telemetry.execution(self.name, method, traces):
-                    run = run_calls_async(self.component, method, [call.call for call in calls], sink if streamed else None,
-                                          stops, deadlines, None, windows)
-                    return await asyncio.wrap_future(component_loop().submit(run))
-        except asyncio.CancelledError:
-            for stop in stops:
-                stop.set()
-            raise
-        finally:
-            for end, stop_on_end in watched:
-                end.remove_done_callback(stop_on_end)
+        async with self._admitting(method):
+            with telemetry.execution(self.name, method, traces):
+                run = run_calls_async(self.component, method, [call.call for call in calls], streaming.sink,
+                                      streaming.stops, deadlines, None, streaming.windows)
+                return await asyncio.wrap_future(component_loop().submit(run))
 
     def _admitting(self, method: str) -> contextlib.AbstractAsyncContextManager[Any]:
         """What a batch of an async method waits for: a slot of its `max_concurrency` (its calls await together
@@ -173,6 +144,35 @@ class DirectChannel:
         if not self.lost.is_set():
             self.lost_reason = "stopped"
             self.lost.set()
+
+
+@dataclass
+class _Streaming:
+    """Where a batch's chunks go (None: no call's chunks are read as they come), each call's stop and window."""
+
+    sink: Callable[[int, str], None] | None
+    stops: list[StopFlag]
+    windows: list[ChunkWindow | None]
+
+
+@contextlib.contextmanager
+def _stopped_when_ended(calls: Sequence[CallEnvelope]) -> Iterator[list[StopFlag]]:
+    """A stop per call, set once its request ends (its `ended` future is cancelled), and every one of them if
+    the batch is given up on (the task awaiting it is cancelled)."""
+    stops = [StopFlag() for _ in calls]
+    watched = [(call.ended, lambda future, stop=stop: future.cancelled() and stop.set())
+               for call, stop in zip(calls, stops) if call.ended is not None]
+    for end, stop_on_end in watched:
+        end.add_done_callback(stop_on_end)
+    try:
+        yield stops
+    except asyncio.CancelledError:
+        for stop in stops:
+            stop.set()
+        raise
+    finally:
+        for end, stop_on_end in watched:
+            end.remove_done_callback(stop_on_end)
 
 
 def _windows(calls: Sequence[CallEnvelope]) -> list[ChunkWindow | None]:

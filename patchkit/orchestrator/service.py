@@ -15,6 +15,7 @@ cancelled before it starts is not run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import queue
@@ -30,7 +31,7 @@ from patchkit import telemetry
 from patchkit.core import Call, CallHook, Component, make_methods
 from patchkit.core.event_loop import ChunkWindow, component_loop
 from patchkit.errors import Cancelled, DeadlineExceeded
-from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_calls, run_calls_async
+from patchkit.orchestrator.execute import Failure, Outcome, component_stats, finish, run_calls_async
 from patchkit.orchestrator.rpc import (
     CHECK,
     SECRET_KEY,
@@ -120,9 +121,9 @@ class WorkerService:
             with self._lock:
                 return component_loop().run(self.run_async(method, calls, arrived, on_chunk), method)
         if method in self.concurrency:
-            return self._run(method, calls, arrived, on_chunk)
+            return finish(self._run(method, calls, arrived, on_chunk, in_thread=True))
         with self._lock:
-            return self._run(method, calls, arrived, on_chunk)
+            return finish(self._run(method, calls, arrived, on_chunk, in_thread=True))
 
     async def run_async(
         self, method: str, calls: Sequence[WireCall], arrived: float, on_chunk: Callable[[int, str], None] | None = None
@@ -133,13 +134,16 @@ class WorkerService:
         `run` for the others."""
         slots = self._slots.get(method)
         if slots is None:
-            return await self._run_async(method, calls, arrived, on_chunk)
+            return await self._run(method, calls, arrived, on_chunk)
         async with slots:
-            return await self._run_async(method, calls, arrived, on_chunk)
+            return await self._run(method, calls, arrived, on_chunk)
 
-    async def _run_async(
-        self, method: str, calls: Sequence[WireCall], arrived: float, on_chunk: Callable[[int, str], None] | None
+    async def _run(
+        self, method: str, calls: Sequence[WireCall], arrived: float, on_chunk: Callable[[int, str], None] | None,
+        in_thread: bool = False,
     ) -> list[Outcome]:
+        """A batch's calls that are still wanted, run (`run_calls_async`) and counted: on the component loop,
+        or with `in_thread` (a plain `def` method's, `run` runs it with `finish`) on this thread, as plain calls."""
         start = time.perf_counter()
         outcomes, runnable, skipped, stopped = self._sort(calls, arrived)
         if runnable:
@@ -150,24 +154,7 @@ class WorkerService:
             arguments: list[Call] = [call.call for call in runnable.values()]  # type: ignore[misc]  # failures are out
             with telemetry.execution(self.name, method, _traces(runnable.values())):
                 ran = await run_calls_async(self.component, method, arguments, sink, flags, deadlines, self.hook,
-                                            _windows(runnable.values()))
-            for i, outcome in zip(index, ran):
-                outcomes[i] = outcome
-            stopped += sum(flag.is_set() for flag in flags)
-        return self._count(outcomes, bool(runnable), len(runnable), skipped, stopped, start)
-
-    def _run(
-        self, method: str, calls: Sequence[WireCall], arrived: float, on_chunk: Callable[[int, str], None] | None
-    ) -> list[Outcome]:
-        start = time.perf_counter()
-        outcomes, runnable, skipped, stopped = self._sort(calls, arrived)
-        if runnable:
-            index = list(runnable)
-            sink = (lambda k, text: on_chunk(index[k], text)) if on_chunk is not None else None
-            flags = [call.cancelled for call in runnable.values()]
-            arguments: list[Call] = [call.call for call in runnable.values()]  # type: ignore[misc]  # failures are out
-            with telemetry.execution(self.name, method, _traces(runnable.values())):
-                ran = run_calls(self.component, method, arguments, sink, flags, self.hook, _windows(runnable.values()))
+                                            _windows(runnable.values()), in_thread=in_thread)
             for i, outcome in zip(index, ran):
                 outcomes[i] = outcome
             stopped += sum(flag.is_set() for flag in flags)
@@ -293,21 +280,24 @@ class _Stream:
         self.outbox.put(None)
 
     def _run(self, batch: Batch, arrived: float) -> None:
-        try:
+        with self._running(batch):
             outcomes = self.service.run(batch.method, batch.calls, arrived, self._sink(batch))
-        finally:
-            with self.lock:
-                self.running.pop(batch.batch_id, None)
         self.outbox.put(encode_outcomes(batch.batch_id, outcomes))
 
     async def _run_async(self, batch: Batch, arrived: float) -> None:
         """A batch of an async method with max_concurrency, as a task on the component loop."""
-        try:
+        with self._running(batch):
             outcomes = await self.service.run_async(batch.method, batch.calls, arrived, self._sink(batch))
+        self.outbox.put(encode_outcomes(batch.batch_id, outcomes))
+
+    @contextlib.contextmanager
+    def _running(self, batch: Batch) -> Iterator[None]:
+        """Around a batch's run: cancels and reads reported for its calls reach them until it has run."""
+        try:
+            yield
         finally:
             with self.lock:
                 self.running.pop(batch.batch_id, None)
-        self.outbox.put(encode_outcomes(batch.batch_id, outcomes))
 
     def _sink(self, batch: Batch) -> Callable[[int, str], None] | None:
         """Where a batch's chunks go: to the outbox, for the calls whose chunks are wanted (None: none are)."""
