@@ -240,7 +240,7 @@ def test_prompts_admitted_together_copy_the_stream_of_the_first_that_reuses_a_pr
 
 def test_the_cost_model_replays_the_turns_the_engine_runs(llm: Any) -> None:
     from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
-    from patchkit.core.engine_turn import TurnSize
+    from patchkit.components.generators.llama.engine_turn import TurnSize
     from patchkit.scheduler.offline.costmodel import EngineCall, EngineCosts
     from patchkit.scheduler.offline.pwl import PiecewiseLinear
 

@@ -2,8 +2,7 @@
 
 This package imports nothing from patchkit but the leaf `errors` module. `base` holds the class and the
 decorator, `spec` how a component is rebuilt elsewhere and shown, `calls` a call's site and its hook,
-`pending` a request's calls in flight (parallel calls), `event_loop` the loop async components run on,
-`engine_turn` how an engine that batches by itself splits a turn (its engine and the cost model share it).
+`pending` a request's calls in flight (parallel calls), `event_loop` the loop async components run on.
 """
 
 from patchkit.core.base import BoundMake, Component, MakeMethod, ensure_setup, make, make_methods, mark_served_elsewhere

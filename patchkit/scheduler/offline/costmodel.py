@@ -3,7 +3,8 @@
 An engine such as `LlamaEngine` runs many sequences in one context, turn after turn: it evaluates
 prompt chunks of the sequences still reading their prompts (oldest first), then decodes one token
 for every sequence past its prompt in a single step. How a turn splits its prompt tokens is
-`component.engine_turn.TurnSize`, the one function the engine runs and `run_ms` replays, at the
+`TurnSize` (`components/generators/llama/engine_turn.py`, a leaf beside the engine: the one module of
+the components the planner imports), the one function the engine runs and `run_ms` replays, at the
 sizes the engine reports in its stats. Its costs are then three numbers and a curve, per thread
 count:
 
@@ -41,7 +42,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.core.engine_turn import Reading, TurnSize
+from patchkit.components.generators.llama.engine_turn import Reading, TurnSize
 from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
 __all__ = ["BLEND_COUNTERS", "COUNTERS", "Counters", "EngineCall", "EngineCosts", "Replayed", "fit", "relative_error"]

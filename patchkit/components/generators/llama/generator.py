@@ -17,7 +17,8 @@ from patchkit.components.generators.base import (
     render_context,
     replica_threads,
 )
-from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
+from patchkit.components.generators.llama.config import EngineConfig
+from patchkit.components.generators.llama.engine import LlamaEngine
 from patchkit.components.generators.llama.loading import Repack
 from patchkit.components.generators.llama.sequence import common_prefix
 from patchkit.components.generators.streaming import decoded, stripped
