@@ -15,8 +15,10 @@ count:
 - `call_ms`: what a call costs beyond the engine's evaluation (the process hop, the chat template,
   tokenizing, sampling);
 - `place_ms`: under `kv_reuse="blend"`, placing one document's cached cells into a prompt (a read
-  and a write of the slot's state): what a document reused at any position costs instead of its
-  tokens, which the call then does not evaluate (0 for engines that place none).
+  and a write of the slot's state, its keys rotated to their positions on the host): what a document
+  reused at any position costs instead of its tokens, which the call then does not evaluate (0 for
+  engines that place none). The engine's `blend_s` holds all of it: no shift of the context is left
+  for the next prompt chunk's evaluation to pay, so `prompt_ms_per_token` stays the tokens' own.
 
 A call is then `EngineCall(prompt tokens, tokens it evaluates, decode steps it takes, documents it
 places)`, and

@@ -41,6 +41,7 @@ from patchkit.components.generators.llama.config import EngineConfig
 from patchkit.components.generators.llama.document_cache import DocumentCache
 from patchkit.components.generators.llama.engine_turn import Reading, Skip
 from patchkit.components.generators.llama.kv_blend import Blender
+from patchkit.components.generators.llama.kv_rope import KeyRotation
 from patchkit.components.generators.llama.loading import choose_repack, model_params
 from patchkit.components.generators.llama.sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
 
@@ -95,7 +96,8 @@ class LlamaEngine:
             if not llama_cpp.llama_memory_can_shift(self._ctx.memory):
                 raise ValueError("kv_reuse='blend' moves cells to other positions, which this model's KV cache cannot")
             self._blender = Blender(llama_cpp, self._ctx, self._documents, scratch=config.slots, parking=config.n_ctx,
-                                    share=config.recompute, evaluate=self._evaluate_alone)
+                                    share=config.recompute, evaluate=self._evaluate_alone,
+                                    rotation=KeyRotation.of(llama_cpp, self.model))
         self._stopping = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
