@@ -68,7 +68,7 @@ class Arm:
         engine, began = self.engine, time.perf_counter()
         sequence = LlamaSequence(tokens, 1, engine._greedy, cut_pieces(tokens, pieces), bodies)
         with engine._lock:
-            placement = engine._place(sequence, set())
+            placement = engine._place(sequence)
         engine._load(placement)
         last, block = len(tokens) - 1, engine.config.block
         while sequence.evaluated < last:

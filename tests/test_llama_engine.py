@@ -240,7 +240,7 @@ def test_prompts_admitted_together_copy_the_stream_of_the_first_that_reuses_a_pr
 
 def test_the_cost_model_replays_the_turns_the_engine_runs(llm: Any) -> None:
     from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
-    from patchkit.core.engine_turn import TurnSize
+    from patchkit.components.generators.llama.engine_turn import TurnSize
     from patchkit.scheduler.offline.costmodel import EngineCall, EngineCosts
     from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
@@ -575,3 +575,69 @@ def test_a_deployed_blend_generator_places_documents_it_saw_in_another_order() -
     # The first call evaluates both documents alone; the second, in the other order, places both.
     assert stat["blend_documents_evaluated"] == 2 and stat["blend_documents_reused"] == 2
     assert stat["blend_tokens_reused"] > 100
+
+
+def test_keys_rotated_on_the_host_equal_llama_cpps_shift(llm: Any) -> None:
+    from patchkit.components.generators.llama.kv_rope import KeyRotation
+    from patchkit.components.generators.llama.kv_state import StateLayout
+
+    engine = blend_engine(llm, max_sequences=2)
+    engine.stop()  # the test drives the context itself, as the engine thread would
+    try:
+        rotation = KeyRotation.of(engine._lib, engine.model)
+        assert rotation is not None  # SmolLM2: F16 keys, plain RoPE
+        tokens, pieces = llm.prompt(llm.messages("Why?", LONG_DOCS[:1]), LONG_DOCS[:1])
+        start, end = llm.bodies(tokens, pieces, LONG_DOCS[:1])[0]
+        engine._evaluate_alone(tokens[start:end], 300, 0)
+        layout, cells = StateLayout.read(engine._documents.state(0), engine._documents.n_layer)
+        moved = rotation.moved(layout, layout.cut(cells, cells.start, cells.end), 41)
+        engine._lib.llama_memory_seq_add(engine._ctx.memory, 0, -1, -1, 41 - 300)
+        engine._evaluate_alone(tokens[:2], 0, 1)  # any decode has llama.cpp apply the shift first
+        _, shifted = StateLayout.read(engine._documents.state(0), engine._documents.n_layer)
+        assert (shifted.start, shifted.end) == (moved.start, moved.end) == (41, 41 + end - start)
+        assert np.array_equal(shifted.meta, moved.meta)
+        assert all(np.array_equal(a, b) for a, b in zip(shifted.values, moved.values))
+        ours = np.concatenate([k.view(np.float16).astype(np.float32).ravel() for k in moved.keys])
+        theirs = np.concatenate([k.view(np.float16).astype(np.float32).ravel() for k in shifted.keys])
+        before = np.concatenate([k.view(np.float16).astype(np.float32).ravel() for k in cells.keys])
+        # The same float16 keys but for a last-bit rounding of a few elements in a hundred thousand.
+        assert np.mean(ours != theirs) < 1e-4 and np.allclose(ours, theirs, rtol=2e-3, atol=1e-3)
+        assert np.mean(before != theirs) > 0.5  # the keys did turn
+    finally:
+        engine.close()
+
+
+def test_placing_documents_rotates_their_cells_alone_and_leaves_the_context_unshifted(llm: Any) -> None:
+    engine = blend_engine(llm, max_sequences=2, cache_slots=2)
+    try:
+        a, b, c, _, _ = LONG_DOCS
+        for question, docs in [("Which is first?", [a, b]), ("Which is first?", [b, c, a])]:
+            assert blend_answer(llm, engine, question, docs).strip()
+        found = engine.stats()
+        placed = found["blend_documents_reused"] + found["blend_documents_evaluated"]
+        assert found["blend_documents_reused"] >= 2 and placed >= 4
+        # Each placed document's cells past its recomputed tokens, and nothing else, turned to their positions:
+        # llama.cpp's shift, which turns every cell of every slot, never ran.
+        assert found["blend_context_shifts"] == 0
+        tokens = sum(end - start for docs in ([a, b], [b, c, a]) for start, end in llm.bodies(
+            *llm.prompt(llm.messages("Which is first?", docs), docs), docs))
+        assert found["blend_cells_rotated"] == tokens - found["blend_tokens_recomputed"]
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_a_deployed_blend_that_recomputes_whole_documents_answers_as_exact() -> None:
+    from patchkit.components.generators import LlamaCppGenerator
+
+    pytest.importorskip("llama_cpp", reason="the engine needs llama-cpp-python: pip install -e '.[llm]'")
+    a, b, c, d, _ = LONG_DOCS
+    calls = [("What does json.dumps return?", [a, b, c]), ("How do I read a CSV file?", [c, a, b]),
+             ("Which module parses dates?", [d, b])]
+    answers = {}
+    for kv_reuse, recompute in (("exact", 0.15), ("blend", 1.0)):
+        llm = LlamaCppGenerator(max_tokens=16, threads=1, n_ctx=1024, kv_reuse=kv_reuse, recompute=recompute)
+        with _deployed(llm, [f"{x.title}: {x.text}" for x in [a, b]]) as endpoint:
+            answers[kv_reuse] = [endpoint.query(question=q, docs=[f"{x.title}: {x.text}" for x in docs])
+                                 for q, docs in calls]
+    assert answers["blend"] == answers["exact"] and all(answers["exact"])

@@ -19,7 +19,7 @@ import pytest
 import patchkit
 from patchkit import Component, make
 from patchkit.components import LlamaCppGenerator
-from patchkit.core.engine_turn import Chunk, Reading, Skip, TurnSize
+from patchkit.components.generators.llama.engine_turn import Chunk, Reading, Skip, TurnSize
 from patchkit.orchestrator.resources import available_cpus
 from patchkit.scheduler.offline.costmodel import Counters, EngineCall, EngineCosts, fit
 from patchkit.scheduler.offline.pool import ResourcePool

@@ -1,10 +1,10 @@
 """`Component` and `@make`, and the call hook their calls go through: the leaf every part of patchkit may import.
 
-This package imports nothing from patchkit but the leaves `errors` and `envs`. `base` holds the class and the
-decorator, `spec` how a component is rebuilt elsewhere and shown, `calls` a call's site and its hook,
-`event_loop` the loop async components run on, `engine_turn` how an engine that batches by itself splits a turn
-(its engine and the cost model share it). A request's calls in flight (parallel calls) are the capture's runtime
-(`patchkit.capture.pending`); a component's identity is the program's (`patchkit.program.identity`).
+This package imports nothing from patchkit but the leaves `errors` and `envs`. `component` and `make` hold the
+class and the decorator, `spec` how a component is rebuilt elsewhere and shown, `calls` a call's site and its hook,
+`event_loop` the loop async components run on. A request's calls in flight (parallel calls) are the capture's
+runtime (`patchkit.capture.pending`); a component's identity is the program's (`patchkit.program.identity`); how an
+engine that batches by itself splits a turn sits beside the llama.cpp engine (`engine_turn`).
 """
 
 from patchkit.core.calls import Call, CallHook, CallSite, active_call_hook, call_hook

@@ -3,7 +3,8 @@
 An engine such as `LlamaEngine` runs many sequences in one context, turn after turn: it evaluates
 prompt chunks of the sequences still reading their prompts (oldest first), then decodes one token
 for every sequence past its prompt in a single step. How a turn splits its prompt tokens is
-`component.engine_turn.TurnSize`, the one function the engine runs and `run_ms` replays, at the
+`TurnSize` (`components/generators/llama/engine_turn.py`, a leaf beside the engine: the one module of
+the components the planner imports), the one function the engine runs and `run_ms` replays, at the
 sizes the engine reports in its stats. Its costs are then three numbers and a curve, per thread
 count:
 
@@ -14,8 +15,10 @@ count:
 - `call_ms`: what a call costs beyond the engine's evaluation (the process hop, the chat template,
   tokenizing, sampling);
 - `place_ms`: under `kv_reuse="blend"`, placing one document's cached cells into a prompt (a read
-  and a write of the slot's state): what a document reused at any position costs instead of its
-  tokens, which the call then does not evaluate (0 for engines that place none).
+  and a write of the slot's state, its keys rotated to their positions on the host): what a document
+  reused at any position costs instead of its tokens, which the call then does not evaluate (0 for
+  engines that place none). The engine's `blend_s` holds all of it: no shift of the context is left
+  for the next prompt chunk's evaluation to pay, so `prompt_ms_per_token` stays the tokens' own.
 
 A call is then `EngineCall(prompt tokens, tokens it evaluates, decode steps it takes, documents it
 places)`, and
@@ -41,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patchkit.core.engine_turn import Reading, TurnSize
+from patchkit.components.generators.llama.engine_turn import Reading, TurnSize
 from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
 __all__ = ["BLEND_COUNTERS", "COUNTERS", "Counters", "EngineCall", "EngineCosts", "Replayed", "fit", "relative_error"]

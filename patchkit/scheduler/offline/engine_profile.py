@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from patchkit.components.generators.llama.engine_turn import TurnSize
 from patchkit.core import Call, Component
-from patchkit.core.engine_turn import TurnSize
 from patchkit.errors import PlanError
 from patchkit.orchestrator.backend import Replica
 from patchkit.scheduler.offline.costmodel import Counters, EngineCall, EngineCosts, fit, relative_error

@@ -37,11 +37,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from patchkit.components.generators.llama.config import EngineConfig
 from patchkit.components.generators.llama.document_cache import DocumentCache
+from patchkit.components.generators.llama.engine_turn import Reading, Skip
 from patchkit.components.generators.llama.kv_blend import Blender
-from patchkit.components.generators.llama.loading import Repack, choose_repack, model_params
+from patchkit.components.generators.llama.kv_rope import KeyRotation
+from patchkit.components.generators.llama.loading import choose_repack, model_params
 from patchkit.components.generators.llama.sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
-from patchkit.core.engine_turn import Reading, Skip, TurnSize
 
 __all__ = ["EngineConfig", "LlamaEngine"]
 
@@ -57,66 +59,6 @@ class Placement:
     sequence: LlamaSequence
     path: list[Any]
     source: LlamaSequence | None
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """How an engine is sized: up to `max_sequences` running at once, in slots of `n_ctx` tokens each, and
-    `cache_slots` more slots that only idle slots' cached prompts fill; prompts evaluated `n_batch` tokens
-    per step, on `threads` threads; `prefix_cache=False` evaluates every prompt in full (and keeps no
-    cache slots, nor a document cache). `kv_cache_bytes`: the host memory the document KV cache may hold
-    (0: none). `kv_reuse="blend"` also reuses documents' KV after any prefix, evaluating `recompute` of
-    each placed document's tokens again (`kv_blend.py`); "exact" reuses prefixes only. `repack`: whether
-    the weights load into llama.cpp's extra buffer types ("auto": not where the CPU reports AMX, see
-    `loading.py`), decided where the engine loads."""
-
-    model_path: str
-    n_ctx: int = 2048
-    max_sequences: int = 16
-    cache_slots: int = 8
-    n_batch: int = 512
-    threads: int = 1
-    prefix_cache: bool = True
-    block: int = 64  # prompt tokens per llama_decode, aligned to position 0: the unit of prefix reuse
-    kv_cache_bytes: int = 0
-    kv_reuse: str = "exact"  # or "blend": documents' KV reused at any position (`kv_blend.py`)
-    recompute: float = 0.15  # under blend, the share of each placed document's leading tokens evaluated again
-    repack: Repack = "auto"
-
-    @property
-    def slots(self) -> int:
-        """KV streams in the context: the running sequences', and the cache's."""
-        return self.max_sequences + (self.cache_slots if self.prefix_cache else 0)
-
-    def __post_init__(self) -> None:
-        if self.n_ctx < 16:
-            raise ValueError(f"n_ctx ({self.n_ctx}) must be >= 16")
-        if self.max_sequences < 1 or self.n_batch < self.max_sequences:
-            raise ValueError(f"max_sequences ({self.max_sequences}) must be >= 1 and <= n_batch ({self.n_batch})")
-        if self.cache_slots < 0:
-            raise ValueError(f"cache_slots ({self.cache_slots}) must be >= 0")
-        if not 1 <= self.block <= self.n_batch:
-            raise ValueError(f"block ({self.block}) must be >= 1 and <= n_batch ({self.n_batch})")
-        if self.kv_cache_bytes < 0:
-            raise ValueError(f"kv_cache_bytes ({self.kv_cache_bytes}) must be >= 0 (0 keeps no document KV cache)")
-        if self.kv_reuse not in ("exact", "blend"):
-            raise ValueError(f"kv_reuse ({self.kv_reuse!r}) must be 'exact' or 'blend'")
-        if not 0.0 <= self.recompute <= 1.0:
-            raise ValueError(f"recompute ({self.recompute}) must be within [0, 1]: the share of a document's tokens")
-        choose_repack(self.repack)  # raises on a value that is not one
-        if self.kv_reuse == "blend" and not (self.prefix_cache and self.kv_cache_bytes > 0):
-            raise ValueError(f"kv_reuse='blend' keeps documents in the document KV cache: prefix_cache "
-                             f"({self.prefix_cache}) must be True and kv_cache_bytes ({self.kv_cache_bytes}) > 0")
-
-    @property
-    def turn(self) -> TurnSize:
-        """How a turn splits its prompt tokens: n_batch a turn, in chunks of `block` (`engine_turn.py`)."""
-        return TurnSize(self.n_batch, self.block)
-
-    @property
-    def streams(self) -> int:
-        """KV streams in the context: the slots, and under blend a scratch one for documents alone."""
-        return self.slots + (self.kv_reuse == "blend")
 
 
 class LlamaEngine:
@@ -154,7 +96,8 @@ class LlamaEngine:
             if not llama_cpp.llama_memory_can_shift(self._ctx.memory):
                 raise ValueError("kv_reuse='blend' moves cells to other positions, which this model's KV cache cannot")
             self._blender = Blender(llama_cpp, self._ctx, self._documents, scratch=config.slots, parking=config.n_ctx,
-                                    share=config.recompute, evaluate=self._evaluate_alone)
+                                    share=config.recompute, evaluate=self._evaluate_alone,
+                                    rotation=KeyRotation.of(llama_cpp, self.model))
         self._stopping = False
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)

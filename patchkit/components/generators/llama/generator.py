@@ -17,7 +17,8 @@ from patchkit.components.generators.base import (
     render_context,
     replica_threads,
 )
-from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
+from patchkit.components.generators.llama.config import EngineConfig
+from patchkit.components.generators.llama.engine import LlamaEngine
 from patchkit.components.generators.llama.loading import Repack
 from patchkit.components.generators.llama.sequence import common_prefix
 from patchkit.components.generators.streaming import decoded, stripped
@@ -50,7 +51,7 @@ class LlamaCppGenerator(Generator):
 
     `kv_reuse="blend"` (opt-in) reuses a document's KV wherever it appears, after any prefix: each
     document is evaluated once on its own, its cells kept in the document cache and moved to the
-    positions it takes in a prompt (llama.cpp rotates their keys), and the first `recompute` share of
+    positions it takes in a prompt (their keys rotated there), and the first `recompute` share of
     its tokens evaluated again in place to restore some attention across documents; the question and
     the answer are evaluated normally. Faster where documents recur in new orders, but the model no
     longer reads each document after the ones before it, so answers may change (benchmarks/README.md

@@ -8,13 +8,20 @@ the document's entry in the document cache's tree, keyed by `BLEND` and its toke
 budgeted with the exact prefixes. To place it at positions [start, end) of a prompt, the engine
 evaluates normally everything before start + k, where k is the recompute share of its tokens (the
 label and its first tokens: EPIC's link tokens, which also take over the attention its first token
-drew when it stood alone), then appends the document's cells from k on and moves them into place with
-`llama_memory_seq_add`, which has llama.cpp rotate their keys (RoPE) by the distance at its next
-decode. The question and every generated token are evaluated normally, after the placed cells.
+drew when it stood alone), then appends the document's cells from k on at their positions, their keys
+rotated there on the host (`kv_rope.py`: the rotation costs the document's cells, where llama.cpp's
+own shift, `llama_memory_seq_add`, rotates every cell of the context at its next decode; a model
+whose keys `KeyRotation` cannot rotate keeps that shift). The question and every generated token are
+evaluated normally, after the placed cells.
 
-llama.cpp evaluates only past a sequence's last position and restores a sequence's state only whole,
-so appending cells reads the slot's state and writes it back with the cells added: one read and one
-write of the prompt so far per document placed, a few milliseconds against the evaluation it saves.
+llama.cpp evaluates only past a sequence's last position and restores a sequence's state only whole
+(`llama_state_seq_set_data` empties the sequence first), and with a KV stream per slot it shares
+cells between sequences only by copying whole streams (`llama_memory_seq_cp` across streams copies
+every cell of the source's stream and empties the destination's). So appending cells reads the
+slot's state and writes it back with the cells added: one read and one write of the prompt so far
+per document placed (`blend_state_bytes`), a few milliseconds against the evaluation it saves. A
+shared stream would let a scratch sequence take the document and hand its cells over without a
+copy, but every sequence's attention would then run over the cells of all of them.
 For the same reason the tokens recomputed are each document's first ones: a token in the middle of a
 placed document (CacheBlend's most deviating ones) could only be evaluated again with every cell
 after it evaluated again too.
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit.components.generators.llama.document_cache import DocumentCache
+from patchkit.components.generators.llama.kv_rope import KeyRotation
 from patchkit.components.generators.llama.kv_state import Cells, StateLayout
 from patchkit.components.generators.llama.kv_tree import Node
 
@@ -60,11 +68,12 @@ class Blender:
     when the prompt's evaluation reaches a stop."""
 
     def __init__(self, lib: Any, ctx: Any, cache: DocumentCache, scratch: int, parking: int, share: float,
-                 evaluate: Callable[[Sequence[int], int, int], None]) -> None:
+                 evaluate: Callable[[Sequence[int], int, int], None], rotation: KeyRotation | None = None) -> None:
         self._lib, self._ctx, self._cache, self.scratch, self.parking = lib, ctx, cache, scratch, parking
-        self.share, self._evaluate = share, evaluate
-        self.counts: dict[str, float] = dict.fromkeys(("blend_documents_reused", "blend_documents_evaluated",
-                                                      "blend_tokens_reused", "blend_tokens_recomputed", "blend_s"), 0)
+        self.share, self._evaluate, self.rotation = share, evaluate, rotation
+        self.counts: dict[str, float] = dict.fromkeys(
+            ("blend_documents_reused", "blend_documents_evaluated", "blend_tokens_reused", "blend_tokens_recomputed",
+             "blend_s", "blend_state_bytes", "blend_cells_rotated", "blend_context_shifts"), 0)
 
     def plan(self, prompt: Sequence[int], spans: Sequence[tuple[int, int]], reused: int) -> list[Stop]:
         """The stops of a prompt whose first `reused` tokens come from a slot or the exact cache: one per
@@ -89,7 +98,9 @@ class Blender:
     def place(self, slot: int, prompt: Sequence[int], stop: Stop) -> int:
         """Append the cells of `stop`'s document from its recompute point on to `slot`, whose cells end
         just before it, and move them into place; the tokens evaluated for it (its body, when no cells
-        were held). Engine thread, lock not held. `blend_s` counts the placing, not the evaluation alone."""
+        were held). Engine thread, lock not held. `blend_s` counts the placing, not the evaluation alone;
+        `blend_state_bytes` the bytes of the slot's state read and written; `blend_cells_rotated` the cells
+        whose keys were rotated here, `blend_context_shifts` the placings left to llama.cpp's shift."""
         evaluated, cells = 0, stop.node.state if stop.node is not None else None
         if cells is None:
             cells = self.alone(prompt[stop.start:stop.end])
@@ -99,13 +110,22 @@ class Blender:
         assert layout is not None  # known once any cells were read
         shift = stop.at - stop.start
         tail = layout.cut(cells, cells.start + shift, cells.end)
+        rotate = self.rotation is not None and self.rotation.fits(layout)
+        if rotate:
+            assert self.rotation is not None
+            tail = self.rotation.moved(layout, tail, stop.at)
         state = self._cache.read(slot)
         try:
             _, held = StateLayout.read(state, self._cache.n_layer)
+            self.counts["blend_state_bytes"] += state.size + layout.size([held, tail])
             self._cache.load(slot, [held, tail])
         finally:
             self._cache.buffers.give(state.base if state.base is not None else state)
-        self._lib.llama_memory_seq_add(self._ctx.memory, slot, tail.start, tail.end, stop.at - tail.start)
+        if rotate:
+            self.counts["blend_cells_rotated"] += tail.end - tail.start
+        else:
+            self._lib.llama_memory_seq_add(self._ctx.memory, slot, tail.start, tail.end, stop.at - tail.start)
+            self.counts["blend_context_shifts"] += 1
         kind = "evaluated" if evaluated else "reused"
         self.counts[f"blend_documents_{kind}"] += 1
         self.counts["blend_tokens_reused"] += 0 if evaluated else stop.end - stop.at

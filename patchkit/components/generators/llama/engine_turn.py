@@ -1,5 +1,6 @@
 """How an engine that batches by itself spends one turn: the one description of it that `LlamaEngine`
-runs and the planner's cost model (`scheduler/offline/costmodel.py`) replays.
+runs and the planner's cost model (`scheduler/offline/costmodel.py`) replays. A leaf: it imports
+nothing of patchkit, so the planner imports this module alone of the components.
 
 A turn evaluates prompt tokens of the sequences still reading their prompts, oldest first, then
 decodes one token for every sequence past its prompt in a single step (a sequence whose prompt ends
