@@ -428,7 +428,8 @@ def _deployed(llm: Any, texts: list[str]) -> Iterator[patchkit.Endpoint]:
         return pipeline
 
     answer("x", texts)
-    with patchkit.deploy(patchkit.last_pipeline()) as endpoint:
+    # One replica: the cache's counters below are one engine's (unplanned, an engine runs a replica per core).
+    with patchkit.deploy(patchkit.last_pipeline(), replicas=1) as endpoint:
         yield endpoint
 
 
