@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from patchkit.capture.holders import constructor_components
 from patchkit.capture.recorder import CallRecord
 from patchkit.core import Call, Component, make_methods
-from patchkit.errors import PlanError
+from patchkit.errors import ComponentError, PlanError
 from patchkit.orchestrator.backend import Replica, ReplicaSpec
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, available_cpus, available_gpus
@@ -57,6 +57,7 @@ from patchkit.scheduler.offline.profiles import ComponentProfile, MethodProfile
 from patchkit.scheduler.offline.progress import Progress
 from patchkit.scheduler.offline.replay import Replay
 from patchkit.scheduler.offline.runs import check_outcomes, timed
+from patchkit.scheduler.offline.stand_ins import StandIn, stand_in, warn
 from patchkit.scheduler.offline.workload import Workload, visits_by_component
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ class _Job:
     threads: int = 1
     holds: bool = False  # it calls components of the pipeline that it was given: replayed
     seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # its calls' in the eager runs
+    stand_ins: dict[str, str] = dataclasses.field(default_factory=dict)  # where a method's inputs came from, when not calibration
 
     @property
     def label(self) -> str:
@@ -131,19 +133,18 @@ class Profiler:
         for name, methods in workload.visits().items():
             called = {method: v for method, v in methods.items() if v}
             if not called:
-                continue  # never called on the calibration inputs: nothing to measure it with
-            missing = [method for method in called if not calls.get((name, method))]
-            if missing:
-                raise PlanError(
-                    f"no recorded inputs for {name}.{missing[0]}: run the capture eagerly (capture(run=True)) "
-                    "or pass calibration=[{...}, ...] inputs to plan() or deploy()"
-                )
+                continue  # never called on any run: nothing to measure it with, and no share of the requests
             component = components[name]
+            sources = _stand_ins(workload, records, name, component, [m for m in called if not calls.get((name, m))])
+            for method, found in sources.items():
+                calls[name, method], seconds[name, method] = found.calls, found.seconds
             holds = any(inner._patchkit_spec.uid in shared for _, inner in constructor_components(component))
             eager = {m: [HELD_CALL_S] * len(seconds[name, m]) if holds else seconds[name, m] for m in called}
+            given = {m: found.source for m, found in sources.items()}
             for kind in component.devices:
                 if self.pool.capacity.get(kind, 0) > 0:
-                    jobs.append(_Job(name, component, kind, {m: calls[name, m] for m in called}, called, 1, holds, eager))
+                    jobs.append(_Job(name, component, kind, {m: calls[name, m] for m in called}, called, 1, holds, eager,
+                                     given))
         return jobs
 
     async def _profile_all(
@@ -153,7 +154,7 @@ class Profiler:
         secret = secrets.token_urlsafe(16)
         backend = LocalBackend(secret)
         held = {c._patchkit_spec.uid: c for c in workload.components.values()}
-        replay = Replay(records, held, secret)
+        replay = Replay([*records, *workload.recorded()], held, secret)  # stand-in inputs' held calls too
         try:
             for job in jobs:
                 progress.expect(job.label, self._estimate(job))
@@ -226,12 +227,18 @@ class Profiler:
         self, replica: Replica, job: _Job, method: str, progress: Progress, fewer: ComponentProfile | None
     ) -> MethodProfile:
         concurrency = _max_concurrency(job.component, method)
-        if concurrency is not None and opts_in(job.component, concurrency):
-            engine = EngineProfile(replica, job.name, job.component, method, job.calls[method], concurrency, progress.note)
-            profile = await engine.run(fewer.methods.get(method) if fewer is not None else None, self.threshold)
-            _log_model(job, profile)
-            return profile
-        return await self._search(replica, job, method, progress)
+        try:
+            if concurrency is not None and opts_in(job.component, concurrency):
+                engine = EngineProfile(replica, job.name, job.component, method, job.calls[method], concurrency, progress.note)
+                profile = await engine.run(fewer.methods.get(method) if fewer is not None else None, self.threshold)
+                _log_model(job, profile)
+                return profile
+            return await self._search(replica, job, method, progress)
+        except ComponentError as exc:
+            if method not in job.stand_ins:
+                raise
+            raise PlanError(f"{job.name}.{method} failed on {job.stand_ins[method]}, with which it was profiled since the "
+                            f"calibration inputs never reached it: {exc}; pass calibration inputs that reach it") from exc
 
     def _resources(self, kind: str, threads: int) -> ReplicaResources:
         """One GPU, or `threads` cores with a thread each, as a replica of the plan gets them."""
@@ -335,6 +342,26 @@ def _recorded_calls(workload: Workload, records: list[CallRecord]) -> tuple[Call
             kept.append((record.args, record.kwargs))
             seconds.setdefault((name, record.method), []).append(record.seconds)
     return calls, seconds
+
+
+def _stand_ins(
+    workload: Workload, records: list[CallRecord], name: str, component: Component, missing: list[str]
+) -> dict[str, StandIn]:
+    """Inputs for each of `missing`, methods of `name` that count in its visits (an earlier run called
+    them) but that the calibration inputs never reached (`stand_ins`), each said in a warning. Raises a
+    PlanError for one that no recorded call fits."""
+    found = {}
+    for method in missing:
+        stand = stand_in(component, name, method, [*records, *workload.recorded()], workload.names_by_uid())
+        if stand is None:
+            raise PlanError(
+                f"no recorded inputs for {name}.{method}: the calibration inputs never reached it, and no call recorded "
+                "of it or of a method with its parameters fits it; pass calibration=[{...}, ...] inputs to plan() or "
+                "deploy() that reach it, or run the capture eagerly (capture(run=True)) on such inputs"
+            )
+        warn(name, method, stand)
+        found[method] = stand
+    return found
 
 
 def _throughput_bound(profiles: list[ComponentProfile], pool: ResourcePool) -> float:
