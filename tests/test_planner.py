@@ -20,6 +20,7 @@ from components import Generator, Grader, Retriever
 import patchkit
 from patchkit.components.testing import Simulated
 from patchkit.errors import PlanWarning
+from patchkit.orchestrator.backend import Replica, ReplicaSpec
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, available_cpus, lent_shares
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
@@ -111,6 +112,31 @@ def test_a_branch_the_calibration_leaves_untaken_is_profiled_with_the_inputs_the
     assert rewriter.replicas >= 1 and rewriter.throughput > 0  # profiled and planned like the others
     assert made.components["retriever"].visits == pytest.approx(4 / 3)
     assert made.throughput > 0
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs 2 cores")
+def test_the_next_worker_starts_on_the_other_core_while_one_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[tuple[str, str, tuple[int, ...]]] = []
+    start, stop = LocalBackend.start, LocalBackend.stop
+
+    async def started(self: LocalBackend, spec: ReplicaSpec, replica_id: str) -> Replica:
+        replica = await start(self, spec, replica_id)
+        events.append(("start", spec.component, tuple(spec.resources.cpus)))
+        return replica
+
+    async def stopped(self: LocalBackend, replica: Replica) -> None:
+        events.append(("stop", replica.spec.component, ()))
+        await stop(self, replica)
+
+    monkeypatch.setattr(LocalBackend, "start", started)
+    monkeypatch.setattr(LocalBackend, "stop", stopped)
+    first, second = Simulated(lambda b: 1.0 * b), Simulated(lambda b: 1.0 * b)
+    query = "q"
+    with patchkit.capture() as pipeline:
+        y = second.run(first.run(query))  # noqa: F841 - the pipeline's output
+    patchkit.plan(pipeline, resources={"cpu": 1, "gpu": 0}, progress=False)  # 1 declared: 1 thread each, no more
+    assert [e[:2] for e in events] == [("start", "first"), ("start", "second"), ("stop", "first"), ("stop", "second")]
+    assert events[0][2] != events[1][2] and len(events[0][2]) == len(events[1][2]) == 1  # one core each, not the same
 
 
 def test_profiles_are_cached_on_disk(profile_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
