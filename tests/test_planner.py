@@ -120,9 +120,8 @@ def test_the_next_worker_starts_on_the_other_core_while_one_is_measured(monkeypa
     start, stop = LocalBackend.start, LocalBackend.stop
 
     async def started(self: LocalBackend, spec: ReplicaSpec, replica_id: str) -> Replica:
-        replica = await start(self, spec, replica_id)
-        events.append(("start", spec.component, tuple(spec.resources.cpus)))
-        return replica
+        events.append(("start", spec.component, tuple(spec.resources.cpus)))  # when its start begins
+        return await start(self, spec, replica_id)
 
     async def stopped(self: LocalBackend, replica: Replica) -> None:
         events.append(("stop", replica.spec.component, ()))

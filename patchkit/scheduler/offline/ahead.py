@@ -3,7 +3,8 @@
 Starting a worker (importing its component's libraries, loading its model) takes seconds that
 measure nothing. On a machine of two cores or more the profiler pins two consecutive one-core jobs
 to different cores and starts the second's worker while the first is measured: the start runs on a
-core no measurement uses, so it shortens the plan without touching a measured time. One worker at
+core no measurement uses, so it shortens the plan without touching a measured time; nothing starts
+beside an engine profiled through its cost model, which is fitted on a few runs. One worker at
 most is started ahead; the profiler takes it when the job it was started for begins, and drops it
 (stopped once started) when profiling ends early.
 """

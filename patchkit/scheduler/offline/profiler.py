@@ -271,6 +271,8 @@ class Profiler:
         one_core = all(j.resource == "cpu" and j.threads == 1 for j in (job, following))
         if not one_core or len(available_cpus()) < 2 or self._cached(job) or self._cached(following):
             return None
+        if any(opts_in(job.component, _max_concurrency(job.component, m)) for m in job.calls):
+            return None  # an engine's cost model is fitted on few runs: nothing starts beside them
         return dataclasses.replace(following, core=1 - job.core)
 
     def _cached(self, job: _Job) -> bool:
