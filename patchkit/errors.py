@@ -14,6 +14,8 @@
     ├── PipelineNotFound    a request named a pipeline the endpoint does not serve (also a LookupError)
     └── PlanError           no plan fits the resources or the SLO: says what is missing and how to declare it
 
+    PlanWarning             a plan was made, but on less than it should be (a UserWarning, not an error)
+
 Every one is importable from `patchkit` too. Errors cross process boundaries as JSON, never as pickles.
 
 This module imports nothing from patchkit, so every part may raise these.
@@ -38,6 +40,7 @@ __all__ = [
     "PatchkitError",
     "PipelineNotFound",
     "PlanError",
+    "PlanWarning",
     "WorkerDiedError",
 ]
 
@@ -201,6 +204,14 @@ class PlanError(PatchkitError):
 
     Raised by `plan()`, `deploy()` and `patchkit plan` before anything serves; never over HTTP. The message says
     what is missing (which components, how many units of which resource) and what to declare.
+    """
+
+
+class PlanWarning(UserWarning):
+    """A plan was made on less than it should be.
+
+    A method the calibration inputs never reached was profiled with inputs taken elsewhere; the message
+    names the method and where its inputs came from.
     """
 
 

@@ -15,9 +15,12 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from components import Generator, Grader, Retriever
 
 import patchkit
 from patchkit.components.testing import Simulated
+from patchkit.errors import PlanWarning
+from patchkit.orchestrator.backend import Replica, ReplicaSpec
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, available_cpus, lent_shares
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
@@ -84,6 +87,55 @@ def test_visits_count_branches_and_loops_on_the_calibration_inputs() -> None:
     )
     assert made.components["step"].visits == 3.0
     assert made.components["rare"].visits == 0.5
+
+
+def crag_on_the_corpus(question: str) -> patchkit.Pipeline:
+    """CRAG's shape on the corpus components, captured eagerly on `question`: a question the corpus has
+    no words of takes the rewrite branch."""
+    retriever, grader, rewriter, llm = Retriever(), Grader(threshold=1), Generator("R"), Generator("A")
+    with patchkit.capture() as pipeline:
+        docs = retriever.retrieve(question)
+        if not grader.grade(question, docs):
+            docs = retriever.retrieve(rewriter.rewrite(question))
+        answer = llm.generate(question, docs)  # noqa: F841 - the pipeline's output
+    return pipeline
+
+
+def test_a_branch_the_calibration_leaves_untaken_is_profiled_with_the_inputs_the_capture_recorded() -> None:
+    pipeline = crag_on_the_corpus("Monads, burritos?")  # no document: the capture took the rewrite branch
+    calibration = [{"question": "How do I catch an exception?"}, {"question": "What does a decorator do?"}]
+    with pytest.warns(PlanWarning, match=r"rewriter\.rewrite was never called on the calibration inputs; profiled with "
+                      r"its own calls recorded before the calibration .*\(1 call\)"):
+        made = patchkit.plan(pipeline, resources={"cpu": 2, "gpu": 0}, calibration=calibration, progress=False)
+    rewriter = made.components["rewriter"]
+    assert rewriter.visits == pytest.approx(1 / 3)  # the capture's run took the branch, the calibration's two did not
+    assert rewriter.replicas >= 1 and rewriter.throughput > 0  # profiled and planned like the others
+    assert made.components["retriever"].visits == pytest.approx(4 / 3)
+    assert made.throughput > 0
+
+
+@pytest.mark.skipif(CORES < 2, reason="needs 2 cores")
+def test_the_next_worker_starts_on_the_other_core_while_one_is_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    events: list[tuple[str, str, tuple[int, ...]]] = []
+    start, stop = LocalBackend.start, LocalBackend.stop
+
+    async def started(self: LocalBackend, spec: ReplicaSpec, replica_id: str) -> Replica:
+        events.append(("start", spec.component, tuple(spec.resources.cpus)))  # when its start begins
+        return await start(self, spec, replica_id)
+
+    async def stopped(self: LocalBackend, replica: Replica) -> None:
+        events.append(("stop", replica.spec.component, ()))
+        await stop(self, replica)
+
+    monkeypatch.setattr(LocalBackend, "start", started)
+    monkeypatch.setattr(LocalBackend, "stop", stopped)
+    first, second = Simulated(lambda b: 1.0 * b), Simulated(lambda b: 1.0 * b)
+    query = "q"
+    with patchkit.capture() as pipeline:
+        y = second.run(first.run(query))  # noqa: F841 - the pipeline's output
+    patchkit.plan(pipeline, resources={"cpu": 1, "gpu": 0}, progress=False)  # 1 declared: 1 thread each, no more
+    assert [e[:2] for e in events] == [("start", "first"), ("start", "second"), ("stop", "first"), ("stop", "second")]
+    assert events[0][2] != events[1][2] and len(events[0][2]) == len(events[1][2]) == 1  # one core each, not the same
 
 
 def test_profiles_are_cached_on_disk(profile_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:

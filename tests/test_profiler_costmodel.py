@@ -21,7 +21,7 @@ from patchkit import Component, make
 from patchkit.components import LlamaCppGenerator
 from patchkit.components.generators.llama.engine_turn import Chunk, Reading, Skip, TurnSize
 from patchkit.orchestrator.resources import available_cpus
-from patchkit.scheduler.offline.costmodel import Counters, EngineCall, EngineCosts, fit
+from patchkit.scheduler.offline.costmodel import Counters, EngineCall, EngineCosts, fit, keys
 from patchkit.scheduler.offline.pool import ResourcePool
 from patchkit.scheduler.offline.profiler import Profiler
 from patchkit.scheduler.offline.pwl import PiecewiseLinear
@@ -57,6 +57,29 @@ def test_fit_finds_the_prompt_rate_the_cost_beyond_the_engine_and_the_decode_ste
     assert costs.call_ms == pytest.approx(7.0)
     for k in (1, 2, 8, 16):
         assert costs.step(k) == pytest.approx(step_ms(k) + 0.5 * k)
+
+
+def test_a_token_costs_more_the_more_positions_come_before_it_in_prompts_and_decode_steps() -> None:
+    # Prompts at 2 ms a token and 0.01 ms a position before it: whole prompts from 0, and a tail after a cached prefix
+    def run(start: int, end: int) -> tuple[Counters, float]:
+        ms = (end - start) * 2.0 + 0.01 * keys(start, end)
+        return Counters(end - start, start, 1, ms / 1000, 0.0, 0, 0), ms + 5.0
+    prompts = [run(0, 600), run(576, 620), run(0, 750), run(700, 1400)]
+    steps = [(counters(steps=16, sequences=16 * k, decode_ms=16 * step_ms(k)), 5.0 + 16 * step_ms(k)) for k in (1, 4)]
+    costs = fit(prompts, steps, step_context=600.0)
+    assert costs.prompt_ms_per_token == pytest.approx(2.0) and costs.key_ms == pytest.approx(0.01)
+    tail, head = EngineCall(prompt_tokens=1400, evaluated=50, steps=0), EngineCall(prompt_tokens=50, evaluated=50, steps=0)
+    assert costs.latency_ms(tail) - costs.latency_ms(head) == pytest.approx(0.01 * 50 * 1350)
+    # a step of sequences with longer contexts than those the steps were fitted on costs their attention more
+    assert costs.step_ms([1600, 600]) == pytest.approx(costs.step(2) + 0.01 * 1000)
+    long, short = EngineCall(1400, 50, 10), EngineCall(1400, 50, 0)
+    assert costs.latency_ms(long) - costs.latency_ms(short) == pytest.approx(10 * costs.step(1) + 0.01 * (10 * 800 + 45))
+    assert costs.run_ms([long], 1) == pytest.approx(costs.latency_ms(long))
+    assert EngineCosts.from_description(costs.describe()) == costs
+    # prompts all near one place tell a token's cost from its position's apart no better than a mean
+    near = fit([run(0, 100), run(0, 120)], steps)
+    mean = (200 + 240 + 0.01 * (keys(0, 100) + keys(0, 120))) / 220
+    assert near.key_ms == 0.0 and near.prompt_ms_per_token == pytest.approx(mean)
 
 
 def test_a_call_alone_costs_its_prompt_its_steps_and_the_time_beyond_the_engine() -> None:

@@ -5,11 +5,14 @@ prompt chunks of the sequences still reading their prompts (oldest first), then 
 for every sequence past its prompt in a single step. How a turn splits its prompt tokens is
 `TurnSize` (`components/generators/llama/engine_turn.py`, a leaf beside the engine: the one module of
 the components the planner imports), the one function the engine runs and `run_ms` replays, at the
-sizes the engine reports in its stats. Its costs are then three numbers and a curve, per thread
+sizes the engine reports in its stats. Its costs are then a few numbers and a curve, per thread
 count:
 
 - `prompt_ms_per_token`: prompt evaluation is compute-bound, one sequence at a time, so it costs the
   same per token whatever runs beside it;
+- `key_ms`: but a token's attention reads every position before it, so a token costs `key_ms` more
+  for each: a prompt's tail evaluated after a cached prefix, and the steps of a sequence with a long
+  context, cost more than the same tokens near position 0 (the same `key_ms` for both);
 - `step`: one decode step's milliseconds by the sequences in it (a `PiecewiseLinear`): batching
   shares the weights' reads between sequences, so a step of 8 costs far less than 8 steps of 1;
 - `call_ms`: what a call costs beyond the engine's evaluation (the process hop, the chat template,
@@ -26,13 +29,12 @@ places)`, and
 both a call's latency alone and the time per c calls at concurrency c: the T(c) the MILP reads, the
 same curve the profiler measures for other components.
 
-What the model assumes: prompt evaluation costs the same per token at every position (attention
-over a longer prefix costs a little more; at a few hundred tokens this is within the check's
-error); the calls a deployment serves are like the recorded ones, each reusing what the recorded
-calls before it left cached (a request's answer reuses the documents its grade evaluated) and
-nothing more: documents that repeat across requests more often than in the calibration are reused
-more, and served faster, than planned. `fit` takes the parameters from short calls, `check` measures
-how far the model is from whole calls it did not see.
+What the model assumes: a token's cost grows linearly with the positions before it; the calls a
+deployment serves are like the recorded ones, each reusing what the recorded calls before it left
+cached (a request's answer reuses the documents its grade evaluated) and nothing more: documents
+that repeat across requests more often than in the calibration are reused more, and served faster,
+than planned. `fit` takes the parameters from short calls, `check` measures how far the model is
+from whole calls it did not see.
 """
 
 from __future__ import annotations
@@ -47,7 +49,10 @@ from typing import Any
 from patchkit.components.generators.llama.engine_turn import Reading, TurnSize
 from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
-__all__ = ["BLEND_COUNTERS", "COUNTERS", "Counters", "EngineCall", "EngineCosts", "Replayed", "fit", "relative_error"]
+__all__ = [
+    "BLEND_COUNTERS", "COUNTERS", "Counters", "EngineCall", "EngineCosts", "Replayed", "fit", "keys", "prompt_costs",
+    "relative_error",
+]
 
 # The counters an engine's `stats()` reports that the model reads (LlamaCppGenerator's, since start).
 COUNTERS = (
@@ -57,6 +62,7 @@ COUNTERS = (
 # Counters of an engine that reuses documents at any position (kv_reuse="blend"), 0 when it reports none.
 BLEND_COUNTERS = ("blend_tokens_reused", "blend_documents_reused", "blend_documents_evaluated", "blend_s")
 DEFAULT_TURN = TurnSize()  # an engine that reports no sizes: 512 prompt tokens a turn, in blocks of 64
+SPREAD = 128  # positions the prompt runs' tokens must differ by, on average, to fit attention's cost apart
 
 
 @dataclass(frozen=True)
@@ -149,11 +155,27 @@ class EngineCosts:
     call_ms: float
     turn: TurnSize = DEFAULT_TURN  # as the engine reports it
     place_ms: float = 0.0  # placing one document's cells, under blend
+    key_ms: float = 0.0  # attention: a token's ms per position before it (its prompt's, or its answer's so far)
+    step_context: float = 0.0  # the mean context of the sequences in the runs `step` was fitted on
 
     def latency_ms(self, call: EngineCall) -> float:
         """One call's milliseconds when it runs alone."""
-        prompt = call.evaluated * self.prompt_ms_per_token + call.placed * self.place_ms
-        return self.call_ms + prompt + call.steps * self.step(1)
+        start = call.prompt_tokens - call.evaluated
+        prompt = self.chunk_ms(start, call.prompt_tokens) + call.placed * self.place_ms
+        contexts = call.steps * (call.prompt_tokens - self.step_context) + call.steps * (call.steps - 1) / 2
+        return self.call_ms + prompt + max(call.steps * self.step(1) + self.key_ms * contexts, 0.0)
+
+    def chunk_ms(self, start: int, end: int) -> float:
+        """Evaluating prompt tokens [start, end) of one sequence: their ms each, and each one's attention
+        over the positions before it."""
+        return (end - start) * self.prompt_ms_per_token + self.key_ms * keys(start, end)
+
+    def step_ms(self, contexts: Sequence[int]) -> float:
+        """One decode step of sequences whose contexts (prompt and answer so far) are `contexts`: the
+        fitted step at their number, with its attention moved by how far their contexts are from those
+        it was fitted on (never under a tenth of it)."""
+        fitted = self.step(len(contexts))
+        return max(fitted + self.key_ms * (sum(contexts) - len(contexts) * self.step_context), 0.1 * fitted)
 
     def run_ms(self, calls: Sequence[EngineCall], concurrency: int) -> float:
         """Milliseconds until every call is answered, sent in order `concurrency` at a time, the next
@@ -192,12 +214,12 @@ class EngineCosts:
             sequence = reading[chunk.sequence]
             if sequence.position == sequence.call.prompt_tokens - sequence.call.evaluated:
                 replayed.ms += sequence.call.placed * self.place_ms
-            replayed.ms += (chunk.end - chunk.start) * self.prompt_ms_per_token
+            replayed.ms += self.chunk_ms(chunk.start, chunk.end)
             replayed.prompt_chunks += 1
             sequence.position = chunk.end
         decoding = [s for s in running if s.position == s.call.prompt_tokens and s.steps > 0]
         if decoding:
-            replayed.ms += self.step(len(decoding))
+            replayed.ms += self.step_ms([s.call.prompt_tokens + s.call.steps - s.steps for s in decoding])
             replayed.decode_steps += 1
             replayed.decoded_sequences += len(decoding)
             for sequence in decoding:
@@ -224,6 +246,8 @@ class EngineCosts:
             "prompt_tokens_per_turn": self.turn.prompt_tokens,
             "block": self.turn.block,
             "place_ms": self.place_ms,
+            "key_ms": self.key_ms,
+            "step_context": self.step_context,
         }
 
     @classmethod
@@ -232,7 +256,8 @@ class EngineCosts:
         step = PiecewiseLinear(tuple(float(k) for k, _ in data["step_ms"]), tuple(float(ms) for _, ms in data["step_ms"]))
         rate = float(data["prompt_tokens_per_s"])
         turn = TurnSize(int(data["prompt_tokens_per_turn"]), int(data["block"]))
-        return cls(1000 / rate, step, float(data["call_ms"]), turn, float(data["place_ms"]))
+        return cls(1000 / rate, step, float(data["call_ms"]), turn, float(data["place_ms"]), float(data.get("key_ms", 0.0)),
+                   float(data.get("step_context", 0.0)))
 
 
 def fit(
@@ -240,6 +265,7 @@ def fit(
     steps: Sequence[tuple[Counters, float]],
     *,
     turn: TurnSize = DEFAULT_TURN,
+    step_context: float = 0.0,
 ) -> EngineCosts:
     """The costs from short calls, each run given with its counters and the milliseconds it took end to
     end: `prompts`, calls run one at a time that evaluate their prompts and decode little or nothing;
@@ -251,11 +277,17 @@ def fit(
     sampling each sequence's token and handing it over count too (never less). Runs without a decode
     step (calls limited to one token) leave steps at 0 ms. `turn`: the sizes the engine reports. A
     document placed (under blend) costs what placing took, per document, in the prompt runs.
+
+    A token's attention reads every position before it, so a prompt token costs more the later it
+    sits: where the prompt runs evaluated tokens at positions far enough apart, their ms are split
+    into ms a token and ms a position before it (`key_ms`, `prompt_costs`), and a decode step's ms
+    move with its sequences' contexts by the same `key_ms`, from `step_context`, the mean context of
+    the sequences of the `steps` runs.
     """
     evaluated = sum(c.prompt_tokens_evaluated for c, _ in prompts)
     if not prompts or evaluated == 0:
         raise ValueError("the cost model needs at least one call that evaluated prompt tokens")
-    prompt_ms = sum(c.prefill_s for c, _ in prompts) * 1000 / evaluated
+    prompt_ms, key_ms = prompt_costs(prompts)
     call_ms = max(statistics.median(ms - c.engine_ms - c.blend_s * 1000 for c, ms in prompts), 0.0)
     placed = sum(c.placed for c, _ in prompts)
     place_ms = sum(c.blend_s for c, _ in prompts) * 1000 / placed if placed else 0.0
@@ -266,7 +298,32 @@ def fit(
     ]
     # No decode step in any run: the calls answer in the token their prompt gives, and steps cost nothing of theirs.
     step = PiecewiseLinear.fit(points) if points else PiecewiseLinear((1.0,), (0.0,))
-    return EngineCosts(prompt_ms, step, call_ms, turn, place_ms)
+    return EngineCosts(prompt_ms, step, call_ms, turn, place_ms, key_ms, step_context)
+
+
+def keys(start: int, end: int) -> float:
+    """Positions before each of the tokens [start, end) of a sequence, summed: what their attention reads."""
+    return (end - start) * (start + end - 1) / 2
+
+
+def prompt_costs(prompts: Sequence[tuple[Counters, float]]) -> tuple[float, float]:
+    """(ms a prompt token, ms a position before it) from runs that evaluated prompts: a least-squares fit
+    of their prefill ms, each run's evaluated tokens taken as its prompt's last. Where the runs' tokens
+    sit within `SPREAD` positions of each other on average, or the fit is not positive, the second is 0
+    and the first their mean."""
+    runs = [(c.prompt_tokens_evaluated, keys(c.prompt_tokens - c.prompt_tokens_evaluated, c.prompt_tokens),
+             c.prefill_s * 1000) for c, _ in prompts if c.prompt_tokens_evaluated > 0]
+    mean = sum(ms for *_, ms in runs) / sum(n for n, *_ in runs)
+    places = [k / n for n, k, _ in runs]
+    if len(runs) < 2 or max(places) - min(places) < SPREAD:
+        return mean, 0.0
+    nn, nk, kk = (sum(n * n for n, _, _ in runs), sum(n * k for n, k, _ in runs), sum(k * k for _, k, _ in runs))
+    ny, ky = sum(n * ms for n, _, ms in runs), sum(k * ms for _, k, ms in runs)
+    determinant = nn * kk - nk * nk
+    if determinant <= 0:
+        return mean, 0.0
+    per_token, per_key = (ny * kk - ky * nk) / determinant, (nn * ky - nk * ny) / determinant
+    return (per_token, per_key) if per_token > 0 and per_key >= 0 else (mean, 0.0)
 
 
 def relative_error(predicted: float, measured: float) -> float:

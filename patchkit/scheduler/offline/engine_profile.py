@@ -117,7 +117,9 @@ class EngineProfile:
         known = known or Workload.measured(prompts, whole)
         steps = [await self._steps(self.calls[known.stepper()], k) for k in STEP_LEVELS if k <= self.concurrency]
         try:
-            costs = fit(prompts, steps, turn=self.turn)
+            stepper = known.warm[known.stepper()]
+            context = stepper.prompt_tokens + min(stepper.steps + 1, STEP_TOKENS) / 2  # a step's sequences, on average
+            costs = fit(prompts, steps, turn=self.turn, step_context=context)
         except ValueError as exc:
             raise PlanError(f"{self.name}.{self.method}: {exc}") from None
         checks = await self._checks(costs, known, whole, sorted(evaluated))
@@ -198,11 +200,14 @@ def _no_faster(prompts: Sequence[tuple[Counters, float]], fewer: MethodProfile, 
     """At more threads, prompts evaluated less than `threshold` faster than at the previous count mean the
     engine does not pay for them (prompt evaluation is the most parallel part of its work, and most of
     it): the profile stops there, as the previous count's curve slowed by the prompt rates' ratio (which
-    the profiler then rejects). None when prompts are evaluated faster."""
+    the profiler then rejects). None when prompts are evaluated faster. The rates compared are on the
+    same tokens: these, as the previous count's model predicts them (at their positions)."""
     assert fewer.model is not None
     evaluated = sum(c.prompt_tokens_evaluated for c, _ in prompts)
-    rate = evaluated / max(sum(c.prefill_s for c, _ in prompts), 1e-9)
-    before = float(fewer.model["costs"]["prompt_tokens_per_s"])
+    seconds = max(sum(c.prefill_s for c, _ in prompts), 1e-9)
+    costs = EngineCosts.from_description(fewer.model["costs"])
+    predicted = sum(costs.chunk_ms(c.prompt_tokens - c.prompt_tokens_evaluated, c.prompt_tokens) for c, _ in prompts) / 1000
+    rate, before = evaluated / seconds, evaluated / max(predicted, 1e-9)
     if rate >= before * (1 + threshold):
         return None
     slower = before / rate

@@ -46,10 +46,11 @@ from typing import TYPE_CHECKING, Any
 from patchkit.capture.holders import constructor_components
 from patchkit.capture.recorder import CallRecord
 from patchkit.core import Call, Component, make_methods
-from patchkit.errors import PlanError
+from patchkit.errors import ComponentError, PlanError
 from patchkit.orchestrator.backend import Replica, ReplicaSpec
 from patchkit.orchestrator.local import LocalBackend
 from patchkit.orchestrator.resources import ReplicaResources, available_cpus, available_gpus
+from patchkit.scheduler.offline.ahead import Ahead
 from patchkit.scheduler.offline.cache import ProfileCache, digest
 from patchkit.scheduler.offline.engine_profile import EngineProfile, opts_in
 from patchkit.scheduler.offline.pool import ResourcePool
@@ -57,6 +58,7 @@ from patchkit.scheduler.offline.profiles import ComponentProfile, MethodProfile
 from patchkit.scheduler.offline.progress import Progress
 from patchkit.scheduler.offline.replay import Replay
 from patchkit.scheduler.offline.runs import check_outcomes, timed
+from patchkit.scheduler.offline.stand_ins import StandIn, stand_in, warn
 from patchkit.scheduler.offline.workload import Workload, visits_by_component
 
 if TYPE_CHECKING:
@@ -87,6 +89,8 @@ class _Job:
     threads: int = 1
     holds: bool = False  # it calls components of the pipeline that it was given: replayed
     seconds: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # its calls' in the eager runs
+    stand_ins: dict[str, str] = dataclasses.field(default_factory=dict)  # where a method's inputs came from, when not calibration
+    core: int = 0  # the first of the cores it is pinned to, among this process's
 
     @property
     def label(self) -> str:
@@ -131,19 +135,18 @@ class Profiler:
         for name, methods in workload.visits().items():
             called = {method: v for method, v in methods.items() if v}
             if not called:
-                continue  # never called on the calibration inputs: nothing to measure it with
-            missing = [method for method in called if not calls.get((name, method))]
-            if missing:
-                raise PlanError(
-                    f"no recorded inputs for {name}.{missing[0]}: run the capture eagerly (capture(run=True)) "
-                    "or pass calibration=[{...}, ...] inputs to plan() or deploy()"
-                )
+                continue  # never called on any run: nothing to measure it with, and no share of the requests
             component = components[name]
+            sources = _stand_ins(workload, records, name, component, [m for m in called if not calls.get((name, m))])
+            for method, found in sources.items():
+                calls[name, method], seconds[name, method] = found.calls, found.seconds
             holds = any(inner._patchkit_spec.uid in shared for _, inner in constructor_components(component))
             eager = {m: [HELD_CALL_S] * len(seconds[name, m]) if holds else seconds[name, m] for m in called}
+            given = {m: found.source for m, found in sources.items()}
             for kind in component.devices:
                 if self.pool.capacity.get(kind, 0) > 0:
-                    jobs.append(_Job(name, component, kind, {m: calls[name, m] for m in called}, called, 1, holds, eager))
+                    jobs.append(_Job(name, component, kind, {m: calls[name, m] for m in called}, called, 1, holds, eager,
+                                     given))
         return jobs
 
     async def _profile_all(
@@ -153,11 +156,18 @@ class Profiler:
         secret = secrets.token_urlsafe(16)
         backend = LocalBackend(secret)
         held = {c._patchkit_spec.uid: c for c in workload.components.values()}
-        replay = Replay(records, held, secret)
+        replay = Replay([*records, *workload.recorded()], held, secret)  # stand-in inputs' held calls too
         try:
             for job in jobs:
                 progress.expect(job.label, self._estimate(job))
-            first = [await self._profile(backend, replay, job, progress) for job in jobs]
+            first, ahead = [], Ahead()
+            try:
+                for i, job in enumerate(jobs):
+                    following = self._overlapping(job, jobs[i + 1]) if i + 1 < len(jobs) else None
+                    jobs[i + 1 : i + 2] = [following] if following is not None else jobs[i + 1 : i + 2]
+                    first.append(await self._profile(backend, replay, job, progress, ahead=ahead, following=following))
+            finally:
+                await ahead.drop(backend)
             bound = _throughput_bound(first, self.pool)
             profiles = []
             for job, profile in zip(jobs, first):
@@ -177,7 +187,7 @@ class Profiler:
         """The job at each further thread count while it speeds up by `threshold`."""
         profiles, previous = [], first
         for threads in thread_counts(min(len(available_cpus()), self.pool.capacity.get("cpu", 0)))[1:]:
-            more = dataclasses.replace(job, threads=threads)
+            more = dataclasses.replace(job, threads=threads, core=0)
             progress.expect(more.label, self._estimate(more, previous))
             profile = await self._profile(backend, replay, more, progress, previous)
             gain = profile.best_rate() / previous.best_rate() - 1
@@ -190,10 +200,12 @@ class Profiler:
         return profiles
 
     async def _profile(
-        self, backend: LocalBackend, replay: Replay, job: _Job, progress: Progress, fewer: ComponentProfile | None = None
+        self, backend: LocalBackend, replay: Replay, job: _Job, progress: Progress, fewer: ComponentProfile | None = None,
+        *, ahead: Ahead | None = None, following: _Job | None = None,
     ) -> ComponentProfile:
-        """One job's profile: from the cache, or measured in a worker started for it. `fewer`: the
-        component's profile at the previous thread count, when this one is at more threads."""
+        """One job's profile: from the cache, or measured in a worker started for it (or `ahead` of it). `fewer`:
+        the component's profile at the previous thread count, when this one is at more threads. `following`:
+        the next job, whose worker starts `ahead` on another core once this one's is up."""
         progress.begin(job.label)
         found = {method: self.cache.load(self._key(job, method), method) for method in job.calls}
         measured = any(profile is None for profile in found.values())
@@ -202,7 +214,10 @@ class Profiler:
             for method, profile in found.items():
                 if profile is None:
                     if replica is None:
-                        replica = await self._start(backend, replay, job, progress)
+                        replica = await ahead.take(job) if ahead is not None else None
+                        replica = replica or await self._start(backend, replay, job, progress)
+                        if ahead is not None and following is not None:
+                            ahead.begin(following, self._start(backend, replay, following, progress, quiet=True))
                     found[method] = profile = await self._measure(replica, job, method, progress, fewer)
                     self.cache.store(self._key(job, method), profile)
         finally:
@@ -213,10 +228,11 @@ class Profiler:
         progress.done(job.label, f"{job.label}: {_summary(result)}", measured=measured)
         return result
 
-    async def _start(self, backend: LocalBackend, replay: Replay, job: _Job, progress: Progress) -> Replica:
-        progress.note(f"{job.label}: starting a worker")
+    async def _start(self, backend: LocalBackend, replay: Replay, job: _Job, progress: Progress, quiet: bool = False) -> Replica:
+        if not quiet:
+            progress.note(f"{job.label}: starting a worker")
         handles = await replay.handles() if job.holds else None
-        spec = ReplicaSpec(job.name, job.component, self._resources(job.resource, job.threads), handles=handles)
+        spec = ReplicaSpec(job.name, job.component, self._resources(job.resource, job.threads, job.core), handles=handles)
         began = time.perf_counter()
         replica = await backend.start(spec, f"profile-{job.name}")
         self._start_times.append(time.perf_counter() - began)
@@ -226,19 +242,41 @@ class Profiler:
         self, replica: Replica, job: _Job, method: str, progress: Progress, fewer: ComponentProfile | None
     ) -> MethodProfile:
         concurrency = _max_concurrency(job.component, method)
-        if concurrency is not None and opts_in(job.component, concurrency):
-            engine = EngineProfile(replica, job.name, job.component, method, job.calls[method], concurrency, progress.note)
-            profile = await engine.run(fewer.methods.get(method) if fewer is not None else None, self.threshold)
-            _log_model(job, profile)
-            return profile
-        return await self._search(replica, job, method, progress)
+        try:
+            if concurrency is not None and opts_in(job.component, concurrency):
+                engine = EngineProfile(replica, job.name, job.component, method, job.calls[method], concurrency, progress.note)
+                profile = await engine.run(fewer.methods.get(method) if fewer is not None else None, self.threshold)
+                _log_model(job, profile)
+                return profile
+            return await self._search(replica, job, method, progress)
+        except ComponentError as exc:
+            if method not in job.stand_ins:
+                raise
+            raise PlanError(f"{job.name}.{method} failed on {job.stand_ins[method]}, with which it was profiled since the "
+                            f"calibration inputs never reached it: {exc}; pass calibration inputs that reach it") from exc
 
-    def _resources(self, kind: str, threads: int) -> ReplicaResources:
-        """One GPU, or `threads` cores with a thread each, as a replica of the plan gets them."""
+    def _resources(self, kind: str, threads: int, core: int = 0) -> ReplicaResources:
+        """One GPU, or `threads` cores with a thread each (from the `core`-th), as a replica of the plan gets them."""
         if kind == "gpu":
             gpus = available_gpus()
             return ReplicaResources(threads=1, gpus=tuple(gpus[:1]))  # none: a virtual GPU
-        return ReplicaResources(cpus=tuple(available_cpus()[:threads]), threads=threads, gpus=())
+        cpus = available_cpus()
+        chosen = cpus[core : core + threads] if core + threads <= len(cpus) else cpus[:threads]
+        return ReplicaResources(cpus=tuple(chosen), threads=threads, gpus=())
+
+    def _overlapping(self, job: _Job, following: _Job) -> _Job | None:
+        """`following` pinned to another core than `job`, when its worker may start while `job` is measured
+        (both measured, on one core each, of two or more): a start then costs no time of its own, and
+        runs on a core no measurement uses. None where it may not."""
+        one_core = all(j.resource == "cpu" and j.threads == 1 for j in (job, following))
+        if not one_core or len(available_cpus()) < 2 or self._cached(job) or self._cached(following):
+            return None
+        if any(opts_in(job.component, _max_concurrency(job.component, m)) for m in job.calls):
+            return None  # an engine's cost model is fitted on few runs: nothing starts beside them
+        return dataclasses.replace(following, core=1 - job.core)
+
+    def _cached(self, job: _Job) -> bool:
+        return all(self.cache.path(self._key(job, m)).exists() for m in job.calls)
 
     async def _search(self, replica: Replica, job: _Job, method: str, progress: Progress) -> MethodProfile:
         """Measure T(b) at the sizes the search visits, from the largest that fits downwards.
@@ -295,7 +333,7 @@ class Profiler:
         """Seconds the job's profile may take, for the time left: 0 when the cache has it. From its calls'
         eager times: a search runs about SEARCH_CALLS of its quickest; an engine runs each distinct call
         about ENGINE_CALLS times (half as often at a further thread count)."""
-        if all(self.cache.path(self._key(job, m)).exists() for m in job.calls):
+        if self._cached(job):
             return 0.0
         total = statistics.mean(self._start_times) if self._start_times else START_S
         for method, seconds in job.seconds.items():
@@ -335,6 +373,26 @@ def _recorded_calls(workload: Workload, records: list[CallRecord]) -> tuple[Call
             kept.append((record.args, record.kwargs))
             seconds.setdefault((name, record.method), []).append(record.seconds)
     return calls, seconds
+
+
+def _stand_ins(
+    workload: Workload, records: list[CallRecord], name: str, component: Component, missing: list[str]
+) -> dict[str, StandIn]:
+    """Inputs for each of `missing`, methods of `name` that count in its visits (an earlier run called
+    them) but that the calibration inputs never reached (`stand_ins`), each said in a warning. Raises a
+    PlanError for one that no recorded call fits."""
+    found = {}
+    for method in missing:
+        stand = stand_in(component, name, method, [*records, *workload.recorded()], workload.names_by_uid())
+        if stand is None:
+            raise PlanError(
+                f"no recorded inputs for {name}.{method}: the calibration inputs never reached it, and no call recorded "
+                "of it or of a method with its parameters fits it; pass calibration=[{...}, ...] inputs to plan() or "
+                "deploy() that reach it, or run the capture eagerly (capture(run=True)) on such inputs"
+            )
+        warn(name, method, stand)
+        found[method] = stand
+    return found
 
 
 def _throughput_bound(profiles: list[ComponentProfile], pool: ResourcePool) -> float:
