@@ -58,7 +58,7 @@ from patchkit.scheduler.offline.profiles import ComponentProfile, MethodProfile
 from patchkit.scheduler.offline.progress import Progress
 from patchkit.scheduler.offline.replay import Replay
 from patchkit.scheduler.offline.runs import check_outcomes, timed
-from patchkit.scheduler.offline.stand_ins import StandIn, stand_in, warn
+from patchkit.scheduler.offline.stand_ins import stand_ins
 from patchkit.scheduler.offline.workload import Workload, visits_by_component
 
 if TYPE_CHECKING:
@@ -137,7 +137,8 @@ class Profiler:
             if not called:
                 continue  # never called on any run: nothing to measure it with, and no share of the requests
             component = components[name]
-            sources = _stand_ins(workload, records, name, component, [m for m in called if not calls.get((name, m))])
+            missing = [m for m in called if not calls.get((name, m))]
+            sources = stand_ins(component, name, missing, [*records, *workload.recorded()], workload.names_by_uid())
             for method, found in sources.items():
                 calls[name, method], seconds[name, method] = found.calls, found.seconds
             holds = any(inner._patchkit_spec.uid in shared for _, inner in constructor_components(component))
@@ -373,26 +374,6 @@ def _recorded_calls(workload: Workload, records: list[CallRecord]) -> tuple[Call
             kept.append((record.args, record.kwargs))
             seconds.setdefault((name, record.method), []).append(record.seconds)
     return calls, seconds
-
-
-def _stand_ins(
-    workload: Workload, records: list[CallRecord], name: str, component: Component, missing: list[str]
-) -> dict[str, StandIn]:
-    """Inputs for each of `missing`, methods of `name` that count in its visits (an earlier run called
-    them) but that the calibration inputs never reached (`stand_ins`), each said in a warning. Raises a
-    PlanError for one that no recorded call fits."""
-    found = {}
-    for method in missing:
-        stand = stand_in(component, name, method, [*records, *workload.recorded()], workload.names_by_uid())
-        if stand is None:
-            raise PlanError(
-                f"no recorded inputs for {name}.{method}: the calibration inputs never reached it, and no call recorded "
-                "of it or of a method with its parameters fits it; pass calibration=[{...}, ...] inputs to plan() or "
-                "deploy() that reach it, or run the capture eagerly (capture(run=True)) on such inputs"
-            )
-        warn(name, method, stand)
-        found[method] = stand
-    return found
 
 
 def _throughput_bound(profiles: list[ComponentProfile], pool: ResourcePool) -> float:

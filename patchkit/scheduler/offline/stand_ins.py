@@ -28,10 +28,10 @@ from typing import Any
 
 from patchkit.capture.recorder import CallRecord
 from patchkit.core import Call, Component, make_methods
-from patchkit.errors import PlanWarning
+from patchkit.errors import PlanError, PlanWarning
 from patchkit.scheduler.offline.cache import digest
 
-__all__ = ["StandIn", "stand_in", "warn"]
+__all__ = ["StandIn", "stand_in", "stand_ins"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,6 +78,26 @@ def stand_in(
                 how = "whose parameters are the same" if same_names else "whose parameters have the same types"
                 return _taken(kept, f"the inputs of {other[0]}.{other[1]}, {how} ({_shown(given)})")
     return None
+
+
+def stand_ins(
+    component: Component, name: str, missing: list[str], records: Sequence[CallRecord], names: dict[str, str]
+) -> dict[str, StandIn]:
+    """Inputs for each of `missing`, methods of `name` that count in its visits (an earlier run called them) but
+    that the calibration inputs never reached, each said in a warning (`stand_in` for the arguments). Raises a
+    PlanError for one that no recorded call fits."""
+    found = {}
+    for method in missing:
+        stand = stand_in(component, name, method, records, names)
+        if stand is None:
+            raise PlanError(
+                f"no recorded inputs for {name}.{method}: the calibration inputs never reached it, and no call recorded "
+                "of it or of a method with its parameters fits it; pass calibration=[{...}, ...] inputs to plan() or "
+                "deploy() that reach it, or run the capture eagerly (capture(run=True)) on such inputs"
+            )
+        warn(name, method, stand)
+        found[method] = stand
+    return found
 
 
 def warn(name: str, method: str, found: StandIn) -> None:
