@@ -1,7 +1,7 @@
 """The default path against plain Python: examples/crag.py deployed with no plan, on new questions.
 
     flock /work/notes/bench.lock python benchmarks/unplanned.py --json unplanned-raw.json
-    python benchmarks/unplanned.py --json unplanned-raw.json --result benchmarks/results/unplanned.json
+    python benchmarks/unplanned.py --json run1.json,run2.json --result benchmarks/results/unplanned.json
 
 Two arms, each a fresh process on the example's own components (MiniLM + FAISS, BM25, SmolLM2-135M
 in llama.cpp), each first answering one untimed question (the models load there, not in the timing):
@@ -89,17 +89,20 @@ def run_arm(arm: str) -> dict[str, Any]:
     return found
 
 
-def result_file(found: dict[str, Any]) -> dict[str, Any]:
-    """benchmarks/results/unplanned.json: what the site draws, from the raw results."""
-    arms = found["arms"]
+def result_file(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """benchmarks/results/unplanned.json: what the site draws, from one or more runs' raw results."""
     names = {"plain": "plain Python, one after another", "deployed": "deploy(pipeline), no plan, all at once"}
-    plain = arms["plain"]["seconds"]
-    rows = [[names[arm], f"{a['seconds']:.1f}", f"{len(found['questions']) / a['seconds']:.3f}",
-             f"{plain / a['seconds']:.2f}x", f"{a['setup_s']:.0f}", f"{a['load'][0]:.1f}-{a['load'][1]:.1f}"]
-            for arm, a in arms.items()]
-    plan = arms["deployed"]["plan"].get("plan") or {}
+    rows = []
+    for number, found in enumerate(runs, 1):
+        plain = found["arms"]["plain"]["seconds"]
+        rows += [[str(number), names[arm], f"{a['seconds']:.1f}", f"{len(found['questions']) / a['seconds']:.3f}",
+                  f"{plain / a['seconds']:.2f}x", f"{a['setup_s']:.0f}", f"{a['load'][0]:.1f}-{a['load'][1]:.1f}"]
+                 for arm, a in found["arms"].items()]
+    found = runs[0]
+    plan = found["arms"]["deployed"]["plan"].get("plan") or {}
     layout = ", ".join(f"{name} {part['replicas']} x {part['threads']} thread ({part['units']}/8 core)"
                        for name, part in plan.get("components", {}).items())
+    identical = ", ".join(f"{r.get('identical_outputs', '-')}/{len(r['questions'])}" for r in runs)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     return {
         "title": "The default path against plain Python: examples/crag.py deployed with no plan",
@@ -111,19 +114,22 @@ def result_file(found: dict[str, Any]) -> dict[str, Any]:
         "setup": f"examples/crag.py's components (MiniLM + FAISS, BM25, SmolLM2-135M in llama.cpp, greedy), "
                  f"{len(found['questions'])} questions not in the example's list; each arm a fresh process after one "
                  f"untimed question. The deployment's layout, from the cores: {layout or 'not recorded'}. "
-                 f"Outputs identical to plain Python's: {found.get('identical_outputs', '-')}/{len(found['questions'])}.",
+                 f"Outputs identical to plain Python's, per run: {identical}.",
         "tables": [{"caption": "Seconds for the questions (setup, untimed: model loads or workers started and one "
                                "question). Load: the 1-minute load average before and after the arm.",
-                    "columns": ["arm", "seconds", "questions/s", "vs plain", "setup s", "load"], "rows": rows}],
-        "plots": [{"title": "Questions per second", "kind": "bar", "ylabel": "questions/s", "x": [names[a] for a in arms],
-                   "series": {"questions/s": [round(len(found["questions"]) / a["seconds"], 3) for a in arms.values()]}}],
+                    "columns": ["run", "arm", "seconds", "questions/s", "vs plain", "setup s", "load"], "rows": rows}],
+        "plots": [{"title": "Questions per second, per run", "kind": "bar", "ylabel": "questions/s",
+                   "x": [f"run {i}" for i in range(1, len(runs) + 1)],
+                   "series": {names[arm]: [round(len(r["questions"]) / r["arms"][arm]["seconds"], 3) for r in runs]
+                              for arm in found["arms"]}}],
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arms", default="plain,deployed", help="comma-separated, from plain, deployed")
-    parser.add_argument("--json", default="unplanned-raw.json", help="the raw results")
+    parser.add_argument("--json", default="unplanned-raw.json", help="the raw results (with --result: "
+                        "one or more runs' files, comma-separated)")
     parser.add_argument("--result", help="write the site's result file here from --json, and stop")
     parser.add_argument("--arm", choices=("plain", "deployed"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -131,8 +137,8 @@ def main() -> None:
         print(json.dumps(run_plain() if args.arm == "plain" else run_deployed(), default=str))
         return
     if args.result:
-        found = json.loads(Path(args.json).read_text())
-        Path(args.result).write_text(json.dumps(result_file(found), indent=1) + "\n")
+        runs = [json.loads(Path(path).read_text()) for path in args.json.split(",")]
+        Path(args.result).write_text(json.dumps(result_file(runs), indent=1) + "\n")
         return
     found: dict[str, Any] = {"questions": list(QUESTIONS), "cores": len(os.sched_getaffinity(0)),
                              "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "arms": {}}
