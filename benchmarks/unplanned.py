@@ -71,8 +71,7 @@ def run_deployed() -> dict[str, Any]:
             began = time.perf_counter()
             outputs = list(pool.map(lambda q: endpoint.query(question=q), QUESTIONS))
             seconds = time.perf_counter() - began
-        traces = [t.to_dict() for t in endpoint.traces()]
-    return {"seconds": seconds, "setup_s": setup_s, "outputs": outputs, "plan": dict(plan), "traces": traces}
+    return {"seconds": seconds, "setup_s": setup_s, "outputs": outputs, "plan": dict(plan)}
 
 
 def run_arm(arm: str) -> dict[str, Any]:
