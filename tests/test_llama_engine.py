@@ -521,28 +521,70 @@ def blend_answer(llm: Any, engine: Any, question: str, docs: list[Any]) -> str:
     return b"".join(engine.submit(tokens, 24, pieces=pieces, documents=bodies).pieces()).decode()
 
 
-@pytest.mark.slow
-def test_blend_reuses_documents_at_any_place_within_its_byte_budget(llm: Any) -> None:
-    budget = 6 << 20  # about 260 tokens of cells: two of the documents
-    engine, exact = blend_engine(llm, kv_cache_bytes=budget), blend_engine(llm, kv_reuse="exact", kv_cache_bytes=budget)
+def test_a_document_seen_once_is_evaluated_in_place_as_exact_evaluates_it(llm: Any) -> None:
+    engine, exact = blend_engine(llm), blend_engine(llm, kv_reuse="exact")
     try:
         a, b, c, d, e = LONG_DOCS
-        calls = [("Which is first?", [a, b]), ("Which is first?", [b, a]), ("Which is first?", [c, d]),
-                 ("Which is first?", [e, c]), ("Which is first?", [a, e])]
+        calls = [("What does json.dumps return?", [a, b]), ("How do I read a CSV file?", [c, d]),
+                 ("How do I push onto a heap?", [e])]  # no document recurs
         for question, docs in calls:
-            assert blend_answer(llm, engine, question, docs).strip()
-            answer(llm, exact, question, docs)
-            assert engine.stats()["kv_cache_bytes_held"] <= budget
+            assert blend_answer(llm, engine, question, docs) == answer(llm, exact, question, docs)
         found, plain = engine.stats(), exact.stats()
-        # [b, a] reuses both documents at new places; c after [c, d] is reused behind e; the budget evicts.
-        assert found["blend_documents_reused"] >= 3 and found["kv_cache_evictions"] >= 1
-        assert found["blend_documents_evaluated"] + found["blend_documents_reused"] == 2 * len(calls)
-        assert found["blend_documents_evaluated"] > len(LONG_DOCS)  # a document evicted is evaluated again
-        assert found["prompt_tokens_evaluated"] < plain["prompt_tokens_evaluated"] - found["blend_tokens_reused"] // 2
-        assert 0 < found["blend_tokens_recomputed"] < found["blend_tokens_reused"]
+        assert found["blend_documents_seen_once"] == 5
+        assert found["blend_documents_evaluated"] == found["blend_documents_reused"] == found["blend_tokens_reused"] == 0
+        assert found["prompt_tokens_evaluated"] == plain["prompt_tokens_evaluated"]
     finally:
         engine.close()
         exact.close()
+
+
+def test_a_document_is_evaluated_alone_on_its_second_sight_and_placed_from_its_third(llm: Any) -> None:
+    engine = blend_engine(llm)
+    try:
+        a, b, c, _, _ = LONG_DOCS
+        seen = []
+        for question, docs in [("Which is first?", [a, b]), ("Which is last?", [b, a]), ("Which is longer?", [c, a, b])]:
+            assert blend_answer(llm, engine, question, docs).strip()
+            found = engine.stats()
+            seen.append([found[f"blend_documents_{kind}"] for kind in ("seen_once", "evaluated", "reused")])
+        # First sight: in place. Second, in another order: evaluated alone and placed. Third: placed from the cache
+        # (c, new, in place before them).
+        assert seen == [[2, 0, 0], [2, 2, 0], [3, 2, 2]]
+    finally:
+        engine.close()
+
+
+def test_sightings_remember_a_bounded_window_of_documents() -> None:
+    from patchkit.components.generators.llama.kv_blend import Sightings
+
+    seen = Sightings(capacity=2)
+    assert [seen.recurs(body) for body in ([1, 2], [3], [1, 2])] == [False, False, True]
+    assert not seen.recurs([4]) and len(seen) == 2  # [3], the least recent sight, forgotten
+    assert [seen.recurs(body) for body in ([3], [1, 2])] == [False, False]
+    with pytest.raises(ValueError, match=r"capacity \(0\) must be >= 1"):
+        Sightings(capacity=0)
+
+
+@pytest.mark.slow
+def test_blend_reuses_documents_at_any_place_within_its_byte_budget(llm: Any) -> None:
+    budget = 8 << 20  # about 350 tokens of cells: three of the documents
+    engine = blend_engine(llm, kv_cache_bytes=budget)
+    try:
+        a, b, c, d, e = LONG_DOCS
+        calls = [("Which is first?", [a, b]), ("Which is first?", [b, a]), ("Which is last?", [b, a]),
+                 ("Which is first?", [c, d]), ("Which is first?", [e, c]), ("Which is first?", [a, e])]
+        for question, docs in calls:
+            assert blend_answer(llm, engine, question, docs).strip()
+            assert engine.stats()["kv_cache_bytes_held"] <= budget
+        found = engine.stats()
+        # Each document's first sight is evaluated in place; the recurring ones (b, a, c, e) are evaluated alone
+        # on their second, the first [b, a] at new places; the next [b, a] places both, and a behind e.
+        assert found["blend_documents_seen_once"] == len(LONG_DOCS) and found["kv_cache_evictions"] >= 1
+        assert found["blend_documents_evaluated"] + found["blend_documents_reused"] == 2 * len(calls) - len(LONG_DOCS)
+        assert found["blend_documents_evaluated"] == 4 and found["blend_documents_reused"] >= 3
+        assert 0 < found["blend_tokens_recomputed"] < found["blend_tokens_reused"]
+    finally:
+        engine.close()
 
 
 def test_blend_options_are_checked_where_they_are_given() -> None:
@@ -568,12 +610,16 @@ def test_a_deployed_blend_generator_places_documents_it_saw_in_another_order() -
     with _deployed(LlamaCppGenerator(max_tokens=8, threads=1, n_ctx=1024, kv_reuse="blend"), texts) as endpoint:
         assert endpoint.query(question="What does json.dumps return?", docs=texts)
         assert endpoint.query(question="How do I read a CSV file?", docs=texts[::-1])
+        assert endpoint.query(question="Which module writes JSON?", docs=texts)
         with urllib.request.urlopen(endpoint.url + "/metrics", timeout=30) as reply:  # noqa: S310 - a local test server
             text = reply.read().decode()
         [replica] = endpoint.stats()["replica_reports"]
     stat = {name: metric(text, "patchkit_component_stat", component="llm", replica=replica, stat=name)
-            for name in ("blend_documents_reused", "blend_documents_evaluated", "blend_tokens_reused")}
-    # The first call evaluates both documents alone; the second, in the other order, places both.
+            for name in ("blend_documents_reused", "blend_documents_evaluated", "blend_documents_seen_once",
+                         "blend_tokens_reused")}
+    # The first call evaluates both documents in place; the second, in the other order, evaluates both alone and
+    # places them; the third places both from the cache.
+    assert stat["blend_documents_seen_once"] == 2
     assert stat["blend_documents_evaluated"] == 2 and stat["blend_documents_reused"] == 2
     assert stat["blend_tokens_reused"] > 100
 
@@ -612,16 +658,19 @@ def test_placing_documents_rotates_their_cells_alone_and_leaves_the_context_unsh
     engine = blend_engine(llm, max_sequences=2, cache_slots=2)
     try:
         a, b, c, _, _ = LONG_DOCS
-        for question, docs in [("Which is first?", [a, b]), ("Which is first?", [b, c, a])]:
+        seen: set[str] = set()
+        tokens = 0  # the body tokens of the documents placed: those seen before
+        for question, docs in [("Which is first?", [a, b]), ("Which is last?", [b, c, a]), ("Which is longer?", [c, b, a])]:
             assert blend_answer(llm, engine, question, docs).strip()
+            bodies = llm.bodies(*llm.prompt(llm.messages(question, docs), docs), docs)
+            tokens += sum(end - start for doc, (start, end) in zip(docs, bodies) if doc.title in seen)
+            seen.update(doc.title for doc in docs)
         found = engine.stats()
         placed = found["blend_documents_reused"] + found["blend_documents_evaluated"]
-        assert found["blend_documents_reused"] >= 2 and placed >= 4
+        assert found["blend_documents_reused"] >= 2 and placed == 5 and found["blend_documents_seen_once"] == 3
         # Each placed document's cells past its recomputed tokens, and nothing else, turned to their positions:
         # llama.cpp's shift, which turns every cell of every slot, never ran.
         assert found["blend_context_shifts"] == 0
-        tokens = sum(end - start for docs in ([a, b], [b, c, a]) for start, end in llm.bodies(
-            *llm.prompt(llm.messages("Which is first?", docs), docs), docs))
         assert found["blend_cells_rotated"] == tokens - found["blend_tokens_recomputed"]
     finally:
         engine.close()

@@ -183,7 +183,8 @@ class LlamaEngine:
         `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring). The
         turn's sizes, `prompt_tokens_per_turn` and `block`, which the planner's cost model replays. And
         `weight_repack`: 1 where the weights loaded into llama.cpp's extra buffer types, 0 where not, and `cpu_amx`:
-        1 where the CPU reports AMX (`loading.py`)."""
+        1 where the CPU reports AMX (`loading.py`). Under blend, documents `blend_documents_reused` (placed from
+        cells held), `_evaluated` (evaluated alone, then placed) and `_seen_once` (evaluated in place)."""
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
             counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block,

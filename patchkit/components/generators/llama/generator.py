@@ -49,8 +49,9 @@ class LlamaCppGenerator(Generator):
     routes calls by their system prompt and first document (`prefix_key`), so those sharing it meet
     the replica whose slots or cache hold it. `stats()` counts hits, tokens saved, bytes held.
 
-    `kv_reuse="blend"` (opt-in) reuses a document's KV wherever it appears, after any prefix: each
-    document is evaluated once on its own, its cells kept in the document cache and moved to the
+    `kv_reuse="blend"` (opt-in) reuses a document's KV wherever it appears, after any prefix: a
+    document seen for the first time is evaluated in place, as exact does; seen again, it is
+    evaluated once on its own, its cells kept in the document cache and moved to the
     positions it takes in a prompt (their keys rotated there), and the first `recompute` share of
     its tokens evaluated again in place to restore some attention across documents; the question and
     the answer are evaluated normally. Faster where documents recur in new orders, but the model no

@@ -1,6 +1,14 @@
 """Position-independent document KV (`kv_reuse="blend"`): a document's KV computed once, alone, and
 placed wherever the document appears in a prompt, after any prefix (EPIC, CacheBlend).
 
+A document pays for this only once it recurs: the first time a document's body is seen it is
+evaluated in place, with the prompt, as the exact engine does (no evaluation alone, nothing placed:
+the prompt costs what it costs exact), and its digest is noted in `Sightings`, a bounded window of
+the most recently seen bodies. Seen again while its digest is in the window, it is evaluated alone,
+kept and placed as below; held in the tree, it is placed wherever it appears. A stream where no
+document recurs so costs what exact costs, and one where documents recur pays one evaluation of
+each recurring document beside its first sight.
+
 A document's body (its tokens after the label "[i] " that numbers it in the prompt) is evaluated once
 on its own, in a scratch sequence beyond the engine's slots, at the positions from `parking` (the
 slots' context length: no prompt reaches there) on; its cells, read from that sequence alone, are
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -40,9 +49,35 @@ from patchkit.components.generators.llama.kv_rope import KeyRotation
 from patchkit.components.generators.llama.kv_state import Cells, StateLayout
 from patchkit.components.generators.llama.kv_tree import Node
 
-__all__ = ["BLEND", "Blender", "Stop", "recomputed"]
+__all__ = ["BLEND", "SIGHTINGS", "Blender", "Sightings", "Stop", "recomputed"]
 
 BLEND = -1  # the first element of a document's key in the tree: no token id is negative, no prefix starts so
+SIGHTINGS = 4096  # documents' digests a blend engine remembers having seen (about 100 bytes each)
+
+
+class Sightings:
+    """The digests of the `capacity` document bodies seen most recently, least recent first: whether a
+    document recurs, in bounded memory (a digest, not its tokens, per document)."""
+
+    def __init__(self, capacity: int = SIGHTINGS) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity ({capacity}) must be >= 1")
+        self.capacity = capacity
+        self._seen: OrderedDict[int, None] = OrderedDict()
+
+    def recurs(self, body: Sequence[int]) -> bool:
+        """Note a sight of `body`; whether it was seen before within the window (the oldest sight is
+        forgotten past `capacity`)."""
+        digest = hash(tuple(body))
+        seen = digest in self._seen
+        self._seen[digest] = None
+        self._seen.move_to_end(digest)
+        if len(self._seen) > self.capacity:
+            self._seen.popitem(last=False)
+        return seen
+
+    def __len__(self) -> int:
+        return len(self._seen)
 
 
 @dataclass
@@ -68,28 +103,37 @@ class Blender:
     when the prompt's evaluation reaches a stop."""
 
     def __init__(self, lib: Any, ctx: Any, cache: DocumentCache, scratch: int, parking: int, share: float,
-                 evaluate: Callable[[Sequence[int], int, int], None], rotation: KeyRotation | None = None) -> None:
+                 evaluate: Callable[[Sequence[int], int, int], None], rotation: KeyRotation | None = None,
+                 sightings: int = SIGHTINGS) -> None:
         self._lib, self._ctx, self._cache, self.scratch, self.parking = lib, ctx, cache, scratch, parking
         self.share, self._evaluate, self.rotation = share, evaluate, rotation
+        self.seen = Sightings(sightings)
         self.counts: dict[str, float] = dict.fromkeys(
-            ("blend_documents_reused", "blend_documents_evaluated", "blend_tokens_reused", "blend_tokens_recomputed",
-             "blend_s", "blend_state_bytes", "blend_cells_rotated", "blend_context_shifts"), 0)
+            ("blend_documents_reused", "blend_documents_evaluated", "blend_documents_seen_once", "blend_tokens_reused",
+             "blend_tokens_recomputed", "blend_s", "blend_state_bytes", "blend_cells_rotated", "blend_context_shifts"), 0)
 
     def plan(self, prompt: Sequence[int], spans: Sequence[tuple[int, int]], reused: int) -> list[Stop]:
         """The stops of a prompt whose first `reused` tokens come from a slot or the exact cache: one per
-        document body [start, end) after them, in order; its cells found in the tree when held there
-        (counted as used). Lock held."""
+        document body [start, end) after them that recurs, in order; its cells found in the tree when held
+        there (counted as used), else evaluated alone when its digest was seen before. A body seen for
+        the first time gets no stop: it is evaluated in place, with the prompt, and counted in
+        `blend_documents_seen_once`. Lock held."""
         tree, stops, after = self._cache.tree, [], reused
         if tree is None:
             return []
         for start, end in spans:
+            body = prompt[start:end]
+            recurs = self.seen.recurs(body)  # every body is a sight, reused as a prefix or not
             if start < after:
                 continue
             at = start + recomputed(end - start, self.share)
             at += at == after  # a token evaluated between two placements applies the first one's shift
             if at >= end:
                 continue
-            found = tree.match([(BLEND, *prompt[start:end])])
+            found = tree.match([(BLEND, *body)])
+            if not found and not recurs:
+                self.counts["blend_documents_seen_once"] += 1
+                continue
             tree.use(found)
             stops.append(Stop(at, start, end, found[0] if found else None))
             after = end
