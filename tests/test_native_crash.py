@@ -127,9 +127,11 @@ def test_served_on_an_amx_host_the_generator_answers_as_eagerly_and_says_why(
         answer = llm.generate(question)  # noqa: F841 - the block's output
     with patchkit.deploy(pipeline) as endpoint:
         assert endpoint.query(question=question) == plain_answer
-        [report] = endpoint.stats()["replica_reports"].values()
-        own = report["component_stats"]
-        assert own["weight_repack"] == 0 and own["cpu_amx"] == 1
+        reports = list(endpoint.stats()["replica_reports"].values())
+        assert reports  # unplanned, the engine runs a replica per core: each loaded without repacking
+        for report in reports:
+            own = report["component_stats"]
+            assert own["weight_repack"] == 0 and own["cpu_amx"] == 1
 
 
 # -- a worker that dies in native code ---------------------------------------------------------------------
