@@ -47,6 +47,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.blend_quality import rouge_l  # noqa: E402
 from benchmarks.question_stream import catalogue, draw  # noqa: E402
 
 ARMS = ("fastapi", "patchkit", "patchkit-unplanned", "bound")
@@ -338,19 +339,6 @@ def rates_from(path: Path) -> list[dict[str, float]]:
 
 
 # --- reporting ------------------------------------------------------------------------------------------
-def rouge_l(candidate: str, reference: str) -> float:
-    """ROUGE-L F1 over whitespace tokens."""
-    a, b = candidate.split(), reference.split()
-    if not a or not b:
-        return float(a == b)
-    row = [0] * (len(b) + 1)
-    for x in a:
-        diagonal = 0
-        for j, y in enumerate(b, 1):
-            diagonal, row[j] = row[j], diagonal + 1 if x == y else max(row[j], row[j - 1])
-    return 0.0 if not row[-1] else 2 * row[-1] / (len(a) + len(b))
-
-
 def compare(arm: dict[str, Any], reference: dict[str, Any]) -> dict[str, float]:
     """Identical answers and mean ROUGE-L of `arm` against `reference`, over every question both answered."""
     pairs = [(a["answer"], b["answer"]) for phase in arm["phases"] if phase in reference["phases"]
