@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from patchkit.core import Call, CallHook, Component, MakeMethod, call_hook
-from patchkit.core.event_loop import ChunkWindow
+from patchkit.core.event_loop import ChunkWindow, run_inline
 from patchkit.errors import CallError, Cancelled, ComponentError, DeadlineExceeded, PatchkitError
 
 __all__ = [
@@ -28,7 +28,6 @@ __all__ = [
     "Outcome",
     "StopFlag",
     "component_stats",
-    "finish",
     "ran",
     "run_batch",
     "run_calls",
@@ -165,7 +164,7 @@ def run_calls(
     for every batch of a plain `def` method, and by `run_batch` (an `async def` method's calls then wait here
     for the component loop). A streaming call stops at its next chunk once its `cancelled` flag is set."""
     stops = cancelled if cancelled is not None else [StopFlag() for _ in calls]
-    return finish(run_calls_async(component, method_name, calls, on_chunk, stops, [None] * len(calls), hook, windows,
+    return run_inline(run_calls_async(component, method_name, calls, on_chunk, stops, [None] * len(calls), hook, windows,
                                   in_thread=True))
 
 
@@ -191,7 +190,7 @@ async def run_calls_async(
     cancelled where it awaits once its stop is set (its request ended: Cancelled) or at its deadline
     (`time.monotonic()`: DeadlineExceeded); a batch method's, once every call's is. `in_thread=True` (a plain
     `def` method's, `run_calls`): each call's code runs on this thread, one after another, as plain calls, so
-    the coroutine never suspends and `finish` runs it without a loop; a streaming call stops at its next chunk
+    the coroutine never suspends and `run_inline` runs it without a loop; a streaming call stops at its next chunk
     once its stop is set, and deadlines do not apply.
     """
     method = _method(component, method_name)
@@ -201,17 +200,6 @@ async def run_calls_async(
         return await _run(_OnThread(method, component, calls, on_chunk, stops, windows, hook))
     with call_hook(hook):  # each task starts in a copy of this context: its hook with it
         return await _run(_OnLoop(method, component, calls, on_chunk, stops, windows, hook, deadlines))
-
-
-def finish(run: Coroutine[Any, Any, T]) -> T:
-    """Run `run` to its end on this thread, with no loop: a coroutine whose every step is a plain call
-    (`in_thread=True`), so it ends at its first step. Called on a worker's or a replica's thread."""
-    try:
-        run.send(None)
-    except StopIteration as done:
-        return done.value
-    run.close()
-    raise RuntimeError("a batch run in its thread awaited something that suspends; its steps must be plain calls")
 
 
 async def _run(steps: _OnThread | _OnLoop) -> list[Outcome]:
@@ -273,7 +261,7 @@ class _Steps:
 
 
 class _OnThread(_Steps):
-    """Every step a plain call on this thread: the coroutines never suspend (`finish`)."""
+    """Every step a plain call on this thread: the coroutines never suspend (`run_inline`)."""
 
     async def batch(self, indices: Sequence[int]) -> Outcome:
         calls = [self.calls[i] for i in indices]

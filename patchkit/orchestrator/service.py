@@ -29,9 +29,9 @@ import grpc
 
 from patchkit import telemetry
 from patchkit.core import Call, CallHook, Component, make_methods
-from patchkit.core.event_loop import ChunkWindow, component_loop
+from patchkit.core.event_loop import ChunkWindow, component_loop, run_inline
 from patchkit.errors import Cancelled, DeadlineExceeded
-from patchkit.orchestrator.execute import Failure, Outcome, component_stats, finish, run_calls_async
+from patchkit.orchestrator.execute import Failure, Outcome, component_stats, run_calls_async
 from patchkit.orchestrator.rpc import (
     CHECK,
     SECRET_KEY,
@@ -121,9 +121,9 @@ class WorkerService:
             with self._lock:
                 return component_loop().run(self.run_async(method, calls, arrived, on_chunk), method)
         if method in self.concurrency:
-            return finish(self._run(method, calls, arrived, on_chunk, in_thread=True))
+            return run_inline(self._run(method, calls, arrived, on_chunk, in_thread=True))
         with self._lock:
-            return finish(self._run(method, calls, arrived, on_chunk, in_thread=True))
+            return run_inline(self._run(method, calls, arrived, on_chunk, in_thread=True))
 
     async def run_async(
         self, method: str, calls: Sequence[WireCall], arrived: float, on_chunk: Callable[[int, str], None] | None = None
@@ -143,7 +143,7 @@ class WorkerService:
         in_thread: bool = False,
     ) -> list[Outcome]:
         """A batch's calls that are still wanted, run (`run_calls_async`) and counted: on the component loop,
-        or with `in_thread` (a plain `def` method's, `run` runs it with `finish`) on this thread, as plain calls."""
+        or with `in_thread` (a plain `def` method's, `run` runs it with `run_inline`) on this thread, as plain calls."""
         start = time.perf_counter()
         outcomes, runnable, skipped, stopped = self._sort(calls, arrived)
         if runnable:

@@ -8,7 +8,7 @@ and a preview of its result (cut to `preview_chars`, 0 for none; none for a comp
 sets `sensitive = True`) or its error. A request whose client asked for steps (`stream` with `steps`)
 hands each event to its watcher, on the event loop, in the order the calls started and ended; every
 request's calls are kept, without previews, in the front-end's `RecentRequests` for the dashboard's
-timeline (`GET /v1/requests`).
+timeline (`GET /v1/activity`).
 
 Only the calls the request's own code makes through its call hook are steps: a holder's calls to a
 component it was given, and a component made while the code runs (run in place, with no queue), are not.
@@ -64,7 +64,7 @@ class CallStep:
     error: dict[str, str] | None = None
 
     def timing(self) -> dict[str, Any]:
-        """Its timings and where it ran, never its data: what `GET /v1/requests` serves."""
+        """Its timings and where it ran, never its data: what `GET /v1/activity` serves."""
         duration = None if self.ended_ms is None else self.ended_ms - self.started_ms
         return {"call": self.call, "node": self.node, "component": self.component, "method": self.method,
                 "started_ms": round(self.started_ms, 3), "duration_ms": None if duration is None else round(duration, 3),
@@ -126,7 +126,7 @@ class RequestSteps:
         self.outcome, self.latency_ms = outcome, latency_s * 1000
 
     def timeline(self) -> dict[str, Any]:
-        """The request and its calls' timings, as `GET /v1/requests` serves it."""
+        """The request and its calls' timings, as `GET /v1/activity` serves it."""
         return {"request_id": self.request_id, "pipeline": self.pipeline, "version": self.version,
                 "arrived": self.arrived_unix, "outcome": self.outcome,
                 "latency_ms": None if self.latency_ms is None else round(self.latency_ms, 3),
