@@ -361,13 +361,17 @@ def test_a_call_past_its_deadline_is_cancelled_with_deadline_exceeded() -> None:
 
 
 class Caller(Component):
-    """Awaits `pause_s` per call, as a client of a remote API; records the most of its calls in flight at once."""
+    """Awaits, as a client of a remote API, until `together` of its calls are in flight (or `patience_s` passes);
+    records the most of its calls in flight at once. Holding each call until the others arrive makes the count
+    depend on the cap alone, not on how fast a loaded machine delivers the requests."""
 
-    def __init__(self, pause_s: float = 0.2) -> None:
-        self.pause_s = pause_s
+    def __init__(self, together: int, patience_s: float = 30.0) -> None:
+        self.together = together
+        self.patience_s = patience_s
 
     def setup(self) -> None:
         self.running = self.most = 0
+        self.arrived = asyncio.Event()
 
     @make(max_concurrency=512)
     async def ask(self, x: int) -> int:
@@ -380,8 +384,11 @@ class Caller(Component):
     async def _await(self, x: int) -> int:
         self.running += 1
         self.most = max(self.most, self.running)
+        if self.running >= self.together:
+            self.arrived.set()
         try:
-            await asyncio.sleep(self.pause_s)
+            await asyncio.wait_for(self.arrived.wait(), self.patience_s)
+            await asyncio.sleep(0.2)  # a call admitted past the cap would be counted meanwhile
         finally:
             self.running -= 1
         return 2 * x
@@ -411,7 +418,7 @@ def test_an_async_method_s_calls_await_together_on_every_backend(backend: str, p
         results = await asyncio.gather(*(frontend.query({"x": x}) for x in range(50)))
         return [r.output for r in results], await component_stats(frontend)
 
-    caller = Caller()
+    caller = Caller(together=DEFAULT_ASYNC_CONCURRENCY if plain else 50)
     outputs, stats = serve((asking_plainly if plain else asking)(caller), body, backend, slo_ms=120_000)
     assert outputs == [2 * x for x in range(50)]
     # All 50 at once where the method allows 512; DEFAULT_ASYNC_CONCURRENCY (32) of them without max_concurrency.
