@@ -1,6 +1,6 @@
 """Capacity over HTTP: patchkit against the FastAPI server a competent user writes, on real models.
 
-    flock /work/notes/bench.lock python benchmarks/capacity.py --arms fastapi,patchkit --json capacity-raw.json
+    python benchmarks/capacity.py --arms fastapi,patchkit --json capacity-raw.json
     python benchmarks/capacity.py --quick                   # a smoke test: a few questions, one rate
 
 The job is `benchmarks/rag_stream.py`'s: the top `--topk` pydoc chunks by MiniLM and a FAISS flat
@@ -167,7 +167,7 @@ def memory(pid: int) -> dict[str, Any]:
     for process in [root, *root.children(recursive=True)]:
         try:
             info = process.memory_full_info()
-            name = " ".join(process.cmdline()[1:4])[:80]
+            name = " ".join(os.path.relpath(a) if os.path.isabs(a) else a for a in process.cmdline()[1:4])[:80]
         except psutil.Error:
             continue
         rows.append({"pid": process.pid, "name": name, "rss_mib": info.rss / 2**20, "uss_mib": info.uss / 2**20})

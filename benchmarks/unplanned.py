@@ -1,6 +1,6 @@
 """The default path against plain Python: examples/crag.py deployed with no plan, on new questions.
 
-    flock /work/notes/bench.lock python benchmarks/unplanned.py --json unplanned-raw.json
+    python benchmarks/unplanned.py --json unplanned-raw.json
     python benchmarks/unplanned.py --json run1.json,run2.json --result benchmarks/results/unplanned.json
 
 Two arms, each a fresh process on the example's own components (MiniLM + FAISS, BM25, SmolLM2-135M
