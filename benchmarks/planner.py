@@ -163,12 +163,16 @@ def plan_in_process(example: str, questions: int, cache: str, patchkit_dir: str 
 
 
 def seed_vectors(cache: str) -> dict:
-    """The corpus embeddings the examples' retrievers need, in `cache`: copied from the user's cache, or
-    built there (timed: building them is no part of planning)."""
-    mine = Path(os.environ.get("PATCHKIT_CACHE_DIR", Path.home() / ".cache" / "patchkit")).expanduser() / "vectors"
-    if mine.is_dir() and any(mine.iterdir()):
-        shutil.copytree(mine, Path(cache) / "vectors")
-        return {"vectors": f"copied from {mine}"}
+    """The corpus embeddings the examples' retrievers need, in `cache`: copied from the user's cache with
+    the corpus they embed (the pydoc corpus's text of a built-in module is read from the module as one
+    process holds it, so the copy must be the one the vectors were made from), or built there (timed:
+    building them is no part of planning)."""
+    mine = Path(os.environ.get("PATCHKIT_CACHE_DIR", Path.home() / ".cache" / "patchkit")).expanduser()
+    if (mine / "vectors").is_dir() and any((mine / "vectors").iterdir()):
+        for kept in ("vectors", "corpus"):
+            if (mine / kept).is_dir():
+                shutil.copytree(mine / kept, Path(cache) / kept)
+        return {"vectors": f"copied from {mine}, with its corpus"}
     started = time.perf_counter()
     build = "from patchkit.components import FaissRetriever; FaissRetriever('pydoc').setup()"
     subprocess.run([sys.executable, "-c", build], check=True, env={**os.environ, "PATCHKIT_CACHE_DIR": cache})  # noqa: S603

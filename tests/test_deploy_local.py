@@ -329,3 +329,41 @@ def test_a_component_whose_arguments_do_not_pickle_is_refused_with_what_to_do() 
     body("x")
     with pytest.raises(patchkit.PatchkitError, match="constructor arguments must pickle"):
         patchkit.deploy(patchkit.last_pipeline())
+
+
+class Sized(patchkit.Component):
+    """Records the batch sizes its deployment told it, and whether it heard them before its setup()."""
+
+    def __init__(self) -> None:
+        self.told: dict[str, int] = {}
+
+    def serve_sizes(self, batch_sizes: Any) -> None:
+        self.told = dict(batch_sizes)
+
+    def setup(self) -> None:
+        self.at_setup = dict(self.told)
+
+    @patchkit.make(max_concurrency=8)
+    def ask(self, x: int) -> int:
+        return x + 1
+
+    @patchkit.make(batch=True, max_batch_size=64)
+    def bulk(self, xs: list[int]) -> list[int]:
+        return [x * 2 for x in xs]
+
+    def stats(self) -> dict[str, Any]:
+        return {f"{method}_at_setup": size for method, size in self.at_setup.items()}
+
+
+def test_each_replica_hears_its_batch_sizes_before_setup() -> None:
+    def asking(sized: Sized) -> patchkit.Pipeline:
+        x = 1
+        with patchkit.capture(run=False) as pipeline:
+            return sized.bulk(sized.ask(x))  # type: ignore[no-any-return]
+        return pipeline
+
+    with patchkit.deploy(asking(Sized()), replicas=2, batch_size={"sized.ask": 20, "sized.bulk": 5}) as endpoint:
+        assert endpoint.query(x=1) == 4
+        reports = [r["component_stats"] for r in endpoint.stats()["replica_reports"].values()]
+    # Calls at once of a max_concurrency method are its batch size up to that bound; a batch method's, its batch size.
+    assert reports == [{"ask_at_setup": 8, "bulk_at_setup": 5}] * 2

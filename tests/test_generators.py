@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,25 @@ def test_deployed_answers_equal_local_ones_and_errors_keep_it_serving() -> None:
         with pytest.raises(patchkit.ComponentError, match="more than the model's context"):
             endpoint.query(question="word " * 3000)
         assert endpoint.query(question=question) == llm.generate(question)
+
+
+def test_a_deployed_engine_holds_kv_for_the_calls_its_deployment_sends_it() -> None:
+    """The KV a replica allocates (n_ctx cells a stream, resident from the load) follows the planned calls at once."""
+    sized = LlamaCppGenerator(max_tokens=16, threads=1)
+    questions = [f"Name a Python built-in function that works on {thing}." for thing in ("lists", "strings", "files")]
+    expected = [sized.generate(q) for q in questions]
+    unsized = sized.stats()
+    assert unsized["sequence_slots"] == 16 and unsized["cache_slots"] == 8
+
+    def answer(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return sized.generate(question)
+        return pipeline
+
+    with patchkit.deploy(answer("x"), replicas=1, batch_size=4) as endpoint:
+        with ThreadPoolExecutor(9) as pool:  # more than its 4 slots at once: the rest wait their turn
+            assert list(pool.map(lambda q: endpoint.query(question=q), questions * 3)) == expected * 3
+        (report,) = endpoint.stats()["replica_reports"].values()
+    own = report["component_stats"]
+    assert own["sequence_slots"] == 4 and own["cache_slots"] == 2
+    assert own["kv_bytes"] * 4 == unsized["kv_bytes"]  # 6 streams of n_ctx cells, not 24

@@ -11,7 +11,7 @@ import functools
 import inspect
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -98,6 +98,19 @@ class Component:
         Called by its worker for every periodic health check (`health_check_period_s`), on a thread other than the one running
         batches. A check that raises, or does not return within `health_check_timeout_s`, fails; after `health_check_failures`
         failures in a row the replica is recycled (stopped, another started in its place). Passes by default.
+        """
+
+    def serve_sizes(self, batch_sizes: Mapping[str, int]) -> None:
+        """Hear, before `setup()`, the batch size each `@make` method gets in this replica.
+
+        Called in each replica a deployment starts; of a `max_concurrency` method, the size is the most
+        of its calls at once. A component whose `setup()` allocates per call in flight (an engine's sequence slots and their KV)
+        sizes that to these instead of to its `batch_limit`. Not called where no deployment sizes the
+        replica (the profiler's replicas, eager calls), nor by the inprocess backend (its replicas share
+        the one object), nor for an object whose `setup()` has run. Keeps nothing by default.
+
+        Args:
+            batch_sizes: by `@make` method name, its batch size in this deployment.
         """
 
     def batch_limit(self, method: str) -> int:

@@ -25,7 +25,9 @@ class ReplicaSpec:
 
     `device` and `units`: the resource type ("cpu" or "gpu") and the units of it a plan gave each
     replica (shares of a core, SHARES_PER_CORE a core, or GPUs), which a cluster backend asks its
-    scheduler for; `device` None: no plan placed it.
+    scheduler for; `device` None: no plan placed it. `batch_sizes`: each `@make` method's batch size
+    there (of a `max_concurrency` method, its calls at once), which the replica's component is told
+    before its setup (`Component.serve_sizes`).
     """
 
     component: str
@@ -34,6 +36,7 @@ class ReplicaSpec:
     device: str | None = None
     units: int = SHARES_PER_CORE
     handles: Handles | None = None  # how its component reaches the components it holds that are deployed on their own
+    batch_sizes: dict[str, int] | None = None  # what its component's `serve_sizes` is told (None: not called)
 
 
 class Channel(Protocol):

@@ -56,6 +56,7 @@ class WorkerBootstrap:
     sys_path: list[str] = field(default_factory=list)  # the front-end's
     log_level: int = logging.WARNING  # the front-end's, as its user configured it
     handles: Handles | None = None  # the components it holds that are deployed on their own
+    batch_sizes: dict[str, int] | None = None  # told to its component before setup (`Component.serve_sizes`)
 
     @classmethod
     def of(
@@ -64,7 +65,8 @@ class WorkerBootstrap:
         """The bootstrap of a replica of `spec`, with the calling backend's `sys.path` and log level."""
         level = logging.getLogger("patchkit").getEffectiveLevel()
         component = cloudpickle.dumps(spec.instance)
-        return cls(spec.component, component, secret, spec.resources, host, tls, list(sys.path), level, spec.handles)
+        return cls(spec.component, component, secret, spec.resources, host, tls, list(sys.path), level, spec.handles,
+                   spec.batch_sizes)
 
 
 def main() -> None:
@@ -101,9 +103,9 @@ def serve_replica(boot: WorkerBootstrap, host: str, options: Sequence[tuple[str,
 
 
 def load_component(boot: WorkerBootstrap) -> tuple[Component, CallHook | None]:
-    """Rebuild a replica's component from its cloudpickled spec and run its `setup()`, the components
-    it holds that are deployed on their own left unloaded; returns it with the hook its calls of
-    those go through (None: it holds none).
+    """Rebuild a replica's component from its cloudpickled spec, tell it its batch sizes and run its
+    `setup()`, the components it holds that are deployed on their own left unloaded; returns it with
+    the hook its calls of those go through (None: it holds none).
 
     Called once per replica by the worker process and by the Ray actor, after the resources are
     pinned; raises whatever the component's build or setup raised.
@@ -112,6 +114,8 @@ def load_component(boot: WorkerBootstrap) -> tuple[Component, CallHook | None]:
     if not isinstance(component, Component):
         raise MakeError(f"worker {boot.name}: expected a Component, got {type(component).__name__}")
     hook = boot.handles.hook(component, boot.secret) if boot.handles is not None else None
+    if boot.batch_sizes is not None:
+        component.serve_sizes(boot.batch_sizes)
     ensure_setup(component)
     return component, hook
 

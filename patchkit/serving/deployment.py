@@ -307,11 +307,15 @@ class Deployment:
 
     def _spec(self, name: str, resources: ReplicaResources) -> ReplicaSpec:
         """A replica of component `name` pinned to `resources`: on the plan's resource type, reaching the
-        deployed components it holds through the front-end where its backend needs that."""
+        deployed components it holds through the front-end where its backend needs that, its component
+        told the batch sizes (calls at once) its queues send it."""
         settings, component = self.config.components[name], self.components[name]
         device = settings.resource if self.config.plan is not None else None
         held = self._held_handles() if constructor_components(component) else None
-        return ReplicaSpec(name, component, resources, device, settings.units, held)
+        made = make_methods(type(component))
+        sizes = {method: _concurrency(made[method].max_concurrency, size) or size
+                 for method, size in settings.batch_sizes.items() if method in made}
+        return ReplicaSpec(name, component, resources, device, settings.units, held, sizes)
 
     def one_more(self, name: str) -> ReplicaSpec:
         """A replica to add to component `name`, placed beside its running ones; called by the autoscaler."""

@@ -181,14 +181,18 @@ class LlamaEngine:
         it restored nothing of: it held none of them, or a slot held as much), `kv_cache_tokens_saved`
         (prompt tokens restored from it), `kv_cache_bytes_held` (within `kv_cache_budget_bytes`),
         `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring). The
-        turn's sizes, `prompt_tokens_per_turn` and `block`, which the planner's cost model replays. And
+        turn's sizes, `prompt_tokens_per_turn` and `block`, which the planner's cost model replays. The
+        context's size: `sequence_slots` (sequences at once), `cache_slots`, and `kv_bytes`, the KV cells
+        of every stream, allocated (and resident) from the start. And
         `weight_repack`: 1 where the weights loaded into llama.cpp's extra buffer types, 0 where not, and `cpu_amx`:
         1 where the CPU reports AMX (`loading.py`). Under blend, documents `blend_documents_reused` (placed from
         cells held), `_evaluated` (evaluated alone, then placed) and `_seen_once` (evaluated in place)."""
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
             counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block,
-                          weight_repack=float(self.repack.repack), cpu_amx=float(self.repack.amx))
+                          weight_repack=float(self.repack.repack), cpu_amx=float(self.repack.amx),
+                          sequence_slots=self.config.max_sequences, cache_slots=self.config.cache_slots,
+                          kv_bytes=self.kv_bytes)
             cached = sum(bool(kept) for kept in self._idle.values())
             counts.update(self._seconds, running=len(self._running), waiting=len(self._waiting), cache_entries=cached)
             counts.update(self._documents.stats())
@@ -196,6 +200,15 @@ class LlamaEngine:
                 counts.update(self._blender.counts)
         counts["mean_active_per_step"] = counts["decoded_sequences"] / max(1, counts["decode_steps"])
         return counts
+
+    @property
+    def kv_bytes(self) -> int:
+        """The bytes of the context's KV cells: n_ctx cells a stream, each a key and a value of every layer
+        (16-bit, llama.cpp's default type), allocated whole when the context is made."""
+        lib, model = self._lib, self.model.model
+        head_dim = lib.llama_model_n_embd(model) // lib.llama_model_n_head(model)
+        per_cell = lib.llama_model_n_layer(model) * 2 * lib.llama_model_n_head_kv(model) * head_dim * 2
+        return self.config.n_ctx * self.config.streams * per_cell
 
     def check(self) -> None:
         """Raise if the engine thread died (its error as the cause)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,9 +38,11 @@ class LlamaCppGenerator(Generator):
     `generate(prompt, docs=None, max_tokens=None)` answers one prompt, with documents put into it when
     given, streaming its text; a pipeline call gets the whole answer. Up to 16 calls run at once in one
     engine, decoded together step by step; a prompt sharing a prefix with a recent one (the same documents)
-    evaluates only the rest, from the running sequences' prompts and 8 more kept (n_ctx of KV cells a
-    sequence or cached prompt). Deterministic for a given `seed` at temperature 0, whatever else runs
-    beside it.
+    evaluates only the rest, from the running sequences' prompts and half as many more kept (n_ctx of KV
+    cells a sequence or cached prompt, 23 KB a cell for SmolLM2-135M, allocated when the model loads). A
+    deployed replica sizes its engine to the calls its deployment sends it at once (the planned batch
+    size of `generate`, `serve_sizes`), 16 where nothing says. Deterministic for a given `seed` at
+    temperature 0, whatever else runs beside it.
 
     Beyond those, a document KV cache keeps the KV states of the prompts' pieces (the system prompt, then
     each document in order) in host memory: a call whose leading documents an earlier call had, in the
@@ -108,6 +110,7 @@ class LlamaCppGenerator(Generator):
         self.model_path, self.n_ctx, self.threads, self.prefix_cache = str(path), n_ctx, threads, prefix_cache
         self.kv_cache_bytes, self.reorder_docs = kv_cache_bytes, reorder_docs
         self.kv_reuse, self.recompute, self.repack = kv_reuse, recompute, repack
+        self.max_sequences = MAX_CONCURRENCY  # a deployment sizes it to the calls a replica gets (`serve_sizes`)
         self.engine_config()  # checks the engine's options where they are given
         self.engine: LlamaEngine | None = None
         self.lines: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
@@ -126,10 +129,18 @@ class LlamaCppGenerator(Generator):
             bos_token=model.token_get_text(model.token_bos()),
         )
 
+    def serve_sizes(self, batch_sizes: Mapping[str, int]) -> None:
+        """Size the engine's sequence slots to the calls of `generate` this replica gets at once.
+
+        Its cache slots follow, half as many, so that its KV holds no stream the deployment never fills.
+        """
+        self.max_sequences = max(1, min(MAX_CONCURRENCY, batch_sizes.get("generate", MAX_CONCURRENCY)))
+
     def engine_config(self) -> EngineConfig:
         """The engine's configuration; raises ValueError naming the options that conflict."""
         # Prompt evaluation too: llama.cpp's own default is every core, which oversubscribes a replica's share.
-        return EngineConfig(self.model_path, n_ctx=self.n_ctx, max_sequences=MAX_CONCURRENCY,
+        return EngineConfig(self.model_path, n_ctx=self.n_ctx, max_sequences=self.max_sequences,
+                            cache_slots=max(1, self.max_sequences // 2),
                             threads=self.threads or replica_threads(), prefix_cache=self.prefix_cache,
                             kv_cache_bytes=self.kv_cache_bytes, kv_reuse=self.kv_reuse, recompute=self.recompute,
                             repack=self.repack)
