@@ -521,7 +521,7 @@ def blend_answer(llm: Any, engine: Any, question: str, docs: list[Any]) -> str:
     return b"".join(engine.submit(tokens, 24, pieces=pieces, documents=bodies).pieces()).decode()
 
 
-def test_a_document_seen_once_is_evaluated_in_place_as_exact_evaluates_it(llm: Any) -> None:
+def test_a_document_not_held_is_evaluated_in_place_as_exact_evaluates_it(llm: Any) -> None:
     engine, exact = blend_engine(llm), blend_engine(llm, kv_reuse="exact")
     try:
         a, b, c, d, e = LONG_DOCS
@@ -530,7 +530,7 @@ def test_a_document_seen_once_is_evaluated_in_place_as_exact_evaluates_it(llm: A
         for question, docs in calls:
             assert blend_answer(llm, engine, question, docs) == answer(llm, exact, question, docs)
         found, plain = engine.stats(), exact.stats()
-        assert found["blend_documents_seen_once"] == 5
+        assert found["blend_documents_in_place"] == 5
         assert found["blend_documents_evaluated"] == found["blend_documents_reused"] == found["blend_tokens_reused"] == 0
         assert found["prompt_tokens_evaluated"] == plain["prompt_tokens_evaluated"]
     finally:
@@ -538,7 +538,7 @@ def test_a_document_seen_once_is_evaluated_in_place_as_exact_evaluates_it(llm: A
         exact.close()
 
 
-def test_a_document_is_evaluated_alone_on_its_second_sight_and_placed_from_its_third(llm: Any) -> None:
+def test_a_document_is_placed_from_its_second_sight_with_the_cells_its_first_left(llm: Any) -> None:
     engine = blend_engine(llm)
     try:
         a, b, c, _, _ = LONG_DOCS
@@ -546,10 +546,30 @@ def test_a_document_is_evaluated_alone_on_its_second_sight_and_placed_from_its_t
         for question, docs in [("Which is first?", [a, b]), ("Which is last?", [b, a]), ("Which is longer?", [c, a, b])]:
             assert blend_answer(llm, engine, question, docs).strip()
             found = engine.stats()
-            seen.append([found[f"blend_documents_{kind}"] for kind in ("seen_once", "evaluated", "reused")])
-        # First sight: in place. Second, in another order: evaluated alone and placed. Third: placed from the cache
-        # (c, new, in place before them).
-        assert seen == [[2, 0, 0], [2, 2, 0], [3, 2, 2]]
+            seen.append([found[f"blend_documents_{kind}"] for kind in ("in_place", "kept_in_place", "evaluated",
+                                                                        "reused")])
+        # First sight: in place, its cells kept from there. Second, in another order: placed from them, nothing
+        # evaluated alone. Third: c, new, in place (and kept), a and b placed behind it.
+        assert seen == [[2, 2, 0, 0], [2, 2, 0, 2], [3, 3, 0, 4]]
+    finally:
+        engine.close()
+
+
+def test_without_keys_turned_on_the_host_a_document_is_evaluated_alone_on_its_second_sight(llm: Any) -> None:
+    engine = blend_engine(llm)
+    try:
+        engine._blender.rotation = None  # as for a model whose keys KeyRotation does not turn
+        a, b, c, _, _ = LONG_DOCS
+        seen = []
+        for question, docs in [("Which is first?", [a, b]), ("Which is last?", [b, a]), ("Which is longer?", [c, a, b])]:
+            assert blend_answer(llm, engine, question, docs).strip()
+            found = engine.stats()
+            seen.append([found[f"blend_documents_{kind}"] for kind in ("in_place", "kept_in_place", "evaluated",
+                                                                        "reused")])
+        # First sight: in place, nothing kept. Second, in another order: evaluated alone and placed by llama.cpp's
+        # shift. Third: placed from the cache (c, new, in place before them).
+        assert seen == [[2, 0, 0, 0], [2, 0, 2, 0], [3, 0, 2, 2]]
+        assert found["blend_context_shifts"] == 4 and found["blend_cells_rotated"] == 0
     finally:
         engine.close()
 
@@ -577,11 +597,12 @@ def test_blend_reuses_documents_at_any_place_within_its_byte_budget(llm: Any) ->
             assert blend_answer(llm, engine, question, docs).strip()
             assert engine.stats()["kv_cache_bytes_held"] <= budget
         found = engine.stats()
-        # Each document's first sight is evaluated in place; the recurring ones (b, a, c, e) are evaluated alone
-        # on their second, the first [b, a] at new places; the next [b, a] places both, and a behind e.
-        assert found["blend_documents_seen_once"] == len(LONG_DOCS) and found["kv_cache_evictions"] >= 1
-        assert found["blend_documents_evaluated"] + found["blend_documents_reused"] == 2 * len(calls) - len(LONG_DOCS)
-        assert found["blend_documents_evaluated"] == 4 and found["blend_documents_reused"] >= 3
+        # A document not held is evaluated in place, its cells kept from there; held, it is placed. Nothing is
+        # evaluated alone, and what the budget evicted is evaluated in place again.
+        assert found["blend_documents_in_place"] == found["blend_documents_kept_in_place"] >= len(LONG_DOCS)
+        assert found["kv_cache_evictions"] >= 1 and found["blend_documents_evaluated"] == 0
+        assert found["blend_documents_in_place"] + found["blend_documents_reused"] == 2 * len(calls)
+        assert found["blend_documents_reused"] >= 4
         assert 0 < found["blend_tokens_recomputed"] < found["blend_tokens_reused"]
     finally:
         engine.close()
@@ -615,13 +636,13 @@ def test_a_deployed_blend_generator_places_documents_it_saw_in_another_order() -
             text = reply.read().decode()
         [replica] = endpoint.stats()["replica_reports"]
     stat = {name: metric(text, "patchkit_component_stat", component="llm", replica=replica, stat=name)
-            for name in ("blend_documents_reused", "blend_documents_evaluated", "blend_documents_seen_once",
+            for name in ("blend_documents_reused", "blend_documents_evaluated", "blend_documents_in_place",
                          "blend_tokens_reused")}
-    # The first call evaluates both documents in place; the second, in the other order, evaluates both alone and
-    # places them; the third evaluates a new one in place, then places the two behind it from the cache (no exact
+    # The first call evaluates both documents in place and keeps their cells; the second, in the other order, places
+    # both from them; the third evaluates a new one in place, then places the two behind it from the cache (no exact
     # prefix of theirs is cached: no earlier prompt began with the new one).
-    assert stat["blend_documents_seen_once"] == 3
-    assert stat["blend_documents_evaluated"] == 2 and stat["blend_documents_reused"] == 2
+    assert stat["blend_documents_in_place"] == 3
+    assert stat["blend_documents_evaluated"] == 0 and stat["blend_documents_reused"] == 4
     assert stat["blend_tokens_reused"] > 100
 
 
@@ -668,7 +689,7 @@ def test_placing_documents_rotates_their_cells_alone_and_leaves_the_context_unsh
             seen.update(doc.title for doc in docs)
         found = engine.stats()
         placed = found["blend_documents_reused"] + found["blend_documents_evaluated"]
-        assert found["blend_documents_reused"] >= 2 and placed == 5 and found["blend_documents_seen_once"] == 3
+        assert found["blend_documents_reused"] >= 2 and placed == 5 and found["blend_documents_in_place"] == 3
         # Each placed document's cells past its recomputed tokens, and nothing else, turned to their positions:
         # llama.cpp's shift, which turns every cell of every slot, never ran.
         assert found["blend_context_shifts"] == 0

@@ -22,11 +22,12 @@ count:
   reused at any position costs instead of its tokens, which the call then does not evaluate (0 for
   engines that place none). The engine's `blend_s` holds all of it: no shift of the context is left
   for the next prompt chunk's evaluation to pay, so `prompt_ms_per_token` stays the tokens' own.
-  A document a blend engine sees for the first time is evaluated in place, as exact evaluates it:
-  its tokens are among those the call evaluates, and it is not placed (`blend_documents_seen_once`,
-  which the model does not read); the documents placed are those seen before, evaluated alone on
-  their second sight (`blend_documents_evaluated`, their bodies among the tokens evaluated) or
-  placed from cells held (`blend_documents_reused`).
+  A document whose cells a blend engine does not hold is evaluated in place, as exact evaluates it:
+  its tokens are among those the call evaluates, and it is not placed (`blend_documents_in_place`,
+  which the model does not read); the documents placed are those held, placed from their cells
+  (`blend_documents_reused`), or, on a model whose keys are not turned on the host, those seen
+  before and evaluated alone first (`blend_documents_evaluated`, their bodies among the tokens
+  evaluated).
 
 A call is then `EngineCall(prompt tokens, tokens it evaluates, decode steps it takes, documents it
 places)`, and

@@ -4,6 +4,7 @@ options that conflict); `LlamaCppGenerator.engine_config` builds one from the co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from patchkit.components.generators.llama.engine_turn import TurnSize
 from patchkit.components.generators.llama.loading import Repack, choose_repack
@@ -69,3 +70,11 @@ class EngineConfig:
     def streams(self) -> int:
         """KV streams in the context: the slots, and under blend a scratch one for documents alone."""
         return self.slots + (self.kv_reuse == "blend")
+
+    def kv_bytes(self, lib: Any, model: Any) -> int:
+        """The bytes of the KV cells of an engine so sized over `model` (llama.cpp's): n_ctx cells a
+        stream, each a key and a value of every layer in 16 bits (llama.cpp's default type), allocated
+        whole, and so resident, when the context is made."""
+        head_dim = lib.llama_model_n_embd(model) // lib.llama_model_n_head(model)
+        per_cell = lib.llama_model_n_layer(model) * 2 * lib.llama_model_n_head_kv(model) * head_dim * 2
+        return self.n_ctx * self.streams * per_cell

@@ -186,13 +186,14 @@ class LlamaEngine:
         of every stream, allocated (and resident) from the start. And
         `weight_repack`: 1 where the weights loaded into llama.cpp's extra buffer types, 0 where not, and `cpu_amx`:
         1 where the CPU reports AMX (`loading.py`). Under blend, documents `blend_documents_reused` (placed from
-        cells held), `_evaluated` (evaluated alone, then placed) and `_seen_once` (evaluated in place)."""
+        cells held), `_evaluated` (evaluated alone, then placed), `_in_place` (not held: evaluated in place)
+        and `_kept_in_place` (their cells kept from there for the next sight)."""
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
             counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block,
                           weight_repack=float(self.repack.repack), cpu_amx=float(self.repack.amx),
                           sequence_slots=self.config.max_sequences, cache_slots=self.config.cache_slots,
-                          kv_bytes=self.kv_bytes)
+                          kv_bytes=self.config.kv_bytes(self._lib, self.model.model))
             cached = sum(bool(kept) for kept in self._idle.values())
             counts.update(self._seconds, running=len(self._running), waiting=len(self._waiting), cache_entries=cached)
             counts.update(self._documents.stats())
@@ -200,15 +201,6 @@ class LlamaEngine:
                 counts.update(self._blender.counts)
         counts["mean_active_per_step"] = counts["decoded_sequences"] / max(1, counts["decode_steps"])
         return counts
-
-    @property
-    def kv_bytes(self) -> int:
-        """The bytes of the context's KV cells: n_ctx cells a stream, each a key and a value of every layer
-        (16-bit, llama.cpp's default type), allocated whole when the context is made."""
-        lib, model = self._lib, self.model.model
-        head_dim = lib.llama_model_n_embd(model) // lib.llama_model_n_head(model)
-        per_cell = lib.llama_model_n_layer(model) * 2 * lib.llama_model_n_head_kv(model) * head_dim * 2
-        return self.config.n_ctx * self.config.streams * per_cell
 
     def check(self) -> None:
         """Raise if the engine thread died (its error as the cause)."""
@@ -304,7 +296,8 @@ class LlamaEngine:
         elif restore:
             reused = path[-1].kept
         sequence.slot, sequence.evaluated = slot, reused
-        if self._blender is not None and (stops := self._blender.plan(sequence.prompt, sequence.documents, reused)):
+        if self._blender is not None and (stops := self._blender.plan(sequence.prompt, sequence.documents, reused,
+                                                                       sequence.in_place)):
             sequence.stops.extend(stops)
             sequence.exact = stops[0].at
             sequence.exact_pieces = sum(end <= stops[0].start for end in itertools.accumulate(map(len, sequence.pieces)))
@@ -358,6 +351,8 @@ class LlamaEngine:
             self._batch.batch.n_tokens = 0
             if end == len(sequence.prompt):
                 self._documents.save(sequence.slot, sequence.pieces[: sequence.exact_pieces])
+                if self._blender is not None:
+                    self._blender.keep_in_place(sequence.slot, sequence.prompt, sequence.in_place)
             with self._lock:
                 sequence.evaluated = end
                 self._counts["prompt_tokens_evaluated"] += end - start

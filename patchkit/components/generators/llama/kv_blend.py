@@ -1,13 +1,18 @@
 """Position-independent document KV (`kv_reuse="blend"`): a document's KV computed once, alone, and
 placed wherever the document appears in a prompt, after any prefix (EPIC, CacheBlend).
 
-A document pays for this only once it recurs: the first time a document's body is seen it is
-evaluated in place, with the prompt, as the exact engine does (no evaluation alone, nothing placed:
-the prompt costs what it costs exact), and its digest is noted in `Sightings`, a bounded window of
-the most recently seen bodies. Seen again while its digest is in the window, it is evaluated alone,
-kept and placed as below; held in the tree, it is placed wherever it appears. A stream where no
-document recurs so costs what exact costs, and one where documents recur pays one evaluation of
-each recurring document beside its first sight.
+A document pays for this only once it recurs: a body the tree does not hold is evaluated in place,
+with the prompt, as the exact engine does (nothing evaluated alone, nothing placed: the prompt costs
+what it costs exact). Once the prompt is evaluated, the body's cells are read out of the slot and
+kept in the tree, their keys turned to where a body evaluated alone would stand (`keep_in_place`:
+one read of the slot's state a prompt), so that its next sight places them. A stream where no
+document recurs so costs what exact costs and one state read a prompt, and one where documents recur
+evaluates each document once while its cells are held. The cells kept attended to the prompt before
+them, where cells evaluated alone attend to nothing: either way, the placed document's first
+`recompute` tokens, evaluated again in place, are what restore attention to its new neighbours.
+A model whose keys `KeyRotation` cannot turn keeps no cells from a prompt: its engine notes each
+body's digest in `Sightings`, a bounded window of the most recently seen bodies, and a body seen
+again is evaluated alone, kept and placed as below.
 
 A document's body (its tokens after the label "[i] " that numbers it in the prompt) is evaluated once
 on its own, in a scratch sequence beyond the engine's slots, at the positions from `parking` (the
@@ -109,15 +114,18 @@ class Blender:
         self.share, self._evaluate, self.rotation = share, evaluate, rotation
         self.seen = Sightings(sightings)
         self.counts: dict[str, float] = dict.fromkeys(
-            ("blend_documents_reused", "blend_documents_evaluated", "blend_documents_seen_once", "blend_tokens_reused",
-             "blend_tokens_recomputed", "blend_s", "blend_state_bytes", "blend_cells_rotated", "blend_context_shifts"), 0)
+            ("blend_documents_reused", "blend_documents_evaluated", "blend_documents_in_place",
+             "blend_documents_kept_in_place", "blend_tokens_reused", "blend_tokens_recomputed", "blend_s",
+             "blend_state_bytes", "blend_cells_rotated", "blend_context_shifts"), 0)
 
-    def plan(self, prompt: Sequence[int], spans: Sequence[tuple[int, int]], reused: int) -> list[Stop]:
+    def plan(self, prompt: Sequence[int], spans: Sequence[tuple[int, int]], reused: int,
+             in_place: list[tuple[int, int]] | None = None) -> list[Stop]:
         """The stops of a prompt whose first `reused` tokens come from a slot or the exact cache: one per
-        document body [start, end) after them that recurs, in order; its cells found in the tree when held
-        there (counted as used), else evaluated alone when its digest was seen before. A body seen for
-        the first time gets no stop: it is evaluated in place, with the prompt, and counted in
-        `blend_documents_seen_once`. Lock held."""
+        document body [start, end) after them whose cells the tree holds (counted as used), in order. A
+        body not held gets no stop: it is evaluated in place, with the prompt, counted in
+        `blend_documents_in_place` and added to `in_place`, whose cells `keep_in_place` keeps once the
+        prompt is evaluated. Where keys cannot be turned on the host (no `rotation`), a body not held
+        but seen before (its digest in `seen`) is evaluated alone first instead, and placed. Lock held."""
         tree, stops, after = self._cache.tree, [], reused
         if tree is None:
             return []
@@ -131,8 +139,10 @@ class Blender:
             if at >= end:
                 continue
             found = tree.match([(BLEND, *body)])
-            if not found and not recurs:
-                self.counts["blend_documents_seen_once"] += 1
+            if not found and (self.rotation is not None or not recurs):
+                self.counts["blend_documents_in_place"] += 1
+                if in_place is not None and self.rotation is not None:
+                    in_place.append((start, end))
                 continue
             tree.use(found)
             stops.append(Stop(at, start, end, found[0] if found else None))
@@ -176,6 +186,29 @@ class Blender:
         self.counts["blend_tokens_recomputed"] += stop.at - stop.start
         self.counts["blend_s"] += time.perf_counter() - began
         return evaluated
+
+    def keep_in_place(self, slot: int, prompt: Sequence[int], spans: Sequence[tuple[int, int]]) -> None:
+        """Keep in the tree the cells of the document bodies [start, end) that `slot`'s prompt, just
+        evaluated, holds in place: each body's cells, their keys turned to positions from `parking`, as
+        if evaluated alone there, so that its next sight places them instead of evaluating it alone. They
+        attended to the prompt before them, as a placed document's recomputed tokens do. One read of the
+        slot's state; `blend_documents_kept_in_place` counts the bodies. Engine thread, lock not held."""
+        if self.rotation is None or not spans:
+            return
+        began = time.perf_counter()
+        state = self._cache.read(slot)
+        try:
+            layout, cells = StateLayout.read(state, self._cache.n_layer)
+            if not self.rotation.fits(layout):
+                return
+            bodies = [layout.cut(cells, start, end) for start, end in spans]  # out of the buffer
+            self.counts["blend_state_bytes"] += state.size
+        finally:
+            self._cache.buffers.give(state.base if state.base is not None else state)
+        for (start, end), body in zip(spans, bodies):
+            self._cache.keep_document((BLEND, *prompt[start:end]), layout, self.rotation.moved(layout, body, self.parking))
+            self.counts["blend_documents_kept_in_place"] += 1
+        self.counts["blend_s"] += time.perf_counter() - began
 
     def alone(self, body: Sequence[int]) -> Cells:
         """Evaluate a document's body on its own in the scratch sequence, from `parking` on, and keep its

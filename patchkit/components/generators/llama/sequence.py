@@ -30,6 +30,7 @@ class LlamaSequence:
     pieces: list[tuple[int, ...]] = field(default_factory=list)  # the prompt's leading pieces, for the document cache
     documents: list[tuple[int, int]] = field(default_factory=list)  # its documents' bodies, for blending
     stops: deque[Any] = field(default_factory=deque)  # where its evaluation stops to place a document's cells
+    in_place: list[tuple[int, int]] = field(default_factory=list)  # bodies seen first here, kept once evaluated
     exact: int = 1 << 30  # prompt tokens whose KV a fresh evaluation would write alike: those before any placed
     exact_pieces: int = 1 << 30  # leading pieces within them, which the document cache may keep
     out: queue.SimpleQueue[bytes | BaseException | None] = field(default_factory=queue.SimpleQueue)
