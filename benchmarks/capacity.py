@@ -424,7 +424,7 @@ def result_file(found: dict[str, Any], args: argparse.Namespace) -> dict[str, An
         {"caption": f"Closed loop ({found['settings']['clients']} clients, {len(found['phases']['closed'])} questions) and "
                     f"open loop (Poisson): the highest rate with p99 <= {slo_s:g} s. Memory over each server's process "
                     "tree after the closed loop. Load: the 1-minute load average before and after the arm (2 cores, "
-                    "shared with other work).",
+                    "its own processes and any other work).",
          "columns": ["server", "closed-loop q/s", "vs FastAPI", "closed-loop p50 / p99 s", f"sustained q/s (p99 <= {slo_s:g} s)",
                      "TTFT p50 s (streamed, unloaded)", "rss / uss MiB (processes)", "load"], "rows": rows},
         {"caption": "Open loop: latency from each question's arrival, p50 / p99 seconds, by arrival rate.",
@@ -463,7 +463,7 @@ def result_file(found: dict[str, Any], args: argparse.Namespace) -> dict[str, An
     return {
         "title": "Capacity over HTTP against a hand-written FastAPI server",
         "components": "real models",
-        "machine": f"{found['cores']} cores, shared with other work (load averages in the table)",
+        "machine": f"{found['cores']} cores (load averages in the table: above 1.5 on 2 cores, other work ran beside it)",
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "commit": commit,
         "command": f"python benchmarks/capacity.py --arms {','.join(arms)} --closed {settings['closed']} --ttft "
