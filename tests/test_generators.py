@@ -78,3 +78,16 @@ def test_a_deployed_engine_holds_kv_for_the_calls_its_deployment_sends_it() -> N
     own = report["component_stats"]
     assert own["sequence_slots"] == 4 and own["cache_slots"] == 2
     assert own["kv_bytes"] * 4 == unsized["kv_bytes"]  # 6 streams of n_ctx cells, not 24
+
+
+def test_released_the_generator_frees_its_engine_and_loads_it_again_when_called() -> None:
+    from patchkit.core import release_setup
+
+    again = LlamaCppGenerator(max_tokens=12, threads=1)
+    question = "What does the len function return?"
+    first = again.generate(question)
+    engine = again.engine
+    assert engine is not None and release_setup(again)
+    assert again.engine is None and not engine._thread.is_alive()  # the engine's thread stopped, its context freed
+    assert not release_setup(again)  # nothing left to release
+    assert again.generate(question) == first and again.engine is not None and again.engine is not engine

@@ -319,3 +319,31 @@ def test_patchkit_plan_prints_the_plan_from_the_shell(tmp_path: Path) -> None:
         [sys.executable, "-m", "patchkit.cli", "plan", str(script), "--resources", "tpu=2"], capture_output=True, text=True
     )
     assert bad.returncode == 2 and "the resource types are cpu, gpu" in bad.stderr
+
+
+class Loads(patchkit.Component):
+    """Loads a 'model' in setup() and frees it in teardown(), counting its setups in this process."""
+
+    def setup(self) -> None:
+        self.model = "weights"
+        self.__dict__["setups"] = self.__dict__.get("setups", 0) + 1
+
+    def teardown(self) -> None:
+        del self.model
+
+    @patchkit.make
+    def run(self, x: int) -> int:
+        return x + len(self.model)
+
+
+def test_plan_releases_what_its_calibration_loaded_and_keeps_what_was_loaded_before() -> None:
+    loaded_by_plan, loaded_before = Loads(), Loads()
+    assert loaded_before.run(0) == 7  # set up by the user, before planning
+    x = 1
+    with patchkit.capture(run=False) as pipeline:
+        y = loaded_by_plan.run(x)
+        z = loaded_before.run(y)  # noqa: F841 - the pipeline's output
+    patchkit.plan(pipeline, resources={"cpu": 2, "gpu": 0}, calibration=[{"x": 1}], progress=False)
+    assert "model" not in loaded_by_plan.__dict__ and loaded_by_plan.setups == 1  # the calibration's copy is gone
+    assert loaded_before.model == "weights" and loaded_before.setups == 1
+    assert loaded_by_plan.run(2) == 9 and loaded_by_plan.setups == 2  # used here again: set up again

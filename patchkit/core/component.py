@@ -19,7 +19,7 @@ from patchkit.core.event_loop import component_loop, on_component_loop, watched
 from patchkit.core.spec import ComponentSpec
 from patchkit.errors import MakeError
 
-__all__ = ["Component", "ensure_setup", "mark_served_elsewhere"]
+__all__ = ["Component", "ensure_setup", "mark_served_elsewhere", "release_setup"]
 
 
 class Component:
@@ -98,6 +98,16 @@ class Component:
         Called by its worker for every periodic health check (`health_check_period_s`), on a thread other than the one running
         batches. A check that raises, or does not return within `health_check_timeout_s`, fails; after `health_check_failures`
         failures in a row the replica is recycled (stopped, another started in its place). Passes by default.
+        """
+
+    def teardown(self) -> None:
+        """Release what `setup()` loaded (models, contexts, indexes), so that the memory comes back.
+
+        Called by `plan()` on the components it set up in your process to record its calibration's calls
+        (none you had set up before): a deployment runs its replicas in processes of their own, so the
+        copies the calibration loaded here would otherwise stay for as long as your objects live. The
+        next call made here runs `setup()` again. Not overriding it keeps what `setup()` loaded (and
+        `setup()` does not run again).
         """
 
     def serve_sizes(self, batch_sizes: Mapping[str, int]) -> None:
@@ -238,6 +248,23 @@ def ensure_setup(component: Component) -> None:
                     "async method) cannot wait for its async setup(): set it up before, or call it from a plain def"
                 )
             state["_patchkit_ready"] = True  # for the base's empty setup, which nothing wraps
+
+
+def release_setup(component: Component) -> bool:
+    """Release what `component.setup()` loaded here; whether it did.
+
+    Runs `teardown()` where the class overrides it and `setup()` ran in this process, then marks the
+    instance not set up, so that its next local call runs `setup()` again.
+    """
+    state = component.__dict__
+    if type(component).teardown is Component.teardown or not state["_patchkit_ready"]:
+        return False
+    with state["_patchkit_setup_lock"]:
+        if not state["_patchkit_ready"]:
+            return False
+        component.teardown()
+        state["_patchkit_ready"] = False
+    return True
 
 
 def mark_served_elsewhere(component: Component) -> None:

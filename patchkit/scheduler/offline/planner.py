@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from patchkit.core import make_methods
+from patchkit.capture.holders import held_components
+from patchkit.core import Component, make_methods, release_setup
 from patchkit.errors import InputError, PlanError
 from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, lending_units
 from patchkit.scheduler.offline.calibration import CalibrationCache
@@ -60,12 +61,25 @@ def plan(
     batch size that maximise the requests/s served on `resources` (default: this machine).
 
     Called by `patchkit.plan`, `deploy(plan="auto")` and `patchkit plan` / `patchkit serve --plan auto`;
-    `patchkit.plan`'s docstring says each argument, what it returns and raises.
+    `patchkit.plan`'s docstring says each argument, what it returns and raises. The components it sets
+    up here to run the calibration (none set up before) are released when it returns (`Component.teardown`).
     """
-    from patchkit.scheduler.offline.profiler import Profiler  # starts workers: gRPC loads only here
-
     workload = Workload.of(pipelines, weights)
     pool = ResourcePool.resolve(resources)
+    unloaded = [c for c in _reachable(workload.components.values()) if not c.__dict__["_patchkit_ready"]]
+    try:
+        return _plan(workload, pool, calibration, slo_ms, progress)
+    finally:
+        released = [type(c).__name__ for c in unloaded if release_setup(c)]
+        if released:
+            logger.info("released what calibration loaded here: %s (their next call here sets them up again)",
+                        ", ".join(released))
+
+
+def _plan(workload: Workload, pool: ResourcePool, calibration: Any, slo_ms: float | None, progress: bool) -> Plan:
+    """`plan`'s work, the components it sets up here left loaded."""
+    from patchkit.scheduler.offline.profiler import Profiler  # starts workers: gRPC loads only here
+
     records = _calibrate(workload, calibration)
     components = workload.components
     visits = {name: sum(methods.values()) for name, methods in workload.visits().items()}
@@ -91,6 +105,21 @@ def plan(
     return Plan(
         chosen, solution.throughput, solution.bottleneck, solution.solver, dict(pool.capacity), virtual, slo_ms, shares,
     )
+
+
+def _reachable(components: Iterable[Component]) -> list[Component]:
+    """`components` and every component their constructors were given, however deep."""
+    found: dict[int, Component] = {}
+    waiting = list(components)
+    while waiting:
+        component = waiting.pop()
+        if id(component) in found:
+            continue
+        found[id(component)] = component
+        spec = component._patchkit_spec
+        for value in [*spec.args, *spec.kwargs.values()]:
+            waiting += [inner for _, inner in held_components(value, "arg")]
+    return list(found.values())
 
 
 def options_of(profile: ComponentProfile) -> list[Option]:

@@ -129,6 +129,15 @@ class LlamaCppGenerator(Generator):
             bos_token=model.token_get_text(model.token_bos()),
         )
 
+    def teardown(self) -> None:
+        """Stop the engine and free its context (its KV) and the model; the next call here loads them again."""
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+            engine.model.close()
+        with self._lines_lock:
+            self.lines.clear()
+
     def serve_sizes(self, batch_sizes: Mapping[str, int]) -> None:
         """Size the engine's sequence slots to the calls of `generate` this replica gets at once.
 
