@@ -6,9 +6,10 @@ question stream, side by side.
 Streams (question_stream.py's questions about the pydoc corpus, each with its top 3 chunks from MiniLM
 over FAISS, retrieved once up front so that both arms read the same prompts): `topics`, new questions
 about a few modules, whose documents recur in new orders; `fresh`, questions chosen so that no
-document recurs. Each arm runs in a subprocess of its own: `llm.generate(question, docs)` captured
-and deployed on the default backend, one warm-up question, then the stream sent `--clients` at a
-time through the HTTP endpoint, streamed (time to first token). Reported per arm: questions/s, the
+document recurs; `zipf`, rag_stream's stream (new questions over Zipf-popular modules, s = 1).
+Each arm runs in a subprocess of its own: `llm.generate(question, docs)` captured and deployed on
+the default backend, one warm-up question, then the stream sent `--clients` at a time through the
+HTTP endpoint, streamed (time to first token). Reported per arm: questions/s, the
 median time to first token and latency, the engine's prompt tokens evaluated and placing counters,
 and against the exact arm: answers identical and ROUGE-L. The exact answer's NLL needs the engine's
 logits, which a deployment does not return: `blend_quality.py` measures it on the engine itself.
@@ -38,8 +39,8 @@ SEED_QUESTION, SEED_DOCS = "What is the json module for?", ["json: The json modu
 
 
 def stream(kind: str, count: int, modules: int, seed: int) -> list[dict[str, Any]]:
-    """`count` questions with their documents' texts: about `modules` modules (`topics`), or none of
-    whose documents recurs (`fresh`)."""
+    """`count` questions with their documents' texts: about `modules` modules (`topics`), none of
+    whose documents recurs (`fresh`), or over Zipf-popular modules (`zipf`)."""
     import random
 
     from benchmarks.question_stream import catalogue
@@ -59,6 +60,11 @@ def stream(kind: str, count: int, modules: int, seed: int) -> list[dict[str, Any
         for q in pool[:count]:
             chosen.append({"question": q.text, "docs": [f"{d.title}: {d.text}" for d in retrieve(q.text)]})
         return chosen
+    if kind == "zipf":  # rag_stream's: new questions over Zipf-popular modules (s = 1)
+        from benchmarks.question_stream import draw
+
+        return [{"question": q.text, "docs": [f"{d.title}: {d.text}" for d in retrieve(q.text)]}
+                for q in draw(questions, count, s=1.0, seed=seed)]
     pool = [q for m in names for q in questions[m]]
     rng.shuffle(pool)
     for q in pool:
@@ -128,7 +134,7 @@ def arm(kv_reuse: str, items: list[dict[str, Any]], clients: int, max_tokens: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stream", choices=("topics", "fresh"), default="topics")
+    parser.add_argument("--stream", choices=("topics", "fresh", "zipf"), default="topics")
     parser.add_argument("--count", type=int, default=16)
     parser.add_argument("--modules", type=int, default=3, help="modules a topics stream asks about")
     parser.add_argument("--clients", type=int, default=4)
