@@ -1,5 +1,5 @@
-"""Position-independent document KV (`kv_reuse="blend"`): a document's KV computed once, alone, and
-placed wherever the document appears in a prompt, after any prefix (EPIC, CacheBlend).
+"""Position-independent document KV (`kv_reuse="blend"`): a document's KV computed once and placed
+wherever the document appears in a prompt, after any prefix (EPIC, CacheBlend).
 
 A document pays for this only once it recurs: a body the tree does not hold is evaluated in place,
 with the prompt, as the exact engine does (nothing evaluated alone, nothing placed: the prompt costs
