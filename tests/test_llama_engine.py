@@ -538,16 +538,22 @@ def test_a_document_not_held_is_evaluated_in_place_as_exact_evaluates_it(llm: An
         exact.close()
 
 
+def three_sights(llm: Any, engine: Any) -> list[list[float]]:
+    """Three prompts over documents a, b (then b, a, then c, a, b): after each, the blend counters of documents
+    evaluated in place, kept from there, evaluated alone and placed."""
+    a, b, c, _, _ = LONG_DOCS
+    seen = []
+    for question, docs in [("Which is first?", [a, b]), ("Which is last?", [b, a]), ("Which is longer?", [c, a, b])]:
+        assert blend_answer(llm, engine, question, docs).strip()
+        found = engine.stats()
+        seen.append([found[f"blend_documents_{kind}"] for kind in ("in_place", "kept_in_place", "evaluated", "reused")])
+    return seen
+
+
 def test_a_document_is_placed_from_its_second_sight_with_the_cells_its_first_left(llm: Any) -> None:
     engine = blend_engine(llm)
     try:
-        a, b, c, _, _ = LONG_DOCS
-        seen = []
-        for question, docs in [("Which is first?", [a, b]), ("Which is last?", [b, a]), ("Which is longer?", [c, a, b])]:
-            assert blend_answer(llm, engine, question, docs).strip()
-            found = engine.stats()
-            seen.append([found[f"blend_documents_{kind}"] for kind in ("in_place", "kept_in_place", "evaluated",
-                                                                        "reused")])
+        seen = three_sights(llm, engine)
         # First sight: in place, its cells kept from there. Second, in another order: placed from them, nothing
         # evaluated alone. Third: c, new, in place (and kept), a and b placed behind it.
         assert seen == [[2, 2, 0, 0], [2, 2, 0, 2], [3, 3, 0, 4]]
@@ -559,16 +565,11 @@ def test_without_keys_turned_on_the_host_a_document_is_evaluated_alone_on_its_se
     engine = blend_engine(llm)
     try:
         engine._blender.rotation = None  # as for a model whose keys KeyRotation does not turn
-        a, b, c, _, _ = LONG_DOCS
-        seen = []
-        for question, docs in [("Which is first?", [a, b]), ("Which is last?", [b, a]), ("Which is longer?", [c, a, b])]:
-            assert blend_answer(llm, engine, question, docs).strip()
-            found = engine.stats()
-            seen.append([found[f"blend_documents_{kind}"] for kind in ("in_place", "kept_in_place", "evaluated",
-                                                                        "reused")])
+        seen = three_sights(llm, engine)
         # First sight: in place, nothing kept. Second, in another order: evaluated alone and placed by llama.cpp's
         # shift. Third: placed from the cache (c, new, in place before them).
         assert seen == [[2, 0, 0, 0], [2, 0, 2, 0], [3, 0, 2, 2]]
+        found = engine.stats()
         assert found["blend_context_shifts"] == 4 and found["blend_cells_rotated"] == 0
     finally:
         engine.close()

@@ -24,7 +24,7 @@ from typing import Any
 
 from patchkit.core import Component
 
-__all__ = ["MAX_DEPTH", "MAX_OBJECTS", "constructor_components", "held_components", "holds_components"]
+__all__ = ["MAX_DEPTH", "MAX_OBJECTS", "constructor_components", "given_components", "held_components", "holds_components"]
 
 MAX_DEPTH = 4
 MAX_OBJECTS = 10_000
@@ -59,6 +59,15 @@ def held_components(value: Any, name: str) -> list[tuple[str, Component]]:
         children = itertools.islice(_children(obj, label), room)
         todo.extend((child, child_label, depth + 1) for child, child_label in children)
     return found
+
+
+def given_components(component: Component) -> list[Component]:
+    """Every component passed to `component`'s constructor (those its class runs in place too), each once."""
+    spec = component._patchkit_spec
+    found: dict[int, Component] = {}
+    for name, value in [*zip(spec.parameter_names(), spec.args), *spec.kwargs.items()]:
+        found.update((id(inner), inner) for _, inner in held_components(value, name or "arg") if inner is not component)
+    return list(found.values())
 
 
 def constructor_components(component: Component) -> list[tuple[str, Component]]:

@@ -8,7 +8,7 @@ engine that batches by itself splits a turn sits beside the llama.cpp engine (`e
 """
 
 from patchkit.core.calls import Call, CallHook, CallSite, active_call_hook, call_hook
-from patchkit.core.component import Component, ensure_setup, mark_served_elsewhere, release_setup
+from patchkit.core.component import Component, ensure_setup, is_set_up, mark_served_elsewhere, release_setup
 from patchkit.core.make import BoundMake, MakeMethod, make, make_methods
 from patchkit.core.spec import ComponentSpec, secret_like
 
@@ -23,6 +23,7 @@ __all__ = [
     "active_call_hook",
     "call_hook",
     "ensure_setup",
+    "is_set_up",
     "make",
     "make_methods",
     "mark_served_elsewhere",

@@ -19,7 +19,7 @@ from patchkit.core.event_loop import component_loop, on_component_loop, watched
 from patchkit.core.spec import ComponentSpec
 from patchkit.errors import MakeError
 
-__all__ = ["Component", "ensure_setup", "mark_served_elsewhere", "release_setup"]
+__all__ = ["Component", "ensure_setup", "is_set_up", "mark_served_elsewhere", "release_setup"]
 
 
 class Component:
@@ -248,6 +248,11 @@ def ensure_setup(component: Component) -> None:
                     "async method) cannot wait for its async setup(): set it up before, or call it from a plain def"
                 )
             state["_patchkit_ready"] = True  # for the base's empty setup, which nothing wraps
+
+
+def is_set_up(component: Component) -> bool:
+    """Whether `component.setup()` has run in this process (or it is served elsewhere)."""
+    return bool(component.__dict__["_patchkit_ready"])
 
 
 def release_setup(component: Component) -> bool:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from patchkit import telemetry
-from patchkit.capture.holders import held_components
+from patchkit.capture.holders import given_components
 from patchkit.core import Component, MakeMethod, ensure_setup
 from patchkit.core.event_loop import ChunkWindow, component_loop
 from patchkit.errors import WorkerDiedError
@@ -223,10 +223,7 @@ class InProcessBackend(Backend):
 
     def _locks_of(self, component: Component) -> list[asyncio.Lock]:
         """The locks of `component` and of the components it holds (run in place here), in id order."""
-        found = {id(component): component}
-        spec = component._patchkit_spec
-        for name, value in [*zip(spec.parameter_names(), spec.args), *spec.kwargs.items()]:
-            found.update((id(inner), inner) for _, inner in held_components(value, name or "arg"))
+        found = {id(c): c for c in [component, *given_components(component)]}
         for key, obj in found.items():
             if key not in self._locks:
                 self._locks[key] = (obj, asyncio.Lock())

@@ -27,8 +27,8 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from patchkit.capture.holders import held_components
-from patchkit.core import Component, make_methods, release_setup
+from patchkit.capture.holders import given_components
+from patchkit.core import Component, is_set_up, make_methods, release_setup
 from patchkit.errors import InputError, PlanError
 from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, lending_units
 from patchkit.scheduler.offline.calibration import CalibrationCache
@@ -66,7 +66,7 @@ def plan(
     """
     workload = Workload.of(pipelines, weights)
     pool = ResourcePool.resolve(resources)
-    unloaded = [c for c in _reachable(workload.components.values()) if not c.__dict__["_patchkit_ready"]]
+    unloaded = [c for c in _reachable(workload.components.values()) if not is_set_up(c)]
     try:
         return _plan(workload, pool, calibration, slo_ms, progress)
     finally:
@@ -116,9 +116,7 @@ def _reachable(components: Iterable[Component]) -> list[Component]:
         if id(component) in found:
             continue
         found[id(component)] = component
-        spec = component._patchkit_spec
-        for value in [*spec.args, *spec.kwargs.values()]:
-            waiting += [inner for _, inner in held_components(value, "arg")]
+        waiting += given_components(component)
     return list(found.values())
 
 
