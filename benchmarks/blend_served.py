@@ -11,8 +11,10 @@ Each arm runs in a subprocess of its own: `llm.generate(question, docs)` capture
 the default backend, one warm-up question, then the stream sent `--clients` at a time through the
 HTTP endpoint, streamed (time to first token). Reported per arm: questions/s, the
 median time to first token and latency, the engine's prompt tokens evaluated and placing counters,
-and against the exact arm: answers identical and ROUGE-L. The exact answer's NLL needs the engine's
-logits, which a deployment does not return: `blend_quality.py` measures it on the engine itself.
+and against the exact arm: answers identical and ROUGE-L. Beside them, the replay's ceiling
+(`prefix_replay.py` over the same prompts on engines like the exact arm's): the prompt tokens each arm's
+reuse rules evaluate at best, and the speed-up over exact they allow. The exact answer's NLL needs the
+engine's logits, which a deployment does not return: `blend_quality.py` measures it on the engine itself.
 """
 
 from __future__ import annotations
@@ -129,7 +131,27 @@ def arm(kv_reuse: str, items: list[dict[str, Any]], clients: int, max_tokens: in
             w.join()
         wall = time.perf_counter() - began
         stats = engine_counters(endpoint, "llm")
-    return {"wall_s": wall, "questions_per_s": len(items) / wall, "results": results, "stats": stats}
+        replicas = sum(r.get("component") == "llm" for r in endpoint.stats().get("replica_reports", {}).values())
+    return {"wall_s": wall, "questions_per_s": len(items) / wall, "results": results, "stats": stats, "replicas": replicas}
+
+
+def ceiling(items: list[dict[str, Any]], runs: dict[str, Any]) -> dict[str, float]:
+    """The replay beside the served run (`prefix_replay.py`, after the arms, in this process): the prompt tokens
+    the exact and blend engines' reuse rules evaluate on the stream with prompts one at a time (none evaluated
+    twice because another was in flight), each routed by its first document, and no byte budget, on engines
+    like the exact arm's; and the speed-up those tokens allow at the exact arm's measured prompt rate and
+    decode seconds: what blend could reach served, at most."""
+    from benchmarks.prefix_replay import item_prompts, replay
+    from patchkit.components.generators.llama.generator import RECOMPUTE
+
+    stats, replicas = runs["exact"]["stats"], max(1, int(runs["exact"]["replicas"]))
+    fleet = {"engines": replicas, "documents": True, "block": int(stats["block"]) // replicas,
+             "slots": int(stats["sequence_slots"] + stats["cache_slots"]) // replicas}
+    prompts = item_prompts(items)
+    exact, blend = sum(replay(prompts, **fleet)), sum(replay(prompts, blend=RECOMPUTE, **fleet))
+    rate = stats["prompt_tokens_evaluated"] / stats["prefill_s"]
+    return {"exact_tokens": exact, "blend_tokens": blend, "prompt_tok_s": rate, "decode_s": stats["decode_s"],
+            "speedup": (exact / rate + stats["decode_s"]) / (blend / rate + stats["decode_s"])}
 
 
 def main() -> None:
@@ -182,13 +204,18 @@ def main() -> None:
               f"| {statistics.median(r['latency_s'] for r in run['results']):.2f} | {run['identical']}/{len(items)} "
               f"| {run['rouge_l']:.3f} | {run['stats'].get('prompt_tokens_evaluated', 0):,.0f} "
               f"| {run['load_before'][0]:.1f} -> {run['load_after'][0]:.1f} |")
+    bound = ceiling(items, runs)
+    print(f"\nThe replay's ceiling (prompts one at a time, no byte budget): exact {bound['exact_tokens']:,} and blend "
+          f"{bound['blend_tokens']:,} prompt tokens: blend's tokens allow {bound['speedup']:.2f}x exact at the exact arm's "
+          f"{bound['prompt_tok_s']:.0f} prompt tokens/s and {bound['decode_s']:.0f} s of decoding")
     if args.json:
-        Path(args.json).write_text(json.dumps({"settings": vars(args), "items": items, "runs": runs}, indent=1))
+        Path(args.json).write_text(json.dumps({"settings": vars(args), "items": items, "runs": runs, "ceiling": bound},
+                                              indent=1))
     if args.result:
-        Path(args.result).write_text(json.dumps(result_file(args, len(items), runs), indent=1))
+        Path(args.result).write_text(json.dumps(result_file(args, len(items), runs, bound), indent=1))
 
 
-def result_file(args: argparse.Namespace, count: int, runs: dict[str, Any]) -> dict[str, Any]:
+def result_file(args: argparse.Namespace, count: int, runs: dict[str, Any], bound: dict[str, float]) -> dict[str, Any]:
     """The run as a benchmarks/results/ file: provenance, its table and a plot (the docs draw it)."""
     import platform
 
@@ -201,6 +228,7 @@ def result_file(args: argparse.Namespace, count: int, runs: dict[str, Any]) -> d
              f"{statistics.median(r['ttft_s'] for r in run['results']):.2f}",
              f"{statistics.median(r['latency_s'] for r in run['results']):.2f}", f"{run['identical']}/{count}",
              f"{run['rouge_l']:.3f}", f"{run['stats'].get('prompt_tokens_evaluated', 0):,.0f}"] for name, run in runs.items()]
+    rows.append(["blend, replayed (the ceiling)", "", f"{bound['speedup']:.2f}x", "", "", "", "", f"{bound['blend_tokens']:,}"])
     return {
         "title": f"kv_reuse='blend' served against exact: the {args.stream} stream",
         "components": "real models",

@@ -1,6 +1,7 @@
 """What prefix reuse could save on the real-model stream, replayed without a model.
 
     python benchmarks/prefix_replay.py --count 256 --rates rag-stream.json
+    python benchmarks/prefix_replay.py --items topics24.json   # a blend_served.py --save-items stream
 
 `benchmarks/rag_stream.py` measures the document KV cache on the engines; this replays the same
 stream's prompts (the same questions, retrieved documents and tokens) through the engines' reuse
@@ -15,8 +16,9 @@ loaded for a new one), and the document cache holds everything (no byte budget).
 - `perfect`: every prefix any earlier prompt of the stream shares, on one engine, token by token;
 - `blend` (`kv_reuse="blend"`, at each `--ratios` share): besides the slots and the document cache,
   every document body the engine evaluated before, wherever it stood: a document after the reused
-  prefix evaluates only its label and the recompute share of its body, or, the first time, its body
-  alone and then the same (`kv_blend.py`); the rest of the prompt is evaluated.
+  prefix evaluates only its label and the recompute share of its body; the first time, its body is
+  evaluated in place, with the prompt, and its cells kept (`kv_blend.py`, on a model whose keys turn
+  on the host, as SmolLM2's do); the rest of the prompt is evaluated.
 
 Reuse ends at a `--block` boundary (the engine evaluates prompts in blocks aligned to position 0,
 so that reuse changes no answer) and spares the last prompt token (its logits start the answer).
@@ -34,6 +36,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -86,8 +89,8 @@ class Engine:
         return evaluated
 
     def placed(self, prompt: Prompt, reused: int) -> int:
-        """Under blend, the prompt tokens its documents' cells spare, less the bodies evaluated alone first
-        (as `Blender.plan` and `Blender.place` do); 0 under exact reuse."""
+        """Under blend, the prompt tokens its documents' cells spare: a body held is placed, one not held
+        is evaluated in place and kept (as `Blender.plan` and `Blender.keep_in_place` do); 0 under exact reuse."""
         if self.blend is None:
             return 0
         tokens, _, bodies = prompt
@@ -97,11 +100,13 @@ class Engine:
                 continue
             at = start + recomputed(end - start, self.blend)
             at += at == after
+            body = tuple(tokens[start:end])
             if at >= end:
                 continue
-            body = tuple(tokens[start:end])
-            spared += end - at - (0 if body in self.bodies else end - start)
-            self.bodies.add(body)
+            if body not in self.bodies:
+                self.bodies.add(body)
+                continue
+            spared += end - at
             after = end
         return spared
 
@@ -178,6 +183,23 @@ def stream_prompts(args: argparse.Namespace) -> tuple[list[Prompt], str]:
     return prompts, described["document_popularity"]
 
 
+def item_prompts(items: Sequence[dict[str, Any]], n_ctx: int = 2048) -> list[Prompt]:
+    """The prompts of a `blend_served.py --save-items` stream (each a question and its documents' texts) as
+    `LlamaCppGenerator` tokenizes them, with their documents' bodies."""
+    from patchkit.components.generators import LlamaCppGenerator
+
+    tokenizer = LlamaCppGenerator(n_ctx=n_ctx, threads=1)
+    tokenizer.setup()
+    try:
+        prompts = []
+        for item in items:
+            tokens, ends = tokenizer.prompt(tokenizer.messages(item["question"], item["docs"]), item["docs"])
+            prompts.append((tokens, ends, tokenizer.bodies(tokens, ends, item["docs"])))
+    finally:
+        tokenizer.teardown()
+    return prompts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=256)
@@ -193,10 +215,14 @@ def main() -> None:
     parser.add_argument("--prompt-rate", type=float, default=161.0, help="prompt tok/s of one engine")
     parser.add_argument("--decode-rate", type=float, default=101.0, help="batched decode tok/s of one engine")
     parser.add_argument("--generated", type=float, default=62.3, help="tokens generated a question")
+    parser.add_argument("--items", help="replay a blend_served.py --save-items stream instead of rag_stream's")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     args.replicas = args.engines  # measure_stream reads the rag_stream flags it shares
-    prompts, skew = stream_prompts(args)
+    if args.items:
+        prompts, skew = item_prompts(json.loads(Path(args.items).read_text()), args.n_ctx), f"the stream of {args.items}"
+    else:
+        prompts, skew = stream_prompts(args)
     rates, count = rates_of(args), len(prompts)
     total, perfect = sum(len(p[0]) for p in prompts), sum(unshared_tokens([p[0] for p in prompts]))
     ratios = [float(r) for r in args.ratios.split(",") if r]
