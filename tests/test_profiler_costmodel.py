@@ -9,7 +9,6 @@ predict whole calls it did not fit on.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -267,62 +266,6 @@ def test_an_engine_no_faster_at_more_threads_stops_after_its_prompts(profile_cac
     stored = [json.loads(path.read_text()) for path in profile_cache.glob("*.json")]
     [stopped] = [data["model"] for data in stored if "stopped" in data["model"]]
     assert "profiled no further" in stopped["stopped"]  # at 2 threads, only the prompts were measured
-
-
-class NotedEngine(SleepingEngine):
-    """A SleepingEngine that notes (in `log`, with its process id) when its stats are first read: its profile's start."""
-
-    def __init__(self, log: str) -> None:
-        self.log, self.read = log, False
-
-    def stats(self) -> dict[str, float]:
-        if not self.read:
-            self.read = True
-            _note(self.log, "engine measured")
-        return super().stats()
-
-
-class SlowToStart(Component):
-    """A light component whose setup takes a second, noted in `log` as it begins and ends."""
-
-    def __init__(self, log: str) -> None:
-        self.log = log
-
-    def setup(self) -> None:
-        _note(self.log, "light setup begins")
-        time.sleep(1.0)
-        _note(self.log, "light setup ends")
-
-    @make
-    def tag(self, text: str) -> str:
-        return text[:4]
-
-
-def _note(log: str, what: str) -> None:
-    with open(log, "a") as file:
-        file.write(f"{os.getpid()} {time.time():.6f} {what}\n")
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(len(available_cpus()) < 2, reason="needs 2 cores to start a worker on the other")
-def test_the_next_worker_starts_with_an_engine_s_and_is_up_before_the_engine_is_measured(tmp_path: Path) -> None:
-    log = str(tmp_path / "log")
-    engine, light = NotedEngine(log), SlowToStart(log)
-    prompts = [f"{' '.join(f'doc{i}' for i in range(16))} answer {i} / 4" for i in range(2)]
-    prompt = prompts[0]
-    with patchkit.capture(run=False) as pipeline:
-        tagged = light.tag(engine.generate(prompt))  # noqa: F841 - the pipeline's output
-    for text in prompts:
-        pipeline(prompt=text)
-    Path(log).unlink()  # the calibration's own runs, in this process
-    profiles = Profiler(ResourcePool({"cpu": 2}), progress=False).run(pipeline)
-    assert {p.component for p in profiles} >= {"engine", "light"}
-    events: dict[str, float] = {}
-    for line in Path(log).read_text().splitlines():
-        _, at, what = line.split(" ", 2)
-        events.setdefault(what, float(at))  # the first of each: the engine at 1 thread, before the light one's profile
-    # the light worker started with the engine's, and was up before the engine's first measurement
-    assert events["light setup begins"] < events["light setup ends"] < events["engine measured"]
 
 
 # -- SmolLM2 -------------------------------------------------------------------------------------------------

@@ -3,11 +3,10 @@
 Starting a worker (importing its component's libraries, loading its model) takes seconds that
 measure nothing. On a machine of two cores or more the profiler pins two consecutive one-core jobs
 to different cores and starts the second's worker while the first is measured: the start runs on a
-core no measurement uses, so it shortens the plan without touching a measured time. Nothing starts
-beside an engine profiled through its cost model, which is fitted on a few runs: the next worker
-starts together with the engine's instead, and the engine is measured once both are up. One worker
-at most is started ahead; the profiler takes it when the job it was started for begins, and drops
-it (stopped once started) when profiling ends early.
+core no measurement uses, so it shortens the plan without touching a measured time; nothing starts
+beside an engine profiled through its cost model, which is fitted on a few runs. One worker at
+most is started ahead; the profiler takes it when the job it was started for begins, and drops it
+(stopped once started) when profiling ends early.
 """
 
 from __future__ import annotations
@@ -38,11 +37,6 @@ class Ahead:
             start.close()
             raise RuntimeError("a worker is already being started ahead")
         self._job, self._task = job, asyncio.create_task(start)
-
-    async def started(self) -> None:
-        """Wait until the worker being started ahead is up (or its start failed: `take` raises it)."""
-        if self._task is not None:
-            await asyncio.wait([self._task])
 
     async def take(self, job: Any) -> Replica | None:
         """The worker started ahead for `job` (waiting for its start to end), or None when none was."""

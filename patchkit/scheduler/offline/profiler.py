@@ -54,7 +54,7 @@ from patchkit.scheduler.offline.ahead import Ahead
 from patchkit.scheduler.offline.cache import ProfileCache, digest
 from patchkit.scheduler.offline.engine_profile import EngineProfile, opts_in
 from patchkit.scheduler.offline.pool import ResourcePool
-from patchkit.scheduler.offline.profiles import ComponentProfile, MethodProfile, model_line, summary
+from patchkit.scheduler.offline.profiles import ComponentProfile, MethodProfile
 from patchkit.scheduler.offline.progress import Progress
 from patchkit.scheduler.offline.replay import Replay
 from patchkit.scheduler.offline.runs import check_outcomes, timed
@@ -215,7 +215,10 @@ class Profiler:
             for method, profile in found.items():
                 if profile is None:
                     if replica is None:
-                        replica = await self._worker(backend, replay, job, progress, ahead, following)
+                        replica = await ahead.take(job) if ahead is not None else None
+                        replica = replica or await self._start(backend, replay, job, progress)
+                        if ahead is not None and following is not None:
+                            ahead.begin(following, self._start(backend, replay, following, progress, quiet=True))
                     found[method] = profile = await self._measure(replica, job, method, progress, fewer)
                     self.cache.store(self._key(job, method), profile)
         finally:
@@ -223,25 +226,8 @@ class Profiler:
                 await backend.stop(replica)
         methods = {m: p for m, p in found.items() if p is not None}
         result = ComponentProfile(job.name, job.resource, methods, job.visits, job.threads)
-        progress.done(job.label, f"{job.label}: {summary(result)}", measured=measured)
+        progress.done(job.label, f"{job.label}: {_summary(result)}", measured=measured)
         return result
-
-    async def _worker(self, backend: LocalBackend, replay: Replay, job: _Job, progress: Progress, ahead: Ahead | None,
-                      following: _Job | None) -> Replica:
-        """`job`'s worker: the one started ahead for it, else one started now. `following`'s worker starts on
-        the other core while `job` is measured or, `job` being an engine profiled through its cost model
-        (nothing starts beside one measured), together with `job`'s, both up before it is measured."""
-        replica = await ahead.take(job) if ahead is not None else None
-        if ahead is None or following is None or (replica is not None and _engine(job)):
-            return replica or await self._start(backend, replay, job, progress)
-        if _engine(job):
-            ahead.begin(following, self._start(backend, replay, following, progress, quiet=True))
-            replica = await self._start(backend, replay, job, progress)
-            await ahead.started()
-            return replica
-        replica = replica or await self._start(backend, replay, job, progress)
-        ahead.begin(following, self._start(backend, replay, following, progress, quiet=True))
-        return replica
 
     async def _start(self, backend: LocalBackend, replay: Replay, job: _Job, progress: Progress, quiet: bool = False) -> Replica:
         if not quiet:
@@ -261,7 +247,7 @@ class Profiler:
             if concurrency is not None and opts_in(job.component, concurrency):
                 engine = EngineProfile(replica, job.name, job.component, method, job.calls[method], concurrency, progress.note)
                 profile = await engine.run(fewer.methods.get(method) if fewer is not None else None, self.threshold)
-                logger.info("%s.%s, %d thread(s): %s", job.name, method, job.threads, model_line(profile))
+                _log_model(job, profile)
                 return profile
             return await self._search(replica, job, method, progress)
         except ComponentError as exc:
@@ -280,12 +266,14 @@ class Profiler:
         return ReplicaResources(cpus=tuple(chosen), threads=threads, gpus=())
 
     def _overlapping(self, job: _Job, following: _Job) -> _Job | None:
-        """`following` pinned to another core than `job`, when its worker may start beside `job`'s (both
-        measured, on one core each, of two or more): a start then costs no time of its own, and runs on a
-        core no measurement uses (`_worker` says when). None where it may not."""
+        """`following` pinned to another core than `job`, when its worker may start while `job` is measured
+        (both measured, on one core each, of two or more): a start then costs no time of its own, and
+        runs on a core no measurement uses. None where it may not."""
         one_core = all(j.resource == "cpu" and j.threads == 1 for j in (job, following))
         if not one_core or len(available_cpus()) < 2 or self._cached(job) or self._cached(following):
             return None
+        if any(opts_in(job.component, _max_concurrency(job.component, m)) for m in job.calls):
+            return None  # an engine's cost model is fitted on few runs: nothing starts beside them
         return dataclasses.replace(following, core=1 - job.core)
 
     def _cached(self, job: _Job) -> bool:
@@ -357,12 +345,6 @@ class Profiler:
         return total
 
 
-def _engine(job: _Job) -> bool:
-    """Whether `job` is an engine profiled through its cost model, which is fitted on a few runs: nothing
-    may start beside its measurement."""
-    return any(opts_in(job.component, _max_concurrency(job.component, m)) for m in job.calls)
-
-
 def thread_counts(cores: int) -> list[int]:
     """1, 2, 4, ... and `cores` itself: the thread counts a CPU component is profiled at, at most."""
     counts = [1]
@@ -410,6 +392,35 @@ def _could_bottleneck(profile: ComponentProfile, bound: float, threshold: float)
     """Whether one 1-thread replica of the component serves fewer requests/s than `bound`, by more than `threshold`."""
     visits = sum(profile.visits.values())
     return visits > 0 and profile.best_rate() / visits < bound * (1 + threshold)
+
+
+def _summary(profile: ComponentProfile) -> str:
+    parts = []
+    for method, m in profile.methods.items():
+        sizes = f"{m.points[0][0]}-{m.points[-1][0]}"
+        if m.model is not None and "stopped" in m.model:
+            parts.append(f"{method}: {m.model['stopped']}")
+        elif m.model is not None:
+            costs = m.model["costs"]
+            parts.append(f"{method}: cost model, {costs['prompt_tokens_per_s']:.0f} prompt tokens/s, "
+                         f"within {100 * m.model['error']:.1f}% of measured whole calls")
+        else:
+            parts.append(f"{method}: {sizes} measured")
+    return "; ".join(parts)
+
+
+def _log_model(job: _Job, profile: MethodProfile) -> None:
+    assert profile.model is not None
+    if "stopped" in profile.model:
+        logger.info("%s.%s, %d threads: %s", job.name, profile.method, job.threads, profile.model["stopped"])
+        return
+    costs, checked = profile.model["costs"], profile.model["checks"]
+    steps = ", ".join(f"{ms:.1f} ms at {k:.1f}" for k, ms in costs["step_ms"])
+    checks = ", ".join(f"{what}: {c['predicted_ms']:.0f} ms predicted, {c['measured_ms']:.0f} measured"
+                       for what, c in checked.items())
+    logger.info("%s.%s, %d thread(s): prompt %.0f tokens/s, decode step %s, %.1f ms a call beyond the engine; "
+                "whole calls %s", job.name, profile.method, job.threads, costs["prompt_tokens_per_s"],
+                steps, costs["call_ms"], checks)
 
 
 def _max_concurrency(component: Component, method: str) -> int | None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
-__all__ = ["ComponentProfile", "MethodProfile", "model_line", "summary"]
+__all__ = ["ComponentProfile", "MethodProfile"]
 
 
 @dataclass(frozen=True)
@@ -81,32 +81,3 @@ class ComponentProfile:
 
     def to_dict(self) -> dict[str, Any]:
         return {name: m.to_dict() for name, m in self.methods.items()}
-
-
-def summary(profile: ComponentProfile) -> str:
-    """One line of what a component's profile found, per method: its sizes measured or its cost model."""
-    parts = []
-    for method, m in profile.methods.items():
-        sizes = f"{m.points[0][0]}-{m.points[-1][0]}"
-        if m.model is not None and "stopped" in m.model:
-            parts.append(f"{method}: {m.model['stopped']}")
-        elif m.model is not None:
-            costs = m.model["costs"]
-            parts.append(f"{method}: cost model, {costs['prompt_tokens_per_s']:.0f} prompt tokens/s, "
-                         f"within {100 * m.model['error']:.1f}% of measured whole calls")
-        else:
-            parts.append(f"{method}: {sizes} measured")
-    return "; ".join(parts)
-
-
-def model_line(profile: MethodProfile) -> str:
-    """An engine method's cost model as the profiler logs it: its rates and its checks against whole calls."""
-    assert profile.model is not None
-    if "stopped" in profile.model:
-        return str(profile.model["stopped"])
-    costs, checked = profile.model["costs"], profile.model["checks"]
-    steps = ", ".join(f"{ms:.1f} ms at {k:.1f}" for k, ms in costs["step_ms"])
-    checks = ", ".join(f"{what}: {c['predicted_ms']:.0f} ms predicted, {c['measured_ms']:.0f} measured"
-                       for what, c in checked.items())
-    return (f"prompt {costs['prompt_tokens_per_s']:.0f} tokens/s, decode step {steps}, {costs['call_ms']:.1f} ms a call "
-            f"beyond the engine; whole calls {checks}")
