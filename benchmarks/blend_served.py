@@ -140,7 +140,7 @@ def ceiling(items: list[dict[str, Any]], runs: dict[str, Any]) -> dict[str, floa
     the exact and blend engines' reuse rules evaluate on the stream with prompts one at a time (none evaluated
     twice because another was in flight), each routed by its first document, and no byte budget, on engines
     like the exact arm's; and the speed-up those tokens allow at the exact arm's measured prompt rate and
-    decode seconds: what blend could reach served, at most."""
+    decode seconds: what blend can gain served by evaluating less (a single run spreads around it)."""
     from benchmarks.prefix_replay import item_prompts, replay
     from patchkit.components.generators.llama.generator import RECOMPUTE
 

@@ -100,9 +100,9 @@ class Engine:
                 continue
             at = start + recomputed(end - start, self.blend)
             at += at == after
-            body = tuple(tokens[start:end])
             if at >= end:
                 continue
+            body = tuple(tokens[start:end])
             if body not in self.bodies:
                 self.bodies.add(body)
                 continue
