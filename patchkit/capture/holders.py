@@ -63,11 +63,7 @@ def held_components(value: Any, name: str) -> list[tuple[str, Component]]:
 
 def given_components(component: Component) -> list[Component]:
     """Every component passed to `component`'s constructor (those its class runs in place too), each once."""
-    spec = component._patchkit_spec
-    found: dict[int, Component] = {}
-    for name, value in [*zip(spec.parameter_names(), spec.args), *spec.kwargs.items()]:
-        found.update((id(inner), inner) for _, inner in held_components(value, name or "arg") if inner is not component)
-    return list(found.values())
+    return list({id(inner): inner for _, inner in _arguments(component, in_place=True)}.values())
 
 
 def constructor_components(component: Component) -> list[tuple[str, Component]]:
@@ -75,15 +71,17 @@ def constructor_components(component: Component) -> list[tuple[str, Component]]:
     `held_components` finds them, each named after its parameter (`Grader(llm)` -> "generator"),
     but for the parameters its class runs in place (`Component.in_place`). A deployment serves each
     on its own and the holder calls it there (a shared component)."""
+    return list(_arguments(component, in_place=False))
+
+
+def _arguments(component: Component, *, in_place: bool) -> Iterator[tuple[str, Component]]:
+    """The components in `component`'s recorded constructor arguments, named as `held_components` names
+    them; those of the parameters its class runs in place only when `in_place`."""
     spec = component._patchkit_spec
-    names = spec.parameter_names()
-    private = type(component).in_place
-    found: list[tuple[str, Component]] = []
-    for name, value in [*zip(names, spec.args), *spec.kwargs.items()]:
-        if name in private:
-            continue
-        found += [(label, inner) for label, inner in held_components(value, name or "arg") if inner is not component]
-    return found
+    skipped = () if in_place else type(component).in_place
+    for name, value in [*zip(spec.parameter_names(), spec.args), *spec.kwargs.items()]:
+        if name not in skipped:
+            yield from ((label, inner) for label, inner in held_components(value, name or "arg") if inner is not component)
 
 
 def _children(obj: Any, label: str) -> Iterator[tuple[Any, str]]:
