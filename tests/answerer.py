@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def answer(message: Message) -> dict[str, Any]:
-    asked = json.loads(getattr(message, "body", message))  # a patchkit before message ids handed the bytes alone
+    asked = json.loads(bytes(getattr(message, "body", message)))  # a buffer read in place (before message ids: bytes)
     withdrawn = threading.Event()
     if not asked.get("stubborn") and hasattr(message, "on_withdraw"):
         message.on_withdraw(withdrawn.set)

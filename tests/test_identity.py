@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import logging
 import pickle
+import subprocess
+import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
+import numpy as np
 import pytest
 
 import patchkit
-from patchkit import reload
 from patchkit.program import identity as ids
 
 APP = '''\
@@ -238,7 +241,7 @@ def test_a_pipeline_s_identity_covers_the_globals_its_own_code_reads() -> None:
     assert first.fingerprint() == pipeline_of(PIPELINE).fingerprint()
     edited = pipeline_of(PIPELINE.replace('SIGN = " -- bot"', 'SIGN = " -- assistant"'))
     assert edited.fingerprint() != first.fingerprint()
-    assert reload.changes(reload.identities(first), reload.identities(edited)) == ["the pipeline changed: module constant SIGN"]
+    assert edited.stamp().changes(first.stamp()) == ["the pipeline changed: module constant SIGN"]
     assert pipeline_of(PIPELINE.replace("UNRELATED = 1", "UNRELATED = 3")).fingerprint() == first.fingerprint()
 
 
@@ -246,9 +249,9 @@ def test_changes_name_each_component_and_what_changed_in_it() -> None:
     first = pipeline_of(PIPELINE)
     edited = PIPELINE.replace('PROMPT = "Answer briefly. "', 'PROMPT = "Go. "').replace(
         'TEMPLATE = "Q: {question}"', 'TEMPLATE = "{question}?"')
-    assert reload.changes(reload.identities(first), reload.identities(pipeline_of(edited))) == [
+    assert pipeline_of(edited).stamp().changes(first.stamp()) == [
         "gen changed: Gen.PROMPT, module constant TEMPLATE"]
-    assert reload.changes(reload.identities(first), reload.identities(pipeline_of(PIPELINE))) == []
+    assert pipeline_of(PIPELINE).stamp().changes(first.stamp()) == []
 
 
 def test_an_object_that_raises_when_read_never_fails_an_identity() -> None:
@@ -278,3 +281,181 @@ def test_a_property_counts_by_each_of_its_functions() -> None:
     first = ids.identity(gen(source))
     edited = source.replace("self.size = value", "self.size = max(value, 1)")
     assert ids.identity(gen(edited)).changes(first) == ["Gen.width"]
+
+
+# -- what a version is, where users stand ---------------------------------------------------------------------
+PROMPTS = '''\
+HEADER = "Q: "
+
+
+def fmt(question):
+    return HEADER + question.strip()
+'''
+
+USES_PROMPTS = '''\
+import prompts
+from patchkit import Component, make
+
+
+class Gen(Component):
+    @make
+    def generate(self, question: str) -> str:
+        return prompts.fmt(question) + prompts.HEADER
+'''
+
+
+def test_a_helper_reached_through_a_module_of_the_user_s_is_followed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`import prompts` ... `prompts.fmt(q)`: an edit of `prompts` is a new version, named by its path."""
+    def gen_with(prompts_source: str) -> Any:
+        monkeypatch.setitem(sys.modules, "prompts", module(prompts_source, "prompts"))
+        return module(USES_PROMPTS).Gen()
+
+    first = ids.identity(gen_with(PROMPTS))
+    assert ids.identity(gen_with(PROMPTS)) == first
+    assert {"helper prompts.fmt", "module constant prompts.HEADER"} <= set(first.parts)
+    edited = ids.identity(gen_with(PROMPTS.replace("question.strip()", "question.strip().upper()")))
+    assert edited.changes(first) == ["helper prompts.fmt"]
+    assert ids.identity(gen_with(PROMPTS.replace('"Q: "', '"Question: "'))).changes(first) == [
+        "module constant prompts.HEADER"]
+
+
+def test_whose_code_a_module_is_comes_from_its_name_and_the_installed_distributions() -> None:
+    assert not ids.users_module("json") and not ids.users_module("patchkit.components")
+    assert not ids.users_module("numpy") and not ids.users_module("yaml")  # installed distributions
+    assert ids.users_module("app") and ids.users_module("__main__") and ids.users_module("my_project.prompts")
+
+
+def test_the_user_s_module_beside_an_installed_one_of_its_name_is_the_user_s(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A top-level name a distribution provides (`yaml`), loaded from a file of the user's: the user's code."""
+    (tmp_path / "yaml.py").write_text("X = 1\n")
+    mine = types.ModuleType("yaml")
+    mine.__file__ = str(tmp_path / "yaml.py")
+    monkeypatch.setitem(sys.modules, "yaml", mine)
+    assert ids.users_module("yaml")
+
+
+def test_values_digest_by_what_they_hold_never_by_repr() -> None:
+    """numpy elides the middle of a large array's repr: an edit there is still a new version."""
+    array = np.arange(1_000_000, dtype=np.float32)
+    edited = array.copy()
+    edited[500_000] += 1
+    assert "..." in repr(array) and repr(edited) == repr(array)
+    assert ids.fingerprint(gen(size=edited)) != ids.fingerprint(gen(size=array))
+    assert ids.fingerprint(gen(size=array.copy())) == ids.fingerprint(gen(size=array))
+    assert ids.fingerprint(gen(size=array.astype(np.float64))) != ids.fingerprint(gen(size=array))
+    assert ids.fingerprint(gen(size=10**5000)) != ids.fingerprint(gen(size=10**5000 + 1))  # past int's decimal limit
+    assert ids.fingerprint(gen(size=0.1 + 0.2)) != ids.fingerprint(gen(size=0.3))
+
+
+OBJECT_INPUT = '''\
+import sys
+sys.path.insert(0, {tests!r})
+import patchkit
+from patchkit import Component, make
+
+
+class Settings:
+    def __init__(self, width):
+        self.width = width
+
+
+class Gen(Component):
+    @make
+    def generate(self, question: str, settings) -> str:
+        return question[: settings.width]
+
+
+gen = Gen()
+settings = Settings(5)
+with patchkit.capture() as pipeline:
+    answer = gen.generate("what is a loop?", settings)
+print(pipeline.stamp().digest)
+'''
+
+
+def test_a_pipeline_s_version_is_the_same_in_every_process(tmp_path: Path) -> None:
+    """An input holding an object of the default repr (an address in it) digests by its state."""
+    script = tmp_path / "app.py"
+    script.write_text(OBJECT_INPUT.format(tests=str(Path(__file__).parent)))
+    digests = {subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout
+               for _ in range(2)}
+    assert len(digests) == 1
+    script.write_text(OBJECT_INPUT.format(tests=str(Path(__file__).parent)).replace("Settings(5)", "Settings(6)"))
+    assert subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True).stdout not in digests
+
+
+def test_a_declared_version_and_the_files_read_are_parts_of_it(tmp_path: Path) -> None:
+    source = APP.replace('    PROMPT = "Answer briefly. "', '''\
+    PROMPT = "Answer briefly. "
+
+    def version_files(self):
+        return [self.size]''')
+    corpus = tmp_path / "docs"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("loops repeat")
+    first = ids.identity(gen(source, size=str(corpus)))
+    (corpus / "b.txt").write_text("generators yield")
+    assert ids.identity(gen(source, size=str(corpus))).changes(first) == ["files read"]
+    (corpus / "b.txt").write_text("generators yield lazily")
+    second = ids.identity(gen(source, size=str(corpus)))
+    assert second.changes(first) == ["files read"] and ids.identity(gen(source, size=str(corpus))) == second
+
+    declared = APP.replace('PROMPT = "Answer briefly. "', 'PROMPT = "Answer briefly. "\n    version = "2026-11"')
+    assert ids.identity(gen(declared.replace("2026-11", "2026-12"))).changes(ids.identity(gen(declared))) == [
+        "Gen.version", "declared version"]
+
+
+def test_a_retriever_over_a_directory_is_a_new_version_when_a_file_is_added(tmp_path: Path) -> None:
+    from patchkit.components import FaissRetriever
+
+    (tmp_path / "loops.md").write_text("A for loop repeats a block.")
+    first = ids.identity(FaissRetriever(corpus=str(tmp_path)))
+    assert ids.identity(FaissRetriever(corpus=str(tmp_path))) == first
+    (tmp_path / "generators.md").write_text("A generator yields values.")
+    assert ids.identity(FaissRetriever(corpus=str(tmp_path))).changes(first) == ["files read"]
+
+
+def test_the_profile_cache_keys_by_the_version_so_an_edit_is_profiled_again() -> None:
+    from patchkit.scheduler.offline.cache import digest
+
+    slower = APP.replace("return self.PROMPT + render(question)", "time.sleep(0.05)\n        return self.PROMPT + render(question)"
+                         ).replace("import patchkit\n", "import time\n\nimport patchkit\n")
+    assert digest(gen()) == digest(gen())  # another object built alike: the same profile
+    assert digest(gen(slower)) != digest(gen())
+    assert digest(gen(size=3)) != digest(gen())
+
+
+def test_stamping_reads_a_value_shared_by_components_once_and_ships_the_version() -> None:
+    made = module(PIPELINE)
+    shared = np.zeros(1 << 20, dtype=np.uint8)
+    made.gen = made.Gen(size=shared)
+    made.answer()
+    pipeline = patchkit.last_pipeline()
+    memo = ids.Memo()
+    version = pipeline.stamp(memo)
+    assert memo.get(shared) is not None  # read once, kept for the other components of the deployment
+    assert pipeline.stamped == version and version.digest == pipeline.fingerprint()
+    component = pipeline.components["gen"]
+    assert ids.stamped_digest(component) == version.components["gen"].digest
+    copy = pickle.loads(cloudpickle.dumps(pipeline))  # as the front-end receives it: the versions come along
+    assert copy.stamped == version and ids.stamped_digest(copy.components["gen"]) == ids.stamped_digest(component)
+    with pytest.raises(patchkit.PatchkitError, match="carries no version"):
+        ids.stamped_digest(made.Gen())
+
+
+def test_a_pipeline_s_inputs_digest_by_value() -> None:
+    """An input's default edited in the middle of a large array (which its repr elides) is a new version."""
+    def answer_over(weights: Any) -> patchkit.Pipeline:
+        made = module(PIPELINE)
+        with patchkit.capture() as pipeline:
+            scaled = made.gen.generate(str(weights.sum()))
+        assert scaled
+        return pipeline
+
+    weights = np.ones(100_000)
+    edited = weights.copy()
+    edited[50_000] = 2.0
+    assert repr(edited) == repr(weights)
+    assert answer_over(edited).fingerprint() != answer_over(weights).fingerprint()
+    assert answer_over(weights.copy()).fingerprint() == answer_over(weights).fingerprint()

@@ -8,7 +8,7 @@ import json
 import logging
 import secrets
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +103,7 @@ def _serve(args: argparse.Namespace) -> int:
     from patchkit.config import DeploymentConfig
     from patchkit.config import file as config_file
     from patchkit.config.deployment import served_components
+    from patchkit.program.pipeline import stamp
     from patchkit.scheduler.offline.planner import plan
     from patchkit.server.process import FrontendServer, serve_blocking
 
@@ -113,7 +114,9 @@ def _serve(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel((options.get("log_level") or "info").upper())
     sources = {target.name: source_file(target.where) for target in targets} if args.reload else {}
     stamps = {name: _stamp(path) for name, path in sources.items()}  # before loading: an edit while it loads is seen
+    before = set(sys.modules)
     loaded = {target.name: load_pipeline(target.where) for target in targets}
+    stamp(loaded)  # their versions, here where their code is: the front-end compares them
     # One target without a name is served as today, under the config's `name`; else each by its own.
     pipelines: Pipeline | dict[str, Pipeline] = loaded[targets[0].name] if not targets[0].named and len(targets) == 1 else loaded
     arguments = config_file.deploy_arguments(values, served_components(pipelines))
@@ -125,7 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
     elif config_file.plan_weights(values) is not None:
         logging.getLogger(__name__).warning("the pipelines' weights are read with plan: auto only; without it they do nothing")
     config = DeploymentConfig.resolve(pipelines, secret=secrets.token_urlsafe(32), **arguments)
-    reloader = _reloader(targets, sources, stamps, None if isinstance(pipelines, Mapping) else config.chat.name)
+    reloader = _reloader(targets, sources, stamps, None if isinstance(pipelines, Mapping) else config.chat.name, before)
 
     def ready(server: FrontendServer) -> None:
         shown = ", ".join(target.label(with_name=len(targets) > 1) for target in targets)
@@ -149,12 +152,13 @@ def _stamp(path: Path | None) -> tuple[int, int] | None:
 
 
 def _reloader(targets: Sequence[Target], sources: Mapping[str, Path | None], stamps: Mapping[str, tuple[int, int] | None],
-              only_name: str | None) -> Reloader | None:
-    """With --reload, what watches each target's file (`patchkit.reload.Reloader`); None without. `only_name`: the
-    name the one unnamed target is served under (the config's `name`)."""
+              only_name: str | None, before: Collection[str]) -> Reloader | None:
+    """With --reload, what watches each target's file and the user's modules their loads imported (those not in
+    `before`, the modules loaded before them) (`patchkit.reload.Reloader`); None without. `only_name`: the name
+    the one unnamed target is served under (the config's `name`)."""
     if not sources:
         return None
-    from patchkit.reload import Reloader, Watched
+    from patchkit.reload import Reloader, Watched, imported_modules
 
     watched = []
     for target in targets:
@@ -164,7 +168,9 @@ def _reloader(targets: Sequence[Target], sources: Mapping[str, Path | None], sta
             continue
         load = functools.partial(load_pipeline, target.where, again=True)
         watched.append(Watched(only_name or target.name, path, load, target.label(), stamps[target.name]))
-    return Reloader(watched) if watched else None
+    own = {path for path in sources.values() if path is not None}
+    modules = {name: path for name, path in imported_modules(before).items() if path not in own}
+    return Reloader(watched, modules) if watched else None
 
 
 def _strictest(slo_ms: float | Mapping[str, float | None] | None) -> float | None:

@@ -19,7 +19,7 @@ from patchkit.client.endpoint import OTHER_TIMEOUT_S, Endpoint
 from patchkit.config import OPTIONS, DeploymentConfig
 from patchkit.config.options import reference
 from patchkit.errors import ConfigError, PatchkitError
-from patchkit.program.pipeline import Pipeline, last_pipeline
+from patchkit.program.pipeline import Pipeline, last_pipeline, stamp
 
 if TYPE_CHECKING:
     from patchkit.scheduler.offline.plan import Plan
@@ -113,6 +113,7 @@ def deploy(
 
         strictest = min(slo_ms.values(), default=None) if isinstance(slo_ms, Mapping) else slo_ms
         plan = make_plan(pipeline, resources=resources, calibration=calibration, weights=weights, slo_ms=strictest)
+    stamp(pipeline)  # their versions, computed here where their code is: the front-end compares them
     config = DeploymentConfig.resolve(
         pipeline, replicas=replicas, batch_size=batch_size, plan=plan, backend=backend, slo_ms=slo_ms, host=host,
         port=port, secret=secrets.token_urlsafe(32), ray_address=ray_address, **options,

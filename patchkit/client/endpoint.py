@@ -14,7 +14,7 @@ import httpx
 from patchkit.client.pipeline_client import PipelineClient
 from patchkit.client.streams import AsyncStream, Step, Stream
 from patchkit.errors import ConfigError, DeadlineExceeded, PatchkitError, error_from_json
-from patchkit.program.pipeline import Pipeline
+from patchkit.program.pipeline import Pipeline, stamp
 from patchkit.server.reports import PlanReport, Stats
 
 if TYPE_CHECKING:
@@ -268,6 +268,7 @@ class Endpoint:
         if self._updater is None:
             raise PatchkitError(f"the endpoint at {self.url} takes no updates here: update it from the process that "
                                 "deployed it, or with `patchkit serve --reload`")
+        stamp(pipelines)  # the new versions, computed here where their code is (the front-end compares them)
         return self._updater(pipelines, remove)
 
     @contextlib.contextmanager

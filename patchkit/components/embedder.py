@@ -47,6 +47,10 @@ class Embedder(Component):
         self.device = device
         self.batch_size = batch_size
 
+    def version_files(self) -> list[str]:
+        """The model directory: a model replaced there is a new version."""
+        return [self.model_path]
+
     def setup(self) -> None:
         """Load the model, offline."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a model directory is all we read: never the network

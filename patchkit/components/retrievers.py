@@ -69,6 +69,11 @@ class VectorRetriever(Component):
         self.embedder = embedder if embedder is not None else Embedder()
         self.lexical = lexical
 
+    def version_files(self) -> list[str]:
+        """The corpus directory (a file added, changed or removed is a new version) and the embedder's model."""
+        own = [self.corpus] if isinstance(self.corpus, str) and self.corpus != "pydoc" else []
+        return [*own, *map(str, self.embedder.version_files())]
+
     def setup(self) -> None:
         """Load the corpus, embed it (cached on disk by its fingerprint and the model), index it."""
         ensure_setup(self.embedder)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
 import threading
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -48,6 +49,15 @@ class Component:
     """
     sensitive: bool = False
     """True: what its calls return is never shown outside the pipeline (step events carry no preview of it)."""
+    version: str | None = None
+    """A version you declare for what patchkit cannot see, as Ray Serve's `version=`: a file `setup()` reads
+    that `version_files` does not name, a remote index, a model behind an API.
+
+    Set it on the class, or on the instance in `__init__`; a new value is a new version of the component
+    (`update()` and `--reload` start new workers for it), the same value changes nothing. It adds to what
+    patchkit digests (the class's code, the globals it reads, the constructor's arguments, the files named),
+    never replaces it.
+    """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         """Record the constructor's arguments: the component travels to its workers as them (its spec)."""
@@ -65,6 +75,21 @@ class Component:
     def setup(self) -> Awaitable[None] | None:
         """Load heavy state. Called once per instance in the process that runs it, before its first call there."""
         return None
+
+    def version_files(self) -> Sequence[str | os.PathLike[str]]:
+        """The files and directories this component's behaviour depends on, beyond its code and arguments.
+
+        Called where the user's code runs (by `deploy()`, `update()`, `--reload` and `plan()`), once per
+        update, to compute the component's version: a change of any of them (a file added to a corpus
+        directory, a model file replaced) is a new version, whose workers load it again. A file of up to
+        4 MiB counts by its content, a larger one by its size and modification time; a directory by each
+        file under it (`patchkit.program.files`). The built-in retrievers name their corpus directory, the
+        generators and the embedder their model. None by default.
+
+        Returns:
+            Paths of files or directories (missing ones count as missing).
+        """
+        return ()
 
     def stats(self) -> dict[str, Any]:
         """The component's own figures (hit rates, bytes moved, seconds spent).

@@ -21,13 +21,17 @@ __all__ = ["MASK", "ComponentSpec", "secret_like"]
 class ComponentSpec:
     """What it takes to rebuild a component in another process: its class and constructor arguments.
 
-    `uid` names the component across processes: a rebuilt component keeps the uid of the original.
+    `uid` names the component across processes: a rebuilt component keeps the uid of the original. `digest`
+    is its version (`patchkit.program.identity`), computed where the user's code is (`deploy()`, `update()`,
+    the reloader, `plan()`) and travelling with it, so that a process that holds no user code (the
+    front-end) compares versions without deriving them; "" until then.
     """
 
     cls: type[Component]
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(hash=False)
     uid: str
+    digest: str = field(default="", compare=False)
 
     def build(self) -> Component:
         """Construct a fresh component; called by a worker process before it runs `setup()`."""

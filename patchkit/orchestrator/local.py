@@ -28,16 +28,7 @@ class LocalBackend(Backend):
         self._exits: dict[Replica, asyncio.Event] = {}
 
     async def start(self, spec: ReplicaSpec, replica_id: str) -> Replica:
-        boot = WorkerBootstrap.of(spec, self._secret, host=self._host)
-        child = await asyncio.to_thread(
-            spawn,
-            "patchkit.orchestrator.worker",
-            pickle.dumps(boot),
-            what=f"worker {replica_id}",
-            env=spec.resources.environment(),
-            timeout_s=envs.worker_start_timeout_s(),
-            own_group=True,  # what its component starts stops with it
-        )
+        child = await asyncio.to_thread(self._spawn, spec, replica_id)  # pickling a large component too, off the loop
         address = f"{self._host}:{child.report['port']}"
         channel = GrpcChannel(address, self._secret)
         replica = Replica(replica_id, spec, channel, pid=child.pid, address=address, handle=child)
@@ -48,6 +39,17 @@ class LocalBackend(Backend):
             await self.stop(replica)
             raise
         return replica
+
+    def _spawn(self, spec: ReplicaSpec, replica_id: str) -> Child:
+        boot = WorkerBootstrap.of(spec, self._secret, host=self._host)
+        return spawn(
+            "patchkit.orchestrator.worker",
+            pickle.dumps(boot),
+            what=f"worker {replica_id}",
+            env=spec.resources.environment(),
+            timeout_s=envs.worker_start_timeout_s(),
+            own_group=True,  # what its component starts stops with it
+        )
 
     def _watch_exit(self, child: Child) -> asyncio.Event:
         """An event set when the process exits; one waiting thread per worker (the default pool is small)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import io
 import itertools
 import json
 import logging
@@ -114,10 +115,9 @@ class Child:
         return answer
 
     def _send(self, message_id: int, kind: bytes, body: bytes) -> None:
-        frame = message_id.to_bytes(_LENGTH, "big") + kind + body
         assert self.process.stdin is not None
-        self.process.stdin.write(len(frame).to_bytes(_LENGTH, "big") + frame)
-        self.process.stdin.flush()
+        header = message_id.to_bytes(_LENGTH, "big") + kind
+        _write_frame(self.process.stdin, header, body)
 
     def _answer(self, message_id: int, timeout_s: float) -> dict[str, Any] | None:
         """The answer to message `message_id` (None: none within `timeout_s`); those to earlier ones are dropped."""
@@ -182,8 +182,7 @@ def spawn(
     assert process.stdin is not None and process.stdout is not None
     line = b""
     try:
-        process.stdin.write(len(bootstrap).to_bytes(_LENGTH, "big") + bootstrap)
-        process.stdin.flush()
+        _write_frame(process.stdin, b"", bootstrap)
         line = _read_line(process.stdout, timeout_s)
     except (OSError, TimeoutError) as exc:
         child.stop(0)
@@ -204,6 +203,26 @@ def spawn(
     return child
 
 
+def _write_frame(stream: IO[bytes], header: bytes, body: bytes) -> None:
+    """`header` and `body` as one length-prefixed frame, the body written as it is (never copied into the frame)."""
+    stream.write((len(header) + len(body)).to_bytes(_LENGTH, "big") + header)
+    stream.write(body)
+    stream.flush()
+
+
+def _read_exactly(stream: io.RawIOBase, size: int) -> memoryview | None:
+    """Exactly `size` bytes of `stream`, read in place into one buffer (linear in `size`, however the pipe splits
+    them); None at end of file before them."""
+    buffer = memoryview(bytearray(size))
+    filled = 0
+    while filled < size:
+        count = stream.readinto(buffer[filled:])
+        if not count:
+            return None
+        filled += count
+    return buffer
+
+
 def _read_line(stream: IO[bytes], timeout_s: float) -> bytes:
     try:
         return _next_line(stream, b"", time.monotonic() + timeout_s)[0]
@@ -211,9 +230,10 @@ def _read_line(stream: IO[bytes], timeout_s: float) -> bytes:
         raise TimeoutError(f"no ready report within {timeout_s:g} s (PATCHKIT_WORKER_START_TIMEOUT_S)") from None
 
 
-def _next_line(stream: IO[bytes], data: bytes, deadline: float) -> tuple[bytes, bytes]:
-    """The next line of `stream`, `data` read before it (b"" at end of file), and what was read past it."""
+def _next_line(stream: IO[bytes], before: bytes, deadline: float) -> tuple[bytes, bytes]:
+    """The next line of `stream`, `before` read before it (b"" at end of file), and what was read past it."""
     fd = stream.fileno()
+    data = bytearray(before)
     while b"\n" not in data:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -222,9 +242,9 @@ def _next_line(stream: IO[bytes], data: bytes, deadline: float) -> tuple[bytes, 
         if ready:
             chunk = os.read(fd, 65536)
             if not chunk:
-                return data, b""
-            data += chunk
-    line, _, rest = data.partition(b"\n")
+                return bytes(data), b""
+            data += chunk  # a bytearray grows in place: linear in the line's length
+    line, _, rest = bytes(data).partition(b"\n")
     return line + b"\n", rest
 
 
@@ -294,22 +314,15 @@ class ChildSide:
 
         Called first thing by a child's `main`: the worker's and the front-end's.
         """
-        size = int.from_bytes(self._read_exactly(_LENGTH), "big")
-        boot = pickle.loads(self._read_exactly(size))  # noqa: S301 - from our parent, over a private pipe
+        frame = self._frame()
+        if frame is None:
+            os._exit(0)  # the parent went away before we started
+        boot = pickle.loads(frame)  # noqa: S301 - from our parent, over a private pipe
         self._watch_lifeline()
         sys.path[:] = boot.sys_path or sys.path
         # `kind` types the answer only: run as `python -m`, the child's own module is `__main__`, so
         # the class it names is not the one the bootstrap unpickles to.
         return cast(B, boot)
-
-    def _read_exactly(self, size: int) -> bytes:
-        data = b""
-        while len(data) < size:
-            chunk = self._stdin.read(size - len(data))
-            if not chunk:
-                os._exit(0)  # the parent went away before we started
-            data += chunk
-        return data
 
     def _watch_lifeline(self) -> None:
         """Exit at once when the parent closes stdin or dies; a child in a session of its own (a worker)
@@ -320,7 +333,8 @@ class ChildSide:
 
         def watch() -> None:
             while (frame := self._frame()) is not None:
-                message_id, kind, body = int.from_bytes(frame[:_LENGTH], "big"), frame[_LENGTH:_LENGTH + 1], frame[_LENGTH + 1:]
+                message_id, kind = int.from_bytes(frame[:_LENGTH], "big"), bytes(frame[_LENGTH:_LENGTH + 1])
+                body = frame[_LENGTH + 1:]
                 if kind == _WITHDRAW:
                     if (message := self._open.get(message_id)) is not None:
                         message.withdraw()
@@ -335,19 +349,10 @@ class ChildSide:
         # Ctrl-C in the user's terminal reaches the whole process group: the parent decides when we stop.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    def _frame(self) -> bytes | None:
-        """The next length-prefixed frame on the lifeline; None at its end."""
-        data = b""
-        size = _LENGTH
-        for part in range(2):
-            while len(data) < size:
-                chunk = self._stdin.read(size - len(data))
-                if not chunk:
-                    return None
-                data += chunk
-            if part == 0:
-                size, data = int.from_bytes(data, "big"), b""
-        return data
+    def _frame(self) -> memoryview | None:
+        """The next length-prefixed frame on the lifeline, read in place; None at its end."""
+        size = _read_exactly(self._stdin, _LENGTH)
+        return None if size is None else _read_exactly(self._stdin, int.from_bytes(size, "big"))
 
     def answer_with(self, handler: Callable[[Message], dict[str, Any]]) -> None:
         """Answer the parent's messages (`Child.ask`) with `handler`'s JSON answer, or the error it raised; set
@@ -392,10 +397,11 @@ class ChildSide:
 
 
 class Message:
-    """A message from the parent (`Child.ask`), as the child's handler gets it: its `id`, its `body`, and whether
+    """A message from the parent (`Child.ask`), as the child's handler gets it: its `id`, its `body` (a buffer, as read in
+    place: `pickle.loads` takes it; `bytes()` copies it), and whether
     the parent withdrew it (no answer in time), which `on_withdraw` callbacks hear of on the lifeline's thread."""
 
-    def __init__(self, message_id: int, body: bytes) -> None:
+    def __init__(self, message_id: int, body: memoryview) -> None:
         self.id = message_id
         self.body = body
         self.withdrawn = False

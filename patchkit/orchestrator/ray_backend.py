@@ -124,7 +124,7 @@ class RayBackend(Backend):
         self._connect()
         adopted = await self._adopt(spec, replica_id)
         if adopted is None:
-            actor = Actor(self._create(spec))
+            actor = Actor(await asyncio.to_thread(self._create, spec))  # pickles the component: off the loop
             try:
                 report = await self._serve(actor, spec, replica_id)
             except BaseException:

@@ -9,23 +9,33 @@ a script run again) is the one deployed, and keeps its workers, their queues and
 An identity is a map of parts, each what one thing the component's code reads digests to: each attribute
 of its class and of its bases (methods by their code, their default arguments apart, constants by their
 values), each module global and helper its code reads (followed through the helpers' own code, closures
-and nested functions included, as far as the user's own modules go: an installed package's function, the
-standard library's and patchkit's count by their names), and its constructor arguments. The parts that
-differ between two identities say what changed (`Identity.changes`). Line numbers, file names and memory
-addresses are never read: a blank line or a comment changes nothing, and one source makes one identity in
-every process.
+and nested functions included, and through the user's own modules' attributes, as `prompts.fmt`), its
+constructor arguments, the files it reads (`Component.version_files`, `files.py`) and the version it
+declares (`Component.version`). The user's own code is followed into; the standard library's, patchkit's and
+an installed distribution's (not one installed editable) count by their names, decided by the module's
+name and the distributions' metadata (`users_module`), never by where a file happens to live.
+
+Values are digested by a canonical encoding of what they hold (never `repr`, which elides and prints
+addresses): plain values by their exact text or bits, buffers (bytes, numpy arrays) by a hash of their
+content, read once per identity computation however often they are met, other objects by what pickling
+them keeps. The parts that differ between two identities say what changed (`Identity.changes`). Line
+numbers, file names and memory addresses are never read: a blank line or a comment changes nothing.
+
+A version is computed where the user's code is, once per deploy, update, reload or plan (`stamp`), and
+travels with the pipeline and its components (`ComponentSpec.digest`); the front-end compares those digests
+and never derives one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import dis
 import hashlib
+import importlib.metadata
+import json
 import logging
-import marshal
 import os
-import site
 import sys
-import sysconfig
 import types
 from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,8 +43,11 @@ from functools import lru_cache
 from typing import Any
 
 from patchkit.core import Component
+from patchkit.errors import PatchkitError
+from patchkit.program.files import files_digest
 
-__all__ = ["Identity", "code_digest", "deployed_name", "deployed_names", "fingerprint", "identity", "program_identity"]
+__all__ = ["Identity", "Memo", "PipelineVersion", "code_digest", "component_digest", "deployed_name", "deployed_names",
+           "fingerprint", "identity", "program_identity", "stamp_component", "stamped_digest", "users_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,11 +55,14 @@ logger = logging.getLogger(__name__)
 _NOT_BEHAVIOUR = frozenset({"__doc__", "__module__", "__qualname__", "__dict__", "__weakref__", "__firstlineno__",
                             "__static_attributes__", "__annotations__", "__orig_bases__", "__parameters__"})
 _GLOBAL_OPS = frozenset(dis.opmap[name] for name in ("LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"))
+_LOAD_GLOBAL_OPS = frozenset(dis.opmap[name] for name in ("LOAD_GLOBAL", "LOAD_NAME"))
+_ATTRIBUTE_OPS = frozenset(dis.opmap[name] for name in ("LOAD_ATTR", "LOAD_METHOD") if name in dis.opmap)
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented))
-_PLAIN_TYPES = frozenset(_PLAIN)  # exactly these (a subclass's repr may be anything)
+_PLAIN_TYPES = frozenset(_PLAIN)  # exactly these (a subclass may hold more than its value)
 _BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.MethodWrapperType, types.WrapperDescriptorType,
                       types.MethodDescriptorType, types.ClassMethodDescriptorType)
 _MAX_DEPTH = 64  # a value nested deeper is digested by its type
+_MEMO_BYTES = 1 << 16  # values this large are digested once per `Memo`, however often they are met
 
 
 def deployed_names(pipelines: Mapping[str, Mapping[str, Component]]) -> dict[str, Component]:
@@ -93,51 +109,147 @@ class Identity:
         return sorted(label for label in labels if self.parts.get(label) != before.parts.get(label))
 
 
-def identity(component: Component) -> Identity:
+class Memo:
+    """The large values (texts, lists, buffers) digested so far in one computation of versions, by object: each
+    is read once however many components and pipelines hold it. Holds them until it is dropped (one `stamp`)."""
+
+    def __init__(self) -> None:
+        self._digests: dict[int, tuple[Any, bytes]] = {}
+
+    def get(self, value: Any) -> bytes | None:
+        found = self._digests.get(id(value))
+        return found[1] if found is not None and found[0] is value else None
+
+    def put(self, value: Any, digest: bytes) -> None:
+        self._digests[id(value)] = (value, digest)
+
+
+@dataclass(frozen=True)
+class PipelineVersion:
+    """A pipeline's version: its own identity (its code, the globals it reads, its inputs and output) and each
+    component's, by name; made by `Pipeline.stamp` where the user's code is, and travelling with the pipeline."""
+
+    own: Identity
+    components: Mapping[str, Identity]
+
+    @property
+    def whole(self) -> Identity:
+        """One identity of it all: the pipeline's own parts, and a part `component NAME` per component."""
+        return Identity({**self.own.parts, **{f"component {n}": c.digest for n, c in self.components.items()}})
+
+    @property
+    def digest(self) -> str:
+        """What `X-Pipeline-Version` names: equal for the same code, inputs and components."""
+        return self.whole.digest
+
+    def changes(self, before: PipelineVersion) -> list[str]:
+        """What differs from `before`, one entry per pipeline or component, naming the parts changed:
+        `gen changed: Gen.PROMPT, module constant TEMPLATE`, `the pipeline changed: pipeline code`, `rank is new`."""
+        found = []
+        if own := self.own.changes(before.own):
+            found.append(f"the pipeline changed: {', '.join(own)}")
+        for name, component in self.components.items():
+            old = before.components.get(name)
+            if old is None:
+                found.append(f"{name} is new")
+            elif parts := component.changes(old):
+                found.append(f"{name} changed: {', '.join(parts)}")
+        found += [f"{name} is gone" for name in before.components if name not in self.components]
+        return found
+
+
+def identity(component: Component, memo: Memo | None = None) -> Identity:
     """Everything `component`'s behaviour depends on, part by part; see the module's docstring."""
-    spec = component._patchkit_spec
-    walk = _Walk(spec.cls.__module__)
+    walk = _Walk(component._patchkit_spec.cls.__module__, memo)
     walk.component(component)
     return Identity(walk.parts)
 
 
 def fingerprint(component: Component) -> str:
-    """The digest of `component`'s identity: equal for two components a worker builds alike."""
+    """The digest of `component`'s identity, computed now: equal for two components a worker builds alike."""
     return identity(component).digest
 
 
+def stamp_component(component: Component, digest: str) -> None:
+    """Make `digest` (its identity's, computed here) the version `component` travels with (`ComponentSpec.digest`)."""
+    spec = component._patchkit_spec
+    if spec.digest != digest:
+        component.__dict__["_patchkit_spec"] = dataclasses.replace(spec, digest=digest)
+
+
+def stamped_digest(component: Component) -> str:
+    """The version `component` travels with; for a process that holds no user code, which never derives one.
+
+    Raises:
+        PatchkitError: it was never stamped (`Pipeline.stamp` runs where the user's code is).
+    """
+    digest = component._patchkit_spec.digest
+    if not digest:
+        raise PatchkitError(f"{component!r} carries no version: stamp its pipeline (Pipeline.stamp) where its code is")
+    return digest
+
+
+def component_digest(component: Component) -> str:
+    """The version `component` travels with, else its fingerprint computed now (and kept as its version)."""
+    digest = component._patchkit_spec.digest
+    if not digest:
+        digest = fingerprint(component)
+        stamp_component(component, digest)
+    return digest
+
+
 def program_identity(code: types.CodeType, module_globals: Mapping[str, Any] | None, module_name: str,
-                     values: Mapping[str, Any]) -> Identity:
+                     values: Mapping[str, Any], inputs: Mapping[str, Any] | None = None,
+                     memo: Memo | None = None) -> Identity:
     """A captured body's identity: its `code`, the globals of `module_globals` (its module's, or None) it
-    reads, followed as a component's are, and `values` (the objects it is run with) by name. Components
-    among them count by their fingerprint."""
-    walk = _Walk(module_name)
+    reads, followed as a component's are, `values` (the objects it is bound to) and `inputs` (its inputs'
+    defaults), each by name and by value. Components among them count by their fingerprint."""
+    walk = _Walk(module_name, memo)
     walk.parts["pipeline code"] = code_digest(code).hex()
     if module_globals is not None:
         walk.globals_read(code, module_globals, module_name)
     for name, value in sorted(values.items()):
         walk.parts[f"bound {name}"] = walk.value(value).hex()
+    for name, value in sorted((inputs or {}).items()):
+        walk.parts[f"input {name}"] = walk.value(value).hex()
     return Identity(walk.parts)
 
 
 def code_digest(code: types.CodeType) -> bytes:
-    """What a code object computes: its bytecode, names and constants, nested code objects the same way."""
-    consts = tuple(_constant(c) for c in code.co_consts)
-    parts = (code.co_code, code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, repr(consts),
-             getattr(code, "co_exceptiontable", b""))
-    return hashlib.sha256(marshal.dumps(tuple(p if not isinstance(p, str) else p.encode() for p in parts))).digest()
+    """What a code object computes: its bytecode, names and constants, nested code objects the same way; each
+    part length-prefixed (never marshal, whose output depends on which strings are shared)."""
+    consts = [_constant(c) for c in code.co_consts]
+    names = [_hash(*names) for names in (code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars)]
+    return _hash(code.co_code, *names, _hash(*consts), getattr(code, "co_exceptiontable", b""))
 
 
-def _constant(value: Any) -> Any:
-    """A constant as the digest reads it: code by its digest, plain data as it is, anything else (a function a
+def _constant(value: Any) -> bytes:
+    """A constant as the digest reads it: code by its digest, plain data by its value, anything else (a function a
     rewritten program holds) by its qualified name, never its address."""
     if isinstance(value, types.CodeType):
-        return code_digest(value)
+        return _hash("code", code_digest(value))
     if isinstance(value, (tuple, frozenset)):
-        return tuple(_constant(v) for v in value)
-    if value is None or isinstance(value, (str, bytes, int, float, complex, type(Ellipsis))):
+        items = [_constant(v) for v in value]
+        return _hash(type(value).__name__, *(sorted(items) if isinstance(value, frozenset) else items))
+    if type(value) in _PLAIN_TYPES:
+        return _hash(type(value).__name__, _plain(value))
+    return _hash("named", f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}")
+
+
+def _plain(value: Any) -> bytes:
+    """A plain value's canonical bytes: text as UTF-8, numbers by their exact digits or bits."""
+    kind = type(value)
+    if kind is str:
+        return value.encode("utf-8", "surrogatepass")
+    if kind is bytes:
         return value
-    return f"{getattr(value, '__module__', '')}.{getattr(value, '__qualname__', type(value).__qualname__)}"
+    if kind is int or kind is bool:
+        return b"%x" % value  # hexadecimal: an integer of any size (decimal text is capped)
+    if kind is float:
+        return value.hex().encode()
+    if kind is complex:
+        return f"{value.real.hex()} {value.imag.hex()}".encode()
+    return kind.__name__.encode()  # None, Ellipsis, NotImplemented
 
 
 @lru_cache(maxsize=4096)
@@ -151,29 +263,69 @@ def _global_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def _installed_roots() -> tuple[str, ...]:
-    paths = sysconfig.get_paths()
-    roots = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
-    roots.update(getattr(site, "getsitepackages", list)())
-    roots.add(site.getusersitepackages())
-    return tuple(os.path.join(os.path.realpath(r), "") for r in roots)
+@lru_cache(maxsize=4096)
+def _attribute_chains(code: types.CodeType) -> tuple[tuple[str, ...], ...]:
+    """The attributes `code` (and the code nested in it) reads off a global, as `("prompts", "fmt")` for
+    `prompts.fmt(q)` and `("pkg", "sub", "CONST")` for `pkg.sub.CONST`: how a helper of a module is reached."""
+    chains: list[tuple[str, ...]] = []
+    chain: list[str] = []
+    for instruction in dis.get_instructions(code):
+        if instruction.opcode in _ATTRIBUTE_OPS and chain:
+            chain.append(instruction.argval)
+            continue
+        if len(chain) > 1:
+            chains.append(tuple(chain))
+        chain = [instruction.argval] if instruction.opcode in _LOAD_GLOBAL_OPS else []
+    if len(chain) > 1:
+        chains.append(tuple(chain))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            chains += _attribute_chains(const)
+    return tuple(dict.fromkeys(chains))
 
 
-_INSTALLED = _installed_roots()
+@lru_cache(maxsize=1)
+def _installed_distributions() -> dict[str, tuple[str, ...]]:
+    """Top-level module name -> the base folders of the distributions installed (not editable) that provide it."""
+    provided: dict[str, list[str]] = {}
+    for name, distributions in importlib.metadata.packages_distributions().items():
+        for distribution in dict.fromkeys(distributions):
+            try:
+                found = importlib.metadata.distribution(distribution)
+            except importlib.metadata.PackageNotFoundError:
+                continue
+            if not _editable(found):
+                provided.setdefault(name, []).append(os.path.realpath(str(found.locate_file(""))))
+    return {name: tuple(bases) for name, bases in provided.items()}
 
 
-def _users(module_name: str | None) -> bool:
-    """Whether code of module `module_name` is the user's own, followed into: not patchkit's, the standard
-    library's or an installed package's. A module no longer imported (a script run again, a class sent by
-    value to another process) is the user's."""
+def _editable(distribution: importlib.metadata.Distribution) -> bool:
+    """Whether `distribution` is installed editable (`pip install -e`): its code is a checkout being edited."""
+    try:
+        direct = json.loads(distribution.read_text("direct_url.json") or "{}")
+    except ValueError:
+        return False
+    return bool(direct.get("dir_info", {}).get("editable"))
+
+
+def users_module(module_name: str | None) -> bool:
+    """Whether code of module `module_name` is the user's own, followed into: every module but the standard
+    library's, patchkit's, and an installed distribution's (one installed editable is the user's), whatever
+    the install and however the code runs (a script, `python -m`, a notebook, a class sent by value).
+
+    A top-level name an installed distribution provides is that distribution's, unless the module loaded
+    under it is a file outside the distribution's folder (the user's own `utils.py` beside one installed)."""
     if not module_name or module_name == "builtins":
         return False
     root = module_name.partition(".")[0]
     if root == "patchkit" or root in sys.stdlib_module_names:
         return False
+    bases = _installed_distributions().get(root)
+    if bases is None:
+        return True
     module = sys.modules.get(module_name)
     file = getattr(module, "__file__", None) if module is not None else None
-    return file is None or not os.path.realpath(file).startswith(_INSTALLED)
+    return file is not None and not os.path.realpath(file).startswith(tuple(os.path.join(b, "") for b in bases))
 
 
 def _qualified(value: Any) -> str:
@@ -190,10 +342,12 @@ def _hash(*parts: bytes | str) -> bytes:
 
 
 class _Walk:
-    """One identity's walk: `parts` by label, each thing read once (a cycle is cut where it closes)."""
+    """One identity's walk: `parts` by label, each thing read once (a cycle is cut where it closes); `memo`, the
+    large values digested already, shared by the walks of one `stamp`."""
 
-    def __init__(self, home: str) -> None:
+    def __init__(self, home: str, memo: Memo | None = None) -> None:
         self.home = home  # the module whose globals are named without it
+        self.memo = memo if memo is not None else Memo()
         self.parts: dict[str, str] = {}
         self._open: set[int] = set()  # objects being digested: met again inside themselves, a cycle
         self._known: dict[int, bytes] = {}  # the classes and functions digested already, kept alive by the value read
@@ -204,7 +358,7 @@ class _Walk:
         for cls in spec.cls.__mro__:
             if cls is object or cls.__module__.startswith("patchkit."):
                 continue  # Component and the built-in components' bases count by name, below
-            if not _users(cls.__module__):
+            if not users_module(cls.__module__):
                 self.parts[f"base {_qualified(cls)}"] = _qualified(cls)
                 continue
             self.parts[f"class {cls.__qualname__}"] = " ".join(_qualified(c) for c in (cls, *cls.__bases__))
@@ -215,11 +369,25 @@ class _Walk:
         self.parts["class"] = _qualified(spec.cls)
         self._open.add(id(component))
         self.parts["constructor arguments"] = _hash(self.value(spec.args), self.value(spec.kwargs)).hex()
+        self.declared(component)
+
+    def declared(self, component: Component) -> None:
+        """The parts a component states itself: the files it reads, and a version of what no digest sees."""
+        try:
+            files = list(component.version_files())
+        except Exception as exc:  # noqa: BLE001 - the component's own code: its version is the rest
+            logger.warning("%r.version_files() raised (%s): its version leaves its files out", component, exc)
+            files = []
+        if files:
+            self.parts["files read"] = files_digest(files)
+        version = getattr(component, "version", None)
+        if version is not None and not callable(version):
+            self.parts["declared version"] = self.value(version).hex()
 
     def attribute(self, label: str, value: Any) -> None:
         """A class attribute: a method by its code, its default arguments a part of their own; else its value."""
         function = _function_of(value)
-        if function is None or not _users(_module_of(function)):
+        if function is None or not users_module(_module_of(function)):
             self.parts[label] = self.value(value).hex()
             return
         self.parts[label] = _hash(self.value(value, defaults=False), self._options(value)).hex()
@@ -227,16 +395,29 @@ class _Walk:
             self.parts[f"{label} default arguments"] = self._defaults(function).hex()
 
     def globals_read(self, code: types.CodeType, namespace: Mapping[str, Any], module: str) -> None:
-        """A part for each global of `namespace` that `code` reads: helpers and constants of the user's modules."""
+        """A part for each global of `namespace` that `code` reads (helpers and constants of the user's modules),
+        and for each attribute it reads off a module of the user's (`prompts.fmt`)."""
         for name in _global_names(code):
-            if name not in namespace:
-                continue  # a builtin
-            value = namespace[name]
-            label = f"{_kind(value)} {name if module == self.home else f'{module}.{name}'}"
-            if label in self.parts:
-                continue
-            self.parts[label] = ""  # met again while digested (a recursive helper): already counted
-            self.parts[label] = self.value(value).hex()
+            if name in namespace:  # else a builtin
+                self._part(f"{_kind(namespace[name])} {self._named(module, name)}", namespace[name])
+        for first, *attributes in _attribute_chains(code):
+            found = namespace.get(first)
+            path = self._named(module, first)
+            for attribute in attributes:
+                if not isinstance(found, types.ModuleType) or not users_module(found.__name__):
+                    break
+                found, path = _attribute(found, attribute), f"{path}.{attribute}"
+                if found is not None and not isinstance(found, types.ModuleType):
+                    self._part(f"{_kind(found)} {path}", found)
+
+    def _named(self, module: str, name: str) -> str:
+        return name if module == self.home else f"{module}.{name}"
+
+    def _part(self, label: str, value: Any) -> None:
+        if label in self.parts:
+            return
+        self.parts[label] = ""  # met again while digested (a recursive helper): already counted
+        self.parts[label] = self.value(value).hex()
 
     # -- values -----------------------------------------------------------------------------------------------
     def value(self, value: Any, depth: int = 0, *, defaults: bool = True) -> bytes:
@@ -248,10 +429,13 @@ class _Walk:
             return _hash("unreadable", _qualified(type(value)))
 
     def _read(self, value: Any, depth: int, defaults: bool) -> bytes:
-        if isinstance(value, _PLAIN):
-            return _hash(type(value).__name__, repr(value))
-        if type(value) in (tuple, list, dict) and _all_plain(value):
-            return _hash(type(value).__name__, "plain", repr(value))  # the common case, digested at once
+        kind = type(value)
+        if kind in _PLAIN_TYPES and (kind not in (str, bytes) or len(value) < _MEMO_BYTES):
+            return _hash(kind.__name__, _plain(value))
+        if (known := self.memo.get(value)) is not None:
+            return known
+        if kind in _PLAIN_TYPES or (kind in (tuple, list) and _all_plain(value)):
+            return self._remember(value, _plain_digest(value))  # the common case, digested at once
         if depth > _MAX_DEPTH or id(value) in self._open:
             return _hash("cut", _qualified(value))
         cached = isinstance(value, (type, types.FunctionType)) and defaults  # reads the same everywhere in one walk
@@ -266,15 +450,20 @@ class _Walk:
             self._known[id(value)] = digest
         return digest
 
+    def _remember(self, value: Any, digest: bytes) -> bytes:
+        if _size(value) >= _MEMO_BYTES:
+            self.memo.put(value, digest)
+        return digest
+
     def _value(self, value: Any, depth: int, defaults: bool) -> bytes:
         if isinstance(value, (tuple, list)):
-            return _hash(type(value).__name__, *(self.value(v, depth) for v in value))
+            return self._remember(value, _hash(type(value).__name__, *(self.value(v, depth) for v in value)))
         if isinstance(value, dict):
             return _hash("dict", *(_hash(self.value(k, depth), self.value(v, depth)) for k, v in value.items()))
         if isinstance(value, (set, frozenset)):
             return _hash(type(value).__name__, *sorted(self.value(v, depth) for v in value))
         if isinstance(value, Component):
-            walk = _Walk(type(value).__module__)
+            walk = _Walk(type(value).__module__, self.memo)
             walk._open = self._open
             walk.component(value)
             return _hash("component", Identity(walk.parts).digest)
@@ -292,11 +481,14 @@ class _Walk:
             return _hash(wrapper, self._function(function, depth, defaults))
         if isinstance(value, _BUILTIN_CALLABLES):
             return _hash("named", _qualified(value))
+        if (buffer := _buffer_digest(value)) is not None:
+            extra = self.value(vars(value), depth) if hasattr(value, "__dict__") else b""
+            return self._remember(value, _hash(buffer, extra))
         return self._object(value, depth)
 
     def _function(self, function: types.FunctionType, depth: int, defaults: bool) -> bytes:
         module = _module_of(function)
-        if not _users(module):  # by name; a decorator's wrapper with what it wraps
+        if not users_module(module):  # by name; a decorator's wrapper with what it wraps
             wrapped = getattr(function, "__wrapped__", None)
             return _hash("function", _qualified(function), b"" if wrapped is None else self.value(wrapped, depth))
         cells = [self.value(_cell(c), depth) for c in function.__closure__ or ()]
@@ -315,7 +507,7 @@ class _Walk:
         return self.value(dict(sorted(plain.items())))
 
     def _class(self, cls: type, depth: int) -> bytes:
-        if not _users(cls.__module__):
+        if not users_module(cls.__module__):
             return _hash("class", _qualified(cls))
         bases = [self.value(base, depth) for base in cls.__bases__]
         members = [_hash(name, self.value(v, depth), self._options(v)) for name, v in sorted(vars(cls).items())
@@ -334,6 +526,44 @@ class _Walk:
         logger.debug("%s has no stable digest (%s): an identity counts it by its type only", _qualified(value),
                      reduced if isinstance(reduced, Exception) else "it pickles as a name")
         return _hash("object", _qualified(value), str(reduced) if isinstance(reduced, str) else "")
+
+
+def _plain_digest(value: Any) -> bytes:
+    """A plain value, or a list or tuple of plain values, in one pass: each item's type, length and bytes."""
+    digest = hashlib.sha256(type(value).__name__.encode() + b"\0")
+    for item in value if type(value) in (tuple, list) else (value,):
+        data = _plain(item)
+        digest.update(b"%s:%d:" % (type(item).__name__.encode(), len(data)))
+        digest.update(data)
+    return digest.digest()
+
+
+def _buffer_digest(value: Any) -> bytes | None:
+    """An object that exports a buffer (an array, a bytearray) by its type, layout and a hash of its content,
+    read in place; None for any other object."""
+    try:
+        view = memoryview(value)
+    except (TypeError, ValueError):  # no buffer, or one of objects (an array of dtype object): read as pickled
+        return None
+    with view:
+        layout = f"{_qualified(value)} {getattr(value, 'dtype', '')} {view.format} {view.itemsize} {view.shape}"
+        digest = hashlib.sha256(layout.encode() + b"\0")
+        digest.update(view.cast("B") if view.c_contiguous else view.tobytes())
+    return digest.digest()
+
+
+def _size(value: Any) -> int:
+    """About how many bytes digesting `value` reads: its length for texts and buffers, its items for a list."""
+    if isinstance(value, (str, bytes)):
+        return len(value)
+    if isinstance(value, (tuple, list)):
+        return len(value) * 256
+    return getattr(value, "nbytes", 0) or 0
+
+
+def _attribute(module: types.ModuleType, name: str) -> Any:
+    """`module.name` as its namespace holds it (no module `__getattr__` runs); None where it has none."""
+    return vars(module).get(name)
 
 
 def _all_plain(value: tuple[Any, ...] | list[Any] | dict[Any, Any]) -> bool:

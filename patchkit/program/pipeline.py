@@ -21,9 +21,9 @@ from patchkit.capture.pending import RUNTIME
 from patchkit.capture.recorder import CallRecord, Recorder
 from patchkit.core import Component, active_call_hook, call_hook
 from patchkit.errors import PatchkitError, unknown_input
-from patchkit.program.identity import Identity, fingerprint, program_identity
+from patchkit.program.identity import Identity, Memo, PipelineVersion, identity, program_identity, stamp_component
 
-__all__ = ["Pipeline", "last_pipeline", "set_last_pipeline"]
+__all__ = ["Pipeline", "last_pipeline", "set_last_pipeline", "stamp"]
 
 MAX_RECORDED_CALLS = 10_000
 
@@ -67,6 +67,7 @@ class Pipeline:
         self.recorded: list[CallRecord] = []
         self._lock = threading.Lock()
         self._component_globals: tuple[tuple[str, str, str], ...] = ()  # set when it is pickled: see component_aliases
+        self._stamped: PipelineVersion | None = None  # set by stamp(), where the user's code is; travels with it
 
     @property
     def inputs(self) -> dict[str, Any]:
@@ -95,23 +96,52 @@ class Pipeline:
         return aliases
 
     def fingerprint(self) -> str:
-        """A digest of what the pipeline runs: its `identity()`'s; a version's content hash."""
+        """A digest of what the pipeline runs, computed now: its `identity()`'s; a version's content hash."""
         return self.identity().digest
 
     def identity(self) -> Identity:
-        """What the pipeline runs, part by part (`patchkit.program.identity.Identity`).
+        """What the pipeline runs, part by part (`patchkit.program.identity.Identity`), computed now.
 
         Its code, the module globals and helpers that code reads (followed as a component's are), the objects
-        it is bound to, its inputs and output, and each component's fingerprint (`component NAME`).
+        it is bound to, its inputs' defaults (by value) and output, and each component's fingerprint
+        (`component NAME`).
         """
+        return self._versions(Memo()).whole
+
+    def stamp(self, memo: Memo | None = None) -> PipelineVersion:
+        """Compute the pipeline's version and its components' here, and keep them to travel with it.
+
+        Called where the user's code is, once per deploy, update, reload and plan (the caller of
+        `deploy()`, `Endpoint.update()`, `patchkit serve`, `plan()`): each component's version goes with its
+        spec (`ComponentSpec.digest`), the pipeline's with the pipeline (`stamped`), and a process that holds
+        none of the user's code (the front-end) compares them without deriving any. Each large value
+        (a 100 MB array, a list of texts) is read once, however many components hold it.
+
+        Args:
+            memo: the large values read already by the stamps of the other pipelines of one deployment.
+
+        Returns:
+            The version: the pipeline's own identity and each component's, by name.
+        """
+        versions = self._versions(memo or Memo())
+        for name, component in self.components.items():
+            stamp_component(component, versions.components[name].digest)
+        self._stamped = versions
+        return versions
+
+    @property
+    def stamped(self) -> PipelineVersion | None:
+        """The version `stamp()` last computed (it travels with the pipeline); None before the first."""
+        return self._stamped
+
+    def _versions(self, memo: Memo) -> PipelineVersion:
+        components = {name: identity(c, memo) for name, c in sorted(self.components.items())}
         program = self._program
         bound = {name: value.fingerprint() if isinstance(value, Pipeline) else value
                  for name, value in self._bindings.items() if not isinstance(value, Component)}
-        parts = dict(program_identity(program.code, program.module_globals, program.module_name, bound).parts)
-        parts["inputs"] = repr(sorted(self._defaults.items()))
-        parts["output"] = str(self.output)
-        parts.update({f"component {name}": fingerprint(c) for name, c in sorted(self.components.items())})
-        return Identity(parts)
+        own = program_identity(program.code, program.module_globals, program.module_name, bound, self._defaults, memo)
+        parts = {label: part for label, part in own.parts.items() if not label.startswith("component ")}  # by name below
+        return PipelineVersion(Identity({**parts, "output": str(self.output)}), components)
 
     def __patchkit_components__(self) -> dict[str, Component]:
         """What capture registers when another pipeline's block holds this one (capture/holders.py)."""
@@ -282,6 +312,13 @@ def _load_pipeline(payload: bytes) -> Pipeline:
     pipeline.__dict__.update(pickle.loads(payload))  # noqa: S301 - a pipeline this interpreter pickled
     pipeline._lock = threading.Lock()
     return pipeline
+
+
+def stamp(pipelines: Pipeline | Mapping[str, Pipeline]) -> None:
+    """`Pipeline.stamp` each of `pipelines` (one, or several by name), each large value they share read once."""
+    memo = Memo()
+    for pipeline in pipelines.values() if isinstance(pipelines, Mapping) else [pipelines]:
+        pipeline.stamp(memo)
 
 
 _last: Pipeline | None = None

@@ -194,7 +194,8 @@ async def query(request: web.Request) -> web.StreamResponse:
         if steps:
             raise InputError('steps are events of a stream: send "stream": true with ?steps=true')
         result = await version.runner.query(parsed.inputs, parsed.slo_ms, request_id=request_id_of(request))
-        return web.Response(body=_result_json(result), content_type="application/json", headers={VERSION_HEADER: version.tag})
+        return web.Response(body=_result_json(result), content_type="application/json",
+                            headers={VERSION_HEADER: result.version or version.tag})  # the version that ran it
 
     return await read_body(request, run)
 

@@ -4,8 +4,9 @@ Shared by every pipeline the front-end (frontend.py) serves, and by every versio
 `ReplicaSet` per component, one `BatchQueue` per (component, method) with the batch size the config
 (or its plan) gives it, the `Supervisor` that starts the replicas the backend places, the
 `Autoscaler` and the `Prefetcher`. A component object several pipelines use is deployed once
-(`patchkit.program.identity.deployed_names`); a component of a new version whose fingerprint (its
-identity: `patchkit.program.identity`) is a deployed one's is served by that one, its workers, queues and caches kept.
+(`patchkit.program.identity.deployed_names`); a component of a new version whose version (the digest of its
+identity, `patchkit.program.identity`, computed where the user's code is and carried by its spec) is a deployed
+one's is served by that one, its workers, queues and caches kept. Nothing here derives a digest.
 
 `add` starts a version's new components, all or none, each with the options of the component it is a new
 version of (`replaced`); `adopt` then serves the version's calls with them, and `release` stops those no
@@ -34,7 +35,7 @@ from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.handles import CallService, Handles
 from patchkit.orchestrator.resources import ReplicaResources
 from patchkit.orchestrator.supervisor import HealthChecks, Supervisor
-from patchkit.program.identity import deployed_name, fingerprint
+from patchkit.program.identity import deployed_name, stamped_digest
 from patchkit.scheduler.online.slo import SloPolicy
 from patchkit.serving.prefetch import PREFETCH_METHOD, Prefetcher, PrefetchRoute, find_routes
 from patchkit.serving.queues import BatchQueue, PendingCall
@@ -64,7 +65,7 @@ class Deployment:
         self.clock = clock
         self.components: dict[str, Component] = {}  # deployed name -> the component its workers run
         self.names: dict[str, str] = {}  # uid -> deployed name
-        self.fingerprints: dict[str, str] = {}  # fingerprint -> deployed name
+        self.fingerprints: dict[str, str] = {}  # version (`ComponentSpec.digest`) -> deployed name
         self.aliases: dict[str, Component] = {}  # uid of a component a deployed one serves -> that one
         self.starting: set[str] = set()  # components `add` is starting: they serve nothing yet
         self.sets: dict[str, ReplicaSet] = {}
@@ -121,7 +122,7 @@ class Deployment:
             return self.components[self.names[uid]]
         if uid in self.aliases:
             return self.aliases[uid]
-        name = self.fingerprints.get(fingerprint(component))
+        name = self.fingerprints.get(stamped_digest(component))
         return None if name is None else self.components[name]
 
     def deployed(self, component: Component) -> Component:
@@ -209,7 +210,7 @@ class Deployment:
     def _register(self, name: str, component: Component) -> None:
         self.components[name] = component
         self.names[component._patchkit_spec.uid] = name
-        self.fingerprints.setdefault(fingerprint(component), name)
+        self.fingerprints.setdefault(stamped_digest(component), name)
         self._build_queues(name, component)
 
     async def _specs(self, names: list[str]) -> list[ReplicaSpec]:
@@ -406,7 +407,7 @@ class Deployment:
 def _warn_if_edited(name: str, component: Component, fingerprints: Mapping[str, str]) -> None:
     """Say so where a deployed component object comes back with an edit of what it reads (its class changed in
     place, a global of its module assigned again): one object is one component, whose workers it keeps."""
-    if name in fingerprints.values() and fingerprints.get(fingerprint(component)) != name:
+    if name in fingerprints.values() and fingerprints.get(stamped_digest(component)) != name:
         logger.warning("%s is the object deployed, but what its code reads changed since: it keeps its workers, "
                        "which start no new version of it; make the object again to deploy the edit", name)
 def _uids(pipeline: Pipeline) -> set[str]:

@@ -44,7 +44,7 @@ logger = logging.getLogger(__name__)
 @dataclass(eq=False)
 class Version:
     """One version of a served pipeline: its name, its number (1, 2, ... per name), its content hash
-    (`Pipeline.fingerprint`) and the runner its requests run on."""
+    (`Pipeline.stamped`, computed where the user's code is) and the runner its requests run on."""
 
     name: str
     number: int
@@ -175,8 +175,9 @@ class Frontend:
     async def update(self, pipelines: Mapping[str, Pipeline], remove: Iterable[str] = ()) -> dict[str, Version]:
         """Serve `pipelines` (by name: a new version of one served, or one more), and stop serving `remove`.
 
-        Their components that no deployed one serves (by object, or by fingerprint: everything its behaviour depends
-        on, `patchkit.program.identity`) are started, `setup()` done, before any request reaches them; then each new version takes
+        Their components that no deployed one serves (by object, or by version: everything its behaviour depends
+        on, `patchkit.program.identity`, as the pipeline's caller stamped it) are started, `setup()` done, before
+        any request reaches them; then each new version takes
         every request that comes after this returns, while the requests in flight end on the version they
         started on. Components no version in use calls any more are stopped once those requests have ended.
         A new version of a component gets the options the one it replaces was deployed with. Where the backend
@@ -216,6 +217,7 @@ class Frontend:
         numbers = numbers or dict.fromkeys(pipelines, 1)
         for name, pipeline in pipelines.items():
             _check_pipeline(name, pipeline)
+        await _stamped(pipelines.values())
         added = self.deployment.new_components(pipelines, numbers)
         served = {name: version.pipeline for name, version in self.versions.items()}
         replaced = self.deployment.replaced(pipelines, added, served)
@@ -230,12 +232,15 @@ class Frontend:
             await asyncio.shield(self._roll_back(added, rolling))  # a withdrawn update's cancellation ends no rollback
             raise
         previous = {name: self.versions.get(name) for name in [*pipelines, *remove]}
+        held = versions if rolling.gap() else []  # no replica serves a component they call until the swap
+        for version in held:
+            version.runner.hold()
         for version in versions:
             self._switch(version.name, version)
         for name in remove:
             self._switch(name, None)
-        if rolling.gap():
-            await self._swap_after_switch(rolling, added, previous)
+        if held:
+            await self._swap_after_switch(rolling, added, previous, held)
         if rolling.rolls:
             self._track(rolling.finish())
         if self.versions and not first:
@@ -255,10 +260,11 @@ class Frontend:
         await rolling.undo()
 
     async def _swap_after_switch(self, rolling: RollingUpdate, added: Mapping[str, Component],
-                                 previous: Mapping[str, Version | None]) -> None:
+                                 previous: Mapping[str, Version | None], held: list[Version]) -> None:
         """The rolling update of old components with one replica: once the requests on the versions replaced have
-        ended (within the drain timeout), their replica is swapped for the new one's. On failure, switch back:
-        the new versions' requests waiting for those components fail with the error."""
+        ended (within the drain timeout), their replica is swapped for the new one's, the new versions' requests
+        held meanwhile (`RequestRunner.hold`), and then run on them. On failure, switch back: the requests held
+        run on the versions that serve again, and nothing is lost."""
         try:
             waits = [old.runner.drained(self.config.liveness.drain_timeout_s) for old in previous.values() if old]
             await asyncio.gather(*waits)
@@ -266,7 +272,12 @@ class Frontend:
         except BaseException as exc:
             error = exc if isinstance(exc, PatchkitError) else PatchkitError(f"the update was rolled back: {exc!r}")
             await asyncio.shield(self._switch_back(rolling, added, previous, error))
+            for version in held:
+                old = previous.get(version.name)
+                version.runner.release(old.runner if old is not None else None)
             raise
+        for version in held:
+            version.runner.release()
 
     async def _switch_back(self, rolling: RollingUpdate, added: Mapping[str, Component],
                            previous: Mapping[str, Version | None], error: PatchkitError) -> None:
@@ -284,7 +295,8 @@ class Frontend:
         task.add_done_callback(self._releases.discard)
 
     def _version(self, name: str, pipeline: Pipeline, number: int) -> Version:
-        digest = pipeline.fingerprint()
+        assert pipeline.stamped is not None  # `_deploy` saw to it
+        digest = pipeline.stamped.digest
         runner = RequestRunner(pipeline, self.config, self.deployment, self.policy, self.collector, name=name,
                                load=lambda: self.inflight, tag=f"{number}-{digest}", clock=self.clock)
         return Version(name, number, digest, pipeline, runner)
@@ -358,11 +370,20 @@ class Frontend:
 def _check_pipeline(name: object, pipeline: object) -> None:
     """A name a URL path and a model id take as it is, and a captured pipeline that calls a component."""
     check_pipeline_name(name)
-    if not hasattr(pipeline, "components") or not hasattr(pipeline, "fingerprint"):
+    if not hasattr(pipeline, "components") or not hasattr(pipeline, "stamp"):
         raise ConfigError(f"pipeline {name!r} must be a Pipeline, as `with patchkit.capture() as pipeline:` makes; "
                           f"got {pipeline!r:.100}")
     if not pipeline.components:
         raise InputError(f"pipeline {name!r} calls no component: there is nothing to deploy")
+
+
+async def _stamped(pipelines: Iterable[Pipeline]) -> None:
+    """See that every pipeline carries its version. Those deployed from another process arrive with it (their
+    caller stamped them where their code is); one handed to the front-end in its own process unstamped (the
+    inprocess backend's, a test's) is stamped on a thread: digests never run on the loop that answers."""
+    missing = [pipeline for pipeline in pipelines if pipeline.stamped is None]
+    if missing:
+        await asyncio.to_thread(lambda: [pipeline.stamp() for pipeline in missing])
 
 
 @dataclass(frozen=True)

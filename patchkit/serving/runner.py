@@ -113,6 +113,7 @@ class RequestRunner:
         self.closing = False
         self._idle = asyncio.Event()
         self._idle.set()
+        self._held: asyncio.Future[RequestRunner] | None = None  # `hold`: where the requests held will run
 
     async def query(
         self,
@@ -134,6 +135,10 @@ class RequestRunner:
         Cancelling the query (its client went away) withdraws its queued calls and stops its running
         ones where they can stop; it counts as `cancelled`.
         """
+        if self._held is not None:  # a version switched to before its components serve (`hold`)
+            serving = await asyncio.shield(self._held)
+            if serving is not self:
+                return await serving.query(inputs, slo_ms, request_id=request_id, on_delta=on_delta, on_step=on_step)
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         span = telemetry.start_request(request_id, self.name, self.tag)
         steps = RequestSteps(request_id, self.name, self.tag, on_step, self.config.server.step_preview_chars)
@@ -150,6 +155,19 @@ class RequestRunner:
             telemetry.end_request(span, outcome)
             steps.finish(outcome, time.perf_counter() - steps.arrived)
             self.stats.recent.add(steps)
+
+    def hold(self) -> None:
+        """Hold the requests that arrive from now on, none of their code run, until `release`; called by the
+        front-end for a version it switches to before a component it calls has a replica (a rolling update
+        of a component with one): a request the update's failure would fail waits instead, then runs on the
+        version that serves."""
+        self._held = asyncio.get_running_loop().create_future()
+
+    def release(self, serving: RequestRunner | None = None) -> None:
+        """Run the requests `hold` held on `serving` (None: this runner), and those that come after them here."""
+        held, self._held = self._held, None
+        if held is not None and not held.done():
+            held.set_result(serving or self)
 
     async def _query(
         self,

@@ -80,6 +80,10 @@ class TransformersGenerator(Generator):
         super().__init__(max_tokens=max_tokens, temperature=temperature, seed=seed, system_prompt=system_prompt)
         self.model_path, self.is_gguf, self.device, self.threads = str(path), is_gguf, device, threads
 
+    def version_files(self) -> list[str]:
+        """The model directory or GGUF file: a model replaced there is a new version."""
+        return [self.model_path]
+
     def setup(self) -> None:
         """Load the tokenizer and the model from local files only, on the chosen device, and start the engine thread."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files are all we read: never the network

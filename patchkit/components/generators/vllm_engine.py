@@ -80,6 +80,10 @@ class VLLMGenerator(Generator):
         self.gpu_memory_utilization, self.max_model_len = gpu_memory_utilization, max_model_len
         self.dtype, self.tensor_parallel_size = dtype, tensor_parallel_size
 
+    def version_files(self) -> list[str]:
+        """A local model directory: a model replaced there is a new version (a hub id: declare `version`)."""
+        return [self.model] if _looks_like_path(self.model) else []
+
     def setup(self) -> None:
         """Start the engine, on an event loop in a daemon thread, on the GPUs this process sees, from local files only."""
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files are all we read: never the network

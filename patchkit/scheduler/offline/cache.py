@@ -1,11 +1,12 @@
 """The profiler's on-disk cache: a method's profile, keyed by what it was measured on.
 
-The key is the component's class and constructor arguments, the method, the resource type, the
-thread count, the recorded calls, and how sizes were measured. It must be the same in another
-process and for another object built alike, so it never reads a component's uid (new in every
-process): a component among the arguments or the calls stands for its class and its own arguments,
-at any depth, and sets are taken in a sorted order (their iteration order changes with the
-process's string hashing).
+The key is the component's version (its identity's digest, `patchkit.program.identity`: its class's
+code, the globals and helpers it reads, its constructor arguments, the files it reads, its declared
+version), the method, the resource type, the thread count, the recorded calls, and how sizes were
+measured: a method edited to do more is profiled again. It must be the same in another process and
+for another object built alike, so it never reads a component's uid (new in every process): a
+component among the arguments or the calls stands for its version, at any depth, and sets are taken
+in a sorted order (their iteration order changes with the process's string hashing).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import cloudpickle
 
 from patchkit import envs
 from patchkit.core import Component
+from patchkit.program.identity import component_digest
 from patchkit.scheduler.offline.profiles import MethodProfile
 
 __all__ = ["ProfileCache", "identity"]
@@ -28,13 +30,11 @@ MAX_DEPTH = 32  # nesting of arguments the key follows; deeper values are taken 
 
 
 def identity(value: Any, depth: int = 0) -> Any:
-    """`value` as the cache key sees it: components as (class, arguments), sets sorted, recursively."""
+    """`value` as the cache key sees it: components by their version, sets sorted, recursively."""
     if depth > MAX_DEPTH:
         return value
     if isinstance(value, Component):
-        spec = value._patchkit_spec
-        return ("component", spec.cls.__module__, spec.cls.__qualname__, identity(spec.args, depth + 1),
-                identity(spec.kwargs, depth + 1))
+        return "component", component_digest(value)
     if isinstance(value, (list, tuple)):
         return type(value).__name__, tuple(identity(v, depth + 1) for v in value)
     if isinstance(value, dict):

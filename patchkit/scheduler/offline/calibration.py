@@ -3,19 +3,16 @@
 A plan runs the pipeline eagerly on its calibration inputs to record the calls it profiles with and
 to count each component's visits. With real models that is most of a warm plan's time: every LLM
 call evaluates its prompt again, and a new process loads every model first. The calls of each run
-are kept under a key made of the input, the pipeline's code, the text of the files that define it and
-its components' classes (an edit to any of them runs the calibration again), and the components'
-classes and constructor arguments (`cache.identity`); a plan with the same calibration reads them
-back and counts them in the graph as the runs would have (`Pipeline.absorb`), running nothing.
+are kept under a key made of the input and the pipeline's version (`Pipeline.stamp`: its code, the
+globals and helpers it reads, and each component's version; an edit to any of them runs the calibration
+again); a plan with the same calibration reads them back and counts them in the graph as the runs would
+have (`Pipeline.absorb`), running nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import logging
 import pickle
-import types
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,31 +76,7 @@ class CalibrationCache:
 
 
 def _key(pipeline: Pipeline, inputs: Mapping[str, Any]) -> str:
-    """What a calibration run's calls depend on: the input, the code and its files, the components."""
-    program = pipeline._program.code
-    classes = sorted({type(c) for c in pipeline.components.values()}, key=lambda cls: (cls.__module__, cls.__qualname__))
-    files = sorted({program.co_filename, *(_source_file(cls) for cls in classes)})
-    components = sorted(pipeline.components.items())
-    return digest((dict(inputs), _code_identity(program), [_file_digest(f) for f in files], components))
-
-
-def _code_identity(code: types.CodeType) -> tuple[Any, ...]:
-    """A code object as the key sees it: its instructions, names and constants, nested code included
-    (not marshal: its output depends on reference counts)."""
-    consts = tuple(_code_identity(c) if isinstance(c, types.CodeType) else c for c in code.co_consts)
-    return code.co_code, code.co_names, code.co_varnames, code.co_freevars, consts
-
-
-def _source_file(cls: type) -> str:
-    try:
-        return inspect.getsourcefile(cls) or ""
-    except TypeError:  # a builtin, or a class made where no file is
-        return ""
-
-
-def _file_digest(path: str) -> tuple[str, str]:
-    """A file's name and a hash of its text; of a file that cannot be read (a notebook cell, `-c` code), its name."""
-    try:
-        return path, hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
-        return path, ""
+    """What a calibration run's calls depend on: the input and the pipeline's version (its code, the globals and
+    helpers it reads, each component's version: `Pipeline.stamp`), whether or not it has a source file."""
+    version = pipeline.stamped if pipeline.stamped is not None else pipeline.stamp()
+    return digest((dict(inputs), version.digest))

@@ -31,6 +31,7 @@ from patchkit.capture.holders import given_components
 from patchkit.core import Component, is_set_up, make_methods, release_setup
 from patchkit.errors import InputError, PlanError
 from patchkit.orchestrator.resources import SHARE_SIZES, SHARES_PER_CORE, lending_units
+from patchkit.program.pipeline import stamp
 from patchkit.scheduler.offline.calibration import CalibrationCache
 from patchkit.scheduler.offline.milp import solve
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
@@ -64,6 +65,7 @@ def plan(
     `patchkit.plan`'s docstring says each argument, what it returns and raises. The components it sets
     up here to run the calibration (none set up before) are released when it returns (`Component.teardown`).
     """
+    stamp(pipelines)  # the versions its caches are keyed by: an edit of what a component does profiles it again
     workload = Workload.of(pipelines, weights)
     pool = ResourcePool.resolve(resources)
     unloaded = [c for c in _reachable(workload.components.values()) if not is_set_up(c)]

@@ -116,6 +116,10 @@ class LlamaCppGenerator(Generator):
         self.lines: OrderedDict[tuple[int, str], tuple[int, ...]] = OrderedDict()
         self._lines_lock = threading.Lock()
 
+    def version_files(self) -> list[str]:
+        """The GGUF model file: a model replaced there is a new version (by its size and modification time)."""
+        return [self.model_path]
+
     def setup(self) -> None:
         """Load the model into an engine and its chat template, with this replica's threads."""
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
