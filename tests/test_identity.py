@@ -419,8 +419,9 @@ def test_a_retriever_over_a_directory_is_a_new_version_when_a_file_is_added(tmp_
 def test_the_profile_cache_keys_by_the_version_so_an_edit_is_profiled_again() -> None:
     from patchkit.scheduler.offline.cache import digest
 
-    slower = APP.replace("return self.PROMPT + render(question)", "time.sleep(0.05)\n        return self.PROMPT + render(question)"
-                         ).replace("import patchkit\n", "import time\n\nimport patchkit\n")
+    slower = APP.replace("return self.PROMPT + render(question)",
+                         "time.sleep(0.05)\n        return self.PROMPT + render(question)")
+    slower = slower.replace("import patchkit\n", "import time\n\nimport patchkit\n")
     assert digest(gen()) == digest(gen())  # another object built alike: the same profile
     assert digest(gen(slower)) != digest(gen())
     assert digest(gen(size=3)) != digest(gen())

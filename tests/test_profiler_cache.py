@@ -3,7 +3,9 @@ starts no worker, in the same process or with components built again; a holder's
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -70,20 +72,27 @@ def test_a_pipeline_built_again_alike_plans_from_the_cache(workers_started: list
     assert workers_started == []
 
 
-EAGER_CALLS: list[str] = []
-
-
 class Tally(Component):
-    """Counts the calls it runs in this process: the calibration's eager runs (profiling runs it in workers)."""
+    """Notes the calls it runs in a file, by process: this one's are the calibration's eager runs (profiling runs
+    it in workers). A file, not a global its code reads: such a global is part of its version, which notes change."""
+
+    def __init__(self, log: str) -> None:
+        self.log = log
 
     @make
     def note(self, text: str) -> str:
-        EAGER_CALLS.append(text)
+        with open(self.log, "a") as file:
+            file.write(f"{os.getpid()} {text}\n")
         return text + "."
 
 
-def tallied() -> patchkit.Pipeline:
-    tally, sleeper = Tally(), Sleeper()
+def eager_calls(log: Path) -> list[str]:
+    """The calls the Tally ran in this process."""
+    return [text for pid, text in (line.split(" ", 1) for line in log.read_text().splitlines()) if int(pid) == os.getpid()]
+
+
+def tallied(log: Path) -> patchkit.Pipeline:
+    tally, sleeper = Tally(str(log)), Sleeper()
     question = "q"
     with patchkit.capture(run=False) as pipeline:
         noted = tally.note(question)
@@ -91,19 +100,21 @@ def tallied() -> patchkit.Pipeline:
     return pipeline
 
 
-def test_a_plan_made_again_reads_its_calibration_runs_back_and_runs_nothing_here(workers_started: list[str]) -> None:
+def test_a_plan_made_again_reads_its_calibration_runs_back_and_runs_nothing_here(workers_started: list[str],
+                                                                                 tmp_path: Path) -> None:
     """As `patchkit plan` run again in a new process: no model loads and no call runs for the calibration."""
-    EAGER_CALLS.clear()
-    first = patchkit.plan(tallied(), resources=POOL, calibration=CALIBRATION, progress=False)
-    assert EAGER_CALLS == ["a", "b"]
+    log = tmp_path / "eager.log"
+    log.write_text("")
+    first = patchkit.plan(tallied(log), resources=POOL, calibration=CALIBRATION, progress=False)
+    assert eager_calls(log) == ["a", "b"]
     workers_started.clear()
-    again = tallied()
+    again = tallied(log)
     second = patchkit.plan(again, resources=POOL, calibration=CALIBRATION, progress=False)
-    assert EAGER_CALLS == ["a", "b"] and workers_started == []  # nothing ran, here or in a worker
+    assert eager_calls(log) == ["a", "b"] and workers_started == []  # nothing ran, here or in a worker
     assert second.to_dict() == first.to_dict()
     assert again.graph.runs == 2 and [c.args for c in again.recorded] == [("a",), ("a.",), ("b",), ("b.",)]
-    patchkit.plan(tallied(), resources=POOL, calibration=[{"question": "c"}], progress=False)
-    assert EAGER_CALLS == ["a", "b", "c"]  # a new input runs
+    patchkit.plan(tallied(log), resources=POOL, calibration=[{"question": "c"}], progress=False)
+    assert eager_calls(log) == ["a", "b", "c"]  # a new input runs
 
 
 def test_other_calibration_inputs_are_profiled(workers_started: list[str]) -> None:
@@ -128,3 +139,47 @@ def test_a_holders_profile_is_its_own_work_not_the_calls_it_makes_of_what_it_hol
     held = dict(profiles["napper_sleeper"].methods["nap"].points)[1]
     assert held >= NAP_S * 1000  # the sleeper is profiled on its own, as it is deployed
     assert own < NAP_S * 1000 / 4  # the napper's calls of it were answered from the calibration run
+
+
+WORKER_SOURCE = '''\
+import time
+
+import patchkit
+from patchkit import Component, make
+
+
+class Worker(Component):
+    @make
+    def work(self, text: str) -> str:
+        time.sleep({seconds})
+        return text.upper()
+
+
+def answer():
+    worker = Worker()
+    question = "q"
+    with patchkit.capture(run=False) as pipeline:
+        return worker.work(question)
+    return pipeline
+'''
+
+
+def _worker_pipeline(seconds: float) -> patchkit.Pipeline:
+    """A script's pipeline run again after its method was edited: a new module, a new class."""
+    import types
+
+    made = types.ModuleType("worker_app")
+    exec(compile(WORKER_SOURCE.format(seconds=seconds), "worker_app.py", "exec"), made.__dict__)  # noqa: S102
+    made.answer()
+    return patchkit.last_pipeline()
+
+
+def test_a_method_edited_to_do_more_is_profiled_again(workers_started: list[str]) -> None:
+    """The profile cache keys by the component's version: a method 50x slower is measured again, not read back."""
+    fast = patchkit.plan(_worker_pipeline(0.004), resources=POOL, calibration=CALIBRATION, progress=False)
+    workers_started.clear()
+    patchkit.plan(_worker_pipeline(0.004), resources=POOL, calibration=CALIBRATION, progress=False)
+    assert workers_started == []  # the same code: read back
+    slow = patchkit.plan(_worker_pipeline(0.2), resources=POOL, calibration=CALIBRATION, progress=False)
+    assert workers_started  # measured again
+    assert slow.components["worker"].throughput < fast.components["worker"].throughput / 10

@@ -11,10 +11,11 @@ place. Each request still runs wholly on one version:
 - An old component with two replicas or more: one is swapped before the switch, so a failure then starts the
   old one again and the update changes nothing. After the switch (`finish`, in the background), the others
   follow one at a time, the last one kept for the requests still on the old version until they have ended.
-- An old component with one replica: the switch comes first, and the new version's calls of the component
-  wait in its queue; once the requests on the old version have ended (within the drain timeout), the old
-  replica is swapped (`after_switch`). A failure then starts the old replica again and the front-end switches
-  back; the requests that started on the new version meanwhile fail with the error.
+- An old component with one replica: the switch comes first, and the new version's requests are held, none
+  of their code run (`RequestRunner.hold`); once the requests on the old version have ended (within the drain
+  timeout), the old replica is swapped (`after_switch`), and the requests held run on the new version. A
+  failure then starts the old replica again and the front-end switches back; the requests held run on the
+  old version, and none is lost.
 """
 
 from __future__ import annotations
