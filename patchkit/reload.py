@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from patchkit.program.identity import PipelineVersion, users_module
+from patchkit.program.identity import PipelineVersion
+from patchkit.program.origin import users_module
 
 if TYPE_CHECKING:
     from patchkit.program.pipeline import Pipeline

@@ -189,7 +189,7 @@ def test_installed_and_patchkit_code_counts_by_name() -> None:
 
 
 def test_an_object_without_a_stable_digest_falls_back_to_its_type_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="patchkit.program.identity")
+    caplog.set_level(logging.DEBUG, logger="patchkit.program.walk")
     source = APP.replace("UNRELATED = 1", "import threading\n\nLOCK = threading.Lock()").replace(
         "return text.strip()", "with LOCK:\n        return text.strip()")
     assert ids.fingerprint(gen(source)) == ids.fingerprint(gen(source))  # two locks: one digest

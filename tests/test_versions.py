@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -71,29 +72,37 @@ with patchkit.deploy(pipeline) as endpoint:
 '''
 
 
-def _wheel_environment(tmp_path: Path) -> Path:
-    """A virtualenv with patchkit installed from a wheel built from this checkout (not editable); the other
-    packages it imports are this environment's, on its path after its own."""
+def _wheel_environment(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A virtualenv with patchkit installed from a wheel of this checkout's files (not editable), and the
+    environment to run it in; the other packages it imports are this environment's, on its path after its own.
+    The wheel is built from a copy, so that no build folder of an earlier build (or of the checkout) leaks in."""
+    source = tmp_path / "source"
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        source.mkdir(exist_ok=True)
+        shutil.copy2(ROOT / name, source / name)
+    for folder in ("patchkit", "examples"):
+        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels),
-                    str(ROOT)], check=True)
+                    str(source)], check=True, cwd=tmp_path, env=env)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python = venv / "bin" / "python"
     own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         capture_output=True, text=True, check=True).stdout.strip()
-    (Path(own) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+                         capture_output=True, text=True, check=True, env=env).stdout.strip()
     wheel = next(wheels.glob("patchkit_rag-*.whl"))
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True)
-    return python
+    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True,
+                   cwd=tmp_path, env=env)
+    (Path(own) / "test-environment.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")  # after the install
+    return python, env
 
 
 @pytest.mark.slow
 def test_an_update_serves_the_edit_with_patchkit_installed_from_a_wheel(tmp_path: Path) -> None:
-    python = _wheel_environment(tmp_path)
+    python, env = _wheel_environment(tmp_path)
     script = tmp_path / "app.py"
     script.write_text(EDITED_SCRIPT)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run([str(python), str(script)], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())

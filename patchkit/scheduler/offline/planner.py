@@ -65,8 +65,8 @@ def plan(
     `patchkit.plan`'s docstring says each argument, what it returns and raises. The components it sets
     up here to run the calibration (none set up before) are released when it returns (`Component.teardown`).
     """
-    stamp(pipelines)  # the versions its caches are keyed by: an edit of what a component does profiles it again
     workload = Workload.of(pipelines, weights)
+    stamp(pipelines)  # the versions its caches are keyed by: an edit of what a component does profiles it again
     pool = ResourcePool.resolve(resources)
     unloaded = [c for c in _reachable(workload.components.values()) if not is_set_up(c)]
     try:
