@@ -8,6 +8,7 @@ again after a method became slower, a pipeline captured in `python -c` code.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 import re
 import shutil
@@ -213,26 +214,17 @@ def test_a_frame_of_100_mb_reads_whole_in_place() -> None:
     sender.join()
 
 
-BIG_GLOBAL = '''\
-import numpy as np
-
-import patchkit
-from patchkit import Component, make
-
-TABLE = np.random.default_rng({seed}).integers(0, 255, size=100 << 20, dtype=np.uint8)
-
-
-class Lookup(Component):
-    @make
-    def look(self, index: int) -> int:
-        return int(TABLE[index])
-
-
-lookup = Lookup()
-index = 7
-with patchkit.capture() as pipeline:
-    value = lookup.look(index)
-'''
+def _benchmark() -> Any:
+    """benchmarks/big_payloads.py, whose script of a 100 MB global the test below updates."""
+    spec = importlib.util.spec_from_file_location("big_payloads", ROOT / "benchmarks" / "big_payloads.py")
+    assert spec is not None and spec.loader is not None
+    found = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))  # its own imports (provenance)
+    try:
+        spec.loader.exec_module(found)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return found
 
 
 @pytest.mark.slow
@@ -242,7 +234,7 @@ def test_health_answers_while_an_update_with_a_100_mb_global_runs(tmp_path: Path
 
     def load(seed: int) -> tuple[patchkit.Pipeline, int]:
         script = tmp_path / f"lookup_{seed}.py"
-        script.write_text(BIG_GLOBAL.format(seed=seed))
+        script.write_text(_benchmark().BIG_GLOBAL.format(seed=seed, size=100 << 20))
         made = runpy.run_path(str(script), run_name="lookup")
         return made["pipeline"], int(made["TABLE"][7])
 
