@@ -69,6 +69,7 @@ class _Analysis:
         self._memo: dict[tuple[Any, ...], tuple[frozenset[str], frozenset[str]]] = {}
         self._registered: set[int] = set()
         self.output_parts: frozenset[str] = EMPTY  # the `parts` of what the block returns or outputs
+        self.output_fields: frozenset[tuple[str, str]] = frozenset()  # its `fields`: a dict output's keys by call
 
     def register(self, obj: Any, name: str | None) -> None:
         """Name, in the graph, every component reachable from an object the code loads."""
@@ -113,6 +114,8 @@ class _Analysis:
                 todo.append(j)
             returned |= step.returned
             parts |= step.parts
+            if depth == 0:
+                self.output_fields |= step.fields
         if depth == 0:
             self.output_parts |= parts
         return returned, parts
@@ -157,6 +160,7 @@ class _Step:
         self.conditions = conditions
         self.returned: frozenset[str] = EMPTY
         self.parts: frozenset[str] = EMPTY  # the `parts` of what it returns
+        self.fields: frozenset[tuple[str, str]] = frozenset()  # and its `fields`
         self.env: Env = {}
 
     def run(self, i: int, stack: list[Value], env: Env, output: str | None) -> list[tuple[int, tuple[Value, ...], Env]]:
@@ -168,6 +172,7 @@ class _Step:
                 value = self.scope.load(env, "LOAD_NAME", output)
                 self.returned |= value.taint
                 self.parts |= value.parts
+                self.fields |= value.fields
             return []
         if isinstance(e, TryBegin):
             depth = e.stack_depth if isinstance(e.stack_depth, int) else len(stack)
@@ -209,11 +214,11 @@ class _Step:
             self._super_attribute(e, stack)
         elif name in _STORES:
             value = stack.pop() if stack else Value()
-            self.env[name_of(e.arg)] = Value(value.taint, value.obj, parts=value.parts)
+            self.env[name_of(e.arg)] = Value(value.taint, value.obj, parts=value.parts, fields=value.fields, keys=value.keys)
         elif name in ("DELETE_NAME", "DELETE_FAST", "DELETE_DEREF"):
             self.env.pop(name_of(e.arg), None)
         elif name == "LOAD_CONST":
-            stack.append(Value(obj=CodeRef(e.arg) if isinstance(e.arg, types.CodeType) else None))
+            stack.append(Value(obj=CodeRef(e.arg) if isinstance(e.arg, types.CodeType) else None, keys=_keys(e.arg)))
         elif name in ("LOAD_ATTR", "LOAD_METHOD"):
             self._attribute(e, stack)
         elif name == "SWAP":
@@ -228,6 +233,7 @@ class _Step:
             value = stack.pop() if stack else Value()
             self.returned |= value.taint
             self.parts |= value.parts
+            self.fields |= value.fields
         else:
             self._generic(e, stack)
 
@@ -272,7 +278,8 @@ class _Step:
         code = next((v.obj for v in popped if isinstance(v.obj, CodeRef)), None)
         keep_code = e.name in ("MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE")
         parts = frozenset().union(*(v.parts for v in popped)) if e.name in _BUILDS else EMPTY
-        stack += [Value(union(popped), code if keep_code else None, parts=parts)] * pushes
+        fields = _dict_fields(e.name, popped)
+        stack += [Value(union(popped), code if keep_code else None, parts=parts, fields=fields)] * pushes
 
     def _context_at(self, i: int) -> tuple[list[Guard], list[str]]:
         guards = list(self.context[0])
@@ -405,7 +412,26 @@ def build_graph(
     graph.name_held()
     for src in sorted(returned):
         graph.add_edge(src, OUTPUT, "data", PART if src in analysis.output_parts else "")
+    graph.set_output_fields((key, node) for key, node in analysis.output_fields if node in analysis.output_parts)
     return graph
+
+
+def _keys(constant: Any) -> str | tuple[str, ...] | None:
+    """A constant that may be a dict display's keys: a string, or a tuple of strings."""
+    if isinstance(constant, str) or (isinstance(constant, tuple) and all(isinstance(k, str) for k in constant)):
+        return constant
+    return None
+
+
+def _dict_fields(op: str, popped: list[Value]) -> frozenset[tuple[str, str]]:
+    """(key, call node) for each value of a dict display with string constant keys that is a call's result."""
+    if op == "BUILD_CONST_KEY_MAP" and popped and isinstance(popped[-1].keys, tuple):
+        pairs = list(zip(popped[-1].keys, popped[:-1]))
+    elif op == "BUILD_MAP":
+        pairs = [(k.keys, v) for k, v in zip(popped[::2], popped[1::2]) if isinstance(k.keys, str)]
+    else:
+        return frozenset()
+    return frozenset((key, node) for key, value in pairs if isinstance(key, str) for node in value.parts)
 
 
 def _as_cell(e: Any) -> Any:
