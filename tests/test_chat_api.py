@@ -8,6 +8,7 @@ import gc
 import json
 import threading
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -467,3 +468,77 @@ def test_abandoned_streams_leave_no_task_behind() -> None:
         loop.call_soon_threadsafe(loop.stop)
         thread.join()
         loop.close()
+
+
+@pytest.fixture(scope="module")
+def smollm() -> Iterator[tuple[patchkit.Endpoint, Any]]:
+    """The bundled SmolLM2 behind a one-LLM chat pipeline, and beside it one whose dict output holds two of its
+    answers, deployed as the docs write them (the default backend: a worker process); with the generator
+    loaded here too, for its tokenizer."""
+    pytest.importorskip("llama_cpp", reason="needs the llm extra (llama-cpp-python)")
+    from patchkit.components import LlamaCppGenerator
+
+    llm = LlamaCppGenerator(max_tokens=48)
+
+    def answer(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return llm.generate(question)  # type: ignore[no-any-return]
+        return pipeline
+
+    def answer_and_followup(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            reply = llm.generate(question)
+            followup = llm.generate("Ask one question about this: " + question)
+            return {"answer": reply, "followup": followup}  # type: ignore[return-value]
+        return pipeline
+
+    question = "What is the sea?"
+    local = LlamaCppGenerator()
+    local.setup()
+    try:
+        with patchkit.deploy({"chat": answer(question), "both": answer_and_followup(question)},
+                             chat_output="answer") as served:
+            yield served, local
+    finally:
+        local.teardown()
+
+
+POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+
+@pytest.mark.slow
+def test_the_openai_sdk_gets_what_it_asks_of_a_real_generator(smollm: tuple[patchkit.Endpoint, Any]) -> None:
+    """The six things an OpenAI client relies on, on llama.cpp in a worker: max_tokens (either name) caps
+    the reply with "length"; usage is the tokenizer's count; stop stops; a seed fixes a sampled answer;
+    response_format is honoured (or refused); a dict output streams what it returns."""
+    served, local = smollm
+    sdk = client(served)
+    for cap in ({"max_tokens": 8}, {"max_completion_tokens": 5}):
+        capped = sdk.chat.completions.create(model="chat", messages=POEM, **cap)  # type: ignore[call-overload]
+        assert capped.choices[0].finish_reason == "length"
+        assert capped.usage is not None and capped.usage.completion_tokens == next(iter(cap.values()))
+        # The prompt the model evaluated, chat template and system prompt included, by its own tokenizer.
+        assert capped.usage.prompt_tokens == len(local.tokens(local.messages(POEM[0]["content"]))) > 20
+    whole = sdk.chat.completions.create(model="chat", messages=POEM)  # type: ignore[arg-type]
+    text = whole.choices[0].message.content or ""
+    word = text.split()[3]
+    stopped = sdk.chat.completions.create(model="chat", messages=POEM, stop=[word])  # type: ignore[arg-type]
+    assert stopped.choices[0].message.content == text[: text.index(word)].strip()
+    assert stopped.choices[0].finish_reason == "stop"
+    sampled = [sdk.chat.completions.create(model="chat", messages=POEM, seed=seed, temperature=1.0,  # type: ignore[arg-type]
+                                           max_tokens=24).choices[0].message.content for seed in (1, 1, 2)]
+    assert sampled[0] == sampled[1] != sampled[2]
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    person = sdk.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "Give a person's name and age as JSON."}], max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})  # type: ignore[arg-type]
+    parsed = json.loads(person.choices[0].message.content or "")
+    assert isinstance(parsed["name"], str) and isinstance(parsed["age"], int)
+    with pytest.raises(openai.BadRequestError) as caught:  # llama.cpp's engine here keeps no logprobs: refused
+        sdk.chat.completions.create(model="chat", messages=POEM, logprobs=True)  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "logprobs"  # type: ignore[index]
+    both = sdk.chat.completions.create(model="both", messages=POEM)  # type: ignore[arg-type]
+    stream = sdk.chat.completions.create(model="both", messages=POEM, stream=True)  # type: ignore[arg-type]
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert streamed == both.choices[0].message.content == text  # the answer's field alone, as it was returned
