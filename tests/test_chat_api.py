@@ -18,6 +18,7 @@ from components import Generator
 import patchkit
 from patchkit import Component, make
 from patchkit.config import DeploymentConfig
+from patchkit.core import ensure_setup
 from patchkit.core.options import CallOptions, CallReport
 from patchkit.errors import ConfigError
 from patchkit.server.process import FrontendServer
@@ -510,7 +511,8 @@ POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
 def test_the_openai_sdk_gets_what_it_asks_of_a_real_generator(smollm: tuple[patchkit.Endpoint, Any]) -> None:
     """The six things an OpenAI client relies on, on llama.cpp in a worker: max_tokens (either name) caps
     the reply with "length"; usage is the tokenizer's count; stop stops; a seed fixes a sampled answer;
-    response_format is honoured (or refused); a dict output streams what it returns."""
+    response_format is honoured; logprobs are the model's; what it cannot honour is refused; a dict output
+    streams what it returns."""
     served, local = smollm
     sdk = client(served)
     for cap in ({"max_tokens": 8}, {"max_completion_tokens": 5}):
@@ -535,10 +537,30 @@ def test_the_openai_sdk_gets_what_it_asks_of_a_real_generator(smollm: tuple[patc
         response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})  # type: ignore[arg-type]
     parsed = json.loads(person.choices[0].message.content or "")
     assert isinstance(parsed["name"], str) and isinstance(parsed["age"], int)
-    with pytest.raises(openai.BadRequestError) as caught:  # llama.cpp's engine here keeps no logprobs: refused
-        sdk.chat.completions.create(model="chat", messages=POEM, logprobs=True)  # type: ignore[arg-type]
-    assert caught.value.body["param"] == "logprobs"  # type: ignore[index]
+    scored = sdk.chat.completions.create(model="chat", messages=POEM, logprobs=True, top_logprobs=2,  # type: ignore[arg-type]
+                                         max_tokens=6)
+    assert scored.choices[0].logprobs is not None and scored.choices[0].logprobs.content is not None
+    entries = scored.choices[0].logprobs.content
+    assert len(entries) == 6 and "".join(e.token for e in entries).strip() == scored.choices[0].message.content
+    assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob for e in entries)
+    with pytest.raises(openai.BadRequestError) as caught:  # what llama.cpp's generator does not honour: refused
+        sdk.chat.completions.create(model="chat", messages=POEM, extra_body={"min_tokens": 4})  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "min_tokens"  # type: ignore[index]
     both = sdk.chat.completions.create(model="both", messages=POEM)  # type: ignore[arg-type]
     stream = sdk.chat.completions.create(model="both", messages=POEM, stream=True)  # type: ignore[arg-type]
     streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
     assert streamed == both.choices[0].message.content == text  # the answer's field alone, as it was returned
+
+
+def test_an_openai_generator_passes_its_servers_usage_and_finish_reason_through() -> None:
+    """Over a server that streams usage (patchkit's own chat route, over Words): the report is the server's."""
+    from patchkit.components import OpenAIGenerator
+
+    # The generator always sends its own temperature and seed, which Words does not take: that server drops them.
+    with patchkit.deploy(draft_then_answer(), backend="inprocess", chat_output="answer",
+                         chat_drop_params=["temperature", "seed"]) as served:
+        remote = OpenAIGenerator(served.url + "/v1", model="patchkit", api_key="x", system_prompt=None)
+        ensure_setup(remote)
+        *chunks, report = OpenAIGenerator.generate.chunks(remote, ("q",), {"options": CallOptions(max_tokens=2)})
+    assert "".join(c for c in chunks if isinstance(c, str)) == "q one"
+    assert report == CallReport(6, 2, "length")  # Words' own counts, as the server sent them

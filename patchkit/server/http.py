@@ -207,7 +207,11 @@ async def query(request: web.Request) -> web.StreamResponse:
 
 
 def _check_options(version: Version, parsed: QueryBody) -> None:
-    """A body's options, each honoured by the call that answers (of its `field`); InputError names one that is not."""
+    """A body's `field`, one the output has, and its options, each honoured by the call that answers (of that
+    field); InputError names what is not."""
+    fields = version.pipeline.graph.output_fields
+    if parsed.field is not None and fields and parsed.field not in fields:
+        raise InputError(f"field names {parsed.field!r}, which the output does not have: its fields are {', '.join(fields)}")
     if parsed.options is None:
         return
     honoured = version.runner.honoured(parsed.field)

@@ -122,6 +122,7 @@ class RequestRunner:
         self.waves = None if config.limits.pipelining else Waves()
         self.output_sites = pipeline.graph.output_sites()  # calls whose result is (part of) the output
         self.site_fields = pipeline.graph.site_fields()  # of a dict output, the field each of those makes
+        self._answering: dict[str | None, frozenset[CallSite]] = {}
         self._honoured: dict[str | None, frozenset[str]] = {}
         self.parallel = config.limits.parallel_calls and pipeline.parallel  # calls to overlap, and overlapping on
         self.inflight = 0
@@ -236,7 +237,9 @@ class RequestRunner:
     def answering(self, field: str | None = None) -> frozenset[CallSite]:
         """The call sites of the call that answers a request: whose result is the output, or field `field` of a
         dict output. A streaming request follows its chunks; the request's options reach it."""
-        return self.pipeline.graph.field_sites(field)
+        if field not in self._answering:
+            self._answering[field] = self.pipeline.graph.field_sites(field)
+        return self._answering[field]
 
     def honoured(self, field: str | None = None) -> frozenset[str]:
         """The call options every call that may answer a request (asking for `field`) honours: those of its

@@ -43,7 +43,7 @@ from patchkit.components.generators.llama.engine_turn import Reading, Skip
 from patchkit.components.generators.llama.kv_blend import Blender
 from patchkit.components.generators.llama.kv_rope import KeyRotation
 from patchkit.components.generators.llama.loading import choose_repack, model_params
-from patchkit.components.generators.llama.sampling import GREEDY, SamplerParams, chain
+from patchkit.components.generators.llama.sampling import GREEDY, SamplerParams, chain, token_logprobs
 from patchkit.components.generators.llama.sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
 
 __all__ = ["EngineConfig", "LlamaEngine"]
@@ -80,6 +80,7 @@ class LlamaEngine:
         self._ctx = _internals.LlamaContext(model=self.model, params=self._context_params(), verbose=False)
         self._batch = _internals.LlamaBatch(n_tokens=config.n_batch, embd=0, n_seq_max=1, verbose=False)
         self._greedy = chain(llama_cpp, self.model.vocab, GREEDY)
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self.model.vocab)
         self._lock = threading.Condition()
         self._waiting: deque[LlamaSequence] = deque()
         self._running: list[LlamaSequence] = []
@@ -144,6 +145,7 @@ class LlamaEngine:
             raise ValueError(f"documents ({list(documents)}) must be ranges in order, before the prompt's last token")
         sampler = self._greedy if sampling.greedy else chain(self._lib, self.model.vocab, sampling)
         sequence = LlamaSequence(list(prompt), max_tokens, sampler, cut_pieces(prompt, pieces), list(documents))
+        sequence.top_logprobs = sampling.logprobs
         with self._lock:
             self.check()
             if self._stopping:
@@ -408,6 +410,9 @@ class LlamaEngine:
         if self._lib.llama_vocab_is_eog(self.model.vocab, token):
             self._finish(sequence)
             return
+        if sequence.top_logprobs is not None:
+            logits = self._lib.llama_get_logits_ith(self._ctx.ctx, row)
+            sequence.logprobs.append(token_logprobs(logits, self._n_vocab, token, sequence.top_logprobs, self.piece))
         sequence.generated += 1
         sequence.last = token
         self._counts["generated_tokens"] += 1

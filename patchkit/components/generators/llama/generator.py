@@ -87,7 +87,7 @@ class LlamaCppGenerator(Generator):
     """
 
     honoured_options = frozenset({"max_tokens", "stop", "temperature", "top_p", "seed", "presence_penalty",
-                                  "frequency_penalty", "response_format", "ignore_eos"})
+                                  "frequency_penalty", "response_format", "ignore_eos", "logprobs", "top_logprobs"})
 
     def __init__(
         self,
@@ -284,8 +284,9 @@ class LlamaCppGenerator(Generator):
 
         `options` (where this call answers a request) over this generator's own settings: max_tokens, stop,
         temperature, top_p, seed, the penalties, response_format as a grammar (llama.cpp's, from the JSON
-        schema), ignore_eos. Closing the generator early aborts the call's sequence in the engine. Called from
-        the worker's threads, many at once.
+        schema), ignore_eos, logprobs (the model's own, before sampling, with top_logprobs alternatives).
+        Closing the generator early aborts the call's sequence in the engine. Called from the worker's
+        threads, many at once.
         """
         assert self.engine is not None
         if docs and self.reorder_docs and self.document_cache:
@@ -302,7 +303,7 @@ class LlamaCppGenerator(Generator):
             yield from stripped(until_stop(stop, decoded(_counted(stream.pieces(), made))))
         finally:
             stream.close()
-        yield request.report(len(tokens), made[0], stop.stopped)
+        yield request.report(len(tokens), made[0], stop.stopped, stream.logprobs if request.options.logprobs else None)
 
     def sampler_params(self, options: CallOptions) -> SamplerParams:
         """How a call's sequence samples: this generator's settings with the call's options over them."""
@@ -311,7 +312,8 @@ class LlamaCppGenerator(Generator):
         return SamplerParams(temperature=sampling.temperature, top_p=sampling.top_p or DEFAULT_TOP_P, seed=sampling.seed,
                              grammar=json_grammar(schema) if schema is not None else None,
                              presence_penalty=options.presence_penalty or 0.0,
-                             frequency_penalty=options.frequency_penalty or 0.0, ignore_eos=options.ignore_eos)
+                             frequency_penalty=options.frequency_penalty or 0.0, ignore_eos=options.ignore_eos,
+                             logprobs=(options.top_logprobs or 0) if options.logprobs else None)
 
     def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         """The key of the system prompt and the first document alone.

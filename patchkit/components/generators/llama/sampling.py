@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GREEDY", "SamplerParams", "chain", "json_grammar"]
+__all__ = ["GREEDY", "SamplerParams", "chain", "json_grammar", "token_logprobs"]
 
 TOP_K, MIN_P = 40, 0.05
 DEFAULT_TOP_P = 0.95  # llama-cpp-python's completion default
@@ -34,6 +34,7 @@ class SamplerParams:
     frequency_penalty: float = 0.0
     penalty_last_n: int = 64
     ignore_eos: bool = False
+    logprobs: int | None = None  # the model's logprobs of each token made, with this many alternatives (None: none)
 
     @property
     def greedy(self) -> bool:
@@ -89,6 +90,23 @@ def chain(lib: Any, vocab: Any, params: SamplerParams) -> Any:
     for stage in stages:
         lib.llama_sampler_chain_add(sampler, stage)
     return sampler
+
+
+def token_logprobs(logits: Any, n_vocab: int, token: int, top: int, text: Any) -> dict[str, Any]:
+    """OpenAI's logprobs entry of `token` from one row of raw logits (a ctypes float pointer): its log-probability
+    under the model and the `top` likeliest tokens', `text(token)` each token's bytes."""
+    import numpy as np
+
+    row = np.ctypeslib.as_array(logits, shape=(n_vocab,)).astype(np.float64)
+    row -= row.max()
+    row -= np.log(np.exp(row).sum())
+    best: list[int] = [int(tok) for tok in np.argsort(-row)[:top]] if top else []
+
+    def entry(tok: int) -> dict[str, Any]:
+        piece: bytes = text(tok)
+        return {"token": piece.decode("utf-8", errors="replace"), "logprob": float(row[tok]), "bytes": list(piece)}
+
+    return {**entry(token), "top_logprobs": [entry(tok) for tok in best]}
 
 
 def _eog_ban(lib: Any, vocab: Any) -> Any:
