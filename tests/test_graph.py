@@ -218,3 +218,11 @@ def run(query):
         return out
 ''')
     assert filled == {}  # known by no display: no call makes a field (the chat API then streams none)
+    helped = _fields('''
+def both(query):
+    return {"answer": llm.generate(query), "followup": llm2.generate(query)}
+def run(query):
+    with patchkit.capture(run=False):
+        return both(query)
+''')
+    assert helped == {"answer": {"llm.generate"}, "followup": {"llm2.generate"}}  # a helper's display, as the body's
