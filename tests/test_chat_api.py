@@ -543,6 +543,11 @@ def test_the_openai_sdk_gets_what_it_asks_of_a_real_generator(smollm: tuple[patc
     entries = scored.choices[0].logprobs.content
     assert len(entries) == 6 and "".join(e.token for e in entries).strip() == scored.choices[0].message.content
     assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob for e in entries)
+    hi = [{"role": "user", "content": "Say hi."}]
+    natural = sdk.chat.completions.create(model="chat", messages=hi, max_tokens=40)  # type: ignore[arg-type]
+    assert natural.choices[0].finish_reason == "stop" and natural.usage is not None and natural.usage.completion_tokens < 40
+    forced = sdk.chat.completions.create(model="chat", messages=hi, max_tokens=40, extra_body={"ignore_eos": True})  # type: ignore[arg-type]
+    assert forced.choices[0].finish_reason == "length" and forced.usage is not None and forced.usage.completion_tokens == 40
     with pytest.raises(openai.BadRequestError) as caught:  # what llama.cpp's generator does not honour: refused
         sdk.chat.completions.create(model="chat", messages=POEM, extra_body={"min_tokens": 4})  # type: ignore[arg-type]
     assert caught.value.body["param"] == "min_tokens"  # type: ignore[index]

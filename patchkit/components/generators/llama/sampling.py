@@ -112,6 +112,17 @@ def token_logprobs(logits: Any, n_vocab: int, token: int, top: int, text: Any) -
 def _eog_ban(lib: Any, vocab: Any) -> Any:
     """A logit bias of -inf on every end-of-generation token of `vocab`."""
     count = lib.llama_vocab_n_tokens(vocab)
-    eog = [token for token in range(count) if lib.llama_vocab_is_eog(vocab, token)]
+    eog = _eog_tokens(lib, vocab, count)
     biases = (lib.llama_logit_bias * len(eog))(*[lib.llama_logit_bias(token, float("-inf")) for token in eog])
     return lib.llama_sampler_init_logit_bias(count, len(eog), biases)
+
+
+_EOG: dict[tuple[int, int], list[int]] = {}  # by vocabulary (its address, its size): its end-of-generation tokens
+
+
+def _eog_tokens(lib: Any, vocab: Any, count: int) -> list[int]:
+    """The end-of-generation tokens of `vocab`, found once per vocabulary (a pass over every token)."""
+    key = (int(getattr(vocab, "value", None) or id(vocab)), count)
+    if key not in _EOG:
+        _EOG[key] = [token for token in range(count) if lib.llama_vocab_is_eog(vocab, token)]
+    return _EOG[key]
