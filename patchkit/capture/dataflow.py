@@ -41,6 +41,8 @@ from patchkit.capture.values import (
     Value,
     absorb,
     bind,
+    constant_keys,
+    dict_fields,
     is_callable_ref,
     is_user_function,
     join_env,
@@ -231,7 +233,7 @@ class _Step:
         elif name in ("DELETE_NAME", "DELETE_FAST", "DELETE_DEREF"):
             self.env.pop(name_of(e.arg), None)
         elif name == "LOAD_CONST":
-            stack.append(Value(obj=CodeRef(e.arg) if isinstance(e.arg, types.CodeType) else None, keys=_keys(e.arg)))
+            stack.append(Value(obj=CodeRef(e.arg) if isinstance(e.arg, types.CodeType) else None, keys=constant_keys(e.arg)))
         elif name in ("LOAD_ATTR", "LOAD_METHOD"):
             self._attribute(e, stack)
         elif name == "SWAP":
@@ -291,7 +293,7 @@ class _Step:
         code = next((v.obj for v in popped if isinstance(v.obj, CodeRef)), None)
         keep_code = e.name in ("MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE")
         parts = frozenset().union(*(v.parts for v in popped)) if e.name in _BUILDS else EMPTY
-        fields = _dict_fields(e.name, popped)
+        fields = dict_fields(e.name, popped)
         stack += [Value(union(popped), code if keep_code else None, parts=parts, fields=fields)] * pushes
 
     def _context_at(self, i: int) -> tuple[list[Guard], list[str]]:
@@ -427,24 +429,6 @@ def build_graph(
         graph.add_edge(src, OUTPUT, "data", PART if src in analysis.output_parts else "")
     graph.set_output_fields((key, node) for key, node in analysis.output_fields if node in analysis.output_parts)
     return graph
-
-
-def _keys(constant: Any) -> str | tuple[str, ...] | None:
-    """A constant that may be a dict display's keys: a string, or a tuple of strings."""
-    if isinstance(constant, str) or (isinstance(constant, tuple) and all(isinstance(k, str) for k in constant)):
-        return constant
-    return None
-
-
-def _dict_fields(op: str, popped: list[Value]) -> frozenset[tuple[str, str]]:
-    """(key, call node) for each value of a dict display with string constant keys that is a call's result."""
-    if op == "BUILD_CONST_KEY_MAP" and popped and isinstance(popped[-1].keys, tuple):
-        pairs = list(zip(popped[-1].keys, popped[:-1]))
-    elif op == "BUILD_MAP":
-        pairs = [(k.keys, v) for k, v in zip(popped[::2], popped[1::2]) if isinstance(k.keys, str)]
-    else:
-        return frozenset()
-    return frozenset((key, node) for key, value in pairs if isinstance(key, str) for node in value.parts)
 
 
 def _as_cell(e: Any) -> Any:

@@ -31,6 +31,8 @@ __all__ = [
     "Value",
     "absorb",
     "bind",
+    "constant_keys",
+    "dict_fields",
     "is_callable_ref",
     "is_user_function",
     "join_env",
@@ -177,3 +179,21 @@ def is_user_function(fn: Any) -> bool:
 def is_callable_ref(obj: Any) -> bool:
     """What the pass enters on a call: a `@make` method, nested code or a user function."""
     return isinstance(obj, (MakeRef, CodeRef)) or is_user_function(obj)
+
+
+def constant_keys(constant: Any) -> str | tuple[str, ...] | None:
+    """A constant that may be a dict display's keys: a string, or a tuple of strings."""
+    if isinstance(constant, str) or (isinstance(constant, tuple) and all(isinstance(k, str) for k in constant)):
+        return constant
+    return None
+
+
+def dict_fields(op: str, popped: list[Value]) -> frozenset[tuple[str, str]]:
+    """(key, call node) for each value of a dict display with string constant keys that is a call's result."""
+    if op == "BUILD_CONST_KEY_MAP" and popped and isinstance(popped[-1].keys, tuple):
+        pairs = list(zip(popped[-1].keys, popped[:-1]))
+    elif op == "BUILD_MAP":
+        pairs = [(k.keys, v) for k, v in zip(popped[::2], popped[1::2]) if isinstance(k.keys, str)]
+    else:
+        return frozenset()
+    return frozenset((key, node) for key, value in pairs if isinstance(key, str) for node in value.parts)
