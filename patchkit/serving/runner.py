@@ -120,7 +120,6 @@ class RequestRunner:
         self.stats = stats
         self.clock = clock  # the SLO policy's and the queues' clock; tests inject their own
         self.waves = None if config.limits.pipelining else Waves()
-        self.output_sites = pipeline.graph.output_sites()  # calls whose result is (part of) the output
         self.site_fields = pipeline.graph.site_fields()  # of a dict output, the field each of those makes
         self._answering: dict[str | None, frozenset[CallSite]] = {}
         self._honoured: dict[str | None, frozenset[str]] = {}
