@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import gc
 import json
-from collections.abc import Iterator
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -12,7 +17,11 @@ from components import Generator
 
 import patchkit
 from patchkit import Component, make
+from patchkit.config import DeploymentConfig
+from patchkit.core import ensure_setup
+from patchkit.core.options import CallOptions, CallReport
 from patchkit.errors import ConfigError
+from patchkit.server.process import FrontendServer
 
 llm = Generator()
 
@@ -47,8 +56,22 @@ def endpoint() -> Iterator[patchkit.Endpoint]:
         yield served
 
 
+CLIENTS: dict[str, openai.OpenAI] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while CLIENTS:
+        CLIENTS.popitem()[1].close()
+
+
 def client(endpoint: patchkit.Endpoint) -> openai.OpenAI:
-    return openai.OpenAI(base_url=endpoint.url + "/v1", api_key="x", max_retries=0)
+    """The SDK's client of `endpoint`, one per endpoint, closed with the module's tests."""
+    url = endpoint.url + "/v1"
+    if url not in CLIENTS:
+        CLIENTS[url] = openai.OpenAI(base_url=url, api_key="x", max_retries=0)
+    return CLIENTS[url]
 
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "first"},
@@ -233,3 +256,316 @@ def test_a_pipeline_with_a_tools_input_gets_them() -> None:
             sdk.chat.completions.create(model="patchkit", messages=CONVERSATION, tools=TOOLS,  # type: ignore[arg-type]
                                         tool_choice="required")
         assert caught.value.body["param"] == "tool_choice"  # type: ignore[index]
+
+
+class Words(Component):
+    """A generator whose every answer is known: it streams its prompt back word by word, honours max_tokens
+    and stop as a model does (a word a token), and reports what it made."""
+
+    honoured_options = frozenset({"max_tokens", "stop"})
+
+    @make(stream=True, read_only=True)
+    def generate(self, prompt: str, options: CallOptions | None = None) -> Iterator[str | CallReport]:
+        options = options or CallOptions()
+        words, made = prompt.split(), 0
+        for word in words[: options.max_tokens or len(words)]:
+            if word in options.stop:
+                yield CallReport(len(words), made, "stop")
+                return
+            yield (" " if made else "") + word
+            made += 1
+        yield CallReport(len(words), made, "length" if made < len(words) else "stop")
+
+
+words = Words()
+
+
+def draft_then_answer() -> patchkit.Pipeline:
+    question = "q"
+    with patchkit.capture(run=False) as pipeline:
+        draft = words.generate("one two three four five")
+        return {"answer": words.generate(question + " " + draft), "draft": draft}  # type: ignore[no-any-return]
+    return pipeline
+
+
+class Tuned(Component):
+    @make
+    def answer(self, question: str, temperature: float) -> str:
+        return f"{question} at {temperature}"
+
+
+tuned = Tuned()
+
+
+def with_temperature() -> patchkit.Pipeline:
+    question, temperature = "q", 0.0
+    with patchkit.capture(run=False) as pipeline:
+        return tuned.answer(question, temperature)  # type: ignore[no-any-return]
+    return pipeline
+
+
+@pytest.fixture(scope="module")
+def drafts() -> Iterator[patchkit.Endpoint]:
+    with patchkit.deploy(draft_then_answer(), backend="inprocess", chat_output="answer") as served:
+        yield served
+
+
+USER = [{"role": "user", "content": "q"}]
+
+
+def test_options_reach_only_the_call_that_answers(drafts: patchkit.Endpoint) -> None:
+    sdk = client(drafts)
+    capped = sdk.chat.completions.create(model="patchkit", messages=USER, max_tokens=2)  # type: ignore[arg-type]
+    assert capped.choices[0].message.content == "q one" and capped.choices[0].finish_reason == "length"
+    # The answering call's own counts: its prompt of 6 words (the draft, made without the cap, in it), 2 made.
+    assert capped.usage is not None and (capped.usage.prompt_tokens, capped.usage.completion_tokens) == (6, 2)
+    assert capped.usage.model_extra is None or "estimated" not in capped.usage.model_extra
+    newer = sdk.chat.completions.create(model="patchkit", messages=USER, max_completion_tokens=3,  # type: ignore[arg-type]
+                                        max_tokens=1)
+    assert newer.choices[0].message.content == "q one two"  # max_completion_tokens wins, as at OpenAI
+    stopped = sdk.chat.completions.create(model="patchkit", messages=USER, stop=["three"])  # type: ignore[arg-type]
+    assert stopped.choices[0].message.content == "q one two" and stopped.choices[0].finish_reason == "stop"
+    whole = httpx.post(drafts.url + "/v1/query", json={"inputs": {"question": "q"}, "options": {"max_tokens": 2},
+                                                       "field": "answer"}).json()
+    assert whole["output"] == {"answer": "q one", "draft": "one two three four five"}
+
+
+def test_a_dict_output_streams_only_the_field_it_answers_with(drafts: patchkit.Endpoint) -> None:
+    sdk = client(drafts)
+    whole = sdk.chat.completions.create(model="patchkit", messages=USER)  # type: ignore[arg-type]
+    stream = list(sdk.chat.completions.create(model="patchkit", messages=USER, stream=True,  # type: ignore[arg-type]
+                                              stream_options={"include_usage": True}, max_tokens=4))
+    streamed = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert whole.choices[0].message.content == "q one two three four five"
+    assert streamed == "q one two three"  # the answer's call alone, capped; never the draft's words
+    assert len([c for c in stream if c.choices and c.choices[0].delta.content]) == 4  # as the call made them
+    assert [c.choices[0].finish_reason for c in stream if c.choices][-1] == "length"
+    assert stream[-1].usage is not None and stream[-1].usage.completion_tokens == 4
+
+
+def test_a_query_stream_names_the_field_of_each_delta(drafts: patchkit.Endpoint) -> None:
+    with httpx.stream("POST", drafts.url + "/v1/query", json={"inputs": {"question": "q"}, "stream": True}) as raw:
+        events = [json.loads(line[len("data: "):]) for line in raw.iter_lines() if line.startswith("data: ")]
+    deltas = [event for event in events if "delta" in event]
+    by_field = {name: "".join(d["delta"] for d in deltas if d["field"] == name) for name in ("draft", "answer")}
+    assert by_field == events[-1]["output"] == {"answer": "q one two three four five", "draft": "one two three four five"}
+    with httpx.stream("POST", drafts.url + "/v1/query",
+                      json={"inputs": {"question": "q"}, "stream": True, "field": "answer"}) as raw:
+        events = [json.loads(line[len("data: "):]) for line in raw.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["delta"] for e in events if "delta" in e) == "q one two three four five"
+    assert all("field" not in e for e in events)
+
+
+def test_an_option_the_answering_call_does_not_honour_is_refused_naming_it(drafts: patchkit.Endpoint,
+                                                                          endpoint: patchkit.Endpoint) -> None:
+    for served, option in ((drafts, {"temperature": 0.5}), (drafts, {"seed": 3}), (endpoint, {"max_tokens": 5})):
+        with pytest.raises(openai.BadRequestError) as caught:
+            client(served).chat.completions.create(model=None, messages=USER, **option)  # type: ignore[call-overload]
+        error = caught.value.body
+        assert isinstance(error, dict) and error["param"] == next(iter(option)) and error["code"] == "unsupported_parameter"
+    reply = httpx.post(drafts.url + "/v1/query", json={"inputs": {"question": "q"}, "options": {"seed": 3}, "field": "answer"})
+    assert reply.status_code == 400 and "options.seed" in reply.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError) as caught:  # not an option at all
+        client(drafts).chat.completions.create(model="patchkit", messages=USER, extra_body={"top_k": 4})  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "top_k"  # type: ignore[index]
+
+
+def test_options_fill_pipeline_inputs_of_their_names() -> None:
+    with patchkit.deploy(with_temperature(), backend="inprocess") as served:
+        completion = client(served).chat.completions.create(model="patchkit", messages=USER, temperature=0.5)  # type: ignore[arg-type]
+        assert completion.choices[0].message.content == "q at 0.5"
+        assert completion.usage is not None and completion.usage.model_extra == {"estimated": True}  # no call reported
+
+
+def test_listed_drop_params_are_accepted_and_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    with patchkit.deploy(draft_then_answer(), backend="inprocess", chat_output="answer",
+                         chat_drop_params=["temperature", "logit_bias"]) as served:
+        sdk = client(served)
+        for _ in range(2):
+            completion = sdk.chat.completions.create(model="patchkit", messages=USER, temperature=0.7,  # type: ignore[arg-type]
+                                                     logit_bias={"1": 5}, max_tokens=2)
+            assert completion.choices[0].message.content == "q one"
+    dropped = [r.getMessage() for r in caplog.records if "chat_drop_params" in r.getMessage()]
+    assert len(dropped) == 2 and any("'temperature'" in m for m in dropped) and any("'logit_bias'" in m for m in dropped)
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"max_tokens": 0}, "max_tokens", "max_tokens must be an integer >= 1"),
+        ({"max_completion_tokens": 0}, "max_completion_tokens", ">= 1"),
+        ({"temperature": 3}, "temperature", "<= 2"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4"),
+        ({"response_format": {"type": "xml"}}, "response_format", "json_object"),
+        ({"top_logprobs": 2}, "top_logprobs", "needs logprobs"),
+    ],
+)
+def test_options_out_of_range_are_refused_as_openai_does(drafts: patchkit.Endpoint, body: dict[str, object], param: str,
+                                                         words: str) -> None:
+    reply = httpx.post(drafts.url + "/v1/chat/completions", json={"messages": USER, **body})
+    assert reply.status_code == 400 and words in reply.json()["error"]["message"]
+    assert reply.json()["error"]["param"] == param and reply.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_openai_error_codes_for_a_body_that_is_not_json_and_an_unknown_model(drafts: patchkit.Endpoint) -> None:
+    reply = httpx.post(drafts.url + "/v1/chat/completions", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["type"] == "invalid_request_error" and reply.json()["error"]["code"] is None
+    with pytest.raises(openai.NotFoundError) as caught:
+        client(drafts).chat.completions.create(model="gpt-4", messages=USER)  # type: ignore[arg-type]
+    assert caught.value.body == {"message": caught.value.body["message"], "type": "invalid_request_error",  # type: ignore[index]
+                                 "param": "model", "code": "model_not_found"}
+
+
+def test_health_answers_as_vllms(drafts: patchkit.Endpoint) -> None:
+    reply = httpx.get(drafts.url + "/health")
+    assert reply.status_code == 200 and reply.content == b""
+
+
+class Slow(Component):
+    @make(stream=True, read_only=True)
+    async def generate(self, prompt: str) -> AsyncIterator[str]:
+        for word in prompt.split() * 100:
+            await asyncio.sleep(0.01)
+            yield word + " "
+
+
+slow = Slow()
+
+
+def slow_answer() -> patchkit.Pipeline:
+    question = "a b c"
+    with patchkit.capture(run=False) as pipeline:
+        return slow.generate(question)  # type: ignore[no-any-return]
+    return pipeline
+
+
+def test_abandoned_streams_leave_no_task_behind() -> None:
+    served = slow_answer()
+    server = FrontendServer(served, DeploymentConfig.resolve(served, backend="inprocess"))
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+
+    async def tasks() -> list[str]:
+        await asyncio.sleep(0.3)  # the abandoned requests' cancellation runs to its end
+        return sorted(repr(task.get_coro()) for task in asyncio.all_tasks() if task is not asyncio.current_task())
+
+    collecting = gc.isenabled()
+    gc.disable()  # a leaked task lives until a collection: count them before one
+    try:
+        url = asyncio.run_coroutine_threadsafe(server.start(), loop).result(60)
+        before = asyncio.run_coroutine_threadsafe(tasks(), loop).result(10)
+        for _ in range(50):
+            with httpx.stream("POST", url + "/v1/chat/completions", json={"messages": USER, "stream": True}) as raw:
+                next(raw.iter_lines())  # the first chunk, then the client goes away
+        after = asyncio.run_coroutine_threadsafe(tasks(), loop).result(10)
+        left = list((collections.Counter(after) - collections.Counter(before)).elements())
+        assert not left, f"{len(left)} tasks left behind, such as {left[0][:200]}"
+    finally:
+        if collecting:
+            gc.enable()
+        asyncio.run_coroutine_threadsafe(server.close(), loop).result(60)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+@pytest.fixture(scope="module")
+def smollm() -> Iterator[tuple[patchkit.Endpoint, Any]]:
+    """The bundled SmolLM2 behind a one-LLM chat pipeline, and beside it one whose dict output holds two of its
+    answers, deployed as the docs write them (the default backend: a worker process); with the generator
+    loaded here too, for its tokenizer."""
+    pytest.importorskip("llama_cpp", reason="needs the llm extra (llama-cpp-python)")
+    from patchkit.components import LlamaCppGenerator
+
+    llm = LlamaCppGenerator(max_tokens=48)
+
+    def answer(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            return llm.generate(question)  # type: ignore[no-any-return]
+        return pipeline
+
+    def answer_and_followup(question: str) -> patchkit.Pipeline:
+        with patchkit.capture(run=False) as pipeline:
+            reply = llm.generate(question)
+            followup = llm.generate("Ask one question about this: " + question)
+            return {"answer": reply, "followup": followup}  # type: ignore[return-value]
+        return pipeline
+
+    question = "What is the sea?"
+    local = LlamaCppGenerator()
+    local.setup()
+    try:
+        with patchkit.deploy({"chat": answer(question), "both": answer_and_followup(question)},
+                             chat_output="answer") as served:
+            yield served, local
+    finally:
+        local.teardown()
+
+
+POEM = [{"role": "user", "content": "Write a short poem about the sea."}]
+
+
+@pytest.mark.slow
+def test_the_openai_sdk_gets_what_it_asks_of_a_real_generator(smollm: tuple[patchkit.Endpoint, Any]) -> None:
+    """The six things an OpenAI client relies on, on llama.cpp in a worker: max_tokens (either name) caps
+    the reply with "length"; usage is the tokenizer's count; stop stops; a seed fixes a sampled answer;
+    response_format is honoured; logprobs are the model's; what it cannot honour is refused; a dict output
+    streams what it returns."""
+    served, local = smollm
+    sdk = client(served)
+    for cap in ({"max_tokens": 8}, {"max_completion_tokens": 5}):
+        capped = sdk.chat.completions.create(model="chat", messages=POEM, **cap)  # type: ignore[call-overload]
+        assert capped.choices[0].finish_reason == "length"
+        assert capped.usage is not None and capped.usage.completion_tokens == next(iter(cap.values()))
+        # The prompt the model evaluated, chat template and system prompt included, by its own tokenizer.
+        assert capped.usage.prompt_tokens == len(local.tokens(local.messages(POEM[0]["content"]))) > 20
+    whole = sdk.chat.completions.create(model="chat", messages=POEM)  # type: ignore[arg-type]
+    text = whole.choices[0].message.content or ""
+    word = text.split()[3]
+    stopped = sdk.chat.completions.create(model="chat", messages=POEM, stop=[word])  # type: ignore[arg-type]
+    assert stopped.choices[0].message.content == text[: text.index(word)].strip()
+    assert stopped.choices[0].finish_reason == "stop"
+    sampled = [sdk.chat.completions.create(model="chat", messages=POEM, seed=seed, temperature=1.0,  # type: ignore[arg-type]
+                                           max_tokens=24).choices[0].message.content for seed in (1, 1, 2)]
+    assert sampled[0] == sampled[1] != sampled[2]
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"]}
+    person = sdk.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "Give a person's name and age as JSON."}], max_tokens=60,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})  # type: ignore[arg-type]
+    parsed = json.loads(person.choices[0].message.content or "")
+    assert isinstance(parsed["name"], str) and isinstance(parsed["age"], int)
+    scored = sdk.chat.completions.create(model="chat", messages=POEM, logprobs=True, top_logprobs=2,  # type: ignore[arg-type]
+                                         max_tokens=6)
+    assert scored.choices[0].logprobs is not None and scored.choices[0].logprobs.content is not None
+    entries = scored.choices[0].logprobs.content
+    assert len(entries) == 6 and "".join(e.token for e in entries).strip() == scored.choices[0].message.content
+    assert all(e.logprob <= 0 and len(e.top_logprobs) == 2 and e.top_logprobs[0].logprob >= e.logprob for e in entries)
+    hi = [{"role": "user", "content": "Say hi."}]
+    natural = sdk.chat.completions.create(model="chat", messages=hi, max_tokens=40)  # type: ignore[arg-type]
+    assert natural.choices[0].finish_reason == "stop" and natural.usage is not None and natural.usage.completion_tokens < 40
+    forced = sdk.chat.completions.create(model="chat", messages=hi, max_tokens=40, extra_body={"ignore_eos": True})  # type: ignore[arg-type]
+    assert forced.choices[0].finish_reason == "length" and forced.usage is not None and forced.usage.completion_tokens == 40
+    with pytest.raises(openai.BadRequestError) as caught:  # what llama.cpp's generator does not honour: refused
+        sdk.chat.completions.create(model="chat", messages=POEM, extra_body={"min_tokens": 4})  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "min_tokens"  # type: ignore[index]
+    both = sdk.chat.completions.create(model="both", messages=POEM)  # type: ignore[arg-type]
+    stream = sdk.chat.completions.create(model="both", messages=POEM, stream=True)  # type: ignore[arg-type]
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert streamed == both.choices[0].message.content == text  # the answer's field alone, as it was returned
+
+
+def test_an_openai_generator_passes_its_servers_usage_and_finish_reason_through() -> None:
+    """Over a server that streams usage (patchkit's own chat route, over Words): the report is the server's."""
+    from patchkit.components import OpenAIGenerator
+
+    # The generator always sends its own temperature and seed, which Words does not take: that server drops them.
+    with patchkit.deploy(draft_then_answer(), backend="inprocess", chat_output="answer",
+                         chat_drop_params=["temperature", "seed"]) as served:
+        remote = OpenAIGenerator(served.url + "/v1", model="patchkit", api_key="x", system_prompt=None)
+        ensure_setup(remote)
+        *chunks, report = OpenAIGenerator.generate.chunks(remote, ("q",), {"options": CallOptions(max_tokens=2)})
+    assert "".join(c for c in chunks if isinstance(c, str)) == "q one"
+    assert report == CallReport(6, 2, "length")  # Words' own counts, as the server sent them

@@ -29,7 +29,8 @@ DESCRIBED = {
     "max_retries", "health_check_period_s", "health_check_timeout_s", "health_check_failures", "debug", "optional_inputs",
     "drain_timeout_s", "prioritize", "priority", "pause_admission", "admission_queue_limit", "estimator", "prefetch", "autoscale",
     "autoscale_interval_s", "scale_up_after_s", "scale_down_after_s", "min_replicas", "max_replicas", "plan",
-    "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level", "name", "chat_input", "chat_output", "components",
+    "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level", "name", "chat_input", "chat_output",
+    "chat_drop_params", "components",
     "step_preview_chars",
 }
 
@@ -143,7 +144,7 @@ def test_every_flat_option_lands_on_its_groups_field(tmp_path: Path) -> None:
         "min_replicas": 1, "max_replicas": {"a": 3}, "ray_address": "auto", "ray_max_restarts": -1,
         "ray_placement_timeout_s": 5.0, "ray_actor_options": {"a": {"num_cpus": 2}}, "tls": True, "tls_cert": str(cert),
         "tls_key": str(key), "tls_ca": str(cert), "tls_server_name": "worker", "name": "m", "chat_input": "x",
-        "chat_output": "text",
+        "chat_output": "text", "chat_drop_params": ("logit_bias",),
     }
     assert set(given) == set(OPTIONS) - {"optional_inputs"}  # every option (optional_inputs is resolve's argument)
     config = DeploymentConfig.resolve(_one(), optional_inputs=["x"], **given)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from patchkit.components.generators.background import BackgroundLoop
-from patchkit.components.generators.streaming import TokenText, stripped
+from patchkit.components.generators.streaming import StopText, TokenText, stripped, until_stop
 
 TEXT = "  \n Grüße, 世界! A café — naïve 🙂 text.\n  \t"
 
@@ -26,6 +26,28 @@ def test_stripped_deltas_join_to_the_stripped_text(size: int) -> None:
     assert "".join(chunks) == TEXT.strip()
     assert all(chunks) and chunks[0] == chunks[0].lstrip() and chunks[-1] == chunks[-1].rstrip()
     assert list(stripped(["  ", "\n", " "])) == []
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 100])
+def test_a_stop_string_cuts_the_text_before_it_whatever_the_chunks(size: int) -> None:
+    text = "one two three, four. five"
+    stop = StopText([". ", "three,"])
+    assert "".join(until_stop(stop, splits(text, size))) == "one two " and stop.stopped
+    kept = StopText(["zz", "five!"])  # "five" could begin "five!": held back, then handed back at the end
+    assert "".join(until_stop(kept, splits(text, size))) == text and not kept.stopped
+    assert "".join(until_stop(StopText([]), splits(text, size))) == text
+
+
+def test_until_stop_reads_nothing_after_the_stop() -> None:
+    read: list[str] = []
+
+    def chunks() -> Iterator[str]:
+        for chunk in ["a ", "b ", "STOP", " c", " d"]:
+            read.append(chunk)
+            yield chunk
+
+    assert list(until_stop(StopText(["STOP"]), chunks())) == ["a ", "b "]
+    assert read == ["a ", "b ", "STOP"]  # the caller can stop its engine there
 
 
 def test_token_text_never_yields_half_a_character() -> None:

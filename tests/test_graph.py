@@ -181,3 +181,48 @@ def run(query):
     )
     ns["run"]("What is a generator?")
     assert ("retriever.retrieve", "llm.generate", "data") in _edges(patchkit.last_pipeline())
+
+
+def _fields(source: str) -> dict[str, set[str]]:
+    ns = load_source(source, "<graph output fields>")
+    ns["run"]("What is a generator?")
+    graph = patchkit.last_pipeline().graph
+    return {field: {graph.nodes[node].label for node in nodes} for field, nodes in graph.output_fields.items()}
+
+
+def test_a_dict_outputs_fields_are_known_by_the_calls_that_make_them() -> None:
+    displayed = _fields('''
+def run(query):
+    with patchkit.capture(run=False):
+        draft = llm.generate(query)
+        answer = llm2.generate(draft)
+        return {"answer": answer, "draft": draft, "query": query}
+''')
+    assert displayed == {"answer": {"llm2.generate"}, "draft": {"llm.generate"}}
+    branched = _fields('''
+def run(query):
+    with patchkit.capture(run=False):
+        if query:
+            answer = llm.generate(query)
+        else:
+            answer = llm2.generate(query)
+        out = {"answer": answer, "upper": llm.generate(query).upper()}
+        return out
+''')
+    assert branched == {"answer": {"llm.generate", "llm2.generate"}}  # a result changed on its way is no field's
+    filled = _fields('''
+def run(query):
+    with patchkit.capture(run=False):
+        out = {}
+        out["answer"] = llm.generate(query)
+        return out
+''')
+    assert filled == {}  # known by no display: no call makes a field (the chat API then streams none)
+    helped = _fields('''
+def both(query):
+    return {"answer": llm.generate(query), "followup": llm2.generate(query)}
+def run(query):
+    with patchkit.capture(run=False):
+        return both(query)
+''')
+    assert helped == {"answer": {"llm.generate"}, "followup": {"llm2.generate"}}  # a helper's display, as the body's

@@ -19,6 +19,7 @@ from patchkit.components.generators import Generator
 from patchkit.components.generators.base import RAG_TEMPLATE
 from patchkit.components.generators.llama.sequence import cut_pieces
 from patchkit.components.generators.streaming import decoded, stripped
+from patchkit.core.options import CallReport
 
 QUESTIONS = [
     "What is a Python generator?", "Name three colors.", "How do I open a file in Python?", "What is 2+2?",
@@ -46,8 +47,12 @@ def llm() -> Iterator[Any]:
 
 
 def stream(llm: Any, *args: Any, **kwargs: Any) -> Iterator[str]:
-    """The chunks of one generate call, as a deployment streams them."""
-    return type(llm).generate.chunks(llm, args, kwargs)
+    """The text chunks of one generate call, as a deployment streams them (its report, after them, left out)."""
+    chunks = type(llm).generate.chunks(llm, args, kwargs)
+    try:
+        yield from (chunk for chunk in chunks if isinstance(chunk, str))
+    finally:
+        chunks.close()
 
 
 def wait_for(predicate: Any, limit_s: float = 20.0) -> None:
@@ -155,9 +160,11 @@ def test_answers_equal_create_chat_completion(llm: Any) -> None:
 
 
 def test_streamed_chunks_join_to_the_answer(llm: Any) -> None:
-    chunks = list(stream(llm, "Describe Python in two sentences.", max_tokens=40))
+    *chunks, report = type(llm).generate.chunks(llm, ("Describe Python in two sentences.",), {"max_tokens": 40})
     assert len(chunks) > 3 and all(isinstance(c, str) for c in chunks)
     assert "".join(chunks) == llm.generate("Describe Python in two sentences.", max_tokens=40)
+    prompt = len(llm.tokens(llm.messages("Describe Python in two sentences.")))
+    assert isinstance(report, CallReport) and report.prompt_tokens == prompt and 0 < report.completion_tokens <= 40
 
 
 def test_closing_a_stream_aborts_its_sequence(llm: Any) -> None:

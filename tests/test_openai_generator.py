@@ -29,6 +29,7 @@ import patchkit  # noqa: E402
 from patchkit.components import Hit, OpenAIGenerator  # noqa: E402
 from patchkit.components.generators import LlamaCppGenerator, default_gguf_path  # noqa: E402
 from patchkit.core import ensure_setup  # noqa: E402
+from patchkit.core.options import CallOptions, CallReport  # noqa: E402
 from patchkit.orchestrator.execute import run_batch  # noqa: E402
 from patchkit.serving.frontend import Frontend  # noqa: E402
 
@@ -141,10 +142,25 @@ def test_calls_in_flight_together_answer_in_order_as_each_alone(llm: OpenAIGener
 
 
 def test_the_answer_streams_delta_by_delta(llm: OpenAIGenerator) -> None:
-    chunks = list(OpenAIGenerator.generate.chunks(llm, (QUESTIONS[0],), {}))
-    assert len(chunks) >= 5  # one per delta: the server streamed it
-    assert chunks[0] == chunks[0].lstrip() and chunks[-1] == chunks[-1].rstrip()
-    assert same_opening("".join(chunks), local_answer(QUESTIONS[0]))
+    *chunks, report = OpenAIGenerator.generate.chunks(llm, (QUESTIONS[0],), {})
+    text = [chunk for chunk in chunks if isinstance(chunk, str)]
+    assert len(text) == len(chunks) >= 5  # one per delta: the server streamed it
+    assert text[0] == text[0].lstrip() and text[-1] == text[-1].rstrip()
+    assert same_opening("".join(text), local_answer(QUESTIONS[0]))
+    # llama-cpp-python's server sends no usage in a stream: the report says its counts are not the server's.
+    assert isinstance(report, CallReport) and not report.counted
+
+
+def test_options_reach_the_server(base_url: str, llm: OpenAIGenerator) -> None:
+    import openai
+
+    options = CallOptions(max_tokens=4, temperature=0.0)
+    *chunks, report = OpenAIGenerator.generate.chunks(llm, (QUESTIONS[0],), {"options": options})
+    with openai.OpenAI(base_url=base_url, api_key=API_KEY) as direct:  # the same request, asked of the server itself
+        asked = direct.chat.completions.create(model=str(default_gguf_path()), messages=llm.messages(QUESTIONS[0]),
+                                               max_tokens=4, temperature=0.0, extra_body=SAME_SAMPLING)  # type: ignore[arg-type]
+    assert isinstance(report, CallReport) and report.finish_reason == "length" == asked.choices[0].finish_reason
+    assert "".join(c for c in chunks if isinstance(c, str)) == (asked.choices[0].message.content or "").strip()
 
 
 def test_closing_the_stream_closes_the_response(llm: OpenAIGenerator, server_log: Path) -> None:

@@ -24,6 +24,7 @@ from serving import ask_deployed_together  # noqa: E402
 from patchkit.components import Hit, TransformersGenerator  # noqa: E402
 from patchkit.components.generators import default_gguf_path  # noqa: E402
 from patchkit.core import ensure_setup  # noqa: E402
+from patchkit.core.options import CallOptions, CallReport  # noqa: E402
 from patchkit.orchestrator.execute import run_batch  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -70,10 +71,28 @@ def test_calls_in_flight_together_share_a_batch_and_answer_as_each_alone() -> No
 
 
 def test_the_stream_yields_tokens_as_decoded_and_joins_to_the_answer() -> None:
-    chunks = list(TransformersGenerator.generate.chunks(llm, (QUESTIONS[0],), {}))
+    *chunks, report = TransformersGenerator.generate.chunks(llm, (QUESTIONS[0],), {})
     assert len(chunks) >= 5
-    assert "".join(chunks) == alone(QUESTIONS[0])
+    assert "".join(chunks) == alone(QUESTIONS[0])  # type: ignore[arg-type]
+    assert isinstance(report, CallReport) and report.completion_tokens > 0
     assert chunks[0] == chunks[0].lstrip() and chunks[-1] == chunks[-1].rstrip()
+
+
+def test_a_calls_options_cap_stop_and_seed_its_answer_and_its_report_counts_its_tokens() -> None:
+    def call(**given: object) -> tuple[str, CallReport]:
+        *chunks, report = TransformersGenerator.generate.chunks(llm, (QUESTIONS[3],), {"options": CallOptions(**given)})
+        assert isinstance(report, CallReport)
+        return "".join(c for c in chunks if isinstance(c, str)), report
+
+    capped, report = call(max_tokens=5)
+    prompt = llm.tokenizer.apply_chat_template(llm.messages(QUESTIONS[3]), add_generation_prompt=True, return_dict=False)
+    assert (report.prompt_tokens, report.completion_tokens, report.finish_reason) == (len(prompt), 5, "length")
+    assert capped == alone(QUESTIONS[3], 5)
+    word = alone(QUESTIONS[3]).split()[2]
+    stopped, report = call(stop=(word,))
+    assert stopped == alone(QUESTIONS[3])[: alone(QUESTIONS[3]).index(word)].strip() and report.finish_reason == "stop"
+    sampled = [call(temperature=1.0, seed=seed, max_tokens=12)[0] for seed in (1, 1, 2)]
+    assert sampled[0] == sampled[1] != sampled[2]
 
 
 def test_a_closed_stream_leaves_its_batch_and_the_engine_serves_on() -> None:

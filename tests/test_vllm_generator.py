@@ -19,6 +19,7 @@ from serving import ask_deployed_together
 
 from patchkit.components import VLLMGenerator
 from patchkit.core import ensure_setup
+from patchkit.core.options import CallReport
 from patchkit.orchestrator.execute import run_batch
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -80,8 +81,9 @@ def test_calls_in_flight_together_answer_as_each_alone(llm: VLLMGenerator) -> No
 
 @pytest.mark.gpu
 def test_the_stream_joins_to_the_answer_and_closing_it_aborts_the_request(llm: VLLMGenerator) -> None:
-    chunks = list(VLLMGenerator.generate.chunks(llm, (QUESTIONS[0],), {}))
-    assert len(chunks) >= 3 and "".join(chunks) == alone(llm, QUESTIONS[0])
+    *chunks, report = VLLMGenerator.generate.chunks(llm, (QUESTIONS[0],), {})
+    assert len(chunks) >= 3 and "".join(chunks) == alone(llm, QUESTIONS[0])  # type: ignore[arg-type]
+    assert isinstance(report, CallReport) and report.completion_tokens > 0
     stream = VLLMGenerator.generate.chunks(llm, (QUESTIONS[3],), {"max_tokens": 1000})
     assert next(stream)
     stream.close()  # aborts the request in the engine, which goes on serving

@@ -21,7 +21,7 @@ import builtins
 import inspect
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from bytecode import Bytecode, CellVar, FreeVar, Instr, TryBegin
 
@@ -41,6 +41,8 @@ from patchkit.capture.values import (
     Value,
     absorb,
     bind,
+    constant_keys,
+    dict_fields,
     is_callable_ref,
     is_user_function,
     join_env,
@@ -60,15 +62,28 @@ _BUILDS = frozenset({"BUILD_LIST", "BUILD_TUPLE", "BUILD_MAP", "BUILD_CONST_KEY_
 _ADDS = frozenset({"LIST_APPEND", "SET_ADD", "MAP_ADD", "LIST_EXTEND", "SET_UPDATE", "DICT_UPDATE", "DICT_MERGE"})
 
 
+class Returned(NamedTuple):
+    """What analysed code returns: its sources, the calls whose results it returns as they are (`parts`), and
+    (key, call) for each of those a dict it returns holds under a constant key (`fields`)."""
+
+    sources: frozenset[str]
+    parts: frozenset[str]
+    fields: frozenset[tuple[str, str]]
+
+
+NOTHING = Returned(EMPTY, EMPTY, frozenset())
+
+
 class _Analysis:
     """One graph-building pass: the top-level body and, recursively, the code it calls."""
 
     def __init__(self, graph: Graph, filename: str) -> None:
         self.graph = graph
         self.filename = filename
-        self._memo: dict[tuple[Any, ...], tuple[frozenset[str], frozenset[str]]] = {}
+        self._memo: dict[tuple[Any, ...], Returned] = {}
         self._registered: set[int] = set()
         self.output_parts: frozenset[str] = EMPTY  # the `parts` of what the block returns or outputs
+        self.output_fields: frozenset[tuple[str, str]] = frozenset()  # its `fields`: a dict output's keys by call
 
     def register(self, obj: Any, name: str | None) -> None:
         """Name, in the graph, every component reachable from an object the code loads."""
@@ -88,15 +103,16 @@ class _Analysis:
         output: str | None = None,
         depth: int = 0,
         comprehension: bool = False,
-    ) -> tuple[frozenset[str], frozenset[str]]:
-        """Interpret `body` from `env` to a fixed point; returns the sources of what it returns, and the calls
-        whose results it returns as they are (its `parts`)."""
+    ) -> Returned:
+        """Interpret `body` from `env` to a fixed point; returns the sources of what it returns, the calls whose
+        results it returns as they are (its `parts`), and the fields of a dict it returns that hold them."""
         if not body:
-            return EMPTY, EMPTY
+            return NOTHING
         shape = ControlFlow(body, filename, comprehension, self.graph)
         conditions: dict[int, frozenset[str]] = {}
         returned: frozenset[str] = EMPTY
         parts: frozenset[str] = EMPTY
+        fields: frozenset[tuple[str, str]] = frozenset()
         entry: dict[int, tuple[tuple[Value, ...], Env]] = {0: ((), env)}
         todo = [0]
         while todo:
@@ -113,21 +129,23 @@ class _Analysis:
                 todo.append(j)
             returned |= step.returned
             parts |= step.parts
+            fields |= step.fields
         if depth == 0:
             self.output_parts |= parts
-        return returned, parts
+            self.output_fields |= fields
+        return Returned(returned, parts, fields)
 
     def call(
         self, code: types.CodeType, scope: Scope, env: Env, context: tuple[list[Guard], list[str]], depth: int
-    ) -> tuple[frozenset[str], frozenset[str]]:
+    ) -> Returned:
         """Analyse code called from the body (a comprehension, lambda or helper) in place: the sources of what
-        it returns, and the calls whose results it returns unchanged."""
+        it returns, the calls whose results it returns unchanged, and the fields that hold them."""
         if depth >= MAX_DEPTH:
-            return EMPTY, EMPTY
+            return NOTHING
         key = (code, tuple(sorted((k, v.taint, id(v.obj)) for k, v in env.items())), tuple(context[1]), depth)
         if key in self._memo:
             return self._memo[key]
-        self._memo[key] = EMPTY, EMPTY  # recursion guard
+        self._memo[key] = NOTHING  # recursion guard
         body = tuple(Bytecode.from_code(code))
         comprehension = code.co_name in ("<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>")
         result = self.run(body, scope, env, code.co_filename, context, depth=depth + 1, comprehension=comprehension)
@@ -157,6 +175,7 @@ class _Step:
         self.conditions = conditions
         self.returned: frozenset[str] = EMPTY
         self.parts: frozenset[str] = EMPTY  # the `parts` of what it returns
+        self.fields: frozenset[tuple[str, str]] = frozenset()  # and its `fields`
         self.env: Env = {}
 
     def run(self, i: int, stack: list[Value], env: Env, output: str | None) -> list[tuple[int, tuple[Value, ...], Env]]:
@@ -168,6 +187,7 @@ class _Step:
                 value = self.scope.load(env, "LOAD_NAME", output)
                 self.returned |= value.taint
                 self.parts |= value.parts
+                self.fields |= value.fields
             return []
         if isinstance(e, TryBegin):
             depth = e.stack_depth if isinstance(e.stack_depth, int) else len(stack)
@@ -209,11 +229,11 @@ class _Step:
             self._super_attribute(e, stack)
         elif name in _STORES:
             value = stack.pop() if stack else Value()
-            self.env[name_of(e.arg)] = Value(value.taint, value.obj, parts=value.parts)
+            self.env[name_of(e.arg)] = Value(value.taint, value.obj, parts=value.parts, fields=value.fields, keys=value.keys)
         elif name in ("DELETE_NAME", "DELETE_FAST", "DELETE_DEREF"):
             self.env.pop(name_of(e.arg), None)
         elif name == "LOAD_CONST":
-            stack.append(Value(obj=CodeRef(e.arg) if isinstance(e.arg, types.CodeType) else None))
+            stack.append(Value(obj=CodeRef(e.arg) if isinstance(e.arg, types.CodeType) else None, keys=constant_keys(e.arg)))
         elif name in ("LOAD_ATTR", "LOAD_METHOD"):
             self._attribute(e, stack)
         elif name == "SWAP":
@@ -228,6 +248,7 @@ class _Step:
             value = stack.pop() if stack else Value()
             self.returned |= value.taint
             self.parts |= value.parts
+            self.fields |= value.fields
         else:
             self._generic(e, stack)
 
@@ -272,7 +293,8 @@ class _Step:
         code = next((v.obj for v in popped if isinstance(v.obj, CodeRef)), None)
         keep_code = e.name in ("MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE")
         parts = frozenset().union(*(v.parts for v in popped)) if e.name in _BUILDS else EMPTY
-        stack += [Value(union(popped), code if keep_code else None, parts=parts)] * pushes
+        fields = dict_fields(e.name, popped)
+        stack += [Value(union(popped), code if keep_code else None, parts=parts, fields=fields)] * pushes
 
     def _context_at(self, i: int) -> tuple[list[Guard], list[str]]:
         guards = list(self.context[0])
@@ -300,16 +322,16 @@ class _Step:
         if len(popped) == 4 and any(v.obj is builtins.super for v in popped[:2]) and isinstance(popped[2].obj, type):
             stack.append(Value(taint, SuperRef(popped[2].obj, popped[3].obj)))  # super(cls, self)
             return
-        result, parts = taint, EMPTY
+        result, parts, fields = taint, EMPTY, frozenset[tuple[str, str]]()
         if ref is not None:  # a helper returning a call's result as it is returns a part of what it is given
-            returned, parts = self._enter(i, ref, taint, *self._arguments(i, e, popped))
+            returned, parts, fields = self._enter(i, ref, taint, *self._arguments(i, e, popped))
             result |= returned
         for v in args:  # a lambda or helper passed as an argument runs with the other arguments
             if isinstance(v.obj, CodeRef) or is_user_function(v.obj):
                 result |= self._enter(i, v.obj, taint)[0]
         receiver = popped[1] if len(popped) > 1 else Value()
         absorb(self.env, receiver.origin, taint - receiver.taint)
-        stack.append(Value(result, parts=parts))
+        stack.append(Value(result, parts=parts, fields=fields))
 
     def _arguments(self, i: int, e: Instr, popped: list[Value]) -> tuple[list[Value], dict[str, Value]]:
         """The positional and keyword arguments of a call (after the callable and its self-or-NULL slot), the
@@ -339,7 +361,7 @@ class _Step:
         taint: frozenset[str],
         positional: list[Value] | None = None,
         keywords: dict[str, Value] | None = None,
-    ) -> tuple[frozenset[str], frozenset[str]]:
+    ) -> Returned:
         if isinstance(ref, CodeRef):
             code = ref.code
             scope = Scope(False, self.scope.globals, outer=self.scope, outer_env=dict(self.env))
@@ -401,10 +423,11 @@ def build_graph(
         analysis.register(obj, name)
     scope = Scope(module_level, module_globals)
     body = tuple(_as_cell(e) for e in block.body)
-    returned, _ = analysis.run(body, scope, variables, block.filename, ([], []), output)
+    returned = analysis.run(body, scope, variables, block.filename, ([], []), output).sources
     graph.name_held()
     for src in sorted(returned):
         graph.add_edge(src, OUTPUT, "data", PART if src in analysis.output_parts else "")
+    graph.set_output_fields((key, node) for key, node in analysis.output_fields if node in analysis.output_parts)
     return graph
 
 

@@ -123,6 +123,8 @@ class Graph:
         # ids of one window of the pipeline code, in the order the code reaches them; a group of one node
         # is a call that overlaps with itself (issued in a loop before the first result is needed).
         self.overlap_groups: list[tuple[str, ...]] = []
+        # A dict output's fields, each with the call nodes whose result it is (dict displays with string keys).
+        self.output_fields: dict[str, frozenset[str]] = {}
         self._by_site: dict[CallSite, str] = {}
         self._named: dict[str, tuple[str, Component]] = {}  # uid -> (name, component)
 
@@ -199,6 +201,26 @@ class Graph:
         """
         sources = {e.src for e in self.edges if e.dst == OUTPUT and e.label == PART}
         return frozenset(self.nodes[n].site for n in sources if n in self.nodes)
+
+    def set_output_fields(self, pairs: Iterable[tuple[str, str]]) -> None:
+        """Record which output-part calls make which field of a dict output (called by the data-flow pass)."""
+        fields: dict[str, set[str]] = {}
+        for key, node in pairs:
+            fields.setdefault(key, set()).add(node)
+        self.output_fields = {key: frozenset(nodes) for key, nodes in sorted(fields.items())}
+
+    def field_sites(self, field: str | None) -> frozenset[CallSite]:
+        """The call sites whose result is the output (`field` None), or field `field` of a dict output.
+
+        The call that answers a request asking for that field (the one its stream follows and its options reach).
+        """
+        if field is None or not self.output_fields:
+            return self.output_sites()
+        return frozenset(self.nodes[n].site for n in self.output_fields.get(field, ()) if n in self.nodes)
+
+    def site_fields(self) -> dict[CallSite, str]:
+        """The field of a dict output each call site makes, where the graph knows one."""
+        return {self.nodes[n].site: key for key, nodes in self.output_fields.items() for n in nodes if n in self.nodes}
 
     def components(self) -> dict[str, Component]:
         """The pipeline's components by name."""

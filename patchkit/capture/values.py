@@ -31,6 +31,8 @@ __all__ = [
     "Value",
     "absorb",
     "bind",
+    "constant_keys",
+    "dict_fields",
     "is_callable_ref",
     "is_user_function",
     "join_env",
@@ -88,12 +90,17 @@ class Value:
     # The call nodes whose very result this value is, or holds as an item of a list, tuple or dict built
     # from it: a streaming call among them makes (part of) the output as it is, so its chunks may stream.
     parts: frozenset[str] = EMPTY
+    # For a dict built with constant string keys: (key, call node) for each of `parts` that is a key's value,
+    # so that a dict output's fields are known by the calls that make them.
+    fields: frozenset[tuple[str, str]] = frozenset()
+    keys: str | tuple[str, ...] | None = None  # a string constant, or a tuple of them (a dict display's keys)
 
     def join(self, other: Value) -> Value:
         same = self.obj is other.obj or (isinstance(self.obj, (MakeRef, CodeRef)) and self.obj == other.obj)
         obj = self.obj if same else None
         origin = self.origin if self.origin == other.origin else None
-        return Value(self.taint | other.taint, obj, origin, self.parts | other.parts)
+        keys = self.keys if self.keys == other.keys else None
+        return Value(self.taint | other.taint, obj, origin, self.parts | other.parts, self.fields | other.fields, keys)
 
 
 def union(values: list[Value]) -> frozenset[str]:
@@ -124,7 +131,8 @@ class Scope:
                 return self.outer.load(self.outer_env, "LOAD_NAME", name)
             return Value(obj=self.globals.get(name, _builtin(name)), origin=name)
         if name in env:
-            return Value(env[name].taint, env[name].obj, name, env[name].parts)
+            found = env[name]
+            return Value(found.taint, found.obj, name, found.parts, found.fields, found.keys)
         if op in ("LOAD_DEREF", "LOAD_CLOSURE") and self.outer is not None:
             return self.outer.load(self.outer_env, op, name)
         if name in self.cells:
@@ -171,3 +179,21 @@ def is_user_function(fn: Any) -> bool:
 def is_callable_ref(obj: Any) -> bool:
     """What the pass enters on a call: a `@make` method, nested code or a user function."""
     return isinstance(obj, (MakeRef, CodeRef)) or is_user_function(obj)
+
+
+def constant_keys(constant: Any) -> str | tuple[str, ...] | None:
+    """A constant that may be a dict display's keys: a string, or a tuple of strings."""
+    if isinstance(constant, str) or (isinstance(constant, tuple) and all(isinstance(k, str) for k in constant)):
+        return constant
+    return None
+
+
+def dict_fields(op: str, popped: list[Value]) -> frozenset[tuple[str, str]]:
+    """(key, call node) for each value of a dict display with string constant keys that is a call's result."""
+    if op == "BUILD_CONST_KEY_MAP" and popped and isinstance(popped[-1].keys, tuple):
+        pairs = list(zip(popped[-1].keys, popped[:-1]))
+    elif op == "BUILD_MAP":
+        pairs = [(k.keys, v) for k, v in zip(popped[::2], popped[1::2]) if isinstance(k.keys, str)]
+    else:
+        return frozenset()
+    return frozenset((key, node) for key, value in pairs if isinstance(key, str) for node in value.parts)

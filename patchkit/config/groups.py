@@ -231,3 +231,10 @@ class ChatConfig(OptionGroup):
                                help="the pipeline input the chat API's last user message fills (needed with several inputs)")
     output: str | None = option(None, name="chat_output", nonempty="a non-empty string", described=True,
                                 help="the field of a dict output the chat API answers with")
+    drop_params: tuple[str, ...] = option((), name="chat_drop_params", check=check_names, described=True,
+                                          help="chat request fields accepted and ignored where neither a pipeline input "
+                                          "nor honoured by the answering call (each logged once), as LiteLLM's drop_params")
+
+    def check(self) -> None:
+        """Make `drop_params` a tuple."""
+        object.__setattr__(self, "drop_params", tuple(self.drop_params))

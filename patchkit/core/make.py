@@ -19,6 +19,7 @@ from typing import Any, TypeVar, overload
 from patchkit.core.calls import Call, CallHook, active_call_hook, call_hook, site_of
 from patchkit.core.component import Component, ensure_setup
 from patchkit.core.event_loop import component_loop, iterate_inline, run_inline, watched
+from patchkit.core.options import OPTIONS_ARGUMENT, CallReport, Chunk, joined
 from patchkit.errors import MakeError
 
 __all__ = ["DEFAULT_ASYNC_CONCURRENCY", "DEFAULT_BATCH_SIZE", "BoundMake", "MakeMethod", "make", "make_methods"]
@@ -107,6 +108,8 @@ class MakeMethod:
         self.name: str = fn.__name__
         self.qualname: str = fn.__qualname__
         self.signature = inspect.signature(fn)
+        # It takes the request's `CallOptions` (core/options.py) when it is the call that answers the request.
+        self.takes_options: bool = OPTIONS_ARGUMENT in self.signature.parameters
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -144,7 +147,7 @@ class MakeMethod:
 
     def run_chunks(
         self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any], hook: CallHook | None = None
-    ) -> Generator[str, None, None]:
+    ) -> Generator[Chunk, None, None]:
         """One call of a `stream=True` method, chunk by chunk, set up and under `hook` as `run_batch` runs it.
 
         Closing the iterator closes the method's own generator, which ends its work there.
@@ -215,8 +218,8 @@ class MakeMethod:
         return self.fn(component, *args, **kwargs)
 
     async def _joined(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """One call of a `stream=True` method: its chunks joined."""
-        return "".join([chunk async for chunk in self.achunks(component, args, kwargs)])
+        """One call of a `stream=True` method: its chunks joined (an `Answer` where it reported last)."""
+        return joined([chunk async for chunk in self.achunks(component, args, kwargs)])
 
     def _results(self, results: Any, calls: Sequence[Call]) -> list[Any]:
         """A batch method's results, checked to be one per call."""
@@ -228,7 +231,7 @@ class MakeMethod:
             )
         return list(results)
 
-    def chunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Generator[str, None, None]:
+    def chunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Generator[Chunk, None, None]:
         """The text chunks of one call of a `stream=True` method, as it yields them: the synchronous edge of `achunks`.
 
         Each checked to be a str. An async generator runs on the component loop, its chunks handed to this thread as they
@@ -239,7 +242,7 @@ class MakeMethod:
         else:
             yield from iterate_inline(self.achunks(component, args, kwargs))
 
-    async def achunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncGenerator[str, None]:
+    async def achunks(self, component: Component, args: tuple[Any, ...], kwargs: dict[str, Any]) -> AsyncGenerator[Chunk, None]:
         """The text chunks of one call of a `stream=True` method: the one implementation, for a generator or an async one.
 
         An async generator's chunks come on the component loop, each of its steps watched. Each chunk checked to be a str.
@@ -268,8 +271,8 @@ class MakeMethod:
         except StopIteration:
             raise StopAsyncIteration from None
 
-    def _chunk(self, chunk: Any) -> str:
-        if not isinstance(chunk, str):
+    def _chunk(self, chunk: Any) -> Chunk:
+        if not isinstance(chunk, (str, CallReport)):
             got = type(chunk).__name__
             raise MakeError(f"{self.qualname} is @make(stream=True): it must yield str chunks; it yielded a {got}")
         return chunk

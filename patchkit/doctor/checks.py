@@ -36,13 +36,14 @@ class Check:
 def check_llama(model: str | None) -> str:
     """Load the model as `LlamaCppGenerator` does in a worker and decode a few tokens (the eager path)."""
     from patchkit.components import LlamaCppGenerator
+    from patchkit.core.options import joined
     from patchkit.cpu import has_amx
 
     started = time.perf_counter()
     generator = LlamaCppGenerator(model, max_tokens=4)
     generator.setup()
     loaded = time.perf_counter() - started
-    answer = "".join(generator.generate(PROMPT))  # an eager call's whole answer (a stream method, typed so)
+    answer = joined(generator.generate(PROMPT))  # an eager call's whole answer (a stream method, typed so)
     if not answer.strip():
         raise RuntimeError(f"{Path(generator.model_path).name} decoded no text for {PROMPT!r}")
     host = ", an AMX host" if has_amx() else ""

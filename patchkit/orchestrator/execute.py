@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from patchkit.core import Call, CallHook, Component, MakeMethod, call_hook
 from patchkit.core.event_loop import ChunkWindow, run_inline
+from patchkit.core.options import CallReport, joined
 from patchkit.errors import CallError, Cancelled, ComponentError, DeadlineExceeded, PatchkitError
 
 __all__ = [
@@ -223,22 +224,22 @@ async def _run(steps: _OnThread | _OnLoop) -> list[Outcome]:
 
 async def _streamed(steps: _OnThread | _OnLoop, index: int) -> str:
     """One call of a `stream=True` method: its chunks handed on as they are made, each paced by the call's
-    window; their concatenation. However it ends, its generator is closed here, now (its cleanup runs: an
-    engine drops the sequence)."""
+    window; their concatenation (`joined`: an `Answer` carrying the `CallReport` it yielded last, if any).
+    However it ends, its generator is closed here, now (its cleanup runs: an engine drops the sequence)."""
     chunks = steps.chunks(index)
     sink = None if steps.on_chunk is None else functools.partial(steps.on_chunk, index)
     window = None if steps.windows is None else steps.windows[index]
-    parts: list[str] = []
+    parts: list[str | CallReport] = []
     try:
         while (chunk := await chunks.next()) is not None:
             parts.append(chunk)
-            if sink is not None:
+            if sink is not None and isinstance(chunk, str):  # a report comes back with the result, not as text
                 sink(chunk)
                 if window is not None:
                     await chunks.pace(window)
     finally:
         await chunks.close()
-    return "".join(parts)
+    return joined(parts)
 
 
 @dataclass
@@ -325,10 +326,10 @@ class _Stopped(Exception):
 class _ThreadChunks:
     """A `def` (or, through the component loop, an `async def`) streaming call's chunks, made on this thread."""
 
-    _chunks: Generator[str, None, None]
+    _chunks: Generator[str | CallReport, None, None]
     _stop: threading.Event
 
-    async def next(self) -> str | None:
+    async def next(self) -> str | CallReport | None:
         chunk = next(self._chunks, None)
         if chunk is not None and self._stop.is_set():
             raise _Stopped
@@ -345,9 +346,9 @@ class _ThreadChunks:
 class _LoopChunks:
     """An `async def` streaming call's chunks, made on the component loop, where the call awaits them."""
 
-    _chunks: AsyncGenerator[str, None]
+    _chunks: AsyncGenerator[str | CallReport, None]
 
-    async def next(self) -> str | None:
+    async def next(self) -> str | CallReport | None:
         try:
             return await self._chunks.__anext__()
         except StopAsyncIteration:

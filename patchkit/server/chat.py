@@ -5,25 +5,29 @@
     POST /v1/chat/completions   `model` names the pipeline (it may be left out where one is served);
                                 a pipeline with a `messages` input gets the whole conversation there,
                                 each message as the client sent it; the last user message fills its
-                                text input (its one other input, else `chat_input`); other inputs keep
-                                their captured values. The output is the assistant's message: a str
-                                output, or the `chat_output` field of a dict output. `stream: true`
-                                answers `chat.completion.chunk` events (the role, content deltas, a last
-                                chunk with its finish_reason, with `stream_options.include_usage` a
-                                usage chunk) then `data: [DONE]`.
+                                text input (its one other input, else `chat_input`). The output is the
+                                assistant's message: a str output, or the `chat_output` field of a dict
+                                output. `stream: true` answers `chat.completion.chunk` events (the role,
+                                content deltas of the call that makes that text, a last chunk with its
+                                finish_reason, with `stream_options.include_usage` a usage chunk) then
+                                `data: [DONE]`.
 
-Nothing a request says is dropped unsaid: `tools`, `tool_choice`, `functions` and `function_call` reach
-the pipeline's input of the same name (a pipeline "takes tools" by declaring a `tools` input), and a
-request carrying one the pipeline does not declare is refused (400, `param` naming it); `tool_choice:
-"auto"` (the default) needs only a `tools` input. Sampling options (temperature, max_tokens, ...) are
-accepted and left to the pipeline's components.
-`usage` is an estimate: about four characters a token (OpenAI's rule of thumb), since the pipeline's
-own tokenizers are in its workers. Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+Nothing a request says is dropped unsaid. Every other field of the request fills the pipeline's input of
+its name where the pipeline declares one (`tools`, `temperature`, `seed`, ...). A sampling option
+(`core.options.OPTIONS`, `max_completion_tokens` as `max_tokens`) that fills no input reaches the call that
+answers (the generator call whose text is the reply, the call the stream follows) as its `CallOptions`,
+where that call honours it (`honoured_options`); every other call keeps its own settings. Anything else is
+refused (400, `param` naming it), but for the fields a deployment lists in `chat_drop_params` (accepted
+and ignored, logged once each) and those that ask for no change in the answer (`ROUTING_FIELDS`).
+`usage` is the answering call's own count (its `CallReport`): the prompt it evaluated and the tokens it
+made; where no call reported one it is an estimate (about four characters a token), marked
+`"estimated": true`. Errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,22 +35,30 @@ from typing import Any
 
 from aiohttp import web
 
+from patchkit.core.options import OPTIONS, CallOptions, CallReport, OptionError
 from patchkit.errors import InputError
 from patchkit.server.events import EventStream, pump
-from patchkit.server.inputs import parse_json
+from patchkit.server.inputs import coerce, parse_json
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of
 from patchkit.serving.frontend import Frontend, Version
 
-__all__ = ["MESSAGES_INPUT", "TOOL_FIELDS", "ChatRoutes", "estimate_tokens"]
+__all__ = ["MESSAGES_INPUT", "ROUTING_FIELDS", "TOOL_FIELDS", "ChatRoutes", "estimate_tokens"]
+
+logger = logging.getLogger(__name__)
 
 # The input a pipeline declares to get the whole conversation (a list of message dicts, as sent).
 MESSAGES_INPUT = "messages"
 # Request fields that change what the model may answer (tool calls): each reaches the pipeline's input of
 # the same name, and a request carrying one the pipeline has no input for is refused, never ignored.
 TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
+# Fields that route the request or ask for no change in its answer: read here, or accepted as they are
+# (`user` fills a `user` input where the pipeline declares one).
+ROUTING_FIELDS = ("model", "messages", "stream", "stream_options", "n", "user", "metadata", "store", "service_tier")
+# OpenAI's newer name for max_tokens: where both are given, it wins, as at OpenAI.
+MAX_COMPLETION_TOKENS = "max_completion_tokens"
 # OpenAI's error types, by status.
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 503: "overloaded_error",
-                504: "timeout_error"}
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                503: "overloaded_error", 504: "timeout_error"}
 ReadBody = Callable[[web.Request, Callable[[bytes], Awaitable[web.StreamResponse]]], Awaitable[web.StreamResponse]]
 
 
@@ -59,7 +71,7 @@ class ChatError(InputError):
 
 
 def estimate_tokens(text: str) -> int:
-    """About four characters a token: usage figures are estimates, never a tokenizer's count."""
+    """About four characters a token: the usage figures where no call counted them (marked estimated)."""
     return math.ceil(len(text) / 4)
 
 
@@ -70,6 +82,7 @@ class ChatRoutes:
         self.frontend = frontend
         self.config = frontend.config
         self.read_body = read_body
+        self._dropped: set[str] = set()  # the chat_drop_params fields logged once already
 
     def add_to(self, router: web.UrlDispatcher) -> None:
         router.add_get("/v1/models", self.models)
@@ -83,8 +96,8 @@ class ChatRoutes:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         async def run(body: bytes) -> web.StreamResponse:
-            chat, version, inputs = self._parse(body)
-            completion = _Completion(self, request, chat, version, inputs)
+            chat, version, inputs, options = self._parse(body)
+            completion = _Completion(self, request, chat, version, inputs, options)
             return await (completion.stream() if chat.get("stream") else completion.whole())
 
         return await self.read_body(request, self._openai_errors(request, run))
@@ -101,24 +114,31 @@ class ChatRoutes:
                 return self._error_reply(request, exc.status, str(exc), exc.param, exc.code)
             except Exception as exc:
                 status, payload = error_reply(exc, debug=self.config.server.debug)
-                return self._error_reply(request, status, payload["error"]["message"], None, payload["error"]["type"])
+                code = None if status == 400 else payload["error"]["type"]  # OpenAI's codes, never patchkit's class names
+                return self._error_reply(request, status, payload["error"]["message"], None, code)
         return guarded
 
     def _error_reply(self, request: web.Request, status: int, message: str, param: str | None, code: str | None) -> web.Response:
+        if status < 500:
+            logger.warning("POST %s: %d %s", request.rel_url.raw_path, status, " ".join(message.split()))
         return json_reply(status, openai_error(status, message, param, code), {REQUEST_ID_HEADER: request_id_of(request)})
 
-    def _parse(self, body: bytes) -> tuple[dict[str, Any], Version, dict[str, Any]]:
+    def _parse(self, body: bytes) -> tuple[dict[str, Any], Version, dict[str, Any], CallOptions | None]:
         """The request, checked: a JSON object with `messages`, a model served, one choice; with the version of
-        the model's pipeline that serves it and the inputs the request fills (`_chat_inputs`)."""
+        the model's pipeline that serves it, the inputs the request fills (`_chat_inputs`) and the options for
+        the call that answers (`_options`)."""
         chat = parse_json(body)
         if not isinstance(chat, dict):
             raise ChatError('the body must be a JSON object: {"model": ..., "messages": [...]}')
         version = self._version(chat.get("model"))
-        if chat.get("n", 1) != 1:
+        if chat.get("n", 1) not in (1, None):
             raise ChatError("n must be 1: the pipeline answers once", param="n")
-        if not isinstance(chat.get("stream", False), bool):
+        if not isinstance(chat.get("stream", False), (bool, type(None))):
             raise ChatError("stream must be true or false", param="stream")
-        return chat, version, self._chat_inputs(chat, version.pipeline.inputs)
+        inputs = version.pipeline.inputs
+        filled = self._chat_inputs(chat, inputs)
+        options = self._options(chat, inputs, filled, version)
+        return chat, version, filled, options
 
     def _chat_inputs(self, chat: dict[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The pipeline inputs a chat request fills: `messages` (the whole conversation) where the pipeline
@@ -127,7 +147,8 @@ class ChatRoutes:
         filled: dict[str, Any] = {name: chat[name] for name in _tool_fields(chat, inputs)}
         if MESSAGES_INPUT in inputs:
             filled[MESSAGES_INPUT] = messages
-        others = [name for name in inputs if name != MESSAGES_INPUT and name not in TOOL_FIELDS]
+        taken = (MESSAGES_INPUT, *TOOL_FIELDS, *ROUTING_FIELDS)  # inputs a request field of their name fills
+        others = [name for name in inputs if name not in taken and _option(name) not in OPTIONS]
         chat_input = self.config.chat.input if self.config.chat.input in inputs else None
         chat_input = chat_input or (others[0] if len(others) == 1 and MESSAGES_INPUT not in inputs else None)
         if chat_input is not None:
@@ -137,6 +158,56 @@ class ChatRoutes:
                             f"one the last user message fills, or give it a {MESSAGES_INPUT!r} input for the whole "
                             "conversation")
         return filled
+
+    def _options(self, chat: dict[str, Any], inputs: Mapping[str, Any], filled: dict[str, Any],
+                 version: Version) -> CallOptions | None:
+        """Fill `filled` with the inputs the request's other fields name, and return the sampling options for
+        the call that answers (None: none given).
+
+        Raises:
+            ChatError: an option out of range, or a field neither an input nor honoured (nor dropped).
+        """
+        fields = {name: value for name, value in chat.items() if value is not None and name not in TOOL_FIELDS
+                  and name not in (MESSAGES_INPUT, self.config.chat.input) and (name not in ROUTING_FIELDS or name in inputs)}
+        if MAX_COMPLETION_TOKENS in fields and "max_tokens" not in inputs:
+            fields.pop("max_tokens", None)  # its older name: the newer one wins, as at OpenAI
+        try:  # every option checked as OpenAI checks it, whoever takes it
+            CallOptions.parse({_option(name): value for name, value in fields.items()})
+        except OptionError as exc:
+            param = MAX_COMPLETION_TOKENS if exc.param == "max_tokens" and MAX_COMPLETION_TOKENS in fields else exc.param
+            raise ChatError(str(exc), param=param) from None
+        honoured = version.runner.honoured(self.config.chat.output)
+        options: dict[str, Any] = {}
+        for name, value in fields.items():
+            if name in inputs:
+                try:
+                    filled[name] = coerce(name, value, inputs[name])
+                except InputError as exc:
+                    raise ChatError(str(exc), param=name) from None
+            elif _option(name) in OPTIONS and _option(name) in honoured:
+                options[_option(name)] = value
+            elif name in self.config.chat.drop_params:
+                self._drop(name)
+            else:
+                raise self._refusal(name, _option(name) in OPTIONS, honoured)
+        return CallOptions.parse(options) if options else None
+
+    def _refusal(self, name: str, is_option: bool, honoured: frozenset[str]) -> ChatError:
+        """The 400 for a field neither an input nor honoured."""
+        if is_option:
+            why = (f"the call that answers honours only {', '.join(sorted(honoured))}" if honoured else
+                   "no call that answers this pipeline takes sampling options (a built-in generator's does)")
+        else:
+            why = "it is not an option patchkit's generators honour"
+        return ChatError(f"{name} was given, but the pipeline declares no {name!r} input and {why}: it cannot honour it; "
+                         f"leave {name} out, give the pipeline a {name!r} input, or list it in chat_drop_params",
+                         param=name, code="unsupported_parameter")
+
+    def _drop(self, name: str) -> None:
+        if name not in self._dropped:
+            self._dropped.add(name)
+            logger.warning("chat requests' %r is accepted and ignored (chat_drop_params): the pipeline neither takes "
+                           "nor honours it", name)
 
     def _version(self, model: object) -> Version:
         """The version serving `model`'s pipeline; no model: the only pipeline's."""
@@ -154,15 +225,16 @@ class _Completion:
     whole or as chunks."""
 
     def __init__(self, routes: ChatRoutes, request: web.Request, chat: dict[str, Any], version: Version,
-                 inputs: dict[str, Any]) -> None:
+                 inputs: dict[str, Any], options: CallOptions | None) -> None:
         self.routes, self.request, self.chat = routes, request, chat
-        self.version, self.inputs = version, inputs
+        self.version, self.inputs, self.options = version, inputs, options
         self.request_id = request_id_of(request)
         self.created = int(time.time())
         self.prompt_text = " ".join(_text(m.get("content")) for m in chat["messages"] if isinstance(m, dict))
 
     def _query(self, on_delta: Callable[[str], object] | None = None) -> Awaitable[Any]:
-        return self.version.runner.query(self.inputs, request_id=self.request_id, on_delta=on_delta)
+        return self.version.runner.query(self.inputs, request_id=self.request_id, on_delta=on_delta, options=self.options,
+                                         field=self.routes.config.chat.output)
 
     def _answer(self, output: Any) -> str:
         """The assistant's message in the pipeline's output."""
@@ -174,23 +246,35 @@ class _Completion:
             if field not in output:
                 raise ChatError(f"the pipeline's output has no field {field!r} (chat_output)", status=500)
             output = output[field]
-        return output if isinstance(output, str) else json.dumps(output)
+        return str(output) if isinstance(output, str) else json.dumps(output)
 
-    def _usage(self, answer: str) -> dict[str, int]:
+    def _usage(self, answer: str, report: CallReport | None) -> dict[str, Any]:
+        """The answering call's token counts; an estimate, marked so, where it reported none."""
+        if report is not None and report.counted:
+            prompt, completion = report.prompt_tokens, report.completion_tokens
+            return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         prompt, completion = estimate_tokens(self.prompt_text), estimate_tokens(answer)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+                "estimated": True}
+
+    def _logprobs(self, report: CallReport | None) -> dict[str, Any] | None:
+        if self.options is None or not self.options.logprobs or report is None or report.logprobs is None:
+            return None
+        return {"content": report.logprobs}
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": f"chatcmpl-{self.request_id}", "object": kind, "created": self.created, "model": self.version.name}
 
     async def whole(self) -> web.Response:
-        answer = self._answer((await self._query()).output)
-        choice = {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop", "logprobs": None}
-        reply = {**self._head("chat.completion"), "choices": [choice], "usage": self._usage(answer)}
+        result = await self._query()
+        answer, report = self._answer(result.output), result.report
+        choice = {"index": 0, "message": {"role": "assistant", "content": answer}, "logprobs": self._logprobs(report),
+                  "finish_reason": report.finish_reason if report is not None else "stop"}
+        reply = {**self._head("chat.completion"), "choices": [choice], "usage": self._usage(answer, report)}
         return json_reply(200, reply, {REQUEST_ID_HEADER: self.request_id})
 
     async def stream(self) -> web.StreamResponse:
-        """Chunks as the output's text is produced: the role with the first, the rest of the answer
+        """Chunks as the answering call makes the reply's text: the role with the first, the rest of the answer
         (what the deltas did not carry, all of it when nothing streamed) before the last."""
         events = EventStream(self.request, {REQUEST_ID_HEADER: self.request_id})
         sent: list[str] = []
@@ -198,7 +282,7 @@ class _Completion:
         async def send(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> None:
             if not events.started:
                 delta = {"role": "assistant", **delta}
-            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": extra.pop("logprobs", None)}
             await events.send(json.dumps({**self._head("chat.completion.chunk"), "choices": [choice], **extra}).encode())
 
         async def on_delta(text: str) -> None:
@@ -206,7 +290,8 @@ class _Completion:
             await send({"content": text})
 
         try:
-            answer = self._answer((await pump(self._query, on_delta)).output)
+            result = await pump(self._query, on_delta)
+            answer, report = self._answer(result.output), result.report
         except (ConnectionResetError, web.HTTPException):
             raise
         except Exception as exc:
@@ -219,11 +304,11 @@ class _Completion:
         streamed = "".join(sent)
         if answer.startswith(streamed) and len(answer) > len(streamed):
             await send({"content": answer[len(streamed):]})
-        await send({}, "stop")
+        await send({}, report.finish_reason if report is not None else "stop", logprobs=self._logprobs(report))
         options = self.chat.get("stream_options")
         if isinstance(options, dict) and options.get("include_usage"):
             await events.send(json.dumps({**self._head("chat.completion.chunk"), "choices": [],
-                                          "usage": self._usage(answer)}).encode())
+                                          "usage": self._usage(answer, report)}).encode())
         await events.send(b"[DONE]")
         return await events.finish()
 
@@ -231,6 +316,11 @@ class _Completion:
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def _option(field: str) -> str:
+    """The `CallOptions` name of a request field: max_completion_tokens is max_tokens."""
+    return "max_tokens" if field == MAX_COMPLETION_TOKENS else field
 
 
 def _text(content: Any) -> str:

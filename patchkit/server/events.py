@@ -75,18 +75,21 @@ async def pump(run: Callable[[Callable[[Item], object]], Awaitable[T]], on_delta
             handed.set_result(None)
 
     task = asyncio.ensure_future(run(report))
+    getter: asyncio.Future[tuple[Item, asyncio.Future[None]]] | None = None
     try:
         while not task.done():
             getter = asyncio.ensure_future(chunks.get())
             await asyncio.wait((task, getter), return_when=asyncio.FIRST_COMPLETED)
             if getter.done():
                 await hand_on(*getter.result())
-            else:
-                getter.cancel()
+            getter.cancel()
         while not chunks.empty():
             await hand_on(*chunks.get_nowait())
     except BaseException:
         task.cancel()
         task.add_done_callback(lambda done: done.cancelled() or done.exception())  # its error is no longer anyone's
         raise
+    finally:
+        if getter is not None:  # a client that went away leaves no task waiting on the queue
+            getter.cancel()
     return task.result()

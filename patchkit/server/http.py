@@ -1,15 +1,20 @@
 """The front-end's HTTP API (JSON only; nothing a client sends is ever unpickled).
 
-    POST /v1/pipelines/{name}/query   {"inputs": {...}, "slo_ms"?: n, "stream"?: bool} -> {"output",
-                     "request_id", "latency_ms"}, run on pipeline `name`'s version as of its arrival (named in
-                     the `X-Pipeline-Version` header); with "stream": true a text/event-stream:
-                     `data: {"delta": "..."}` per text chunk of the output's streaming call, then
+    POST /v1/pipelines/{name}/query   {"inputs": {...}, "slo_ms"?: n, "stream"?: bool, "options"?: {...},
+                     "field"?: str} -> {"output", "request_id", "latency_ms"}, run on pipeline `name`'s version as
+                     of its arrival (named in the `X-Pipeline-Version` header); "options": sampling options
+                     (max_tokens, stop, seed, ...) for the call whose result is the output (of a dict output,
+                     its "field"), refused (400) where that call does not honour them; with "stream": true a
+                     text/event-stream: `data: {"delta": "..."}` per text chunk of the output's streaming call
+                     (`"field"` naming its field where a dict output has several streamed ones), then
                      `data: {"output", "request_id", "latency_ms"}`, or, for an error after the stream
                      started, `data: {"error": {...}}`; with "steps": true too (or `?steps=true`), a
                      `data: {"step": {...}}` event as each component call starts and ends (serving/steps.py)
     POST /v1/query   the same, on the only pipeline (400 where several are served)
     GET  /v1/pipelines   each pipeline served: name, version, digest, inputs, output, state, components
     POST /v1/chat/completions, GET /v1/models   the OpenAI chat API, a pipeline per model (chat.py)
+    GET  /health     as vLLM's: 200 with an empty body once every component has a replica passing its
+                     health checks, else 503 (what load generators such as GuideLLM probe)
     GET  /healthz    liveness: 200 whenever the process answers, from before its workers start until it
                      stops; whether every component has a replica passing its health checks ("workers":
                      "ok" or "degraded"), requests and body bytes in flight
@@ -56,14 +61,14 @@ from patchkit.server.bodies import BodyBudget
 from patchkit.server.chat import ChatRoutes
 from patchkit.server.dashboard import DashboardRoutes, is_public
 from patchkit.server.events import EventStream, pump
-from patchkit.server.inputs import InputSchema, output_json
+from patchkit.server.inputs import InputSchema, QueryBody, output_json
 from patchkit.server.loop_lag import LoopLag
 from patchkit.server.metrics import CONTENT_TYPE, DeploymentMetrics
 from patchkit.server.openapi import document
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of, set_request_id
 from patchkit.server.request_ids import REQUEST_ID, check_request_id, new_request_id
 from patchkit.serving.frontend import Frontend, RequestResult, Version
-from patchkit.serving.runner import outcome_of
+from patchkit.serving.runner import FieldDelta, outcome_of
 
 __all__ = ["build_app", "error_reply"]
 
@@ -78,10 +83,10 @@ _FRONTEND = web.AppKey("frontend", Frontend)
 _SCHEMAS = web.AppKey("schemas", weakref.WeakKeyDictionary)  # Version -> its InputSchema
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
 _BODIES = web.AppKey("bodies", BodyBudget)
-_ROUTES = ("POST /v1/query, /v1/pipelines/{name}/query, /v1/chat/completions, GET /healthz, /readyz, /metrics, "
+_ROUTES = ("POST /v1/query, /v1/pipelines/{name}/query, /v1/chat/completions, GET /health, /healthz, /readyz, /metrics, "
            "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/activity, /v1/models, /dashboard, /openapi.json")
 VERSION_HEADER = "X-Pipeline-Version"
-_PROBES = ("/healthz", "/readyz")  # answered from the start, and without the token
+_PROBES = ("/health", "/healthz", "/readyz")  # answered from the start, and without the token
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> web.Response:
@@ -189,15 +194,34 @@ async def query(request: web.Request) -> web.StreamResponse:
         version = request.app[_FRONTEND].route(request.match_info.get("name"))
         parsed = schema_of(request.app, version).parse(body)
         steps = parsed.steps or _steps_asked(request)
+        _check_options(version, parsed)
         if parsed.stream:
-            return await _stream_query(request, version, parsed.inputs, parsed.slo_ms, steps)
+            return await _stream_query(request, version, parsed, steps)
         if steps:
             raise InputError('steps are events of a stream: send "stream": true with ?steps=true')
-        result = await version.runner.query(parsed.inputs, parsed.slo_ms, request_id=request_id_of(request))
+        result = await version.runner.query(parsed.inputs, parsed.slo_ms, request_id=request_id_of(request),
+                                            options=parsed.options, field=parsed.field)
         return web.Response(body=_result_json(result), content_type="application/json",
                             headers={VERSION_HEADER: result.version or version.tag})  # the version that ran it
 
     return await read_body(request, run)
+
+
+def _check_options(version: Version, parsed: QueryBody) -> None:
+    """A body's `field`, one the output has, and its options, each honoured by the call that answers (of that
+    field); InputError names what is not."""
+    fields = version.pipeline.graph.output_fields
+    if parsed.field is not None and fields and parsed.field not in fields:
+        raise InputError(f"field names {parsed.field!r}, which the output does not have: its fields are {', '.join(fields)}")
+    if parsed.options is None:
+        return
+    honoured = version.runner.honoured(parsed.field)
+    for name in parsed.options.given():
+        if name not in honoured:
+            which = f"field {parsed.field!r} of the output" if parsed.field is not None else "the output"
+            also = f" (it honours {', '.join(sorted(honoured))})" if honoured else ""
+            raise InputError(f"options.{name} cannot be honoured: the call that makes {which} does not take it{also}; "
+                             "leave it out, or give the pipeline an input of its own for it")
 
 
 def schema_of(app: web.Application, version: Version) -> InputSchema:
@@ -225,9 +249,7 @@ def _steps_asked(request: web.Request) -> bool:
     raise InputError(f"the query parameter steps must be true or false; got {value[:80]!r}")
 
 
-async def _stream_query(
-    request: web.Request, version: Version, inputs: dict[str, Any], slo_ms: float | None, steps: bool = False
-) -> web.StreamResponse:
+async def _stream_query(request: web.Request, version: Version, parsed: QueryBody, steps: bool = False) -> web.StreamResponse:
     """`"stream": true`: a `data: {"delta": ...}` event per chunk, then the reply as the last event; with `steps`,
     a `data: {"step": ...}` event as each call starts and ends, among them in the order they happened.
 
@@ -235,11 +257,16 @@ async def _stream_query(
     request_id = request_id_of(request)
     stream = EventStream(request, {REQUEST_ID_HEADER: request_id, VERSION_HEADER: version.tag})
 
-    async def send_delta(item: str | dict[str, Any]) -> None:
-        await stream.send(json.dumps({"delta": item} if isinstance(item, str) else {"step": item}).encode())
+    async def send_delta(item: str | FieldDelta | dict[str, Any]) -> None:
+        if isinstance(item, FieldDelta):
+            event: dict[str, Any] = {"delta": item.text, "field": item.field}
+        else:
+            event = {"delta": item} if isinstance(item, str) else {"step": item}
+        await stream.send(json.dumps(event).encode())
 
-    def run(report: Callable[[str | dict[str, Any]], object]) -> Awaitable[RequestResult]:
-        return version.runner.query(inputs, slo_ms, request_id=request_id, on_delta=report, on_step=report if steps else None)
+    def run(report: Callable[[Any], object]) -> Awaitable[RequestResult]:
+        return version.runner.query(parsed.inputs, parsed.slo_ms, request_id=request_id, on_delta=report,
+                                    on_step=report if steps else None, options=parsed.options, field=parsed.field)
 
     try:
         result = await pump(run, send_delta)
@@ -310,6 +337,15 @@ async def healthz(request: web.Request) -> web.Response:
     return _json(200, reply)
 
 
+async def health(request: web.Request) -> web.Response:
+    """vLLM's probe: 200 and no body while every component has a healthy replica, else 503 saying why."""
+    frontend = request.app[_FRONTEND]
+    if frontend.started and frontend.healthy():
+        return web.Response(status=200)
+    why = "the workers are still starting" if not frontend.started else "a component has no healthy replica"
+    return _json(503, {"status": "unhealthy", "reason": why})
+
+
 async def readyz(request: web.Request) -> web.Response:
     """Readiness: 200 only when every worker is up and the server is not draining, else 503 with why."""
     readiness = request.app[_FRONTEND].readiness()
@@ -376,6 +412,7 @@ def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Applic
     app.router.add_post("/v1/pipelines/{name}/query", query)
     app.router.add_get("/v1/pipelines", pipelines)
     app.router.add_get("/v1/pipelines/{name}/graph", graph)
+    app.router.add_get("/health", health)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

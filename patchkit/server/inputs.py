@@ -19,9 +19,10 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from patchkit.core.options import OPTIONS, CallOptions, OptionError
 from patchkit.errors import InputError, unknown_input
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_SLO_MS", "InputSchema", "QueryBody", "output_json"]
+__all__ = ["MAX_JSON_DEPTH", "MAX_SLO_MS", "InputSchema", "QueryBody", "coerce", "output_json"]
 
 MAX_JSON_DEPTH = 64  # arrays and objects in a body nest at most this deep (the body's own object included)
 MAX_SLO_MS = 3_600_000  # a request's slo_ms: at most an hour
@@ -40,11 +41,13 @@ class QueryBody:
     slo_ms: float | None = None
     stream: bool = False  # answer as server-sent events
     steps: bool = False  # with `stream`: a step event as each component call starts and ends
+    options: CallOptions | None = None  # sampling options for the call that answers (core/options.py)
+    field: str | None = None  # the field of a dict output the options (and the stream) are for
 
 
 class InputSchema:
-    """Checks `{"inputs": {...}, "slo_ms"?: n, "stream"?: bool, "steps"?: bool}` bodies; every input is required
-    unless listed as optional."""
+    """Checks `{"inputs": {...}, "slo_ms"?: n, "stream"?: bool, "steps"?: bool, "options"?: {...}, "field"?: str}`
+    bodies; every input is required unless listed as optional."""
 
     def __init__(self, defaults: Mapping[str, Any], optional: tuple[str, ...] = ()) -> None:
         self.defaults = dict(defaults)
@@ -55,10 +58,10 @@ class InputSchema:
         request = parse_json(body)
         if not isinstance(request, dict):
             raise InputError('the body must be a JSON object: {"inputs": {...}}')
-        extra = set(request) - {"inputs", "slo_ms", "stream", "steps"}
+        extra = set(request) - {"inputs", "slo_ms", "stream", "steps", "options", "field"}
         if extra:
-            raise InputError(f"unknown field {sorted(extra)[0]!r} in the body; it takes 'inputs', 'slo_ms', 'stream' "
-                             "and 'steps'")
+            raise InputError(f"unknown field {sorted(extra)[0]!r} in the body; it takes 'inputs', 'slo_ms', 'stream', "
+                             "'steps', 'options' and 'field'")
         slo_ms = _slo_ms(request.get("slo_ms"))
         stream, steps = request.get("stream", False), request.get("steps", False)
         for name, value in (("stream", stream), ("steps", steps)):
@@ -69,7 +72,10 @@ class InputSchema:
         inputs = request.get("inputs")
         if not isinstance(inputs, dict):
             raise InputError('the body needs "inputs": an object with one entry per pipeline input')
-        return QueryBody(self.check(inputs), slo_ms, stream, steps)
+        field = request.get("field")
+        if field is not None and not isinstance(field, str):
+            raise InputError(f"field must be the name of a field of the output; got {json.dumps(field)[:80]}")
+        return QueryBody(self.check(inputs), slo_ms, stream, steps, _options(request.get("options")), field)
 
     def check(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Type-check given inputs against the captured defaults, report the first missing one, and
@@ -80,7 +86,7 @@ class InputSchema:
         missing = [n for n in self.defaults if n not in inputs and n not in self.optional]
         if missing:
             raise InputError(f"missing input {missing[0]!r}: every request gives {', '.join(sorted(self.defaults))}")
-        checked = {name: _coerce(name, value, self.defaults[name]) for name, value in inputs.items()}
+        checked = {name: coerce(name, value, self.defaults[name]) for name, value in inputs.items()}
         _check_pickles(checked)
         return checked
 
@@ -126,6 +132,22 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _options(value: Any) -> CallOptions | None:
+    """A body's `options`: an object of sampling options (`core.options.OPTIONS`), checked; None where absent."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InputError(f"options must be an object of sampling options; got {json.dumps(value)[:80]}")
+    unknown = sorted(set(value) - set(OPTIONS))
+    if unknown:
+        raise InputError(f"unknown option {unknown[0]!r} in options; the options are {', '.join(OPTIONS)}")
+    try:
+        options = CallOptions.parse(value)
+    except OptionError as exc:
+        raise InputError(f"options: {exc}") from None
+    return options if options.given() else None
+
+
 def _slo_ms(value: Any) -> float | None:
     """A request's slo_ms: None, or a finite number of milliseconds in (0, MAX_SLO_MS]."""
     if value is None:
@@ -158,7 +180,8 @@ def _kind(default: Any) -> str:
     return _JSON_TYPES.get(type(default), f"fixed ({type(default).__name__} cannot travel as JSON)")
 
 
-def _coerce(name: str, value: Any, default: Any) -> Any:
+def coerce(name: str, value: Any, default: Any) -> Any:
+    """`value` for input `name` as its captured `default` fixes its JSON type; InputError names a wrong one."""
     expected = _kind(default)
     if default is None:
         return value

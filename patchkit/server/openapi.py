@@ -26,7 +26,7 @@ OPENAPI_VERSION = "3.1.0"
 SCHEMAS = "#/components/schemas/{model}"
 JSON = "application/json"
 EVENTS = "text/event-stream"
-PROBES = frozenset({"/healthz", "/readyz"})  # answered without the token (http.py's _PROBES)
+PROBES = frozenset({"/health", "/healthz", "/readyz"})  # answered without the token (http.py's _PROBES)
 # How `InputSchema.describe` (server/inputs.py) words an input's JSON kind, as JSON Schema's types.
 INPUT_KINDS = {"a string": "string", "true or false": "boolean", "an integer": "integer", "a number": "number",
                "a list": "array", "an object": "object"}
@@ -41,6 +41,10 @@ class QueryRequest(TypedDict):
     """This request's latency target, in milliseconds (default: the deployment's slo_ms)."""
     stream: NotRequired[bool]
     """True: a text/event-stream of `{"delta": ...}` events, then the final `{"output", "request_id", ...}`."""
+    options: NotRequired[dict[str, Any]]
+    """Sampling options (max_tokens, stop, temperature, top_p, seed, ...) for the call whose result is the output."""
+    field: NotRequired[str]
+    """Of a dict output, the field whose call the options (and the stream) are for."""
 
 
 class ErrorBody(TypedDict):
@@ -110,6 +114,8 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
                                    replies={200: ("the counters", Stats)}),
     ("GET", "/v1/traces"): RouteDoc("The last finished requests with an SLO, timings and sizes only",
                                     replies={200: ("the traces", _OBJECT)}),
+    ("GET", "/health"): RouteDoc("As vLLM's: 200, no body, while every component has a healthy replica",
+                                 replies={200: ("healthy", None), 503: ("unhealthy, and why", _OBJECT)}, text="text/plain"),
     ("GET", "/healthz"): RouteDoc("Liveness: 200 whenever the process answers", replies={200: ("alive", Health)}),
     ("GET", "/readyz"): RouteDoc("Readiness: 200 only when every pipeline's workers are up",
                                  replies={200: ("ready", Readiness), 503: ("not ready, and why", Readiness)}),
@@ -120,7 +126,8 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
     ("POST", "/v1/chat/completions"): RouteDoc(
         "The OpenAI chat completions API over a pipeline (`model`: its name)", _OBJECT,
         {200: ("a chat completion; with stream: true, server-sent chunks", _OBJECT),
-         400: ("bad input, or tools to a pipeline that takes none", _OBJECT)}, stream=True),
+         400: ("bad input, or a field the pipeline neither takes nor honours", _OBJECT),
+         404: ("no model of that name (code model_not_found)", _OBJECT)}, stream=True),
     ("GET", "/openapi.json"): RouteDoc("This document", replies={200: ("the OpenAPI document", _OBJECT)}),
 }
 _STARTING = (503, ("the workers are still starting (Retry-After)", ErrorReply))

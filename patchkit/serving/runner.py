@@ -13,6 +13,7 @@ name, `outcome_of`, which its counters, its metrics and its trace all read. On t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
 import uuid
@@ -23,7 +24,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from patchkit import telemetry
 from patchkit.capture.pending import Window, run_in_window
 from patchkit.config import DeploymentConfig
-from patchkit.core import CallSite, Component, MakeMethod, call_hook
+from patchkit.core import CallSite, Component, MakeMethod, call_hook, make_methods
+from patchkit.core.options import Answer, CallOptions, CallReport, honoured_options
 from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.scheduler.online.slo import RequestState, SloPolicy
@@ -38,7 +40,7 @@ from patchkit.serving.waves import Waves
 if TYPE_CHECKING:
     from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
-__all__ = ["RequestResult", "RequestRunner", "outcome_of"]
+__all__ = ["FieldDelta", "RequestResult", "RequestRunner", "outcome_of"]
 
 
 def outcome_of(error: BaseException | None) -> str:
@@ -63,6 +65,14 @@ class RequestResult:
     output: Any
     latency_s: float
     version: str = ""  # the tag of the pipeline version that ran it (`Version.tag`)
+    report: CallReport | None = None  # what the call that answered reported (its tokens, why it ended), if it did
+
+
+class FieldDelta(NamedTuple):
+    """A text chunk of field `field` of a dict output, as a stream of several fields' calls hands it on."""
+
+    field: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -73,8 +83,12 @@ class _Request:
     state: RequestState
     expires: float
     span: telemetry.Span
-    on_delta: Callable[[str], object] | None
+    on_delta: Callable[[Any], object] | None
     steps: RequestSteps
+    answering: frozenset[CallSite] = frozenset()  # the sites of the call that answers it (`RequestRunner.answering`)
+    options: CallOptions | None = None  # for that call
+    field: str | None = None  # the field of a dict output it asks for (None: the whole output)
+    reports: list[CallReport] = dataclasses.field(default_factory=list)  # what that call reported, each time it ran
 
 
 class RequestRunner:
@@ -106,7 +120,9 @@ class RequestRunner:
         self.stats = stats
         self.clock = clock  # the SLO policy's and the queues' clock; tests inject their own
         self.waves = None if config.limits.pipelining else Waves()
-        self.output_sites = pipeline.graph.output_sites()  # calls whose result is (part of) the output
+        self.site_fields = pipeline.graph.site_fields()  # of a dict output, the field each of those makes
+        self._answering: dict[str | None, frozenset[CallSite]] = {}
+        self._honoured: dict[str | None, frozenset[str]] = {}
         self.parallel = config.limits.parallel_calls and pipeline.parallel  # calls to overlap, and overlapping on
         self.inflight = 0
         self.load: Callable[[], int] = load or (lambda: self.inflight)
@@ -121,15 +137,21 @@ class RequestRunner:
         slo_ms: float | None = None,
         *,
         request_id: str | None = None,
-        on_delta: Callable[[str], object] | None = None,
+        on_delta: Callable[[Any], object] | None = None,
         on_step: Callable[[dict[str, Any]], object] | None = None,
+        options: CallOptions | None = None,
+        field: str | None = None,
     ) -> RequestResult:
         """Run the pipeline on inputs checked at the edge (`patchkit.server.inputs`); raises what the request should answer.
 
         `request_id`: the request's id (the client's X-Request-ID, checked at the edge), else a fresh
         one; it is in the result, the request's traces and spans. `on_delta`: called on this loop with
         each text chunk of the calls whose result is the pipeline's output, or an item of it
-        (`stream=True` methods the captured graph connects to the output), as they are made.
+        (`stream=True` methods the captured graph connects to the output), as they are made: a str, or, where
+        a dict output has several fields made so and no `field` is asked for, a `FieldDelta` naming its field.
+        `field`: the field of a dict output the request is answered with (the chat API's `chat_output`):
+        only its call streams. `options`: for the call that answers it (`answering`); the others keep
+        their own settings. The result carries that call's `CallReport` where it made one.
         `on_step`: called on this loop with each step event of the request's component calls, as each
         starts and ends, in that order (`patchkit.serving.steps`).
         Cancelling the query (its client went away) withdraws its queued calls and stops its running
@@ -138,13 +160,14 @@ class RequestRunner:
         if self._held is not None:  # a version switched to before its components serve (`hold`)
             serving = await asyncio.shield(self._held)
             if serving is not self:
-                return await serving.query(inputs, slo_ms, request_id=request_id, on_delta=on_delta, on_step=on_step)
+                return await serving.query(inputs, slo_ms, request_id=request_id, on_delta=on_delta, on_step=on_step,
+                                           options=options, field=field)
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         span = telemetry.start_request(request_id, self.name, self.tag)
         steps = RequestSteps(request_id, self.name, self.tag, on_step, self.config.server.step_preview_chars)
         error: BaseException | None = None
         try:
-            return await self._query(inputs, slo_ms, request_id, span, on_delta, steps)
+            return await self._query(inputs, slo_ms, request_id, span, on_delta, steps, options, field)
         except BaseException as exc:
             error = exc
             raise
@@ -175,8 +198,10 @@ class RequestRunner:
         slo_ms: float | None,
         request_id: str,
         span: telemetry.Span,
-        on_delta: Callable[[str], object] | None,
+        on_delta: Callable[[Any], object] | None,
         steps: RequestSteps,
+        options: CallOptions | None = None,
+        field: str | None = None,
     ) -> RequestResult:
         if self.closing:
             raise Overloaded(self.load(), 0, "the endpoint is shutting down")
@@ -191,7 +216,8 @@ class RequestRunner:
         self._idle.clear()
         ok = False
         try:
-            output = await self._admitted(variables, _Request(state, expires, span, on_delta, steps))
+            request = _Request(state, expires, span, on_delta, steps, self.answering(field), options, field)
+            output = await self._admitted(variables, request)
             ok = True
         finally:
             self.policy.finish(state, ok=ok)
@@ -200,7 +226,8 @@ class RequestRunner:
                 self._idle.set()
         latency = time.perf_counter() - start
         self.stats.answered(latency, slo, self.name, self.tag)
-        return RequestResult(request_id, output, latency, self.tag)
+        report = request.reports[-1] if request.reports else None
+        return RequestResult(request_id, output, latency, self.tag, report)
 
     async def _admitted(self, variables: dict[str, Any], request: _Request) -> Any:
         """Wait for admission (and the request's wave), then run the pipeline's code; within the request's timeout.
@@ -224,6 +251,38 @@ class RequestRunner:
             if entered:
                 assert self.waves is not None
                 self.waves.leave()
+
+    def answering(self, field: str | None = None) -> frozenset[CallSite]:
+        """The call sites of the call that answers a request: whose result is the output, or field `field` of a
+        dict output. A streaming request follows its chunks; the request's options reach it."""
+        if field not in self._answering:
+            self._answering[field] = self.pipeline.graph.field_sites(field)
+        return self._answering[field]
+
+    def honoured(self, field: str | None = None) -> frozenset[str]:
+        """The call options every call that may answer a request (asking for `field`) honours: those of its
+        components' `honoured_options` whose method takes `options`; none where no call answers."""
+        if field not in self._honoured:
+            graph, components = self.pipeline.graph, self.pipeline.graph.components()
+            found: list[frozenset[str]] = []
+            for site in self.answering(field):
+                node = graph.node_at(site)
+                component = components.get(node.component) if node is not None else None
+                method = make_methods(type(component)).get(node.method) if node is not None else None
+                takes = component is not None and method is not None and method.takes_options
+                found.append(honoured_options(component) if takes else frozenset())
+            self._honoured[field] = frozenset.intersection(*found) if found else frozenset()
+        return self._honoured[field]
+
+    def _sink(self, request: _Request, method: MakeMethod, site: CallSite | None) -> Callable[[str], object] | None:
+        """Where an answering call's chunks go: the request's `on_delta` for a streaming method (None: nowhere);
+        as `FieldDelta`s where the request asks for no field and the output has several streamed fields."""
+        if not method.stream or request.on_delta is None:
+            return None
+        field = self.site_fields.get(site) if site is not None else None
+        if request.field is not None or field is None or len(set(self.site_fields.values())) < 2:
+            return request.on_delta
+        return functools.partial(_named_delta, request.on_delta, field)
 
     async def drained(self, timeout_s: float | None) -> bool:
         """Wait up to `timeout_s` (None: as long as it takes) for the requests in flight (once `closing` refuses
@@ -280,9 +339,13 @@ class RequestRunner:
                                    sensitive=bool(getattr(component, "sensitive", False)))
         call_span, carrier = telemetry.start_call(request.span, name, method.name)
         slack = self.policy.check(state) if state.deadline is not None else None  # an SLO applies: the slack
-        streams = method.stream and request.on_delta is not None and site in self.output_sites
-        envelope = CallEnvelope(args, kwargs, request.expires, request.on_delta if streams else None, trace=carrier)
-        submitted = _Submitted(name, method.name, deployment.submit(queue, component, envelope, slack, self.priority))
+        answers = site is not None and site in request.answering
+        if answers and request.options is not None and method.takes_options:
+            kwargs = {**kwargs, "options": request.options}
+        envelope = CallEnvelope(args, kwargs, request.expires, self._sink(request, method, site) if answers else None,
+                                trace=carrier)
+        call = deployment.submit(queue, component, envelope, slack, self.priority)
+        submitted = _Submitted(name, method.name, call, answers)
         submitted.call.future.add_done_callback(
             functools.partial(self._ended, submitted, request, step, call_span, time.time_ns(), self.clock(), _size(args))
         )
@@ -303,6 +366,8 @@ class RequestRunner:
             telemetry.end_call(span, submitted_ns, None, "cancelled" if future.cancelled() else why)
             return
         ok, value = future.result()
+        if ok and submitted.answers and isinstance(value, Answer):
+            request.reports.append(value.report)
         request.steps.end(step, batch=call.batch, replica=call.replica, wait_s=wait,
                           result=value if ok else None, error=None if ok else (value.type_name, value.message))
         if span is not None:
@@ -327,6 +392,11 @@ class _Submitted(NamedTuple):
     component: str  # its name in the deployment
     method: str
     call: PendingCall
+    answers: bool = False  # it is the call that answers its request (`RequestRunner.answering`)
+
+
+def _named_delta(on_delta: Callable[[Any], object], field: str, text: str) -> object:
+    return on_delta(FieldDelta(field, text))
 
 
 def _size(value: Any) -> int:

@@ -1,7 +1,7 @@
 """What every generator shares.
 
-Its sampling arguments, the requests a batch of calls becomes (chat messages built from a prompt and documents, and a token
-limit), and the context check.
+Its sampling arguments, the requests a batch of calls becomes (chat messages built from a prompt and documents, a token
+limit and the request's call options), the report a call ends with, and the context check.
 """
 
 from __future__ import annotations
@@ -9,12 +9,13 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from patchkit.components.bundled import bundled_file
 from patchkit.core import Component
+from patchkit.core.options import CallOptions, CallReport
 
 __all__ = [
     "DEFAULT_SYSTEM_PROMPT",
@@ -67,12 +68,14 @@ def render_context(docs: Sequence[Any]) -> str:
 class Sampling:
     """How a generator samples an answer, checked where it is given.
 
-    At most `max_tokens` new tokens, at `temperature` (0: greedy), from a generator seeded with `seed`.
+    At most `max_tokens` new tokens, at `temperature` (0: greedy), from the `top_p` nucleus (None: the
+    engine's own), from a generator seeded with `seed`.
     """
 
     max_tokens: int = 96
     temperature: float = 0.0
     seed: int = 0
+    top_p: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -86,15 +89,33 @@ class Sampling:
         Under the names that llama-cpp-python's `create_chat_completion`, vLLM's `SamplingParams` and OpenAI's
         chat completions all give them.
         """
-        return {"max_tokens": max_tokens, "temperature": self.temperature, "seed": self.seed}
+        given = {"top_p": self.top_p} if self.top_p is not None else {}
+        return {"max_tokens": max_tokens, "temperature": self.temperature, "seed": self.seed, **given}
+
+    def applied(self, options: CallOptions) -> Sampling:
+        """These settings with a call's options over them (temperature, top_p, seed, max_tokens)."""
+        given = {name: getattr(options, name) for name in ("max_tokens", "temperature", "seed", "top_p")
+                 if getattr(options, name) is not None}
+        return replace(self, **given) if given else self
 
 
 @dataclass(frozen=True)
 class Request:
-    """One call of `generate` as an engine runs it: the chat messages and the most tokens its answer may take."""
+    """One call of `generate` as an engine runs it.
+
+    The chat messages, the most tokens its answer may take, and the request's options where this call answers it
+    (empty for any other call).
+    """
 
     messages: list[dict[str, str]]
     max_tokens: int
+    options: CallOptions = field(default_factory=CallOptions)
+
+    def report(self, prompt_tokens: int, completion_tokens: int, stopped: bool = False,
+               logprobs: list[dict[str, Any]] | None = None) -> CallReport:
+        """The call's `CallReport`: "length" where it made its `max_tokens` and no stop string ended it."""
+        finish = "length" if completion_tokens >= self.max_tokens and not stopped else "stop"
+        return CallReport(prompt_tokens, completion_tokens, finish, logprobs)
 
 
 class Generator(Component):
@@ -103,8 +124,12 @@ class Generator(Component):
     Subclasses pass their sampling arguments and system prompt to `Generator.__init__`, and mark
     their own `generate` with `@make` (per item, or batched where their backend batches), which
     starts from `request` or `requests`; `Grader`, `Rewriter` and the examples take any of them.
+    A `generate` that answers a request gets its `options` (core/options.py), of which it honours
+    those its class lists in `honoured_options`, and yields a `CallReport` after its text.
     """
 
+    # The call options each subclass's `generate` honours when its call answers a request.
+    honoured_options: ClassVar[frozenset[str]] = frozenset()
     sampling: Sampling
     system_prompt: str | None
 
@@ -139,9 +164,19 @@ class Generator(Component):
         shared = f"{self.system_prompt or ''}\0{render_context(docs)}"
         return hashlib.blake2b(shared.encode(), digest_size=8).hexdigest()
 
-    def request(self, prompt: str, docs: Sequence[Any] | None = None, max_tokens: int | None = None) -> Request:
-        """One call's request; a `max_tokens` of None (or 0) is this generator's own."""
-        return Request(self.messages(prompt, docs), max_tokens or self.sampling.max_tokens)
+    def request(self, prompt: str, docs: Sequence[Any] | None = None, max_tokens: int | None = None,
+                options: CallOptions | None = None) -> Request:
+        """One call's request; a `max_tokens` of None (or 0) is this generator's own, the options' over both.
+
+        Raises:
+            ValueError: an option this generator does not honour (the front-end refuses those first).
+        """
+        options = options if options is not None else CallOptions()
+        unhonoured = [name for name in options.given() if name not in self.honoured_options]
+        if unhonoured:
+            raise ValueError(f"{type(self).__name__} does not honour the option {unhonoured[0]!r}; it honours "
+                             f"{', '.join(sorted(self.honoured_options)) or 'none'}")
+        return Request(self.messages(prompt, docs), options.max_tokens or max_tokens or self.sampling.max_tokens, options)
 
     def requests(
         self, prompt: Sequence[str], docs: Sequence[Sequence[Any] | None], max_tokens: Sequence[int | None]
@@ -154,13 +189,16 @@ class Generator(Component):
         """
         return [self.request(p, d, limit) for p, d, limit in zip(prompt, docs, max_tokens)]
 
-    def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> str:
+    def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None,
+                 options: CallOptions | None = None) -> str:
         """Answer `prompt`, over `docs` where given; each subclass's own, marked with `@make`.
 
         Args:
             prompt: the instruction or question.
             docs: documents to answer from (`Hit`s, `Document`s or strings), put before the prompt.
             max_tokens: the most tokens the answer may take (None: the generator's own).
+            options: where this call answers a request, its sampling options (set by the front-end, over
+                this generator's own settings and `max_tokens`); None for every other call.
 
         Returns:
             The answer's text.

@@ -23,18 +23,26 @@ logger = logging.getLogger(__name__)
 
 
 class Row:
-    """One call in the engine: its prompt's token ids, its token limit, and the queue its new tokens go to.
+    """One call in the engine: its prompt's token ids, its token limit, how it samples, and the queue its new
+    tokens go to.
 
     The engine thread puts lists of token ids, then None at the end or the exception that ended the
     batch; the caller's thread reads them and sets `closed` when it stops reading early."""
 
-    def __init__(self, prompt: list[int], max_tokens: int) -> None:
+    def __init__(self, prompt: list[int], max_tokens: int, decoding: dict[str, Any] | None = None, seed: int = 0) -> None:
         self.prompt, self.max_tokens = prompt, max_tokens
+        self.decoding, self.seed = decoding or {"do_sample": False}, seed  # `generate`'s sampling keywords, its seed
         self.output: queue.SimpleQueue[list[int] | BaseException | None] = queue.SimpleQueue()
         self.generated = 0
         self.done = False  # written by the engine thread only
         self.cut = False  # ended by the engine because its caller had closed it
         self.closed = False  # written by the caller's thread only, when it stops reading before the end
+
+    @property
+    def sampled_alike(self) -> tuple[Any, ...]:
+        """What rows sharing a batch must have alike: `generate` samples a whole batch one way, from one seed."""
+        greedy = not self.decoding.get("do_sample")
+        return (tuple(sorted(self.decoding.items())), None if greedy else self.seed)
 
     def take(self, token: int, stop_ids: set[int]) -> None:
         """A new token for this row, from the engine thread: passed on, or the row's end."""
@@ -58,8 +66,9 @@ class Row:
 class BatchEngine:
     """Runs `model.generate` over batches of waiting rows, on a daemon thread of its own started here.
 
-    `decoding`: `generate`'s sampling keywords; `seeded`: a context manager factory that seeds each
-    batch (a sampled answer depends on the rows it shares its batch with, a greedy one does not).
+    Each row says how it samples (`generate`'s sampling keywords and a seed); a batch holds rows that
+    sample alike. `seeded(seed)`: a context manager that seeds each batch (a sampled answer depends on the
+    rows it shares its batch with, a greedy one does not).
     A row ends at any of `stop_ids`, at its own `max_tokens`, or when its caller closes its stream: a
     closed row is dropped from the batch at the next step (it stops counting towards the batch's end;
     transformers still computes its padded row until the whole batch ends).
@@ -71,23 +80,23 @@ class BatchEngine:
         *,
         pad_id: int,
         stop_ids: set[int],
-        decoding: dict[str, Any],
-        seeded: Callable[[], contextlib.AbstractContextManager[None]],
+        seeded: Callable[[int], contextlib.AbstractContextManager[None]],
         max_batch: int,
     ) -> None:
         self.model, self.pad_id, self.stop_ids = model, pad_id, stop_ids
-        self.decoding, self.seeded, self.max_batch = decoding, seeded, max_batch
+        self.seeded, self.max_batch = seeded, max_batch
         self._waiting: deque[Row] = deque()
         self._ready = threading.Condition()
         self._counts = {"batches": 0, "rows": 0, "steps": 0, "tokens": 0, "closed_early": 0}
         self._thread = threading.Thread(target=self._serve, name="patchkit-transformers", daemon=True)
         self._thread.start()
 
-    def stream(self, prompt: list[int], max_tokens: int) -> Iterator[list[int]]:
+    def stream(self, prompt: list[int], max_tokens: int, decoding: dict[str, Any] | None = None,
+               seed: int = 0) -> Iterator[list[int]]:
         """The new token ids of one prompt as the engine makes them, a list at a time (every id that
-        arrived since the last one). Called from the caller's own thread; closing the iterator early
-        takes the row out of its batch."""
-        row = Row(prompt, max_tokens)
+        arrived since the last one), sampled with `decoding` (`generate`'s keywords; None: greedy) from
+        `seed`. Called from the caller's own thread; closing the iterator early takes the row out of its batch."""
+        row = Row(prompt, max_tokens, decoding, seed)
         with self._ready:
             self._waiting.append(row)
             self._ready.notify()
@@ -131,16 +140,21 @@ class BatchEngine:
                 self._counts["closed_early"] += sum(row.cut for row in rows)
 
     def _take(self) -> list[Row]:
-        """Every waiting row that is still wanted, up to `max_batch`; blocks until there is one."""
+        """Every waiting row that is still wanted and samples as the first does, up to `max_batch`; blocks until
+        there is one. The others keep their places."""
         with self._ready:
             while True:
                 rows: list[Row] = []
+                others: list[Row] = []
                 while self._waiting and len(rows) < self.max_batch:
                     row = self._waiting.popleft()
                     if row.closed:
                         self._counts["closed_early"] += 1
+                    elif rows and row.sampled_alike != rows[0].sampled_alike:
+                        others.append(row)
                     else:
                         rows.append(row)
+                self._waiting.extendleft(reversed(others))
                 if rows:
                     self._counts["batches"] += 1
                     self._counts["rows"] += len(rows)
@@ -159,7 +173,7 @@ class BatchEngine:
             ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt, dtype=torch.long)
             mask[i, width - len(row.prompt) :] = 1
         device = self.model.device
-        with torch.inference_mode(), self.seeded():
+        with torch.inference_mode(), self.seeded(rows[0].seed):
             self.model.generate(
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
@@ -167,7 +181,7 @@ class BatchEngine:
                 pad_token_id=self.pad_id,
                 streamer=_RowStreamer(self, rows),
                 stopping_criteria=StoppingCriteriaList([_RowsDone(rows, width)]),
-                **self.decoding,
+                **rows[0].decoding,
             )
 
     def _count_step(self, tokens: int) -> None:

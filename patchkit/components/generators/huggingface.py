@@ -14,10 +14,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator, default_gguf_path, replica_threads
+from patchkit.components.generators.base import (
+    DEFAULT_SYSTEM_PROMPT,
+    Generator,
+    Sampling,
+    default_gguf_path,
+    replica_threads,
+)
 from patchkit.components.generators.hf_engine import BatchEngine
-from patchkit.components.generators.streaming import TokenText, stripped
+from patchkit.components.generators.streaming import StopText, TokenText, stripped, until_stop
 from patchkit.core import make
+from patchkit.core.options import CallOptions, CallReport
 
 if TYPE_CHECKING:
     import torch
@@ -53,6 +60,7 @@ class TransformersGenerator(Generator):
     """
 
     devices = ("cpu", "gpu")
+    honoured_options = frozenset({"max_tokens", "stop", "temperature", "top_p", "seed"})
 
     def __init__(
         self,
@@ -108,25 +116,31 @@ class TransformersGenerator(Generator):
         eos_ids = eos if isinstance(eos, list) else [eos if eos is not None else tokenizer.eos_token_id]
         # Where an answer ends: a row that finished early is filled with the pad token up to the batch's longest.
         self.stop_ids = {*eos_ids, tokenizer.pad_token_id}
-        temperature = self.sampling.temperature
-        decoding: dict[str, Any] = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
         self._tokenizer_lock = threading.Lock()
         self.engine = BatchEngine(
-            self.model, pad_id=tokenizer.pad_token_id, stop_ids=self.stop_ids, decoding=decoding, seeded=self._seeded,
-            max_batch=MAX_BATCH,
+            self.model, pad_id=tokenizer.pad_token_id, stop_ids=self.stop_ids, seeded=self._seeded, max_batch=MAX_BATCH,
         )
 
     @make(stream=True, max_concurrency=MAX_BATCH, read_only=True)
-    def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
-        """Stream the answer as the engine decodes it.
+    def generate(  # type: ignore[override]
+        self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None,
+        options: CallOptions | None = None,
+    ) -> Iterator[str | CallReport]:
+        """Stream the answer as the engine decodes it, then its `CallReport` (the tokenizer's counts).
 
-        Called in a thread of its own for each call, so that the calls in flight together share the engine's next batch.
+        `options` (where this call answers a request) over this generator's settings: max_tokens, stop,
+        temperature, top_p, seed; calls sampled alike share a batch. Called in a thread of its own for each
+        call, so that the calls in flight together share the engine's next batch.
         """
-        request = self.request(prompt, docs, max_tokens)
+        request = self.request(prompt, docs, max_tokens, options)
         with self._tokenizer_lock:
             ids: list[int] = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True, return_dict=False)
         self.check_length(len(ids), request.max_tokens, self.context, "lower max_tokens")
-        yield from stripped(self._deltas(ids, request.max_tokens))
+        sampling = self.sampling.applied(request.options)
+        made = [0]
+        stop = StopText(request.options.stop)
+        yield from stripped(until_stop(stop, self._deltas(ids, request.max_tokens, sampling, made)))
+        yield request.report(len(ids), made[0], stop.stopped)
 
     def stats(self) -> dict[str, Any]:
         """The engine's counts: batches, rows, decode steps, tokens, rows closed before their end."""
@@ -139,10 +153,17 @@ class TransformersGenerator(Generator):
         if engine is not None and not engine.alive():
             raise RuntimeError("the transformers engine thread has stopped")
 
-    def _deltas(self, prompt: list[int], max_tokens: int) -> Iterator[str]:
-        """The answer's text deltas, decoded in this (the caller's) thread as the engine passes on tokens."""
+    def _deltas(self, prompt: list[int], max_tokens: int, sampling: Sampling, made: list[int]) -> Iterator[str]:
+        """The answer's text deltas, decoded in this (the caller's) thread as the engine passes on tokens.
+
+        The tokens are counted in `made[0]`.
+        """
         text = TokenText(self._decode)
-        for tokens in self.engine.stream(prompt, max_tokens):
+        decoding: dict[str, Any] = {"do_sample": False}
+        if sampling.temperature > 0:
+            decoding = {"do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p or 1.0}
+        for tokens in self.engine.stream(prompt, max_tokens, decoding, sampling.seed):
+            made[0] += len(tokens)
             yield text.feed(tokens)
         yield text.finish()
 
@@ -152,13 +173,13 @@ class TransformersGenerator(Generator):
         return text
 
     @contextlib.contextmanager
-    def _seeded(self) -> Iterator[None]:
+    def _seeded(self, seed: int) -> Iterator[None]:
         """Seed torch's generators with `seed` for one batch, leaving their state outside it as it was."""
         import torch
 
         devices = [self.torch_device] if self.torch_device.type == "cuda" else []
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.sampling.seed)
+            torch.manual_seed(seed)
             yield
 
 

@@ -24,6 +24,7 @@ from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator
 from patchkit.components.generators.streaming import StrippedText
 from patchkit.core import make
 from patchkit.core.event_loop import CLOSE_TIMEOUT_S, component_loop
+from patchkit.core.options import OPTIONS, CallOptions, CallReport
 
 if TYPE_CHECKING:
     import openai
@@ -33,6 +34,10 @@ __all__ = ["OpenAIGenerator"]
 logger = logging.getLogger(__name__)
 
 MAX_CONCURRENCY = 512  # the most calls one replica takes at once, each a coroutine (see `batch_limit`)
+# The call options sent as the request's own fields (max_tokens, temperature, top_p and seed with the
+# generator's own settings), and those only vLLM-like servers take, in the extra body.
+_PASSED = ("presence_penalty", "frequency_penalty", "response_format", "logprobs", "top_logprobs")
+_EXTRA = ("ignore_eos", "min_tokens")
 NO_KEY = "no-key"  # sent when no key is given: the client needs one, and a server that asks for none ignores it
 
 # How servers word a 400 for a prompt past the context: OpenAI and llama-cpp-python ("maximum context
@@ -106,6 +111,8 @@ class OpenAIGenerator(Generator):
         self.base_url, self.model, self.api_key = base_url.rstrip("/"), model, api_key
         self.timeout_s, self.max_concurrency, self.extra_body = timeout_s, max_concurrency, dict(extra_body or {})
 
+    honoured_options = frozenset(OPTIONS)  # all of them go to the server, which answers for its own
+
     async def setup(self) -> None:
         """Called once in the process that runs the generator, before its first call, on the event loop its calls run on.
 
@@ -132,18 +139,24 @@ class OpenAIGenerator(Generator):
 
     @make(stream=True, max_concurrency=MAX_CONCURRENCY, read_only=True)
     async def generate(  # type: ignore[override]
-        self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None
-    ) -> AsyncIterator[str]:
-        """Stream the answer as the server sends it, on the replica's event loop.
+        self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None,
+        options: CallOptions | None = None,
+    ) -> AsyncIterator[str | CallReport]:
+        """Stream the answer as the server sends it, on the replica's event loop, then its `CallReport`.
 
-        Stopping the stream (closing it, cancelling the call) closes its HTTP response, so the server sees the client leave.
+        `options` (where this call answers a request) go to the server as the request's own (ignore_eos and
+        min_tokens in its extra body, as vLLM takes them); the report is the server's usage, finish_reason
+        and logprobs. Stopping the stream (closing it, cancelling the call) closes its HTTP response, so the
+        server sees the client leave.
         """
-        request = self.request(prompt, docs, max_tokens)
+        request = self.request(prompt, docs, max_tokens, options)
         text = StrippedText()  # its chunks join to exactly the answer a call returns
+        ending = _Ending()
         async with self._gate:
-            async for delta in self._deltas(self._body(request)):
+            async for delta in self._deltas(self._body(request), ending):
                 if chunk := text.feed(delta):
                     yield chunk
+        yield ending.report(request)
 
     def batch_limit(self, method: str) -> int:
         """Calls one replica takes at once.
@@ -155,10 +168,16 @@ class OpenAIGenerator(Generator):
         return min(MAX_CONCURRENCY, 8 * self.max_concurrency)
 
     def _body(self, request: Request) -> dict[str, Any]:
-        return {"model": self.model, "messages": request.messages, "extra_body": self.extra_body,
-                **self.sampling.keywords(request.max_tokens)}
+        """The chat completion request: this generator's settings, the call's options over them."""
+        options = request.options
+        sent = {name: getattr(options, name) for name in _PASSED if getattr(options, name) not in (None, False, ())}
+        if options.stop:
+            sent["stop"] = list(options.stop)
+        extra = {**self.extra_body, **{name: getattr(options, name) for name in _EXTRA if getattr(options, name)}}
+        return {"model": self.model, "messages": request.messages, "extra_body": extra,
+                **self.sampling.applied(options).keywords(request.max_tokens), **sent}
 
-    async def _deltas(self, body: dict[str, Any]) -> AsyncIterator[str]:
+    async def _deltas(self, body: dict[str, Any], ending: _Ending) -> AsyncIterator[str]:
         """The content of each delta of one streamed chat completion.
 
         A stream that breaks before its first delta, or ends without a finish reason, is asked again whole: llama-cpp-python's
@@ -169,11 +188,13 @@ class OpenAIGenerator(Generator):
         streamed = False
         try:
             async with self._failures("/chat/completions"):
-                stream = await self.client.chat.completions.create(**body, stream=True)
+                stream = await self.client.chat.completions.create(**body, stream=True,
+                                                                   stream_options={"include_usage": True})
                 async with stream:  # closes the response however the stream ends
                     finished = False
                     async for chunk in stream:
                         choice = chunk.choices[0] if chunk.choices else None
+                        ending.read(chunk, choice)
                         finished = finished or bool(choice is not None and choice.finish_reason)
                         if choice is not None and choice.delta is not None and choice.delta.content:
                             streamed = True
@@ -189,6 +210,7 @@ class OpenAIGenerator(Generator):
             completion = await client.chat.completions.create(**body)
         if not completion.choices or completion.choices[0].message is None:
             raise RuntimeError(f"{url} answered without choices[0].message: {completion!r:.500}")
+        ending.read(completion, completion.choices[0])
         yield completion.choices[0].message.content or ""
 
     def _one_off(self) -> openai.AsyncOpenAI:
@@ -222,6 +244,34 @@ class OpenAIGenerator(Generator):
             ) from exc
         except openai.APIError as exc:  # an error event inside a stream
             raise _stream_error(url, json.dumps({"error": exc.body if exc.body is not None else exc.message})) from None
+
+
+class _Ending:
+    """What a server said of one answer as its chunks (or its whole completion) came: usage, finish_reason, logprobs."""
+
+    def __init__(self) -> None:
+        self.usage: Any = None
+        self.finish_reason: str | None = None
+        self.logprobs: list[dict[str, Any]] | None = None
+
+    def read(self, chunk: Any, choice: Any) -> None:
+        """One chunk (or the whole completion) and its first choice, if it has one."""
+        if getattr(chunk, "usage", None) is not None:
+            self.usage = chunk.usage
+        if choice is None:
+            return
+        self.finish_reason = choice.finish_reason or self.finish_reason
+        content = getattr(getattr(choice, "logprobs", None), "content", None)
+        if content:
+            self.logprobs = [*(self.logprobs or []), *(entry.model_dump() for entry in content)]
+
+    def report(self, request: Request) -> CallReport:
+        """The server's counts; an estimate (marked so) where it sent no usage."""
+        finish = self.finish_reason if self.finish_reason in ("stop", "length") else "stop"
+        if self.usage is None:
+            return CallReport(0, 0, finish, self.logprobs, counted=False)
+        return CallReport(int(self.usage.prompt_tokens or 0), int(self.usage.completion_tokens or 0), finish,
+                          self.logprobs)
 
 
 def _close(client: openai.AsyncOpenAI) -> None:

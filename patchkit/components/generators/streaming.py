@@ -4,9 +4,9 @@ stripped as a whole answer is, so that a stream's chunks join to exactly the ans
 from __future__ import annotations
 
 import codecs
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
-__all__ = ["StrippedText", "TokenText", "decoded", "stripped"]
+__all__ = ["StopText", "StrippedText", "TokenText", "decoded", "stripped", "until_stop"]
 
 REPLACEMENT = "\ufffd"  # what a decoder makes of the first bytes of a character split across tokens
 
@@ -30,6 +30,44 @@ class StrippedText:
         body = text.rstrip()
         self._held = text[len(body) :]
         return body
+
+
+class StopText:
+    """Deltas in, the text before the first of `stops` out, as OpenAI's `stop` cuts an answer: text that
+    could begin a stop string is held back until what follows tells; once one appears, `stopped` is set
+    and nothing more comes. `finish()` hands back what was held where the text ended without one."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.stopped = False
+        self._held = ""
+
+    def feed(self, delta: str) -> str:
+        if self.stopped or not self.stops:
+            return "" if self.stopped else delta
+        text = self._held + delta
+        found = [i for i in (text.find(stop) for stop in self.stops) if i >= 0]
+        if found:
+            self.stopped, self._held = True, ""
+            return text[: min(found)]
+        keep = max((n for stop in self.stops for n in range(1, len(stop)) if text.endswith(stop[:n])), default=0)
+        self._held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep]
+
+    def finish(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+
+def until_stop(stop: StopText, deltas: Iterable[str]) -> Iterator[str]:
+    """`deltas` cut at `stop`'s first stop string: iteration ends there, so its caller stops the engine."""
+    for delta in deltas:
+        if text := stop.feed(delta):
+            yield text
+        if stop.stopped:
+            return
+    if tail := stop.finish():
+        yield tail
 
 
 def stripped(deltas: Iterable[str]) -> Iterator[str]:

@@ -19,6 +19,7 @@ from patchkit.components.generators.background import BackgroundLoop
 from patchkit.components.generators.base import DEFAULT_SYSTEM_PROMPT, Generator
 from patchkit.components.generators.streaming import stripped
 from patchkit.core import make
+from patchkit.core.options import CallOptions, CallReport
 
 __all__ = ["VLLMGenerator"]
 
@@ -50,6 +51,8 @@ class VLLMGenerator(Generator):
     """
 
     devices = ("gpu",)
+    honoured_options = frozenset({"max_tokens", "stop", "temperature", "top_p", "seed", "presence_penalty",
+                                  "frequency_penalty", "logprobs", "top_logprobs", "ignore_eos", "min_tokens"})
 
     def __init__(
         self,
@@ -124,18 +127,27 @@ class VLLMGenerator(Generator):
         return engine, tokenizer, int(config.max_model_len)
 
     @make(stream=True, max_concurrency=MAX_CONCURRENCY, read_only=True)
-    def generate(self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None) -> Iterator[str]:  # type: ignore[override]
-        """Stream the answer as the engine makes it.
+    def generate(  # type: ignore[override]
+        self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None,
+        options: CallOptions | None = None,
+    ) -> Iterator[str | CallReport]:
+        """Stream the answer as the engine makes it, then its `CallReport` (the engine's counts and logprobs).
 
-        Called in a thread of its own for each call, while the engine batches every request in flight between its steps.
+        `options` (where this call answers a request) become the request's `SamplingParams`, over this
+        generator's settings. Called in a thread of its own for each call, while the engine batches every
+        request in flight between its steps.
         """
         from vllm import SamplingParams
 
-        request = self.request(prompt, docs, max_tokens)
+        request = self.request(prompt, docs, max_tokens, options)
         prompt_ids = self._prompt_ids(request.messages)
         self.check_length(len(prompt_ids), request.max_tokens, self.context, self.context_fix)
-        params = SamplingParams(**self.sampling.keywords(request.max_tokens))
-        yield from stripped(self.loop.iterate(self._deltas(prompt_ids, params)))
+        params = SamplingParams(**self.sampling.applied(request.options).keywords(request.max_tokens),
+                                **_vllm_options(request.options))
+        ended: dict[str, Any] = {}
+        yield from stripped(self.loop.iterate(self._deltas(prompt_ids, params, ended)))
+        yield CallReport(len(prompt_ids), ended.get("tokens", 0), ended.get("finish_reason") or "stop",
+                         ended.get("logprobs"))
 
     def check_health(self) -> None:
         """Raise when the engine's loop thread stopped or the engine reports itself dead (its core process gone)."""
@@ -146,19 +158,23 @@ class VLLMGenerator(Generator):
             raise RuntimeError("the vLLM engine's event loop thread has stopped")
         loop.run(self.engine.check_health(), HEALTH_TIMEOUT_S)
 
-    async def _deltas(self, prompt_ids: list[int], params: Any) -> AsyncIterator[str]:
+    async def _deltas(self, prompt_ids: list[int], params: Any, ended: dict[str, Any]) -> AsyncIterator[str]:
         """The new text of one request as the engine's outputs grow, on the loop.
 
-        Aborted in the engine when its consumer stops reading first (the task running it is cancelled).
+        What its last output said of it (tokens made, finish_reason, logprobs) goes in `ended`. Aborted in the
+        engine when its consumer stops reading first (the task running it is cancelled).
         """
         request_id = uuid.uuid4().hex
         text, finished = "", False
         try:
             async for output in self.engine.generate({"prompt_token_ids": prompt_ids}, params, request_id):
-                grown = str(output.outputs[0].text)  # all the text so far: the default (cumulative) output kind
+                made = output.outputs[0]
+                grown = str(made.text)  # all the text so far: the default (cumulative) output kind
                 if len(grown) > len(text):
                     yield grown[len(text) :]
                     text = grown
+                ended.update(tokens=len(made.token_ids), finish_reason=made.finish_reason,
+                             logprobs=_logprobs(made.logprobs, made.token_ids))
             finished = True
         finally:
             if not finished:
@@ -169,6 +185,35 @@ class VLLMGenerator(Generator):
         text = self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
         ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
         return ids
+
+
+def _vllm_options(options: CallOptions) -> dict[str, Any]:
+    """The call options `SamplingParams` takes under its own names (those of the generator's settings aside)."""
+    given: dict[str, Any] = {name: getattr(options, name) for name in ("presence_penalty", "frequency_penalty",
+                                                                       "min_tokens") if getattr(options, name)}
+    if options.stop:
+        given["stop"] = list(options.stop)
+    if options.ignore_eos:
+        given["ignore_eos"] = True
+    if options.logprobs:
+        given["logprobs"] = options.top_logprobs or 0
+    return given
+
+
+def _logprobs(logprobs: Any, token_ids: Any) -> list[dict[str, Any]] | None:
+    """VLLM's per-token logprobs (a dict of token id to `Logprob` per position) as OpenAI's content entries."""
+    if not logprobs:
+        return None
+    entries = []
+    for token, ranked in zip(token_ids, logprobs):
+        chosen = ranked.get(token)
+        top = sorted(ranked.values(), key=lambda p: p.rank if p.rank is not None else 0)
+        entries.append({"token": getattr(chosen, "decoded_token", None) or "",
+                        "logprob": float(chosen.logprob) if chosen is not None else None,
+                        "bytes": None,
+                        "top_logprobs": [{"token": p.decoded_token or "", "logprob": float(p.logprob), "bytes": None}
+                                         for p in top]})
+    return entries
 
 
 async def _maybe_awaited(value: Any) -> Any:

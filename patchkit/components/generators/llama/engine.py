@@ -43,6 +43,7 @@ from patchkit.components.generators.llama.engine_turn import Reading, Skip
 from patchkit.components.generators.llama.kv_blend import Blender
 from patchkit.components.generators.llama.kv_rope import KeyRotation
 from patchkit.components.generators.llama.loading import choose_repack, model_params
+from patchkit.components.generators.llama.sampling import GREEDY, SamplerParams, chain, token_logprobs
 from patchkit.components.generators.llama.sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
 
 __all__ = ["EngineConfig", "LlamaEngine"]
@@ -78,7 +79,8 @@ class LlamaEngine:
         self.model = _internals.LlamaModel(path_model=config.model_path, params=params, verbose=False)
         self._ctx = _internals.LlamaContext(model=self.model, params=self._context_params(), verbose=False)
         self._batch = _internals.LlamaBatch(n_tokens=config.n_batch, embd=0, n_seq_max=1, verbose=False)
-        self._greedy = self._chain(0.0, 0)
+        self._greedy = chain(llama_cpp, self.model.vocab, GREEDY)
+        self._n_vocab = llama_cpp.llama_vocab_n_tokens(self.model.vocab)
         self._lock = threading.Condition()
         self._waiting: deque[LlamaSequence] = deque()
         self._running: list[LlamaSequence] = []
@@ -113,18 +115,6 @@ class LlamaEngine:
         params.flash_attn_type = self._lib.LLAMA_FLASH_ATTN_TYPE_DISABLED
         return params
 
-    def _chain(self, temperature: float, seed: int) -> Any:
-        """A sampler chain as llama-cpp-python's completion builds it: greedy at temperature 0, else top-k 40,
-        top-p 0.95, min-p 0.05, the temperature and a draw seeded with `seed`."""
-        lib = self._lib
-        chain = lib.llama_sampler_chain_init(lib.llama_sampler_chain_default_params())
-        stages = [lib.llama_sampler_init_greedy()] if temperature == 0 else [
-            lib.llama_sampler_init_top_k(40), lib.llama_sampler_init_top_p(0.95, 1), lib.llama_sampler_init_min_p(0.05, 1),
-            lib.llama_sampler_init_temp(temperature), lib.llama_sampler_init_dist(seed)]
-        for stage in stages:
-            lib.llama_sampler_chain_add(chain, stage)
-        return chain
-
     # -- callers' side --------------------------------------------------------------------------------
 
     def tokenize(self, text: str, *, add_bos: bool) -> list[int]:
@@ -136,10 +126,11 @@ class LlamaEngine:
         return bytes(self.model.token_to_piece(token)).rstrip(b"\0")
 
     def submit(
-        self, prompt: Sequence[int], max_tokens: int, *, temperature: float = 0.0, seed: int = 0, pieces: Sequence[int] = (),
+        self, prompt: Sequence[int], max_tokens: int, *, sampling: SamplerParams = GREEDY, pieces: Sequence[int] = (),
         documents: Sequence[tuple[int, int]] = (),
     ) -> TokenStream:
-        """Queue a prompt for generation of at most `max_tokens` tokens; called by any thread. The engine
+        """Queue a prompt for generation of at most `max_tokens` tokens, sampled as `sampling` says (sampling.py;
+        greedy by default); called by any thread. The engine
         admits it at its next step when a slot and KV cells are free. `pieces`: where the prompt's leading
         pieces end (increasing token offsets: the system prompt's, then each document's), whose KV states
         the document cache keeps and restores; none, and the prompt reuses only the slots' prefixes.
@@ -152,8 +143,9 @@ class LlamaEngine:
         if any(not 0 <= a < b < len(prompt) for a, b in documents) or any(
                 b > c for (_, b), (c, _) in zip(documents, documents[1:])):
             raise ValueError(f"documents ({list(documents)}) must be ranges in order, before the prompt's last token")
-        sampler = self._greedy if temperature == 0 else self._chain(temperature, seed)
+        sampler = self._greedy if sampling.greedy else chain(self._lib, self.model.vocab, sampling)
         sequence = LlamaSequence(list(prompt), max_tokens, sampler, cut_pieces(prompt, pieces), list(documents))
+        sequence.top_logprobs = sampling.logprobs
         with self._lock:
             self.check()
             if self._stopping:
@@ -418,6 +410,9 @@ class LlamaEngine:
         if self._lib.llama_vocab_is_eog(self.model.vocab, token):
             self._finish(sequence)
             return
+        if sequence.top_logprobs is not None:
+            logits = self._lib.llama_get_logits_ith(self._ctx.ctx, row)
+            sequence.logprobs.append(token_logprobs(logits, self._n_vocab, token, sequence.top_logprobs, self.piece))
         sequence.generated += 1
         sequence.last = token
         self._counts["generated_tokens"] += 1

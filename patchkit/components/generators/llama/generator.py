@@ -20,9 +20,11 @@ from patchkit.components.generators.base import (
 from patchkit.components.generators.llama.config import EngineConfig
 from patchkit.components.generators.llama.engine import LlamaEngine
 from patchkit.components.generators.llama.loading import Repack
+from patchkit.components.generators.llama.sampling import DEFAULT_TOP_P, SamplerParams, json_grammar
 from patchkit.components.generators.llama.sequence import common_prefix
-from patchkit.components.generators.streaming import decoded, stripped
+from patchkit.components.generators.streaming import StopText, decoded, stripped, until_stop
 from patchkit.core import make
+from patchkit.core.options import CallOptions, CallReport
 
 __all__ = ["LlamaCppGenerator"]
 
@@ -83,6 +85,9 @@ class LlamaCppGenerator(Generator):
             first decode; True or False forces it. Decided where the model loads; the worker's log says
             which was chosen and why, `stats()` which (`weight_repack`) and whether the CPU reports AMX (`cpu_amx`).
     """
+
+    honoured_options = frozenset({"max_tokens", "stop", "temperature", "top_p", "seed", "presence_penalty",
+                                  "frequency_penalty", "response_format", "ignore_eos", "logprobs", "top_logprobs"})
 
     def __init__(
         self,
@@ -276,26 +281,43 @@ class LlamaCppGenerator(Generator):
     # A stream=True method yields chunks; its callers get their concatenation, the str of Generator.generate.
     @make(stream=True, max_concurrency=MAX_CONCURRENCY, read_only=True)
     def generate(  # type: ignore[override]
-        self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None
-    ) -> Iterator[str]:
-        """Yield the answer's text as the engine makes it, stripped as a whole.
+        self, prompt: str, docs: list[Any] | None = None, max_tokens: int | None = None,
+        options: CallOptions | None = None,
+    ) -> Iterator[str | CallReport]:
+        """Yield the answer's text as the engine makes it, stripped as a whole, then its `CallReport`.
 
-        Closing the generator early aborts the call's sequence in the engine. Called from the worker's threads, many at once.
+        `options` (where this call answers a request) over this generator's own settings: max_tokens, stop,
+        temperature, top_p, seed, the penalties, response_format as a grammar (llama.cpp's, from the JSON
+        schema), ignore_eos, logprobs (the model's own, before sampling, with top_logprobs alternatives).
+        Closing the generator early aborts the call's sequence in the engine. Called from the worker's
+        threads, many at once.
         """
         assert self.engine is not None
         if docs and self.reorder_docs and self.document_cache:
             docs = self.reuse_order(prompt, docs)
-        request = self.request(prompt, docs, max_tokens)
+        request = self.request(prompt, docs, max_tokens, options)
         tokens, pieces = self.prompt(request.messages, docs)
         self.check_length(len(tokens), request.max_tokens, self.n_ctx, "raise n_ctx")
-        sampling = self.sampling
         bodies = self.bodies(tokens, pieces, docs) if self.kv_reuse == "blend" and docs else []
-        stream = self.engine.submit(tokens, request.max_tokens, temperature=sampling.temperature, seed=sampling.seed,
+        stream = self.engine.submit(tokens, request.max_tokens, sampling=self.sampler_params(request.options),
                                     pieces=pieces, documents=bodies)
+        made = [0]  # the tokens the engine made for it, a stop string's included
+        stop = StopText(request.options.stop)
         try:
-            yield from stripped(decoded(stream.pieces()))
+            yield from stripped(until_stop(stop, decoded(_counted(stream.pieces(), made))))
         finally:
             stream.close()
+        yield request.report(len(tokens), made[0], stop.stopped, stream.logprobs if request.options.logprobs else None)
+
+    def sampler_params(self, options: CallOptions) -> SamplerParams:
+        """How a call's sequence samples: this generator's settings with the call's options over them."""
+        sampling = self.sampling.applied(options)
+        schema = options.json_schema()
+        return SamplerParams(temperature=sampling.temperature, top_p=sampling.top_p or DEFAULT_TOP_P, seed=sampling.seed,
+                             grammar=json_grammar(schema) if schema is not None else None,
+                             presence_penalty=options.presence_penalty or 0.0,
+                             frequency_penalty=options.frequency_penalty or 0.0, ignore_eos=options.ignore_eos,
+                             logprobs=(options.top_logprobs or 0) if options.logprobs else None)
 
     def prefix_key(self, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
         """The key of the system prompt and the first document alone.
@@ -336,3 +358,10 @@ class LlamaCppGenerator(Generator):
         """Raise when the engine thread died."""
         if self.engine is not None:
             self.engine.check()
+
+
+def _counted(pieces: Iterator[bytes], made: list[int]) -> Iterator[bytes]:
+    """`pieces`, counted in `made[0]` as they pass: one a token."""
+    for piece in pieces:
+        made[0] += 1
+        yield piece

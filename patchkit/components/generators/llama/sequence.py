@@ -39,6 +39,8 @@ class LlamaSequence:
     generated: int = 0
     last: int = -1  # the token sampled last, fed to the next decode step
     aborted: bool = False
+    top_logprobs: int | None = None  # where asked, the alternatives each token's logprobs entry lists
+    logprobs: list[dict[str, Any]] = field(default_factory=list)  # an entry per token made, complete at END
 
 
 class TokenStream:
@@ -60,6 +62,11 @@ class TokenStream:
 
     def close(self) -> None:
         self._abort(self._sequence)
+
+    @property
+    def logprobs(self) -> list[dict[str, Any]]:
+        """The logprobs entry of each token read so far (where its sampling asked for them)."""
+        return self._sequence.logprobs
 
 
 def cut_pieces(prompt: Sequence[int], pieces: Sequence[int]) -> list[tuple[int, ...]]:
