@@ -2,8 +2,11 @@
 
 One engine thread owns the context. Callers on any thread `submit` a tokenized prompt and read its
 tokens from the returned `TokenStream` (`sequence.py`). Each turn of the engine's loop admits
-waiting sequences into free sequence slots, evaluates up to `n_batch` prompt tokens, then decodes one
-token for every running sequence in a single `llama_decode`.
+waiting sequences into free sequence slots, evaluates prompt tokens within the turn's step budget,
+then decodes one token for every running sequence in a single `llama_decode`. The budget is
+`n_batch` tokens while nothing decodes, and while sequences decode as many whole slices as take
+`interval - 1` of their decode steps at the rates the engine measures of itself (at least one slice,
+`engine_turn.py`): a decoding sequence waits behind a prompt slice, never behind a whole prompt.
 
 Each slot is its own KV stream of `n_ctx` cells (`kv_unified=False`): a sequence's attention then runs
 over the same cells, in the same order, whether it runs alone or beside others, so greedy answers do not
@@ -14,8 +17,10 @@ There are `cache_slots` slots beyond the `max_sequences` that may run at once, s
 load the prompts just finished (a grader's, whose documents the answer reads next) stay cached rather
 than going to the next waiting sequence.
 
-Prompts are evaluated in blocks of `block` tokens aligned to position 0, and a prefix is reused only
-up to a block boundary: every prompt token is then computed in a `llama_decode` of the same tokens at
+Prompts are evaluated in slices of `slice` tokens aligned to position 0, and a prefix is reused only
+up to a block boundary (`block`, a whole number of slices, so that no reuse keeps a system prompt shorter
+than a block from taking the slot of a prompt it shares nothing else with): every prompt token is then
+computed in a `llama_decode` of the same tokens at
 the same positions over the same KV cells, whether its prefix came from the cache or not. A matrix
 product over another number of rows rounds differently, and at a near-tie the greedy answer would
 follow; so reuse saves the work and changes no answer.
@@ -39,7 +44,7 @@ from typing import Any
 
 from patchkit.components.generators.llama.config import EngineConfig
 from patchkit.components.generators.llama.document_cache import DocumentCache
-from patchkit.components.generators.llama.engine_turn import Reading, Skip
+from patchkit.components.generators.llama.engine_turn import Rates, Reading, Skip
 from patchkit.components.generators.llama.kv_blend import Blender
 from patchkit.components.generators.llama.kv_rope import KeyRotation
 from patchkit.components.generators.llama.loading import choose_repack, model_params
@@ -87,8 +92,9 @@ class LlamaEngine:
         self._counts = dict.fromkeys(
             ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
              "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active",
-             "prompt_chunks"), 0)
+             "prompt_chunks", "mixed_steps", "step_prompt_tokens_max"), 0)
         self._seconds = {"prefill_s": 0.0, "decode_s": 0.0}  # time inside llama_decode, per kind of batch
+        self._rates = Rates()  # this engine's own speed, for its step budget (engine thread only)
         budget = config.kv_cache_bytes if config.prefix_cache else 0
         self._documents = DocumentCache(llama_cpp, self._ctx, self.model, budget, config.block, self._lock)
         self._blender: Blender | None = None
@@ -181,7 +187,10 @@ class LlamaEngine:
         it restored nothing of: it held none of them, or a slot held as much), `kv_cache_tokens_saved`
         (prompt tokens restored from it), `kv_cache_bytes_held` (within `kv_cache_budget_bytes`),
         `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring). The
-        turn's sizes, `prompt_tokens_per_turn` and `block`, which the planner's cost model replays. The
+        turn's sizes, `prompt_tokens_per_turn`, `slice` and `step_interval`, which the planner's cost model
+        replays, and `block`, the unit of prefix reuse; `mixed_steps`, the decode steps that waited
+        behind prompt chunks in their turn, and `step_prompt_tokens_max`, the most prompt tokens such a
+        step waited behind. The
         context's size: `sequence_slots` (sequences at once), `cache_slots`, and `kv_bytes`, the KV cells
         of every stream, allocated (and resident) from the start. And
         `weight_repack`: 1 where the weights loaded into llama.cpp's extra buffer types, 0 where not, and `cpu_amx`:
@@ -190,7 +199,8 @@ class LlamaEngine:
         and `_kept_in_place` (their cells kept from there for the next sight)."""
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
-            counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block,
+            counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block, slice=self.config.slice,
+                          step_interval=self.config.interval,
                           weight_repack=float(self.repack.repack), cpu_amx=float(self.repack.amx),
                           sequence_slots=self.config.max_sequences, cache_slots=self.config.cache_slots,
                           kv_bytes=self.config.kv_bytes(self._lib, self.model.model))
@@ -327,14 +337,18 @@ class LlamaEngine:
         return tokens - tokens % self.config.block
 
     def _prefill(self) -> None:
-        """Evaluate this turn's prompt chunks, as `EngineConfig.turn` splits them (`engine_turn.py`), one
-        llama_decode each; a sequence whose prompt is done gets its first token and joins this turn's
-        decode step. One sequence per llama_decode: llama.cpp splits a batch spanning several streams
-        into other shapes, which would move greedy answers. Under blend, a sequence's evaluation stops
-        before each document placed, which takes the budget of the tokens it evaluates (its body, when
-        evaluated alone now)."""
+        """Evaluate this turn's prompt chunks, as `EngineConfig.turn` splits them within the step budget
+        of the sequences decoding (`engine_turn.py`), one llama_decode each; a sequence whose prompt is
+        done gets its first token and joins this turn's decode step. One sequence per llama_decode:
+        llama.cpp splits a batch spanning several streams into other shapes, which would move greedy
+        answers. Under blend, a sequence's evaluation stops before each document placed, which takes
+        the budget of the tokens it evaluates (its body, when evaluated alone now)."""
         reading = [s for s in self._running if s.evaluated < len(s.prompt)]
-        for chunk in self.config.turn.prompt_chunks([self._reading(s) for s in reading]):
+        decoding = sum(1 for s in self._running if s.generated and s.evaluated == len(s.prompt))
+        rates = self._rates
+        budget = self.config.turn.budget(decoding, rates.step_of(decoding), rates.prompt_ms_per_token)
+        evaluated = 0
+        for chunk in self.config.turn.prompt_chunks([self._reading(s) for s in reading], budget):
             sequence = reading[chunk.sequence]
             if chunk.skip is not None:
                 assert self._blender is not None
@@ -347,8 +361,9 @@ class LlamaEngine:
                 continue
             start, end = chunk.start, chunk.end
             row = self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)
-            self._llama_decode("prefill_s")
+            rates.prompt(end - start, self._llama_decode("prefill_s"))
             self._batch.batch.n_tokens = 0
+            evaluated += end - start
             if end == len(sequence.prompt):
                 self._documents.save(sequence.slot, sequence.pieces[: sequence.exact_pieces])
                 if self._blender is not None:
@@ -359,6 +374,10 @@ class LlamaEngine:
                 self._counts["prompt_chunks"] += 1
                 if end == len(sequence.prompt):
                     self._sample(sequence, row)
+        if decoding and evaluated:
+            with self._lock:
+                self._counts["mixed_steps"] += 1
+                self._counts["step_prompt_tokens_max"] = max(self._counts["step_prompt_tokens_max"], evaluated)
 
     @staticmethod
     def _reading(sequence: LlamaSequence) -> Reading:
@@ -376,12 +395,14 @@ class LlamaEngine:
             self._batch.batch.n_tokens = 0
 
     def _decode(self) -> None:
-        """One token for every running sequence past its prompt, in one llama_decode."""
-        ready = [s for s in self._running if s.generated and s.evaluated == len(s.prompt)]
+        """One token for every running sequence past its prompt, in one llama_decode, in the order of
+        their slots: llama.cpp runs a batch over several KV streams in ubatches of consecutive stream
+        ids, so slots in order make as few as they can."""
+        ready = sorted((s for s in self._running if s.generated and s.evaluated == len(s.prompt)), key=lambda s: s.slot)
         if not ready:
             return
         rows = [self._batch_tokens([s.last], len(s.prompt) + s.generated - 1, s.slot) for s in ready]
-        self._llama_decode("decode_s")
+        self._rates.step(len(ready), self._llama_decode("decode_s"))
         with self._lock:
             self._counts["decode_steps"] += 1
             self._counts["decoded_sequences"] += len(ready)
@@ -400,14 +421,17 @@ class LlamaEngine:
         batch.n_tokens += len(tokens)
         return int(batch.n_tokens - 1)
 
-    def _llama_decode(self, timer: str) -> None:
+    def _llama_decode(self, timer: str) -> float:
+        """Run the batch; the milliseconds it took, counted into `timer`'s seconds."""
         began = time.perf_counter()
         status = self._lib.llama_decode(self._ctx.ctx, self._batch.batch)
+        took = time.perf_counter() - began
         with self._lock:
-            self._seconds[timer] += time.perf_counter() - began
+            self._seconds[timer] += took
         if status != 0:
             self._batch.batch.n_tokens = 0
             raise RuntimeError(f"llama_decode returned {status}")
+        return took * 1000
 
     def _sample(self, sequence: LlamaSequence, row: int) -> None:
         """Sample the sequence's next token from `row`'s logits; stream it, or end the sequence (lock held)."""
