@@ -98,6 +98,24 @@ def test_concurrent_answers_equal_single_stream_ones(llm: Any) -> None:
     assert after["batched_steps"] > before["batched_steps"] and after["max_active"] >= 2
 
 
+def test_a_lone_sequence_runs_on_every_thread_it_measures_faster_and_answers_alike(llm: Any) -> None:
+    from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
+
+    prompts = [llm.tokens(llm.messages(q, DOCS if i % 2 else None)) for i, q in enumerate(QUESTIONS[:4])]
+    engine = LlamaEngine(EngineConfig(llm.model_path, n_ctx=1024, max_sequences=4, threads=2))
+    try:
+        answers = [b"".join(engine.submit(p, 24).pieces()) for p in prompts]
+        tried = {kind: dict(choice.ms) for kind, choice in engine._threads.items()}
+        stats = engine.stats()
+    finally:
+        engine.close()
+    # both counts measured for prompts and for decode steps, and the context runs on the faster
+    assert {kind: set(ms) for kind, ms in tried.items()} == {"prefill_s": {1, 2}, "decode_s": {1, 2}}
+    assert stats["threads_prefill"] in (1, 2) and stats["threads_decode"] in (1, 2)
+    # the count of threads changes no answer: llama.cpp splits each product by rows, not within a row
+    assert answers == [b"".join(llm.engine.submit(p, 24).pieces()) for p in prompts] and all(answers)
+
+
 def test_a_call_submitted_mid_decode_joins_the_running_batch(llm: Any) -> None:
     engine = llm.engine
     long = engine.submit(llm.tokens(llm.messages("Count from 1 to 300, separated by commas.")), 300)

@@ -19,7 +19,7 @@ import pytest
 import patchkit
 from patchkit import Component, make
 from patchkit.components import LlamaCppGenerator
-from patchkit.components.generators.llama.engine_turn import Chunk, Rates, Reading, Skip, TurnSize
+from patchkit.components.generators.llama.engine_turn import Chunk, Rates, Reading, Skip, Threads, TurnSize
 from patchkit.orchestrator.resources import available_cpus
 from patchkit.scheduler.offline.costmodel import Counters, EngineCall, EngineCosts, fit, keys
 from patchkit.scheduler.offline.pool import ResourcePool
@@ -152,6 +152,25 @@ def test_rates_follow_what_the_engine_measured_and_take_the_nearest_step_size() 
     rates.step(1, 10.0)
     rates.step(8, 40.0)
     assert (rates.step_of(1), rates.step_of(2), rates.step_of(6), rates.step_of(16)) == (10.0, 10.0, 40.0, 40.0)
+
+
+def test_a_lone_engine_takes_the_threads_that_measured_fastest_and_tries_the_others_again() -> None:
+    assert Threads.upto(1).counts == (1,) and Threads.upto(2).counts == (1, 2) and Threads.upto(6).counts == (1, 2, 4, 6)
+    threads = Threads.upto(2)
+    picked = []
+    for _ in range(40):
+        count = threads.next()
+        picked.append(count)
+        threads.ran(count, 16, 16 * (5.0 if count == 2 else 9.0))  # two threads nearly twice as fast: an idle machine
+    assert picked[:2] == [1, 2]  # each count measured once first
+    assert picked.count(1) == 1 + len(range(15, 40, 16))  # then two threads, one in 16 runs on one thread again
+    assert set(picked[2:15]) == {2}
+    # the machine gets busy: two threads now wait at barriers for a core another process holds
+    for _ in range(60):
+        count = threads.next()
+        threads.ran(count, 16, 16 * (30.0 if count == 2 else 9.0))
+    assert threads.next() == 1
+    assert Threads.upto(1).next() == 1
 
 
 def test_the_replay_interleaves_decode_steps_between_prompt_slices() -> None:

@@ -44,7 +44,7 @@ from typing import Any
 
 from patchkit.components.generators.llama.config import EngineConfig
 from patchkit.components.generators.llama.document_cache import DocumentCache
-from patchkit.components.generators.llama.engine_turn import Rates, Reading, Skip
+from patchkit.components.generators.llama.engine_turn import Rates, Reading, Skip, Threads
 from patchkit.components.generators.llama.kv_blend import Blender
 from patchkit.components.generators.llama.kv_rope import KeyRotation
 from patchkit.components.generators.llama.loading import choose_repack, model_params
@@ -92,9 +92,12 @@ class LlamaEngine:
         self._counts = dict.fromkeys(
             ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
              "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active",
-             "prompt_chunks", "mixed_steps", "step_prompt_tokens_max"), 0)
+             "prompt_chunks", "mixed_steps", "step_prompt_tokens_max", "threads_prefill", "threads_decode"), 0)
         self._seconds = {"prefill_s": 0.0, "decode_s": 0.0}  # time inside llama_decode, per kind of batch
         self._rates = Rates()  # this engine's own speed, for its step budget (engine thread only)
+        # The threads of each kind of llama_decode, chosen from what each count measured (engine thread only).
+        self._threads = {timer: Threads.upto(config.threads) for timer in ("prefill_s", "decode_s")}
+        self._running_threads = config.threads
         budget = config.kv_cache_bytes if config.prefix_cache else 0
         self._documents = DocumentCache(llama_cpp, self._ctx, self.model, budget, config.block, self._lock)
         self._blender: Blender | None = None
@@ -190,7 +193,9 @@ class LlamaEngine:
         turn's sizes, `prompt_tokens_per_turn`, `slice` and `step_interval`, which the planner's cost model
         replays, and `block`, the unit of prefix reuse; `mixed_steps`, the decode steps that waited
         behind prompt chunks in their turn, and `step_prompt_tokens_max`, the most prompt tokens such a
-        step waited behind. The
+        step waited behind. `threads_prefill` and `threads_decode`: the threads the last prompt chunk and
+        the last decode step ran on, of the context's `threads`, the count each kind measured fastest
+        (`engine_turn.Threads`). The
         context's size: `sequence_slots` (sequences at once), `cache_slots`, and `kv_bytes`, the KV cells
         of every stream, allocated (and resident) from the start. And
         `weight_repack`: 1 where the weights loaded into llama.cpp's extra buffer types, 0 where not, and `cpu_amx`:
@@ -361,7 +366,7 @@ class LlamaEngine:
                 continue
             start, end = chunk.start, chunk.end
             row = self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)
-            rates.prompt(end - start, self._llama_decode("prefill_s"))
+            rates.prompt(end - start, self._llama_decode("prefill_s", end - start))
             self._batch.batch.n_tokens = 0
             evaluated += end - start
             if end == len(sequence.prompt):
@@ -390,8 +395,9 @@ class LlamaEngine:
     def _evaluate_alone(self, tokens: Sequence[int], start: int, seq: int) -> None:
         """Evaluate `tokens` at positions start.. of sequence `seq`, n_batch at a time: a document alone."""
         for at in range(0, len(tokens), self.config.n_batch):
-            self._batch_tokens(tokens[at:at + self.config.n_batch], start + at, seq)
-            self._llama_decode("prefill_s")
+            chunk = tokens[at:at + self.config.n_batch]
+            self._batch_tokens(chunk, start + at, seq)
+            self._llama_decode("prefill_s", len(chunk))
             self._batch.batch.n_tokens = 0
 
     def _decode(self) -> None:
@@ -402,7 +408,7 @@ class LlamaEngine:
         if not ready:
             return
         rows = [self._batch_tokens([s.last], len(s.prompt) + s.generated - 1, s.slot) for s in ready]
-        self._rates.step(len(ready), self._llama_decode("decode_s"))
+        self._rates.step(len(ready), self._llama_decode("decode_s", len(ready)))
         with self._lock:
             self._counts["decode_steps"] += 1
             self._counts["decoded_sequences"] += len(ready)
@@ -421,13 +427,21 @@ class LlamaEngine:
         batch.n_tokens += len(tokens)
         return int(batch.n_tokens - 1)
 
-    def _llama_decode(self, timer: str) -> float:
-        """Run the batch; the milliseconds it took, counted into `timer`'s seconds."""
+    def _llama_decode(self, timer: str, units: int) -> float:
+        """Run the batch, `units` of work (prompt tokens, or sequences of a decode step) on the threads its
+        kind measured fastest (`Threads`); the milliseconds it took, counted into `timer`'s seconds."""
+        threads = self._threads[timer]
+        count = threads.next()
+        if count != self._running_threads:
+            self._lib.llama_set_n_threads(self._ctx.ctx, count, count)
+            self._running_threads = count
         began = time.perf_counter()
         status = self._lib.llama_decode(self._ctx.ctx, self._batch.batch)
         took = time.perf_counter() - began
+        threads.ran(count, units, took * 1000)
         with self._lock:
             self._seconds[timer] += took
+            self._counts["threads_" + timer.removesuffix("_s")] = count
         if status != 0:
             self._batch.batch.n_tokens = 0
             raise RuntimeError(f"llama_decode returned {status}")

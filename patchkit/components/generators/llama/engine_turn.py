@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Chunk", "Rates", "Reading", "Skip", "TurnSize"]
+__all__ = ["Chunk", "Rates", "Reading", "Skip", "Threads", "TurnSize"]
 
 
 @dataclass(frozen=True)
@@ -157,3 +157,45 @@ class Rates:
 
     def _mean(self, mean: float | None, value: float) -> float:
         return value if mean is None else mean + self.weight * (value - mean)
+
+
+@dataclass
+class Threads:
+    """How many threads an engine's next `llama_decode` of one kind (prompt chunks, or decode steps)
+    runs on, from what each count measured: the count of the least ms a unit of work (a prompt token,
+    or a sequence of a decode step) while recent runs lasted, every count tried first, and every
+    `explore`-th run another count again, in turn, so that a count that was slow while the machine was
+    busy gets measured again. More threads than a context's cores' worth spin at llama.cpp's barriers
+    when another process holds a core, so the count follows the load the machine bears as well as
+    the work: a lone sequence on an idle machine takes every thread, one sharing it with other work
+    fewer."""
+
+    counts: tuple[int, ...]
+    explore: int = 16
+    weight: float = 0.2
+    ms: dict[int, float] = field(default_factory=dict)
+    runs: int = 0
+
+    @classmethod
+    def upto(cls, threads: int) -> Threads:
+        """Counts 1, 2, 4, ... and `threads` itself."""
+        counts = sorted({threads, *(1 << k for k in range(threads.bit_length()) if 1 << k < threads)})
+        return cls(tuple(counts))
+
+    def next(self) -> int:
+        """The count the next run takes."""
+        untried = [n for n in self.counts if n not in self.ms]
+        if untried:
+            return untried[0]
+        best = min(self.counts, key=self.ms.__getitem__)
+        if len(self.counts) > 1 and self.runs % self.explore == self.explore - 1:
+            others = [n for n in self.counts if n != best]
+            return others[(self.runs // self.explore) % len(others)]
+        return best
+
+    def ran(self, threads: int, units: int, ms: float) -> None:
+        """A run on `threads` threads of `units` units of work took `ms`."""
+        self.runs += 1
+        if units > 0:
+            value, mean = ms / units, self.ms.get(threads)
+            self.ms[threads] = value if mean is None else mean + self.weight * (value - mean)
