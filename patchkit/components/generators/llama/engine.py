@@ -7,6 +7,10 @@ then decodes one token for every running sequence in a single `llama_decode`. Th
 `n_batch` tokens while nothing decodes, and while sequences decode as many whole slices as take
 `interval - 1` of their decode steps at the rates the engine measures of itself (at least one slice,
 `engine_turn.py`): a decoding sequence waits behind a prompt slice, never behind a whole prompt.
+Each kind of `llama_decode` (prompt slices, decode steps) runs on the thread count, up to `threads`,
+that it measured fastest (`engine_turn.Threads`, `llama_set_n_threads`): a lone sequence takes
+every core that speeds it up, and fewer where another process holds a core and more threads would
+wait for it at llama.cpp's barriers.
 
 Each slot is its own KV stream of `n_ctx` cells (`kv_unified=False`): a sequence's attention then runs
 over the same cells, in the same order, whether it runs alone or beside others, so greedy answers do not
