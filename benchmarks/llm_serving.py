@@ -275,7 +275,7 @@ def run(args: argparse.Namespace) -> None:
                                                    "runs": results}, indent=1))
 
 
-def result(raw: dict[str, Any], machine: str) -> dict[str, Any]:
+def result(raw: dict[str, Any], machine: str, commit: str) -> dict[str, Any]:
     """The site's result file from a raw file: per level, each side's numbers and its ratios to llama-server's."""
     runs = raw["runs"]
     by = {(r["side"], r["streams"]): r for r in runs}
@@ -290,24 +290,26 @@ def result(raw: dict[str, Any], machine: str) -> dict[str, Any]:
                 continue
             m = run["metrics"]
             ratio = f"{m['requests_per_s'] / base['requests_per_s']:.2f}x" if base and base["requests_per_s"] else "-"
-            rows.append([str(level), side, f"{m['requests_per_s']:.3f}", ratio, f"{m['output_tokens_per_s']:.1f}",
+            rows.append([str(level), side, str(m.get("requests", "-")), f"{m['requests_per_s']:.3f}", ratio,
+                         f"{m['output_tokens_per_s']:.1f}",
                          f"{m['ttft_p50_ms']:,.0f} / {m['ttft_p99_ms']:,.0f}", f"{m['itl_p50_ms']:.0f} / {m['itl_p99_ms']:.0f}",
                          "-".join(f"{x:.1f}" for x in run["load_1m"])])
     args = raw["args"]
     return {
         "title": "One GGUF served by llama-server, llama-cpp-python's server and patchkit, under GuideLLM",
         "components": "real models", "machine": machine, "date": time.strftime("%Y-%m-%d"),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                                 text=True).stdout.strip(),
+        "commit": commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                           text=True).stdout.strip(),
         "command": "python benchmarks/llm_serving.py run",
         "setup": (f"SmolLM2-135M Q4_1 on {raw['cores']} cores; GuideLLM 0.8.1 closed loops of N streams, "
                   f"{args['prompt_tokens']} prompt tokens asking {args['output_tokens']}, {args['seconds']} s a level, "
                   "a new prompt set per level, each server fresh, the sides' order turning per level. "
                   "llama-server --parallel 8 and llama_cpp.server at a thread per core; patchkit a one-LLM chat "
                   "pipeline deployed with no plan."),
-        "tables": [{"caption": "Per level: requests/s (and its ratio to llama-server's), output tokens/s, TTFT and ITL "
+        "tables": [{"caption": "Per level: requests answered in the window, requests/s (and its ratio to "
+                               "llama-server's), output tokens/s, TTFT and ITL "
                                "p50 / p99 in ms, the 1-minute load average before and after the run.",
-                    "columns": ["streams", "server", "req/s", "vs llama-server", "output tok/s", "TTFT p50 / p99",
+                    "columns": ["streams", "server", "answered", "req/s", "vs llama-server", "output tok/s", "TTFT p50 / p99",
                                 "ITL p50 / p99", "load"], "rows": rows}],
         "plots": [{"title": "Requests per second by streams", "kind": "bar", "ylabel": "requests/s",
                    "x": [f"{level} streams" for level in levels],
@@ -339,11 +341,12 @@ def main() -> None:
     written.add_argument("raw", help="a raw file of `run`, or several, comma-separated, their runs joined")
     written.add_argument("--machine", required=True, help="the machine the runs had, as the page names it")
     written.add_argument("--result", default="benchmarks/results/llm_serving.json")
+    written.add_argument("--commit", default="", help="the commit the servers ran (default: HEAD)")
     args = parser.parse_args()
     if args.command == "result":
         raws = [json.loads(Path(p).read_text()) for p in args.raw.split(",")]
         joined = {**raws[0], "runs": [run for raw in raws for run in raw["runs"]]}
-        Path(args.result).write_text(json.dumps(result(joined, args.machine), indent=1) + "\n")
+        Path(args.result).write_text(json.dumps(result(joined, args.machine, args.commit), indent=1) + "\n")
         return
     if args.command == "build":
         print(build(BUILD))

@@ -105,12 +105,12 @@ def test_a_lone_sequence_runs_on_every_thread_it_measures_faster_and_answers_ali
     engine = LlamaEngine(EngineConfig(llm.model_path, n_ctx=1024, max_sequences=4, threads=2))
     try:
         answers = [b"".join(engine.submit(p, 24).pieces()) for p in prompts]
-        tried = {kind: dict(choice.ms) for kind, choice in engine._threads.items()}
+        tried = {kind: dict(choice.ms) for kind, choice in engine._pace.kinds.items()}
         stats = engine.stats()
     finally:
         engine.close()
     # both counts measured for prompts and for decode steps, and the context runs on the faster
-    assert {kind: set(ms) for kind, ms in tried.items()} == {"prefill_s": {1, 2}, "decode_s": {1, 2}}
+    assert {kind: set(ms) for kind, ms in tried.items()} == {"prefill": {1, 2}, "decode": {1, 2}}
     assert stats["threads_prefill"] in (1, 2) and stats["threads_decode"] in (1, 2)
     # the count of threads changes no answer: llama.cpp splits each product by rows, not within a row
     assert answers == [b"".join(llm.engine.submit(p, 24).pieces()) for p in prompts] and all(answers)

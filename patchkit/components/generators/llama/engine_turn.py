@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Chunk", "Rates", "Reading", "Skip", "Threads", "TurnSize"]
+__all__ = ["Chunk", "Pace", "Rates", "Reading", "Skip", "Threads", "TurnSize"]
 
 
 @dataclass(frozen=True)
@@ -199,3 +199,29 @@ class Threads:
         if units > 0:
             value, mean = ms / units, self.ms.get(threads)
             self.ms[threads] = value if mean is None else mean + self.weight * (value - mean)
+
+
+@dataclass
+class Pace:
+    """What an engine measured of its own speed, on up to `threads` threads: its `rates`, for its step
+    budget, and the thread count of each kind of `llama_decode` ("prefill": prompt tokens, "decode":
+    decode steps), chosen by `Threads`."""
+
+    threads: int
+    rates: Rates = field(default_factory=Rates)
+    kinds: dict[str, Threads] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.kinds = {kind: Threads.upto(self.threads) for kind in ("prefill", "decode")}
+
+    def budget(self, turn: TurnSize, decoding: int) -> int:
+        """The prompt tokens of a turn beside a decode step of `decoding` sequences (`TurnSize.budget`)."""
+        return turn.budget(decoding, self.rates.step_of(decoding), self.rates.prompt_ms_per_token)
+
+    def ran(self, kind: str, threads: int, units: int, ms: float) -> None:
+        """A `llama_decode` of `kind` on `threads` threads, of `units` prompt tokens or sequences, took `ms`."""
+        self.kinds[kind].ran(threads, units, ms)
+        if kind == "prefill":
+            self.rates.prompt(units, ms)
+        else:
+            self.rates.step(units, ms)
