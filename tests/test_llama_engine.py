@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -100,6 +101,24 @@ def test_concurrent_answers_equal_single_stream_ones(llm: Any) -> None:
     assert together == alone and all(alone)
     assert after["requests"] - before["requests"] == len(QUESTIONS)
     assert after["batched_steps"] > before["batched_steps"] and after["max_active"] >= 2
+
+
+def test_a_lone_sequence_runs_on_every_thread_it_measures_faster_and_answers_alike(llm: Any) -> None:
+    from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
+
+    prompts = [llm.tokens(llm.messages(q, DOCS if i % 2 else None)) for i, q in enumerate(QUESTIONS[:4])]
+    engine = LlamaEngine(EngineConfig(llm.model_path, n_ctx=1024, max_sequences=4, threads=2))
+    try:
+        answers = [b"".join(engine.submit(p, 24).pieces()) for p in prompts]
+        tried = {kind: dict(choice.ms) for kind, choice in engine._pace.kinds.items()}
+        stats = engine.stats()
+    finally:
+        engine.close()
+    # both counts measured for prompts and for decode steps, and the context runs on the faster
+    assert {kind: set(ms) for kind, ms in tried.items()} == {"prefill": {1, 2}, "decode": {1, 2}}
+    assert stats["threads_prefill"] in (1, 2) and stats["threads_decode"] in (1, 2)
+    # the count of threads changes no answer: llama.cpp splits each product by rows, not within a row
+    assert answers == [b"".join(llm.engine.submit(p, 24).pieces()) for p in prompts] and all(answers)
 
 
 def test_a_call_submitted_mid_decode_joins_the_running_batch(llm: Any) -> None:
@@ -245,14 +264,17 @@ def test_prompts_admitted_together_copy_the_stream_of_the_first_that_reuses_a_pr
         fresh.close()
 
 
-def test_the_cost_model_replays_the_turns_the_engine_runs(llm: Any) -> None:
+@pytest.mark.parametrize("interval", [math.inf, 1.0])
+def test_the_cost_model_replays_the_turns_the_engine_runs(llm: Any, interval: float) -> None:
     from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
     from patchkit.components.generators.llama.engine_turn import TurnSize
     from patchkit.scheduler.offline.costmodel import EngineCall, EngineCosts
     from patchkit.scheduler.offline.pwl import PiecewiseLinear
 
-    # Small turns, so that the three prompts' chunks spread over several turns and decoding starts between them.
-    config = EngineConfig(llm.model_path, n_ctx=1024, max_sequences=4, n_batch=96, block=32, threads=1, prefix_cache=False)
+    # Small turns, so that the three prompts' chunks spread over several turns and decoding starts between them;
+    # at interval 1 a turn beside a decoding sequence reads one block, whatever the engine measured of its speed.
+    config = EngineConfig(llm.model_path, n_ctx=1024, max_sequences=4, n_batch=96, block=32, threads=1, prefix_cache=False,
+                          interval=interval)
     engine = LlamaEngine(config)
     try:
         prompts = [llm.tokens(llm.messages("Count from 1 to 300, separated by commas.", docs))
@@ -265,13 +287,41 @@ def test_the_cost_model_replays_the_turns_the_engine_runs(llm: Any) -> None:
     finally:
         engine.close()
     assert stats["generated_tokens"] == 3 * 6  # every answer ran to its limit: 5 decode steps after its prompt
-    assert TurnSize.reported(stats) == config.turn == TurnSize(96, 32)
+    assert TurnSize.reported(stats) == config.turn == TurnSize(96, 16, interval)
     costs = EngineCosts(1.0, PiecewiseLinear((1.0,), (1.0,)), 0.0, TurnSize.reported(stats))
     replayed = costs.replay([EngineCall(len(p), len(p), 5) for p in prompts], 3)
-    counted = ("prompt_chunks", "decode_steps", "decoded_sequences")
+    counted = ("prompt_chunks", "decode_steps", "decoded_sequences", "mixed_steps", "step_prompt_tokens_max")
     assert [getattr(replayed, name) for name in counted] == [stats[name] for name in counted]
-    # The prompts took two turns (224 tokens, 96 a turn): the first answers decoded while the last was read.
+    # The prompts took two turns or more (224 tokens, 96 a turn): the first answers decoded while the last was read.
     assert stats["decode_steps"] > 5 and stats["decoded_sequences"] == 3 * 5
+    assert stats["step_prompt_tokens_max"] <= (16 if interval == 1.0 else 96)
+
+
+def test_a_decoding_sequence_waits_behind_one_prompt_slice_per_step(llm: Any) -> None:
+    from patchkit.components.generators.llama.engine import EngineConfig, LlamaEngine
+
+    writer = llm.tokens(llm.messages("Count from 1 to 300, separated by commas.", None))
+    reader = llm.tokens(llm.messages("What does the logging module record?", LONG_DOCS))
+    assert 10 * 16 < len(reader) <= 512  # ten slices or more, and one turn of n_batch without a budget
+    counted = {}
+    for interval in (1.0, math.inf):
+        config = EngineConfig(llm.model_path, n_ctx=2048, max_sequences=2, block=16, threads=1, prefix_cache=False,
+                              interval=interval)
+        engine = LlamaEngine(config)
+        try:
+            writing = engine.submit(writer, 400).pieces()
+            next(writing)  # the writer decodes from here on, past the reader's prompt
+            b"".join(engine.submit(reader, 1).pieces())
+            stats = engine.stats()
+            writing.close()
+        finally:
+            engine.close()
+        counted[interval] = stats["mixed_steps"], stats["step_prompt_tokens_max"], stats["prompt_chunks"]
+    slices = -(-len(reader) // 16)
+    # One block of the reader's prompt a turn, each followed by the writer's decode step: as many steps as slices.
+    assert counted[1.0] == (slices, 16, -(-len(writer) // 16) + slices)  # the writer's own, read alone, before
+    # Without a step budget the writer waited behind the reader's whole prompt (n_batch 512 holds it), in one turn.
+    assert counted[math.inf][:2] == (1, len(reader))
 
 
 # -- the document KV cache --------------------------------------------------------------------------------

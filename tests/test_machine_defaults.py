@@ -8,7 +8,7 @@ import patchkit
 from patchkit.components import FaissRetriever, LlamaCppGenerator
 from patchkit.components.testing import Simulated
 from patchkit.config import DeploymentConfig
-from patchkit.orchestrator.resources import SHARES_PER_CORE
+from patchkit.orchestrator.resources import SHARES_PER_CORE, assign
 
 
 def _rag() -> patchkit.Pipeline:
@@ -33,16 +33,20 @@ def _names(config: DeploymentConfig) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("cores", [1, 2, 4, 6])
-def test_an_unplanned_engine_gets_one_single_thread_replica_per_core(monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
+def test_an_unplanned_engine_gets_one_replica_with_a_thread_on_every_core(monkeypatch: pytest.MonkeyPatch, cores: int) -> None:
     _machine(monkeypatch, cores)
     pipeline = _rag()
     config = DeploymentConfig.resolve(pipeline, backend="local")
     llm, retriever = _names(config)
-    assert config.components[llm].replicas == cores
-    assert config.components[llm].units == SHARES_PER_CORE - 1  # a core each, an eighth of it lent to the retriever
+    # a lone request computes on every core; many batch in the one engine
+    assert config.components[llm].replicas == 1
+    assert config.components[llm].units == cores * SHARES_PER_CORE - 1  # every core, an eighth of the last lent
     assert (config.components[retriever].replicas, config.components[retriever].units) == (1, 1)
     assert config.plan is not None and config.plan["solver"] == "machine"
-    assert config.plan["components"][llm]["threads"] == 1
+    assert config.plan["components"][llm]["threads"] == cores
+    resources = assign([(c.resource, c.units) for c in config.components.values()], cpus=list(range(cores)))
+    assert sorted(r.threads or 0 for r in resources) == sorted([cores, 1])
+    assert sorted(len(r.cpus) for r in resources) == sorted([cores, 1])
     # each method keeps the batch size its component declares, as an unplanned deployment always did
     unplanned = DeploymentConfig.resolve(pipeline, backend="local", replicas=1)
     assert {n: c.batch_sizes for n, c in config.components.items()} == {n: c.batch_sizes for n, c in unplanned.components.items()}

@@ -19,7 +19,7 @@ import pytest
 import patchkit
 from patchkit import Component, make
 from patchkit.components import LlamaCppGenerator
-from patchkit.components.generators.llama.engine_turn import Chunk, Reading, Skip, TurnSize
+from patchkit.components.generators.llama.engine_turn import Chunk, Rates, Reading, Skip, Threads, TurnSize
 from patchkit.orchestrator.resources import available_cpus
 from patchkit.scheduler.offline.costmodel import Counters, EngineCall, EngineCosts, fit, keys
 from patchkit.scheduler.offline.pool import ResourcePool
@@ -95,17 +95,17 @@ def test_calls_at_once_share_decode_steps_and_queue_for_prompt_evaluation() -> N
     # one turn evaluates both prompts (150 ms), then a step of 2 (12 ms) ends b, two steps of 1 (20 ms) end a
     assert costs.run_ms([a, b], 2) == pytest.approx(150 + 12 + 20)
     # a turn evaluates at most its prompt tokens: b's prompt waits for a's first step; then they share one
-    limited = EngineCosts(1.0, costs.step, 0.0, turn=TurnSize(100, block=10))
+    limited = EngineCosts(1.0, costs.step, 0.0, turn=TurnSize(100, slice=10))
     assert limited.run_ms([a, b], 2) == pytest.approx(100 + 10 + 50 + 12 + 10)
     # in blocks of 64 a turn of 100 starts no second block after a's first: a's prompt takes two turns
-    blocks = EngineCosts(1.0, costs.step, 0.0, turn=TurnSize(100, block=64))
+    blocks = EngineCosts(1.0, costs.step, 0.0, turn=TurnSize(100, slice=64))
     replayed = blocks.replay([a, b], 2)
     assert replayed.prompt_chunks == 3 and replayed.decode_steps == 3
     assert replayed.ms == pytest.approx(64 + 36 + 10 + 50 + 12 + 10)
 
 
 def test_a_turn_splits_prompts_at_block_boundaries_oldest_first_within_its_tokens() -> None:
-    turn = TurnSize(prompt_tokens=128, block=64)
+    turn = TurnSize(prompt_tokens=128, slice=64)
     # a prefix of 70 reused: up to the next boundary, then whole blocks; the second waits once under a block is left
     assert turn.prompt_chunks([Reading(70, 300), Reading(0, 50)]) == [Chunk(0, 70, 128), Chunk(0, 128, 192)]
     assert turn.prompt_chunks([Reading(0, 40), Reading(0, 50), Reading(0, 90)]) == [
@@ -118,8 +118,76 @@ def test_a_turn_splits_prompts_at_block_boundaries_oldest_first_within_its_token
     assert turn.prompt_chunks([Reading(0, 100, (alone,))]) == [Chunk(0, 0, 20), Chunk(0, 20, 60, alone)]
     assert TurnSize.reported({"prompt_tokens_per_turn": 256, "block": 32}) == TurnSize(256, 32)
     assert TurnSize.reported({}) == TurnSize()
-    with pytest.raises(ValueError, match=r"block \(64\) must be >= 1 and <= prompt_tokens \(32\)"):
+    with pytest.raises(ValueError, match=r"slice \(64\) must be >= 1 and <= prompt_tokens \(32\)"):
         TurnSize(32, 64)
+
+
+def test_a_turn_beside_decoding_sequences_evaluates_its_step_budget_in_whole_slices() -> None:
+    turn = TurnSize(prompt_tokens=512, slice=16, interval=2.0)
+    # nothing decoding: the whole turn; a decode step of 40 ms at 2 ms a prompt token: 20 tokens, one slice of 16
+    assert turn.budget(0, None, None) == 512
+    assert turn.budget(4, 40.0, 2.0) == 16
+    assert turn.budget(8, 100.0, 2.0) == 48  # 50 tokens take one step: three whole slices
+    assert turn.budget(8, 10.0, 2.0) == 16  # a step shorter than a slice still lets one slice through
+    assert turn.budget(8, 10_000.0, 2.0) == 512  # never past the turn's tokens
+    assert turn.budget(1, None, 2.0) == turn.budget(1, 40.0, None) == 16  # rates not measured yet: one slice
+    assert TurnSize(512, 16, interval=3.0).budget(4, 40.0, 2.0) == 32  # two steps' worth
+    assert TurnSize(512, 16).budget(4, 40.0, 2.0) == 512  # no interval: the old turn
+    # the chunks within a budget: 16 tokens of the oldest, slice-aligned, then no more
+    assert turn.prompt_chunks([Reading(0, 100), Reading(0, 50)], 16) == [Chunk(0, 0, 16)]
+    assert turn.prompt_chunks([Reading(90, 100), Reading(0, 50)], 32) == [Chunk(0, 90, 96), Chunk(0, 96, 100),
+                                                                          Chunk(1, 0, 16)]
+    assert TurnSize.reported({"prompt_tokens_per_turn": 256, "slice": 16, "block": 64, "step_interval": 2.0}) == TurnSize(
+        256, 16, 2.0)
+    with pytest.raises(ValueError, match=r"interval \(0.5\) must be >= 1"):
+        TurnSize(512, 16, interval=0.5)
+
+
+def test_rates_follow_what_the_engine_measured_and_take_the_nearest_step_size() -> None:
+    rates = Rates(weight=0.5)
+    assert rates.step_of(3) is None and rates.prompt_ms_per_token is None
+    rates.prompt(16, 32.0)
+    rates.prompt(16, 64.0)
+    assert rates.prompt_ms_per_token == pytest.approx(3.0)  # 2 ms, then halfway to 4
+    rates.step(1, 10.0)
+    rates.step(8, 40.0)
+    assert (rates.step_of(1), rates.step_of(2), rates.step_of(6), rates.step_of(16)) == (10.0, 10.0, 40.0, 40.0)
+
+
+def test_a_lone_engine_takes_the_threads_that_measured_fastest_and_tries_the_others_again() -> None:
+    assert Threads.upto(1).counts == (1,) and Threads.upto(2).counts == (1, 2) and Threads.upto(6).counts == (1, 2, 4, 6)
+    threads = Threads.upto(2)
+    picked = []
+    for _ in range(40):
+        count = threads.next()
+        picked.append(count)
+        threads.ran(count, 16, 16 * (5.0 if count == 2 else 9.0))  # two threads nearly twice as fast: an idle machine
+    assert picked[:2] == [1, 2]  # each count measured once first
+    assert picked.count(1) == 1 + len(range(15, 40, 16))  # then two threads, one in 16 runs on one thread again
+    assert set(picked[2:15]) == {2}
+    # the machine gets busy: two threads now wait at barriers for a core another process holds
+    for _ in range(60):
+        count = threads.next()
+        threads.ran(count, 16, 16 * (30.0 if count == 2 else 9.0))
+    assert threads.next() == 1
+    assert Threads.upto(1).next() == 1
+
+
+def test_the_replay_interleaves_decode_steps_between_prompt_slices() -> None:
+    # 1 ms a prompt token and decode steps of 20 ms: a budget of 16 tokens (one slice) while a sequence decodes
+    costs = EngineCosts(1.0, PiecewiseLinear((1.0, 2.0), (20.0, 20.0)), 0.0, turn=TurnSize(512, slice=16, interval=2.0))
+    decoder, reader = EngineCall(16, 16, 20), EngineCall(160, 160, 1)
+    replayed = costs.replay([decoder, reader], 2)
+    # turn 1: both prompts admitted, nothing decodes yet, so the whole turn reads both (16 + 160 tokens in 11 chunks);
+    assert replayed.prompt_chunks == 11
+    late = costs.replay([decoder, EngineCall(16, 16, 0), reader], 2)
+    # the reader comes while the decoder decodes: its 160 tokens go one slice a turn, a decode step after each
+    assert late.prompt_chunks == 2 + 10 and late.decode_steps == 20
+    assert (late.mixed_steps, late.step_prompt_tokens_max) == (10, 16)
+    whole = EngineCosts(1.0, costs.step, 0.0, turn=TurnSize(512, slice=16)).replay([decoder, EngineCall(16, 16, 0), reader], 2)
+    # without an interval the reader's whole prompt goes in the turn after the first step: the same work, in other turns
+    assert (whole.prompt_chunks, whole.decode_steps, whole.ms) == (12, 20, pytest.approx(late.ms))
+    assert (whole.mixed_steps, whole.step_prompt_tokens_max) == (1, 160)
 
 
 def test_a_placed_document_costs_its_placing_instead_of_its_tokens() -> None:

@@ -2,11 +2,15 @@
 
 `deploy(pipeline)` with no plan, no `replicas=` and no `batch_size=` used to run one replica of every
 component, the cores split evenly between them: on two cores an LLM engine got one thread while a
-retriever, idle most of the time, held the other. The planner, on the same machine, gives an engine
-that batches by itself and scales with threads (a `max_concurrency` method with a cost model,
-`profile_call`: `LlamaCppGenerator`) one single-thread replica per core, each lending a share of its
-core to the light components (a retriever, a grader), which run on those shares. `machine_plan` makes
-that layout from the core count alone, so a user who has not planned yet does not pay for deploying.
+retriever, idle most of the time, held the other. An engine that batches by itself and scales with
+threads (a `max_concurrency` method with a cost model, `profile_call`: `LlamaCppGenerator`) gets
+instead one replica holding its share of the cores, a thread on each, lending a share of its last
+core to the light components (a retriever, a grader), which run on those shares. One replica, not
+one single-thread replica per core: a lone request then computes on every core (two cores evaluate
+its prompt and decode its tokens faster than one), and many requests batch in the one engine, whose
+step budget keeps their tokens flowing while prompts are read; replicas of one thread each left a
+lone request half of a two-core machine. `machine_plan` makes that layout from the core count alone,
+so a user who has not planned yet does not pay for deploying; `patchkit.plan()` measures instead.
 
 It applies where the layout is known to be right: CPU replicas on a machine with no GPU, at least one
 such engine and no more engines than cores. Elsewhere (or with replicas, batch sizes or autoscaling
@@ -20,7 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from patchkit.core import Component, make_methods
-from patchkit.orchestrator.resources import LENT_SIZES, SHARES_PER_CORE, available_cpus, available_gpus
+from patchkit.orchestrator.resources import LENT_SIZES, SHARES_PER_CORE, available_cpus, available_gpus, valid_cpu_units
 from patchkit.scheduler.offline.plan import ComponentPlan, Plan
 
 __all__ = ["machine_plan", "scales_with_threads", "unplanned_plan"]
@@ -41,8 +45,8 @@ def scales_with_threads(component: Component) -> bool:
 def machine_plan(components: Mapping[str, Component], cores: int) -> Plan | None:
     """Replicas and threads for `cores` CPU cores, as the planner would choose them, or None where it has no rule.
 
-    Every engine (`scales_with_threads`) gets `cores // engines` replicas of one thread, a core each,
-    each lending the smallest share of its core that holds the light components; every other
+    Every engine (`scales_with_threads`) gets one replica of `cores // engines` threads, a core each,
+    lending the smallest share of its last core that holds the light components; every other
     component one replica of one share (1/SHARES_PER_CORE of a core). Batch sizes are left to the
     components' own declarations (the caller keeps them), so `batch_size` here is the engines' bound.
 
@@ -59,14 +63,15 @@ def machine_plan(components: Mapping[str, Component], cores: int) -> Plan | None
     if not engines or len(engines) > cores:
         return None
     per_engine = cores // len(engines)
-    lent = next((size for size in LENT_SIZES if size * per_engine * len(engines) >= len(light)), None) if light else 0
+    lent = next((size for size in LENT_SIZES if size * len(engines) >= len(light)
+                 and valid_cpu_units(per_engine * SHARES_PER_CORE - size, per_engine)), None) if light else 0
     if lent is None:
         return None
     parts: dict[str, ComponentPlan] = {}
     for name, component in components.items():
         limit = max((component.batch_limit(method) for method in make_methods(type(component))), default=1)
         if name in engines:
-            parts[name] = ComponentPlan("cpu", per_engine, limit, units=SHARES_PER_CORE - lent, threads=1,
+            parts[name] = ComponentPlan("cpu", 1, limit, units=per_engine * SHARES_PER_CORE - lent, threads=per_engine,
                                         default_batch_size=limit)
         else:
             parts[name] = ComponentPlan("cpu", 1, limit, units=1, threads=1, default_batch_size=limit)

@@ -1,8 +1,10 @@
 """The cost model of an engine that batches by itself: what a call costs from its token counts.
 
 An engine such as `LlamaEngine` runs many sequences in one context, turn after turn: it evaluates
-prompt chunks of the sequences still reading their prompts (oldest first), then decodes one token
-for every sequence past its prompt in a single step. How a turn splits its prompt tokens is
+prompt chunks of the sequences still reading their prompts (oldest first), within a step budget
+while sequences decode (the prompt tokens that take `interval - 1` decode steps, at the model's own
+rates, as the engine sizes it at its measured ones), then decodes one token for every sequence past
+its prompt in a single step. How a turn splits its prompt tokens is
 `TurnSize` (`components/generators/llama/engine_turn.py`, a leaf beside the engine: the one module of
 the components the planner imports), the one function the engine runs and `run_ms` replays, at the
 sizes the engine reports in its stats. Its costs are then a few numbers and a curve, per thread
@@ -67,7 +69,7 @@ COUNTERS = (
 )
 # Counters of an engine that reuses documents at any position (kv_reuse="blend"), 0 when it reports none.
 BLEND_COUNTERS = ("blend_tokens_reused", "blend_documents_reused", "blend_documents_evaluated", "blend_s")
-DEFAULT_TURN = TurnSize()  # an engine that reports no sizes: 512 prompt tokens a turn, in blocks of 64
+DEFAULT_TURN = TurnSize()  # an engine that reports no sizes: 512 prompt tokens a turn, in slices of 64
 SPREAD = 128  # positions the prompt runs' tokens must differ by, on average, to fit attention's cost apart
 
 
@@ -134,12 +136,15 @@ class EngineCall:
 @dataclass
 class Replayed:
     """A replay of the engine's loop: its milliseconds, and the prompt chunks (llama_decode calls of
-    prompt tokens), decode steps and sequences in them it counted, as `LlamaEngine.stats` counts them."""
+    prompt tokens), decode steps and sequences in them, the steps that waited behind prompt chunks in
+    their turn and the most prompt tokens one waited behind, as `LlamaEngine.stats` counts them."""
 
     ms: float = 0.0
     prompt_chunks: int = 0
     decode_steps: int = 0
     decoded_sequences: int = 0
+    mixed_steps: int = 0
+    step_prompt_tokens_max: int = 0
 
 
 @dataclass
@@ -217,22 +222,35 @@ class EngineCosts:
         calls it finished."""
         before = len(running)
         reading = [s for s in running if s.position < s.call.prompt_tokens]
-        for chunk in self.turn.prompt_chunks([Reading(s.position, s.call.prompt_tokens) for s in reading]):
+        contexts = self._contexts([s for s in running if s.position == s.call.prompt_tokens and s.steps > 0])
+        step_ms = self.step_ms(contexts) if contexts else None
+        budget = self.turn.budget(len(contexts), step_ms, self.prompt_ms_per_token)
+        evaluated = 0
+        for chunk in self.turn.prompt_chunks([Reading(s.position, s.call.prompt_tokens) for s in reading], budget):
             sequence = reading[chunk.sequence]
             if sequence.position == sequence.call.prompt_tokens - sequence.call.evaluated:
                 replayed.ms += sequence.call.placed * self.place_ms
             replayed.ms += self.chunk_ms(chunk.start, chunk.end)
             replayed.prompt_chunks += 1
+            evaluated += chunk.end - chunk.start
             sequence.position = chunk.end
+        if contexts and evaluated:
+            replayed.mixed_steps += 1
+            replayed.step_prompt_tokens_max = max(replayed.step_prompt_tokens_max, evaluated)
         decoding = [s for s in running if s.position == s.call.prompt_tokens and s.steps > 0]
         if decoding:
-            replayed.ms += self.step_ms([s.call.prompt_tokens + s.call.steps - s.steps for s in decoding])
+            replayed.ms += self.step_ms(self._contexts(decoding))
             replayed.decode_steps += 1
             replayed.decoded_sequences += len(decoding)
             for sequence in decoding:
                 sequence.steps -= 1
         running[:] = [s for s in running if s.position < s.call.prompt_tokens or s.steps > 0]
         return before - len(running)
+
+    @staticmethod
+    def _contexts(decoding: Sequence[_Running]) -> list[int]:
+        """The contexts (prompt and answer so far) of the sequences in a decode step."""
+        return [s.call.prompt_tokens + s.call.steps - s.steps for s in decoding]
 
     def curve(self, calls: Sequence[EngineCall], levels: Sequence[int]) -> tuple[tuple[int, float], ...]:
         """(c, ms per c calls) at each concurrency level c: calls like `calls`, c in flight, in a
@@ -251,7 +269,8 @@ class EngineCosts:
             "step_ms": [[k, ms] for k, ms in zip(self.step.breakpoints, self.step.values)],
             "call_ms": self.call_ms,
             "prompt_tokens_per_turn": self.turn.prompt_tokens,
-            "block": self.turn.block,
+            "slice": self.turn.slice,
+            "step_interval": self.turn.interval,
             "place_ms": self.place_ms,
             "key_ms": self.key_ms,
             "step_context": self.step_context,
@@ -262,7 +281,8 @@ class EngineCosts:
         """The inverse of `describe()`: how a cached profile's model is read back."""
         step = PiecewiseLinear(tuple(float(k) for k, _ in data["step_ms"]), tuple(float(ms) for _, ms in data["step_ms"]))
         rate = float(data["prompt_tokens_per_s"])
-        turn = TurnSize(int(data["prompt_tokens_per_turn"]), int(data["block"]))
+        turn = TurnSize(int(data["prompt_tokens_per_turn"]), int(data.get("slice", data.get("block", 64))),
+                        float(data.get("step_interval", math.inf)))
         return cls(1000 / rate, step, float(data["call_ms"]), turn, float(data["place_ms"]), float(data.get("key_ms", 0.0)),
                    float(data.get("step_context", 0.0)))
 

@@ -279,8 +279,12 @@ class DocumentCache:
 
     def stats(self) -> dict[str, float]:
         """The cache's counters, `kv_cache_*`, as `LlamaEngine.stats` reports them (lock held):
-        `kv_cache_s` (the engine thread's time saving and restoring), `kv_cache_state_bytes_read` (slot
-        states read for saving), `kv_cache_bytes_joined` (states written for restoring)."""
+        `kv_cache_hits` (prompts whose prefix it restored), `kv_cache_misses` (prompts with pieces it
+        restored nothing of: it held none of them, or a slot held as much), `kv_cache_tokens_saved`
+        (prompt tokens restored from it), `kv_cache_bytes_held` (within `kv_cache_budget_bytes`),
+        `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (the engine thread's time
+        saving and restoring), `kv_cache_state_bytes_read` (slot states read for saving),
+        `kv_cache_bytes_joined` (states written for restoring)."""
         tree = self._tree
         return {**self._counts, "kv_cache_s": self._seconds, "kv_cache_bytes_held": tree.bytes if tree else 0,
                 "kv_cache_entries": tree.entries if tree else 0, "kv_cache_evictions": tree.evictions if tree else 0,

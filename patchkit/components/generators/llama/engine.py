@@ -1,29 +1,32 @@
 """`LlamaEngine`: continuous batching of many sequences in one llama.cpp context, with a prefix cache.
 
 One engine thread owns the context. Callers on any thread `submit` a tokenized prompt and read its
-tokens from the returned `TokenStream` (`sequence.py`). Each turn of the engine's loop admits
-waiting sequences into free sequence slots, evaluates up to `n_batch` prompt tokens, then decodes one
-token for every running sequence in a single `llama_decode`.
+tokens from the returned `TokenStream` (`sequence.py`). Each turn admits waiting sequences into free
+slots, evaluates prompt slices within the turn's step budget (`engine_turn.py`: while sequences
+decode, the slices that take `interval - 1` of their decode steps at the rates the engine measured,
+so a decoding sequence never waits behind a whole prompt), then decodes one token for every running
+sequence in a single `llama_decode`. Each kind of `llama_decode` runs on the thread count, up to
+`threads`, it measured fastest (`engine_turn.Pace`): every core for a lone sequence that gains
+from them, fewer where another process holds a core that more threads would wait for.
 
-Each slot is its own KV stream of `n_ctx` cells (`kv_unified=False`): a sequence's attention then runs
-over the same cells, in the same order, whether it runs alone or beside others, so greedy answers do not
-depend on what else runs. A finished slot keeps its prompt's KV state as a cache entry: a new prompt
-takes the free slot sharing its longest prefix and evaluates only the rest (or, when a running
-sequence shares a longer one, gets that stream copied, `llama_memory_seq_cp`, and cut to the prefix).
-There are `cache_slots` slots beyond the `max_sequences` that may run at once, so that under a full
-load the prompts just finished (a grader's, whose documents the answer reads next) stay cached rather
-than going to the next waiting sequence.
+Each slot is its own KV stream of `n_ctx` cells (`kv_unified=False`): a sequence's attention runs over
+the same cells in the same order alone or beside others, so greedy answers do not depend on what else
+runs. A finished slot keeps its prompt's KV state: a new prompt takes the free slot sharing its longest
+prefix and evaluates only the rest (or, when a running sequence shares a longer one, gets that stream
+copied, `llama_memory_seq_cp`, and cut to the prefix). `cache_slots` slots beyond the `max_sequences`
+that may run keep the prompts just finished (a grader's, whose documents the answer reads next)
+cached under a full load, rather than given to the next waiting sequence.
 
-Prompts are evaluated in blocks of `block` tokens aligned to position 0, and a prefix is reused only
-up to a block boundary: every prompt token is then computed in a `llama_decode` of the same tokens at
+Prompts are evaluated in slices of `slice` tokens aligned to position 0, and a prefix is reused only up
+to a `block` boundary (whole slices; a block, not a slice, so that a shared system prompt alone takes
+no cached prompt's slot): every prompt token is then computed in a `llama_decode` of the same tokens at
 the same positions over the same KV cells, whether its prefix came from the cache or not. A matrix
 product over another number of rows rounds differently, and at a near-tie the greedy answer would
 follow; so reuse saves the work and changes no answer.
 
-Beyond the slots, a document KV cache (`kv_cache_bytes`, `document_cache.py`) keeps in host memory
-the KV states of the prompt pieces a caller names (the system prompt, then each document in order):
-a new prompt whose pieces it holds further than any slot gets their states restored into its slot,
-so it evaluates only the rest, and changes no answer either.
+Beyond the slots, a document KV cache (`kv_cache_bytes`, `document_cache.py`) keeps in host memory the
+KV states of the prompt pieces a caller names (the system prompt, then each document): a prompt whose
+pieces it holds further than any slot gets them restored, evaluates the rest, and answers alike.
 """
 
 from __future__ import annotations
@@ -39,12 +42,12 @@ from typing import Any
 
 from patchkit.components.generators.llama.config import EngineConfig
 from patchkit.components.generators.llama.document_cache import DocumentCache
-from patchkit.components.generators.llama.engine_turn import Reading, Skip
+from patchkit.components.generators.llama.engine_turn import Pace
 from patchkit.components.generators.llama.kv_blend import Blender
 from patchkit.components.generators.llama.kv_rope import KeyRotation
 from patchkit.components.generators.llama.loading import choose_repack, model_params
 from patchkit.components.generators.llama.sampling import GREEDY, SamplerParams, chain, token_logprobs
-from patchkit.components.generators.llama.sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces
+from patchkit.components.generators.llama.sequence import END, LlamaSequence, TokenStream, common_prefix, cut_pieces, prompt_left
 
 __all__ = ["EngineConfig", "LlamaEngine"]
 
@@ -89,8 +92,9 @@ class LlamaEngine:
         self._counts = dict.fromkeys(
             ("requests", "finished", "aborted", "prompt_tokens_evaluated", "prompt_tokens_reused", "generated_tokens",
              "decode_steps", "decoded_sequences", "batched_steps", "cache_hits", "stream_copies", "max_active",
-             "prompt_chunks"), 0)
+             "prompt_chunks", "mixed_steps", "step_prompt_tokens_max", "threads_prefill", "threads_decode"), 0)
         self._seconds = {"prefill_s": 0.0, "decode_s": 0.0}  # time inside llama_decode, per kind of batch
+        self._pace, self._running_threads = Pace(config.threads), config.threads  # the engine thread's
         budget = config.kv_cache_bytes if config.prefix_cache else 0
         self._documents = DocumentCache(llama_cpp, self._ctx, self.model, budget, config.block, self._lock)
         self._blender: Blender | None = None
@@ -168,21 +172,19 @@ class LlamaEngine:
             return self._documents.held(cut_pieces(prompt, pieces))
 
     def stats(self) -> dict[str, float]:
-        """Counters since start, read under the engine's lock so they agree with each other. The document
-        cache's: `kv_cache_hits` (prompts whose prefix it restored), `kv_cache_misses` (prompts with pieces
-        it restored nothing of: it held none of them, or a slot held as much), `kv_cache_tokens_saved`
-        (prompt tokens restored from it), `kv_cache_bytes_held` (within `kv_cache_budget_bytes`),
-        `kv_cache_entries` (pieces held), `kv_cache_evictions`, `kv_cache_s` (saving and restoring). The
-        turn's sizes, `prompt_tokens_per_turn` and `block`, which the planner's cost model replays. The
-        context's size: `sequence_slots` (sequences at once), `cache_slots`, and `kv_bytes`, the KV cells
-        of every stream, allocated (and resident) from the start. And
-        `weight_repack`: 1 where the weights loaded into llama.cpp's extra buffer types, 0 where not, and `cpu_amx`:
-        1 where the CPU reports AMX (`loading.py`). Under blend, documents `blend_documents_reused` (placed from
-        cells held), `_evaluated` (evaluated alone, then placed), `_in_place` (not held: evaluated in place)
-        and `_kept_in_place` (their cells kept from there for the next sight)."""
+        """Counters since start, read under the engine's lock so they agree with each other: the document
+        cache's `kv_cache_*` (`DocumentCache.stats`); the turn's sizes, `prompt_tokens_per_turn`, `slice`,
+        `step_interval` (which the cost model replays) and `block`; `mixed_steps` (decode steps that
+        waited behind prompt chunks), `step_prompt_tokens_max` (the most prompt tokens one waited
+        behind), `threads_prefill` and `threads_decode` (the threads the last chunk and step ran on); the
+        context's `sequence_slots`, `cache_slots` and `kv_bytes` (every stream's KV cells, resident from
+        the start); `weight_repack` and `cpu_amx` (1 or 0, `loading.py`); under blend, documents
+        `blend_documents_reused` (placed from cells held), `_evaluated` (alone, then placed),
+        `_in_place` (not held: evaluated in place) and `_kept_in_place` (kept for the next sight)."""
         with self._lock:
             counts: dict[str, float] = dict(self._counts)
-            counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block,
+            counts.update(prompt_tokens_per_turn=self.config.n_batch, block=self.config.block, slice=self.config.slice,
+                          step_interval=self.config.interval,
                           weight_repack=float(self.repack.repack), cpu_amx=float(self.repack.amx),
                           sequence_slots=self.config.max_sequences, cache_slots=self.config.cache_slots,
                           kv_bytes=self.config.kv_bytes(self._lib, self.model.model))
@@ -319,14 +321,13 @@ class LlamaEngine:
         return tokens - tokens % self.config.block
 
     def _prefill(self) -> None:
-        """Evaluate this turn's prompt chunks, as `EngineConfig.turn` splits them (`engine_turn.py`), one
-        llama_decode each; a sequence whose prompt is done gets its first token and joins this turn's
-        decode step. One sequence per llama_decode: llama.cpp splits a batch spanning several streams
-        into other shapes, which would move greedy answers. Under blend, a sequence's evaluation stops
-        before each document placed, which takes the budget of the tokens it evaluates (its body, when
-        evaluated alone now)."""
+        """This turn's prompt chunks (`EngineConfig.turn`, within the step budget), one llama_decode each:
+        llama.cpp would split a batch over several streams into shapes that round otherwise. A finished
+        prompt gives its first token; under blend, evaluation stops before each document placed."""
         reading = [s for s in self._running if s.evaluated < len(s.prompt)]
-        for chunk in self.config.turn.prompt_chunks([self._reading(s) for s in reading]):
+        decoding = sum(1 for s in self._running if s.generated and s.evaluated == len(s.prompt))
+        budget, read = self._pace.budget(self.config.turn, decoding), 0
+        for chunk in self.config.turn.prompt_chunks([prompt_left(s) for s in reading], budget):
             sequence = reading[chunk.sequence]
             if chunk.skip is not None:
                 assert self._blender is not None
@@ -339,8 +340,8 @@ class LlamaEngine:
                 continue
             start, end = chunk.start, chunk.end
             row = self._batch_tokens(sequence.prompt[start:end], start, sequence.slot)
-            self._llama_decode("prefill_s")
-            self._batch.batch.n_tokens = 0
+            self._llama_decode("prefill", end - start)
+            read += end - start
             if end == len(sequence.prompt):
                 self._documents.save(sequence.slot, sequence.pieces[: sequence.exact_pieces])
                 if self._blender is not None:
@@ -351,36 +352,32 @@ class LlamaEngine:
                 self._counts["prompt_chunks"] += 1
                 if end == len(sequence.prompt):
                     self._sample(sequence, row)
-
-    @staticmethod
-    def _reading(sequence: LlamaSequence) -> Reading:
-        """The sequence's prompt left, as a turn splits it: its placed documents' runs skipped, each costing
-        its body's tokens when no cells of it are held (it is evaluated alone first)."""
-        skips = tuple(Skip(stop.at, stop.end, 0 if stop.node is not None and stop.node.state is not None
-                           else stop.end - stop.start) for stop in sequence.stops)
-        return Reading(sequence.evaluated, len(sequence.prompt), skips)
+        if decoding and read:  # a decode step follows, of sequences that waited behind `read` prompt tokens
+            with self._lock:
+                self._counts.update(mixed_steps=self._counts["mixed_steps"] + 1,
+                                    step_prompt_tokens_max=max(self._counts["step_prompt_tokens_max"], read))
 
     def _evaluate_alone(self, tokens: Sequence[int], start: int, seq: int) -> None:
         """Evaluate `tokens` at positions start.. of sequence `seq`, n_batch at a time: a document alone."""
         for at in range(0, len(tokens), self.config.n_batch):
-            self._batch_tokens(tokens[at:at + self.config.n_batch], start + at, seq)
-            self._llama_decode("prefill_s")
-            self._batch.batch.n_tokens = 0
+            chunk = tokens[at:at + self.config.n_batch]
+            self._batch_tokens(chunk, start + at, seq)
+            self._llama_decode("prefill", len(chunk))
 
     def _decode(self) -> None:
-        """One token for every running sequence past its prompt, in one llama_decode."""
-        ready = [s for s in self._running if s.generated and s.evaluated == len(s.prompt)]
+        """One token for every running sequence past its prompt, in one llama_decode, in slot order
+        (llama.cpp runs it in ubatches of consecutive stream ids: as few as can be)."""
+        ready = sorted((s for s in self._running if s.generated and s.evaluated == len(s.prompt)), key=lambda s: s.slot)
         if not ready:
             return
         rows = [self._batch_tokens([s.last], len(s.prompt) + s.generated - 1, s.slot) for s in ready]
-        self._llama_decode("decode_s")
+        self._llama_decode("decode", len(ready))
         with self._lock:
             self._counts["decode_steps"] += 1
             self._counts["decoded_sequences"] += len(ready)
             self._counts["batched_steps"] += len(ready) > 1
             for sequence, row in zip(ready, rows):
                 self._sample(sequence, row)
-        self._batch.batch.n_tokens = 0
 
     def _batch_tokens(self, tokens: Sequence[int], start: int, slot: int) -> int:
         """Append tokens at positions start.. of `slot` to the batch, logits for the last; its row."""
@@ -392,13 +389,21 @@ class LlamaEngine:
         batch.n_tokens += len(tokens)
         return int(batch.n_tokens - 1)
 
-    def _llama_decode(self, timer: str) -> None:
+    def _llama_decode(self, kind: str, units: int) -> None:
+        """Run and empty the batch of `units` (prompt tokens, or sequences) on its kind's fastest threads."""
+        count = self._pace.kinds[kind].next()
+        if count != self._running_threads:
+            self._lib.llama_set_n_threads(self._ctx.ctx, count, count)
+            self._running_threads = count
         began = time.perf_counter()
         status = self._lib.llama_decode(self._ctx.ctx, self._batch.batch)
+        took = time.perf_counter() - began
+        self._batch.batch.n_tokens = 0
+        self._pace.ran(kind, count, units, took * 1000)
         with self._lock:
-            self._seconds[timer] += time.perf_counter() - began
+            self._seconds[kind + "_s"] += took
+            self._counts["threads_" + kind] = count
         if status != 0:
-            self._batch.batch.n_tokens = 0
             raise RuntimeError(f"llama_decode returned {status}")
 
     def _sample(self, sequence: LlamaSequence, row: int) -> None:

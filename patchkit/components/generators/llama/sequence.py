@@ -4,7 +4,8 @@ its caller reads the tokens the engine makes for it from a `TokenStream`.
 `LlamaEngine.submit` makes both; the engine thread alone changes a sequence's fields (but `aborted`,
 set under the engine's lock by `LlamaEngine.abort`) and ends its stream with `END` or an error.
 `cut_pieces` and `common_prefix` compare prompts as tokens, for the engine and for
-`LlamaCppGenerator`, which finds with `common_prefix` where a prompt's documents end.
+`LlamaCppGenerator`, which finds with `common_prefix` where a prompt's documents end; `prompt_left`
+is what a turn of the engine reads of a sequence.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["END", "LlamaSequence", "TokenStream", "common_prefix", "cut_pieces"]
+from patchkit.components.generators.llama.engine_turn import Reading, Skip
+
+__all__ = ["END", "LlamaSequence", "TokenStream", "common_prefix", "cut_pieces", "prompt_left"]
 
 END = None  # the last item of a stream's queue
 
@@ -82,3 +85,11 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def prompt_left(sequence: LlamaSequence) -> Reading:
+    """The sequence's prompt left, as a turn splits it (`engine_turn.py`): its placed documents' runs
+    skipped, each costing its body's tokens when no cells of it are held (it is evaluated alone first)."""
+    skips = tuple(Skip(stop.at, stop.end, 0 if stop.node is not None and stop.node.state is not None
+                       else stop.end - stop.start) for stop in sequence.stops)
+    return Reading(sequence.evaluated, len(sequence.prompt), skips)
