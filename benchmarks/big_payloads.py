@@ -190,7 +190,11 @@ def _result(deploys: dict[float, list[dict[str, float]]], updates: list[dict[str
                  ["measure", "deploy()", "first answer", "bound: pickle + unpickle once"], "rows": rows},
                 {"caption": "An update with a 100 MB global: how long it took, and /healthz throughout (medians; max of all)",
                  "columns": ["measure", "update() took", "/healthz p50 / p99", "/healthz slowest"], "rows": probes}],
-        plots=[], runs={"deploy": {str(k): v for k, v in deploys.items()}, "update": updates})
+        plots=[{"title": "deploy() by the size of its argument, and the bound", "kind": "bar", "ylabel": "s",
+                "x": [f"{size:g} MB" for size in deploys],
+                "series": {"deploy()": [round(median(r, "deploy_s"), 3) for r in deploys.values()],
+                           "bound: pickle + unpickle": [round(median(r, "bound_s"), 3) for r in deploys.values()]}}],
+        runs={"deploy": {str(k): v for k, v in deploys.items()}, "update": updates})
 
 
 if __name__ == "__main__":
