@@ -175,6 +175,8 @@ class Reloader:
             targets, why = self.watched, f" ({', '.join(m.shown for m in modules)} changed)"
         else:
             why = ""
+        if not targets:
+            return  # nothing to load: sys.modules is not read on an idle poll
         before = set(sys.modules)
         for watched in targets:
             if self._stopped.is_set():
