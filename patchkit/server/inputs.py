@@ -28,6 +28,7 @@ MAX_JSON_DEPTH = 64  # arrays and objects in a body nest at most this deep (the 
 MAX_SLO_MS = 3_600_000  # a request's slo_ms: at most an hour
 
 _JSON_TYPES: dict[type, str] = {str: "a string", bool: "true or false", int: "an integer", float: "a number"}
+_SCHEMA_TYPES: dict[type, str] = {str: "string", bool: "boolean", int: "integer", float: "number"}
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string literal (brackets inside it do not nest)
 _NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
 _OPENERS = frozenset(b"[{")
@@ -91,7 +92,23 @@ class InputSchema:
         return checked
 
     def describe(self) -> dict[str, str]:
+        """Each input's JSON kind in words ("a string", "an integer", ...), as errors and `GET /v1/plan` name it."""
         return {name: _kind(default) for name, default in self.defaults.items()}
+
+    def json_schema(self) -> dict[str, Any]:
+        """The `inputs` object this schema accepts, as JSON Schema: what `/openapi.json`, the dashboard's form and
+        the MCP tools publish for the pipeline.
+
+        Every input is a property typed by its captured default and required unless optional (an optional one
+        carries its default); an input JSON cannot carry is left out, since no request can give it.
+        """
+        properties: dict[str, Any] = {}
+        for name, default in self.defaults.items():
+            if (kind := _json_schema_of(default)) is not None:
+                properties[name] = {**kind, **({"default": default} if name in self.optional and _jsonable(default)
+                                               else {})}
+        required = [name for name in properties if name not in self.optional]
+        return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
 def parse_json(body: bytes) -> Any:
@@ -168,6 +185,26 @@ def _check_pickles(inputs: Mapping[str, Any]) -> None:
             except (RecursionError, pickle.PicklingError, TypeError, ValueError) as exc:
                 raise InputError(f"input {name!r} cannot be sent to a worker ({type(exc).__name__}: {exc}); "
                                  "send a flatter value") from None
+
+
+def _json_schema_of(default: Any) -> dict[str, Any] | None:
+    """The JSON Schema of the values `coerce` accepts for an input with this captured default; None: none."""
+    if default is None:
+        return {}
+    if isinstance(default, (list, tuple)):
+        return {"type": "array"}
+    if isinstance(default, dict):
+        return {"type": "object"}
+    kind = _SCHEMA_TYPES.get(type(default))
+    return None if kind is None else {"type": kind}
+
+
+def _jsonable(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _kind(default: Any) -> str:
