@@ -7,6 +7,7 @@ SIGSEGV a component sends itself, in a real worker process.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -19,7 +20,7 @@ from components import Crasher
 from test_deploy_local import _children, _cmdline, _stat, _wait_until
 
 import patchkit
-from patchkit.components.generators.llama.loading import choose_repack
+from patchkit.components.generators.llama.loading import apply_repack, choose_repack
 from patchkit.cpu import cpu_flags, has_amx
 from patchkit.errors import ComponentFailed, WorkerDiedError
 from patchkit.orchestrator.backend import signal_death
@@ -112,6 +113,25 @@ def test_llama_cpp_python_s_own_class_loads_through_the_same_choice(monkeypatch:
     assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is True  # put back after the load
     monkeypatch.setenv("PATCHKIT_CPU_FLAGS", PLAIN_HOST)
     assert open_llama(str(default_gguf_path()), n_ctx=256, verbose=False).model_params.use_extra_bufts is True
+
+
+class _OldModelParams(ctypes.Structure):  # llama_model_params before llama-cpp-python 0.3.15: no use_extra_bufts
+    _fields_ = [("n_gpu_layers", ctypes.c_int32), ("use_mmap", ctypes.c_bool)]
+
+
+class _ModelParams(ctypes.Structure):
+    _fields_ = [("n_gpu_layers", ctypes.c_int32), ("use_extra_bufts", ctypes.c_bool)]
+
+
+def test_repack_off_on_a_llama_cpp_python_without_the_field_is_an_error_naming_the_version(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PATCHKIT_CPU_FLAGS", AMX_HOST)
+    with pytest.raises(RuntimeError, match=r"use_extra_bufts.*llama-cpp-python>=0\.3\.15"):
+        apply_repack(_OldModelParams(), choose_repack())
+    assert apply_repack(_OldModelParams(), choose_repack(True)).n_gpu_layers == 0  # repacking is all it can do
+    params = apply_repack(_ModelParams(use_extra_bufts=True), choose_repack())
+    assert params.use_extra_bufts is False
 
 
 @pytest.mark.slow

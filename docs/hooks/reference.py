@@ -147,7 +147,7 @@ def openapi_document() -> str:
 def changelog() -> str:
     """CHANGELOG.md as a page of the site: written once, at the top of the repository, where GitHub shows it."""
     text = (ROOT / "CHANGELOG.md").read_text()
-    return text.replace("(docs/upgrading.md)", "(upgrading.md)")
+    return text.replace("(docs/upgrading.md", "(upgrading.md")  # the page itself, or an anchor in it
 
 
 MARKERS: dict[str, Callable[[], str]] = {CLI_MARKER: cli_help, METRICS_MARKER: metrics_table, GROUPS_MARKER: groups_table,

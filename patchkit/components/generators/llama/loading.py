@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from patchkit.cpu import AMX_FLAGS, cpu_flags
 
-__all__ = ["Repack", "RepackChoice", "choose_repack", "model_params", "open_llama", "run_module"]
+__all__ = ["Repack", "RepackChoice", "apply_repack", "choose_repack", "model_params", "open_llama", "run_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +83,25 @@ def choose_repack(repack: Repack = "auto", flags: frozenset[str] | None = None) 
 
 def model_params(lib: Any, choice: RepackChoice) -> Any:
     """llama.cpp's default model parameters (`lib` is the `llama_cpp` module) with `choice` applied."""
-    params = lib.llama_model_default_params()
-    params.use_extra_bufts = choice.repack
+    return apply_repack(lib.llama_model_default_params(), choice)
+
+
+def apply_repack(params: Any, choice: RepackChoice) -> Any:
+    """`params` (a `llama_model_params`) with its `use_extra_bufts` set as `choice` says.
+
+    A llama-cpp-python older than 0.3.15 has no such field, and ctypes would take the assignment as a plain
+    attribute: the weights would be repacked whatever `choice` says, and on an AMX CPU the first decode would
+    crash. So where repacking must be off and the field is missing, this raises instead.
+
+    Raises:
+        RuntimeError: repacking must be off and the installed llama-cpp-python cannot turn it off.
+    """
+    if "use_extra_bufts" in (name for name, *_ in type(params)._fields_):
+        params.use_extra_bufts = choice.repack
+    elif not choice.repack:
+        raise RuntimeError(
+            f"llama.cpp must load without weight repacking here ({choice.why}), but the installed llama-cpp-python "
+            f"has no use_extra_bufts parameter: install llama-cpp-python>=0.3.15 (pip install -U llama-cpp-python)")
     return params
 
 
@@ -122,9 +139,7 @@ def _default_params(choice: RepackChoice) -> Iterator[None]:
     original = lib.llama_model_default_params
 
     def defaults() -> Any:
-        params = original()
-        params.use_extra_bufts = choice.repack
-        return params
+        return apply_repack(original(), choice)
 
     with _DEFAULTS_LOCK:
         lib.llama_model_default_params = defaults
