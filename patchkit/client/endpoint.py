@@ -214,8 +214,9 @@ class Endpoint:
     def pipelines(self) -> list[dict[str, Any]]:
         """Each pipeline served, as `GET /v1/pipelines` lists it.
 
-        Name, version, digest, inputs, output, state ("ready", "unready", "starting", "draining"; an older version still ending
-        its requests: "retiring"), the components it calls and its requests in flight.
+        Name, version, digest, inputs, input_schema (the inputs object it takes, as JSON Schema), output, state ("ready",
+        "unready", "starting", "draining"; an older version still ending its requests: "retiring"), the components it calls
+        and its requests in flight.
         """
         result: list[dict[str, Any]] = self._request("GET", "/v1/pipelines")["pipelines"]
         return result

@@ -11,7 +11,7 @@
                      started, `data: {"error": {...}}`; with "steps": true too (or `?steps=true`), a
                      `data: {"step": {...}}` event as each component call starts and ends (serving/steps.py)
     POST /v1/query   the same, on the only pipeline (400 where several are served)
-    GET  /v1/pipelines   each pipeline served: name, version, digest, inputs, output, state, components
+    GET  /v1/pipelines   each pipeline served: name, version, digest, inputs, input_schema, output, state, components
     POST /v1/chat/completions, GET /v1/models   the OpenAI chat API, a pipeline per model (chat.py)
     GET  /health     as vLLM's: 200 with an empty body once every component has a replica passing its
                      health checks, else 503 (what load generators such as GuideLLM probe)
@@ -366,8 +366,12 @@ async def graph(request: web.Request) -> web.Response:
 
 
 async def pipelines(request: web.Request) -> web.Response:
-    """Each pipeline served, as `Frontend.describe` lists them."""
-    return _json(200, {"pipelines": request.app[_FRONTEND].describe()})
+    """Each pipeline served, as `Frontend.describe` lists them, with the JSON Schema of its inputs (`input_schema`:
+    what the dashboard's form is built from)."""
+    def schema(version: Version) -> dict[str, Any]:
+        return {"input_schema": schema_of(request.app, version).json_schema()}
+
+    return _json(200, {"pipelines": request.app[_FRONTEND].describe(schema)})
 
 
 async def plan(request: web.Request) -> web.Response:

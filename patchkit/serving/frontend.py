@@ -146,10 +146,10 @@ class Frontend:
         """Run pipeline `pipeline` (None: the only one) on `inputs`, on its version as of now (`RequestRunner.query`)."""
         return await self.route(pipeline).runner.query(inputs, slo_ms, request_id=request_id, on_delta=on_delta)
 
-    def describe(self) -> list[dict[str, Any]]:
+    def describe(self, extra: Callable[[Version], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Each pipeline served (`GET /v1/pipelines`), with its `state`: "ready" when each component it calls has
         a replica serving, else "unready", or "draining" once the endpoint stops; then each older version still
-        ending its requests ("retiring")."""
+        ending its requests ("retiring"). `extra`: more fields of each version's row (the server's own)."""
         rows = []
         for version in self._live():
             held = sorted(self.deployment.holds(version.pipeline))
@@ -160,7 +160,7 @@ class Frontend:
             else:
                 serving = all(any(r.alive for r in self.deployment.sets[name].replicas) for name in held)
                 state = "ready" if serving else "unready"
-            rows.append({**version.describe(), "state": state, "components": held})
+            rows.append({**version.describe(), "state": state, "components": held, **(extra(version) if extra else {})})
         return rows
 
     @property

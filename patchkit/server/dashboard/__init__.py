@@ -3,13 +3,15 @@ shipped in this package (no CDN, no build step), and the two routes that feed it
 
     GET /                 a short page linking to the dashboard and the API's routes
     GET /dashboard        the page; its script and style under /dashboard/ (public: they hold no data)
-    GET /v1/activity      the last requests with their calls' timings (`RequestSteps.timeline`), and the
-                          autoscaler's recent decisions
+    GET /v1/activity      the last requests with their calls' timings (`RequestSteps.timeline`), how many it
+                          keeps (`window`: the page's percentiles are over them), and the autoscaler's
+                          recent decisions
     GET /v1/graph.svg, /v1/pipelines/{name}/graph.svg   a pipeline's graph as patchkit draws it
 
-The page reads everything else from routes the API already serves (/v1/pipelines, /v1/stats,
-/v1/traces), and sends questions to the streaming query route with steps on. Every URL it uses is
-relative, so it works behind a proxy that serves the front-end under a path. Its data routes ask
+The page reads everything else from routes the API already serves (/v1/pipelines, each pipeline's
+`input_schema` the form's fields; /v1/stats), and sends questions, their inputs typed as that schema
+says, to the streaming query route with steps on. Every URL it uses is relative, so it works
+behind a proxy that serves the front-end under a path. Its data routes ask
 for the deployment's bearer token like every other route: the page asks for the token once, keeps it
 in the tab's sessionStorage, and sends it as an `Authorization` header; the files themselves are
 public (`PUBLIC_PATHS`), since a browser cannot send a header when it opens a page.
@@ -24,6 +26,7 @@ from aiohttp import web
 
 from patchkit.server.replies import error_reply, json_reply, request_id_of
 from patchkit.serving.frontend import Frontend
+from patchkit.serving.steps import RECENT_REQUESTS
 
 __all__ = ["PUBLIC_PATHS", "DashboardRoutes", "is_public"]
 
@@ -77,9 +80,11 @@ class DashboardRoutes:
         return web.Response(body=_asset(name), content_type=_FILES[name], charset="utf-8")
 
     async def activity(self, request: web.Request) -> web.Response:
-        """The last requests' calls (timings, batch, replica; never their data) and the autoscaler's decisions."""
+        """The last requests' calls (timings, batch, replica; never their data), at most `window` of them, and the
+        autoscaler's decisions."""
         decisions: list[dict[str, Any]] = list(self.frontend.deployment.autoscaler.recent)
-        return web.json_response({"requests": self.frontend.collector.recent.timelines(), "decisions": decisions[::-1]})
+        return web.json_response({"requests": self.frontend.collector.recent.timelines(), "window": RECENT_REQUESTS,
+                                  "decisions": decisions[::-1]})
 
     async def svg(self, request: web.Request) -> web.Response:
         """The graph of the only pipeline, or of `name`; 404 naming the pipelines served for another name."""
