@@ -70,7 +70,7 @@ from patchkit.server.request_ids import REQUEST_ID, check_request_id, new_reques
 from patchkit.serving.frontend import Frontend, RequestResult, Version
 from patchkit.serving.runner import FieldDelta, outcome_of
 
-__all__ = ["build_app", "error_reply"]
+__all__ = ["build_app", "describe_pipelines", "error_reply"]
 
 logger = logging.getLogger(__name__)
 
@@ -366,12 +366,17 @@ async def graph(request: web.Request) -> web.Response:
 
 
 async def pipelines(request: web.Request) -> web.Response:
-    """Each pipeline served, as `Frontend.describe` lists them, with the JSON Schema of its inputs (`input_schema`:
-    what the dashboard's form is built from)."""
-    def schema(version: Version) -> dict[str, Any]:
-        return {"input_schema": schema_of(request.app, version).json_schema()}
+    """Each pipeline served, as `describe_pipelines` lists them."""
+    return _json(200, {"pipelines": describe_pipelines(request.app)})
 
-    return _json(200, {"pipelines": request.app[_FRONTEND].describe(schema)})
+
+def describe_pipelines(app: web.Application) -> list[dict[str, Any]]:
+    """Each pipeline served, as `Frontend.describe` lists them, with the JSON Schema of its inputs (`input_schema`:
+    what the dashboard's form is built from); `GET /v1/pipelines` and `Endpoint.update()`'s reply."""
+    def schema(version: Version) -> dict[str, Any]:
+        return {"input_schema": schema_of(app, version).json_schema()}
+
+    return app[_FRONTEND].describe(schema)
 
 
 async def plan(request: web.Request) -> web.Response:

@@ -31,7 +31,7 @@ from patchkit.config.backends import make_backend
 from patchkit.errors import PatchkitError
 from patchkit.orchestrator.process import ChildSide, Message
 from patchkit.server.connections import EdgeRunner
-from patchkit.server.http import build_app
+from patchkit.server.http import build_app, describe_pipelines
 from patchkit.server.loop_lag import LoopLag
 from patchkit.server.request_ids import RequestIdFilter
 from patchkit.serving.frontend import Frontend
@@ -59,6 +59,7 @@ class FrontendServer:
         self.frontend = Frontend(pipelines, config, make_backend(config))
         self.loop_lag = LoopLag()
         self._runner: web.AppRunner | None = None
+        self._app = build_app(self.frontend, self.loop_lag)
         self.url = ""
 
     async def start(self) -> str:
@@ -79,7 +80,7 @@ class FrontendServer:
     async def _listen(self) -> str:
         read_timeout_s = self.config.server.read_timeout_s
         self._runner = EdgeRunner(
-            build_app(self.frontend, self.loop_lag),
+            self._app,
             access_log=None,
             handle_signals=False,
             keepalive_timeout=read_timeout_s,  # no complete request headers for this long: the connection closes
@@ -97,7 +98,7 @@ class FrontendServer:
     async def update(self, pipelines: Mapping[str, Pipeline], remove: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
         """`Frontend.update`; the versions it made, described as `GET /v1/pipelines` lists them."""
         versions = await self.frontend.update(pipelines, remove)
-        return {row["name"]: row for row in self.frontend.describe() if versions.get(row["name"]) is not None
+        return {row["name"]: row for row in describe_pipelines(self._app) if versions.get(row["name"]) is not None
                 and row["version"] == versions[row["name"]].number}
 
     async def close(self) -> None:
