@@ -30,14 +30,14 @@ import traceback
 from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from patchkit.program.identity import PipelineVersion
 from patchkit.program.origin import users_module
 
 if TYPE_CHECKING:
     from patchkit.program.pipeline import Pipeline
-    from patchkit.server.process import FrontendServer
+    from patchkit.serving.frontend import Frontend
 
 __all__ = ["POLL_S", "Reloader", "Watched", "imported_modules", "reason", "stamp"]
 
@@ -46,6 +46,14 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.5  # how often the files are looked at
 Stamp = tuple[int, int]  # a file's modification time (ns) and size: either changes on a write
 T = TypeVar("T")
+
+
+class Served(Protocol):
+    """What a reloader updates: the HTTP server's `FrontendServer`, or `patchkit mcp`'s `StdioServer`."""
+
+    frontend: Frontend
+
+    async def update(self, pipelines: dict[str, Pipeline]) -> dict[str, dict[str, Any]]: ...
 
 
 def stamp(path: Path) -> Stamp | None:
@@ -133,13 +141,13 @@ class Reloader:
         self.poll_s = poll_s
         self._modules: dict[str, _ModuleFile] = {}
         self._watch_modules(modules or {})
-        self._server: FrontendServer | None = None
+        self._server: Served | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = threading.Event()
         self._loaded: dict[str, PipelineVersion] = {}  # by pipeline: the version last loaded
         self._thread = threading.Thread(target=self._watch, name="patchkit-reload", daemon=True)
 
-    def start(self, server: FrontendServer) -> None:
+    def start(self, server: Served) -> None:
         """Start watching; called on `server`'s event loop, which its updates then run on."""
         self._server, self._loop = server, asyncio.get_running_loop()
         for watched in self.watched:
