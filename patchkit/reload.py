@@ -30,14 +30,17 @@ import traceback
 from collections.abc import Callable, Collection, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from patchkit.program.identity import PipelineVersion
 from patchkit.program.origin import users_module
 
 if TYPE_CHECKING:
     from patchkit.program.pipeline import Pipeline
-    from patchkit.serving.frontend import Frontend
+    from patchkit.server.mcp.stdio import StdioServer
+    from patchkit.server.process import FrontendServer
+
+    Served = FrontendServer | StdioServer  # what a reloader updates: `patchkit serve`'s server, or `patchkit mcp`'s
 
 __all__ = ["POLL_S", "Reloader", "Watched", "imported_modules", "reason", "stamp"]
 
@@ -46,14 +49,6 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.5  # how often the files are looked at
 Stamp = tuple[int, int]  # a file's modification time (ns) and size: either changes on a write
 T = TypeVar("T")
-
-
-class Served(Protocol):
-    """What a reloader updates: the HTTP server's `FrontendServer`, or `patchkit mcp`'s `StdioServer`."""
-
-    frontend: Frontend
-
-    async def update(self, pipelines: dict[str, Pipeline]) -> dict[str, dict[str, Any]]: ...
 
 
 def stamp(path: Path) -> Stamp | None:

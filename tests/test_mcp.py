@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -271,7 +272,6 @@ def test_mcp_takes_the_deployments_token(endpoint: patchkit.Endpoint) -> None:
 
 
 APP = '''\
-"""Shout the text back."""
 import os
 import patchkit
 from patchkit import Component, make
@@ -287,9 +287,17 @@ class Shout(Component):
 
 
 shout = Shout()
-text = "hi"
-with patchkit.capture(run=False) as pipeline:
-    loud = shout.shout(text)
+
+
+def shouting():
+    """Shout the text back."""
+    text = "hi"
+    with patchkit.capture(run=False) as pipeline:
+        return shout.shout(text)
+    return pipeline
+
+
+pipeline = shouting()
 '''
 
 
@@ -330,3 +338,12 @@ def test_patchkit_mcp_serves_over_stdio_and_stops_its_workers_when_stdin_closes(
     assert text.rstrip().endswith("stopped"), text[-2000:]  # it ended by itself, its workers stopped
     with pytest.raises(ProcessLookupError):
         os.kill(worker, 0)
+
+
+def test_the_mcp_client_example_lists_the_tools_and_calls_one() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "mcp_client.py")], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "tool notes: Runs the notes pipeline: calls search.search, answerer.answer" in done.stdout
+    assert "  step 4: answerer.answer done in " in done.stdout
+    assert "answer: {'answer': 'A generator function yields its values" in done.stdout

@@ -186,15 +186,12 @@ def capture(*, output: str | None = None, run: bool = True) -> Capture:
 
 
 def _docstring(code: types.CodeType, module_globals: dict[str, Any]) -> str | None:
-    """The docstring of the function whose code `code` is, or of the module for code at module level.
+    """The docstring of the function whose code `code` is, found by its qualified name in its module.
 
-    The function is found by its qualified name in its module; None where it has no docstring or cannot be
-    found (a nested function).
+    None for code at module level (a module's docstring tells of the script, not of its pipeline), and where
+    the function has none or cannot be found (a nested function).
     """
-    if code.co_name == "<module>":
-        found: object = module_globals.get("__doc__")
-        return inspect.cleandoc(found) if isinstance(found, str) and found.strip() else None
-    found = module_globals
+    found: object = module_globals if code.co_name != "<module>" else None
     for part in code.co_qualname.split("."):
         found = found.get(part) if isinstance(found, dict) else getattr(found, part, None)
     function = getattr(found, "__func__", found)

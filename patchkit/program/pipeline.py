@@ -47,8 +47,8 @@ class Pipeline:
         graph: the component calls with their data and control dependencies, and visit counts.
         recorded: the calls of its eager runs (the capture's, if it ran, and each `pipeline(...)`), up
             to 10,000, for profiling.
-        doc: the docstring of the function whose body holds the capture block (of the module, for a
-            block at module level), or None: what describes the pipeline as an MCP tool.
+        doc: the docstring of the function whose body holds the capture block, or None (a block at module
+            level): what describes the pipeline as an MCP tool.
     """
 
     def __init__(

@@ -1,7 +1,7 @@
 """Served pipelines as MCP tools (Model Context Protocol), through the official `mcp` SDK.
 
     pipeline         -> a tool of its name; its description the docstring of the function holding its
-                        capture block (of the module, at module level), else what its graph calls and returns
+                        capture block, else what its graph calls and returns
     its inputs       -> the tool's `inputSchema` (`InputSchema.json_schema`, as `/openapi.json` has them)
     a dict output    -> an `outputSchema` of its fields, the output as `structuredContent` (and as JSON text)
     tools/call       -> a query of the pipeline's version serving now, as `POST /v1/query` runs it: admission,

@@ -1,9 +1,12 @@
 """One aiohttp request answered by an ASGI application (the MCP SDK's Streamable HTTP handler), streaming included.
 
 The body has been read and decoded by the route (bounded as every body is, `http.read_body`) and is handed to
-the application whole; after it, `receive()` waits until the request ends (aiohttp cancels a handler whose
-client goes away, which cancels the application). The application's reply is written as it sends it: status
-and headers, then each body chunk as it comes (server-sent events), so nothing is buffered here.
+the application whole; after it, `receive()` waits until the client goes away, and then answers
+`http.disconnect`, as an ASGI server does. The application itself is not cancelled with the aiohttp handler
+(aiohttp cancels the handler of a client that goes away): it is told of the disconnect and ends its own way (the
+MCP SDK cancels the call the request carried, or keeps its session), and what it sends after is dropped. The
+reply is written as the application sends it: status and headers, then each body chunk as it comes
+(server-sent events), so nothing is buffered here.
 """
 
 from __future__ import annotations
@@ -27,7 +30,17 @@ async def call_asgi(app: ASGIApp, request: web.Request, body: bytes, headers: di
     """Run `app` on `request` (its `body` as read and decoded); `headers` are added to the request's (an id the
     edge made) and to the reply's. Returns the reply, ended."""
     exchange = _Exchange(request, headers)
-    await app(_scope(request, body, headers), _receiver(body), exchange.send)
+    running = asyncio.ensure_future(app(_scope(request, body, headers), exchange.receive(body), exchange.send))
+    try:
+        await asyncio.shield(running)
+    except asyncio.CancelledError:
+        exchange.disconnect()  # the client went away: the application hears of it, and ends
+        try:
+            await running
+        except asyncio.CancelledError:  # cancelled again (the server stopping): stop it
+            running.cancel()
+            raise
+        raise
     return await exchange.finish()
 
 
@@ -53,22 +66,6 @@ def _scope(request: web.Request, body: bytes, headers: dict[str, str]) -> dict[s
     }
 
 
-def _receiver(body: bytes) -> Callable[[], Awaitable[Message]]:
-    """The body in one message; then a wait for the request's end, answered `http.disconnect`."""
-    given = False
-    ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    async def receive() -> Message:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await ended  # cancelled with the handler when the client goes away
-        return {"type": "http.disconnect"}
-
-    return receive
-
-
 class _Exchange:
     """The reply, written as the application sends it."""
 
@@ -77,8 +74,36 @@ class _Exchange:
         self._headers = headers
         self._response: web.StreamResponse | None = None
         self._ended = False
+        self._gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def receive(self, body: bytes) -> Callable[[], Awaitable[Message]]:
+        """The body in one message; then a wait for the client to go away, answered `http.disconnect`."""
+        given = False
+
+        async def receive() -> Message:
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await asyncio.shield(self._gone)
+            return {"type": "http.disconnect"}
+
+        return receive
+
+    def disconnect(self) -> None:
+        """The client went away: `receive` answers `http.disconnect`, and what is sent from now on is dropped."""
+        if not self._gone.done():
+            self._gone.set_result(None)
 
     async def send(self, message: Message) -> None:
+        if self._gone.done():
+            return
+        try:
+            await self._write(message)
+        except ConnectionError:  # the client went away while it was written
+            self.disconnect()
+
+    async def _write(self, message: Message) -> None:
         if message["type"] == "http.response.start":
             response = web.StreamResponse(status=message["status"])
             for name, value in message.get("headers", ()):
@@ -98,7 +123,7 @@ class _Exchange:
     async def finish(self) -> web.StreamResponse:
         if self._response is None:
             raise RuntimeError("the MCP handler sent no reply")
-        if not self._ended:
+        if not self._ended and not self._gone.done():
             self._ended = True
             await self._response.write_eof()
         return self._response
