@@ -5,7 +5,7 @@ components, so it runs anywhere in a second. `python examples/mcp_client.py` dep
 `/mcp` route as a hosted agent would: it lists the tools (each pipeline's name, description and input
 schema), calls the pipeline's tool with a progress callback (each component call is a step), and prints the
 answer. Given a URL (`python examples/mcp_client.py http://host:8000/mcp`) it asks that deployment instead,
-with the token in PATCHKIT_AUTH_TOKEN when the deployment has one. Needs `pip install 'patchkit-rag[mcp]'`.
+with the token in PATCHKIT_AUTH_TOKEN when the deployment has one. Needs the `mcp` extra (`pip install -e '.[mcp]'`).
 """
 
 from __future__ import annotations

@@ -192,14 +192,15 @@ def test_a_pipelines_error_is_a_tool_error_with_its_message_and_no_traceback(end
     assert "Traceback" not in text and "File " not in text
 
 
-def test_a_call_reports_its_steps_as_progress(endpoint: patchkit.Endpoint) -> None:
+@pytest.mark.parametrize("mode", MODES)
+def test_a_call_reports_its_steps_as_progress(endpoint: patchkit.Endpoint, mode: str) -> None:
     seen: list[tuple[float, str | None]] = []
 
     async def progress(done: float, total: float | None, message: str | None) -> None:
         seen.append((done, message))
 
     async def called() -> types.CallToolResult:
-        async with http_client(endpoint) as client:
+        async with http_client(endpoint, mode) as client:
             return await client.call_tool("answer", {"question": "q", "words": 3}, progress_callback=progress)
 
     assert not run(called()).is_error

@@ -14,7 +14,7 @@
 
 Two transports serve one `PipelineTools` (tools.py): Streamable HTTP at `/mcp` on the front-end's HTTP server
 (routes.py, bridged to aiohttp by asgi.py) and stdin/stdout for `patchkit mcp` (stdio.py). Only tools.py and
-what it starts import the SDK (`pip install 'patchkit-rag[mcp]'`).
+what it starts import the SDK (the `mcp` extra: `pip install -e '.[mcp]'`).
 """
 
 from patchkit.server.mcp.routes import PATH, McpRoutes

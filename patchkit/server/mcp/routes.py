@@ -28,7 +28,7 @@ __all__ = ["PATH", "McpRoutes"]
 logger = logging.getLogger(__name__)
 
 PATH = "/mcp"
-INSTALL = "pip install 'patchkit-rag[mcp]'"
+INSTALL = "pip install -e '.[mcp]' in patchkit's checkout"
 ReadBody = Callable[[web.Request, Callable[[bytes], Awaitable[web.StreamResponse]]], Awaitable[web.StreamResponse]]
 
 

@@ -70,7 +70,8 @@ class PipelineTools:
         self._changes: set[asyncio.Task[None]] = set()
         self._stop_listening: Callable[[], None] | None = None
         self.server = _ToolsServer("patchkit", instructions=INSTRUCTIONS, on_list_tools=self.list_tools,
-                                   on_call_tool=self.call_tool, on_subscriptions_listen=self._listen)
+                                   on_call_tool=self.call_tool, on_subscriptions_listen=self._listen,
+                                   get_tool_input_schema=self.input_schema)
         self.server.middleware.append(self._remember)
 
     # -- lifetime ---------------------------------------------------------------------------------------------
@@ -120,6 +121,11 @@ class PipelineTools:
                                               input_schema=self._schema(version).json_schema(),
                                               output_schema=output_schema(version))
         return self._tools[version]
+
+    def input_schema(self, name: str) -> dict[str, Any] | None:
+        """The `inputSchema` of tool `name` (None: no such tool), read by the SDK to check a call's headers."""
+        version = self.frontend.versions.get(name)
+        return self.tool(version).input_schema if version is not None else None
 
     async def call_tool(self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
                         ) -> types.CallToolResult:
