@@ -348,3 +348,20 @@ def test_the_mcp_client_example_lists_the_tools_and_calls_one() -> None:
     assert "tool notes: Runs the notes pipeline: calls search.search, answerer.answer" in done.stdout
     assert "  step 4: answerer.answer done in " in done.stdout
     assert "answer: {'answer': 'A generator function yields its values" in done.stdout
+
+
+def test_without_the_mcp_package_the_route_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    with patchkit.deploy(napping(), backend="inprocess") as fresh:  # its MCP server not started yet
+        monkeypatch.setitem(sys.modules, "mcp.server.streamable_http_manager", None)  # as if not installed
+        body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        accept = {"Accept": "application/json, text/event-stream"}
+        missing = httpx.post(fresh.url + "/mcp", json=body, headers=accept, timeout=30)
+        monkeypatch.undo()
+
+        async def listed() -> list[str]:
+            async with Client(fresh.url + "/mcp") as client:
+                return [tool.name for tool in (await client.list_tools()).tools]
+
+        after = run(listed())
+    assert missing.status_code == 501 and "pip install -e '.[mcp]'" in missing.json()["error"]["message"]
+    assert after == ["patchkit"]  # once installed, the next request starts it

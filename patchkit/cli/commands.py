@@ -169,8 +169,9 @@ def _mcp(args: argparse.Namespace) -> int:
     """`patchkit mcp`: `serve`'s targets and options, the tools over stdin/stdout, until the client closes stdin."""
     import asyncio
 
-    from patchkit.server.mcp.stdio import StdioServer, divert_stdout
+    from patchkit.server.mcp.stdio import StdioServer, divert_stdout, require_sdk
 
+    require_sdk()  # before the targets load: they may take a while
     wire = divert_stdout()  # first: whatever loads, prints or starts from here on writes to stderr
     served = _load_served(args)
     targets, reloader = served.targets, served.reloader

@@ -23,7 +23,7 @@ from patchkit.serving.frontend import Frontend, Version
 if TYPE_CHECKING:
     from patchkit.server.mcp.tools import PipelineTools
 
-__all__ = ["PATH", "McpRoutes"]
+__all__ = ["INSTALL", "PATH", "McpRoutes"]
 
 logger = logging.getLogger(__name__)
 

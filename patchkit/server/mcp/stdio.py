@@ -17,14 +17,25 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from patchkit import telemetry
 from patchkit.config import DeploymentConfig
 from patchkit.config.backends import make_backend
+from patchkit.errors import PatchkitError
+from patchkit.server.mcp.routes import INSTALL
 from patchkit.serving.frontend import Frontend
 
 if TYPE_CHECKING:
     from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
-__all__ = ["StdioServer", "divert_stdout"]
+__all__ = ["StdioServer", "divert_stdout", "require_sdk"]
 
 logger = logging.getLogger(__name__)
+
+
+def require_sdk() -> None:
+    """Raise PatchkitError, saying what to install, where the `mcp` package is not installed."""
+    try:
+        import mcp.server.stdio  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise PatchkitError(f"patchkit mcp needs the mcp package, which is not installed ({exc}): "
+                            f"{INSTALL}") from None
 
 
 def divert_stdout() -> BinaryIO:
