@@ -1,5 +1,5 @@
-"""`patchkit serve --reload`: each served pipeline's file, and the user's modules the pipelines import, watched;
-a pipeline served again when what it reads changes.
+"""`patchkit serve --reload` and `patchkit mcp --reload`: each served pipeline's file, and the user's modules the
+pipelines import, watched; a pipeline served again when what it reads changes.
 
 A thread polls the files' modification times and sizes (no dependency; an editor's save is seen within
 about two polls). The files are each target's own (its script, or its module's file) and those of the
@@ -129,7 +129,7 @@ class Reloader:
 
     Made by `patchkit serve --reload`; `start` is called on the server's event loop once it serves (by
     `serve_blocking`'s `on_ready`), `stop` once `serve_blocking` has returned. Reloads run one at a time, in
-    the watching thread; only `FrontendServer.update` runs on the server's loop."""
+    the watching thread; only the server's `update` runs on its loop."""
 
     def __init__(self, watched: Sequence[Watched], modules: dict[str, Path] | None = None, *, poll_s: float = POLL_S) -> None:
         self.watched = list(watched)
