@@ -324,21 +324,26 @@ def test_patchkit_mcp_serves_over_stdio_and_stops_its_workers_when_stdin_closes(
     (tmp_path / "app.py").write_text(APP)
     log = tmp_path / "mcp.log"
 
-    async def session() -> tuple[list[types.Tool], types.CallToolResult]:
-        async with stdio(tmp_path, log, "app=app.py", "--backend", "local") as client:
-            return (await client.list_tools()).tools, await client.call_tool("app", {"text": "hello"})
+    async def session() -> tuple[list[types.Tool], list[dict[str, Any]]]:
+        async with stdio(tmp_path, log, "app=app.py", "--backend", "local", "--reload") as client:
+            tools = (await client.list_tools()).tools
+            first = await client.call_tool("app", {"text": "hello"})
+            async with client.listen(tools_list_changed=True) as events:
+                (tmp_path / "app.py").write_text(APP.replace("text.upper()", 'text.upper() + "!"'))  # an edit
+                with anyio.fail_after(60):
+                    await events.__anext__()  # --reload served it as the next version
+            second = await client.call_tool("app", {"text": "hello"})
+            return tools, [json.loads(called.content[0].text) for called in (first, second)]  # type: ignore[union-attr]
 
-    tools, called = run(session())
+    tools, outputs = run(session())
     assert [(tool.name, tool.description) for tool in tools] == [("app", "Shout the text back.")]
-    assert not called.is_error
-    output = called.structured_content
-    assert output is None or output["text"] == "HELLO"
-    worker = int(json.loads(called.content[0].text)["pid"])  # type: ignore[union-attr]
+    assert [output["text"] for output in outputs] == ["HELLO", "HELLO!"]
     text = log.read_text()
-    assert "loading the app" in text and "shouting hello" in text  # on stderr
-    assert text.rstrip().endswith("stopped"), text[-2000:]  # it ended by itself, its workers stopped
-    with pytest.raises(ProcessLookupError):
-        os.kill(worker, 0)
+    assert "loading the app" in text and "shouting hello" in text  # on stderr, not on the client's stdout
+    assert text.rstrip().endswith("stopped"), text[-2000:]  # it ended by itself once stdin closed
+    for worker in {output["pid"] for output in outputs}:  # and its workers, the old version's and the new one's
+        with pytest.raises(ProcessLookupError):
+            os.kill(worker, 0)
 
 
 def test_the_mcp_client_example_lists_the_tools_and_calls_one() -> None:
