@@ -12,12 +12,15 @@ reply is written as the application sends it: status and headers, then each body
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from aiohttp import web
 
 __all__ = ["ASGIApp", "call_asgi"]
+
+logger = logging.getLogger(__name__)
 
 Message = MutableMapping[str, Any]
 ASGIApp = Callable[[MutableMapping[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]],
@@ -33,6 +36,10 @@ async def call_asgi(app: ASGIApp, request: web.Request, body: bytes, headers: di
     running = asyncio.ensure_future(app(_scope(request, body, headers), exchange.receive(body), exchange.send))
     try:
         await asyncio.shield(running)
+    except Exception:
+        if not exchange.started:
+            raise  # the route answers it, as any route's error
+        logger.exception("the MCP handler failed after its reply began; the reply ends here")
     except asyncio.CancelledError:
         exchange.disconnect()  # the client went away: the application hears of it, and ends
         try:
@@ -40,6 +47,8 @@ async def call_asgi(app: ASGIApp, request: web.Request, body: bytes, headers: di
         except asyncio.CancelledError:  # cancelled again (the server stopping): stop it
             running.cancel()
             raise
+        except Exception:  # nobody is there to answer
+            logger.debug("the MCP handler failed after its client went away", exc_info=True)
         raise
     return await exchange.finish()
 
@@ -75,6 +84,11 @@ class _Exchange:
         self._response: web.StreamResponse | None = None
         self._ended = False
         self._gone: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def started(self) -> bool:
+        """Whether the reply's status and headers have gone out."""
+        return self._response is not None
 
     def receive(self, body: bytes) -> Callable[[], Awaitable[Message]]:
         """The body in one message; then a wait for the client to go away, answered `http.disconnect`."""
