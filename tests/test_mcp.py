@@ -109,9 +109,10 @@ def endpoint() -> Iterator[patchkit.Endpoint]:
 
 
 @asynccontextmanager
-async def http_client(endpoint: patchkit.Endpoint, mode: str = "auto", **options: Any) -> AsyncIterator[Client]:
-    """The SDK's client of the deployment's `/mcp`, with its token, in `mode` ("auto": the 2026 era)."""
-    headers = {"Authorization": f"Bearer {TOKEN}"}
+async def http_client(endpoint: patchkit.Endpoint, mode: str = "auto", headers: dict[str, str] | None = None,
+                      **options: Any) -> AsyncIterator[Client]:
+    """The SDK's client of the deployment's `/mcp`, with its token (and `headers`), in `mode` ("auto": the 2026 era)."""
+    headers = {"Authorization": f"Bearer {TOKEN}", **(headers or {})}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30, read=300)) as http:
         async with Client(streamable_http_client(endpoint.url + "/mcp", http_client=http), mode=mode, **options) as client:
             yield client
@@ -153,7 +154,7 @@ def test_a_call_answers_what_the_query_route_answers(endpoint: patchkit.Endpoint
     inputs = {"question": "What does yield do?", "words": 5}
 
     async def called() -> tuple[types.CallToolResult, types.CallToolResult]:
-        async with http_client(endpoint, mode) as client:
+        async with http_client(endpoint, mode, {"X-Request-ID": f"mcp-{mode}"}) as client:
             return await client.call_tool("answer", inputs), await client.call_tool("nap", {"seconds": 0.01})
 
     structured, text = run(called())
@@ -161,7 +162,7 @@ def test_a_call_answers_what_the_query_route_answers(endpoint: patchkit.Endpoint
     assert not structured.is_error and structured.structured_content == expected
     assert isinstance(structured.content[0], types.TextContent)
     assert json.loads(structured.content[0].text) == expected  # and as JSON text, for clients that read text only
-    assert structured.meta is not None and structured.meta["patchkit/request_id"]
+    assert structured.meta is not None and structured.meta["patchkit/request_id"] == f"mcp-{mode}"  # the client's id
     assert not text.is_error and text.content == [types.TextContent(text="woke")]  # a str output, as it is
 
 
