@@ -1,5 +1,5 @@
-"""`patchkit serve --reload`: each served pipeline's file, and the user's modules the pipelines import, watched;
-a pipeline served again when what it reads changes.
+"""`patchkit serve --reload` and `patchkit mcp --reload`: each served pipeline's file, and the user's modules the
+pipelines import, watched; a pipeline served again when what it reads changes.
 
 A thread polls the files' modification times and sizes (no dependency; an editor's save is seen within
 about two polls). The files are each target's own (its script, or its module's file) and those of the
@@ -37,7 +37,10 @@ from patchkit.program.origin import users_module
 
 if TYPE_CHECKING:
     from patchkit.program.pipeline import Pipeline
+    from patchkit.server.mcp.stdio import StdioServer
     from patchkit.server.process import FrontendServer
+
+    Served = FrontendServer | StdioServer  # what a reloader updates: `patchkit serve`'s server, or `patchkit mcp`'s
 
 __all__ = ["POLL_S", "Reloader", "Watched", "imported_modules", "reason", "stamp"]
 
@@ -126,20 +129,20 @@ class Reloader:
 
     Made by `patchkit serve --reload`; `start` is called on the server's event loop once it serves (by
     `serve_blocking`'s `on_ready`), `stop` once `serve_blocking` has returned. Reloads run one at a time, in
-    the watching thread; only `FrontendServer.update` runs on the server's loop."""
+    the watching thread; only the server's `update` runs on its loop."""
 
     def __init__(self, watched: Sequence[Watched], modules: dict[str, Path] | None = None, *, poll_s: float = POLL_S) -> None:
         self.watched = list(watched)
         self.poll_s = poll_s
         self._modules: dict[str, _ModuleFile] = {}
         self._watch_modules(modules or {})
-        self._server: FrontendServer | None = None
+        self._server: Served | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopped = threading.Event()
         self._loaded: dict[str, PipelineVersion] = {}  # by pipeline: the version last loaded
         self._thread = threading.Thread(target=self._watch, name="patchkit-reload", daemon=True)
 
-    def start(self, server: FrontendServer) -> None:
+    def start(self, server: Served) -> None:
         """Start watching; called on `server`'s event loop, which its updates then run on."""
         self._server, self._loop = server, asyncio.get_running_loop()
         for watched in self.watched:

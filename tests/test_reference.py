@@ -156,7 +156,7 @@ def test_the_cli_page_shows_the_help_of_patchkit_and_of_each_command() -> None:
     assert hook.CLI_MARKER in (ROOT / "docs" / "reference" / "cli.md").read_text()
     shown = hook.cli_help()
     commands = dict(hook._commands(parser()))
-    assert set(commands) == {"serve", "plan", "demo", "bench", "doctor"}
+    assert set(commands) == {"serve", "mcp", "plan", "demo", "bench", "doctor"}
     for title in ["patchkit", *(f"patchkit {name}" for name in commands)]:
         assert f"$ {title} --help\nusage: {title} " in shown, title
     assert "--batch-wait-ms" in shown and "config file (--config deploy.yaml" in shown  # an option's flag; the file's keys

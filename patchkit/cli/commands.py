@@ -1,4 +1,4 @@
-"""The `patchkit` command's parser and its commands: serve, plan, demo, bench and doctor (see `patchkit.cli`)."""
+"""The `patchkit` command's parser and its commands: serve, mcp, plan, demo, bench and doctor (see `patchkit.cli`)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import logging
 import secrets
 import sys
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from patchkit.cli.targets import Target, load_pipeline, serve_targets, source_file
 
 if TYPE_CHECKING:
+    from patchkit.config import DeploymentConfig
     from patchkit.program.pipeline import Pipeline
     from patchkit.reload import Reloader
     from patchkit.scheduler.offline.plan import Plan
@@ -99,13 +101,23 @@ def serve_settings(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def _serve(args: argparse.Namespace) -> int:
+@dataclass(frozen=True)
+class _Served:
+    """What `patchkit serve` and `patchkit mcp` serve: the targets, their pipelines, the config, the reloader."""
+
+    targets: list[Target]
+    pipelines: Pipeline | dict[str, Pipeline]
+    config: DeploymentConfig
+    reloader: Reloader | None
+
+
+def _load_served(args: argparse.Namespace) -> _Served:
+    """The targets and options of `serve` and `mcp`, checked, the pipelines loaded and stamped, the config resolved."""
     from patchkit.config import DeploymentConfig
     from patchkit.config import file as config_file
     from patchkit.config.deployment import served_components
     from patchkit.program.pipeline import stamp
     from patchkit.scheduler.offline.planner import plan
-    from patchkit.server.process import FrontendServer, serve_blocking
 
     values = serve_settings(args)
     options = {k: v for k, v in values.items() if k not in config_file.FILE_ONLY}
@@ -129,6 +141,14 @@ def _serve(args: argparse.Namespace) -> int:
         logging.getLogger(__name__).warning("the pipelines' weights are read with plan: auto only; without it they do nothing")
     config = DeploymentConfig.resolve(pipelines, secret=secrets.token_urlsafe(32), **arguments)
     reloader = _reloader(targets, sources, stamps, None if isinstance(pipelines, Mapping) else config.chat.name, before)
+    return _Served(targets, pipelines, config, reloader)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from patchkit.server.process import FrontendServer, serve_blocking
+
+    served = _load_served(args)
+    targets, reloader = served.targets, served.reloader
 
     def ready(server: FrontendServer) -> None:
         shown = ", ".join(target.label(with_name=len(targets) > 1) for target in targets)
@@ -137,11 +157,38 @@ def _serve(args: argparse.Namespace) -> int:
             reloader.start(server)
 
     try:
-        serve_blocking(pipelines, config, ready)
+        serve_blocking(served.pipelines, served.config, ready)
     finally:
         if reloader is not None:
             reloader.stop()
     print("patchkit: stopped", flush=True)
+    return 0
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    """`patchkit mcp`: `serve`'s targets and options, the tools over stdin/stdout, until the client closes stdin."""
+    import asyncio
+
+    from patchkit.server.mcp.stdio import StdioServer, divert_stdout, require_sdk
+
+    require_sdk()  # before the targets load: they may take a while
+    wire = divert_stdout()  # first: whatever loads, prints or starts from here on writes to stderr
+    served = _load_served(args)
+    targets, reloader = served.targets, served.reloader
+    log = logging.getLogger(__name__)
+
+    def ready(server: StdioServer) -> None:
+        shown = ", ".join(target.label(with_name=len(targets) > 1) for target in targets)
+        log.info("serving %s as MCP tools over stdin and stdout (closing stdin stops)", shown)
+        if reloader is not None:
+            reloader.start(server)
+
+    try:
+        asyncio.run(StdioServer(served.pipelines, served.config, wire).serve(ready))
+    finally:
+        if reloader is not None:
+            reloader.stop()
+    log.info("stopped")
     return 0
 
 
@@ -221,6 +268,23 @@ def _doctor_command(commands: Any) -> None:
     doctor.add_argument("--crash-check", action="append", choices=[c.name for c in CHECKS], help=argparse.SUPPRESS)
 
 
+def _served_arguments(command: argparse.ArgumentParser) -> None:
+    """The targets and options `serve` and `mcp` take."""
+    command.add_argument("targets", nargs="*", metavar="[NAME=]FILE.py|module:attribute",
+                         help="a Python script with a `with patchkit.capture():` block, or a module's Pipeline object; "
+                              "several are served by name (NAME=, else the file's stem or the attribute's name) at "
+                              "/v1/pipelines/NAME/query; or none, and the config file's `pipelines:`")
+    command.add_argument("--reload", action="store_true",
+                         help="when a target's file changes, load it again and serve it as the pipeline's next version "
+                              "(a failed reload is logged and the version before keeps serving)")
+    command.add_argument("--config", default=None, metavar="FILE", help="deploy options from a YAML, JSON or TOML file (below)")
+    for name in OPTION_FLAGS:
+        _option_flag(command, name)
+    for name, kind in (("replicas", int), ("batch_size", int), ("plan", str)):
+        _file_flag(command, name, kind)
+    command.add_argument("--resources", default=None, help="with --plan auto: the pool, as cpu=5,gpu=2 (default: this machine)")
+
+
 def parser() -> argparse.ArgumentParser:
     """Every command's arguments; `patchkit serve --help` lists the config file's keys."""
     root = argparse.ArgumentParser(prog="patchkit", description="Serve RAG pipelines written in plain Python.")
@@ -231,19 +295,13 @@ def parser() -> argparse.ArgumentParser:
         "serve", help="serve pipelines (a script's capture, or module:attribute), each by name, until Ctrl-C",
         epilog=describe_config_file(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    serve.add_argument("targets", nargs="*", metavar="[NAME=]FILE.py|module:attribute",
-                       help="a Python script with a `with patchkit.capture():` block, or a module's Pipeline object; "
-                            "several are served by name (NAME=, else the file's stem or the attribute's name) at "
-                            "/v1/pipelines/NAME/query; or none, and the config file's `pipelines:`")
-    serve.add_argument("--reload", action="store_true",
-                       help="when a target's file changes, load it again and serve it as the pipeline's next version "
-                            "(a failed reload is logged and the version before keeps serving)")
-    serve.add_argument("--config", default=None, metavar="FILE", help="deploy options from a YAML, JSON or TOML file (below)")
-    for name in OPTION_FLAGS:
-        _option_flag(serve, name)
-    for name, kind in (("replicas", int), ("batch_size", int), ("plan", str)):
-        _file_flag(serve, name, kind)
-    serve.add_argument("--resources", default=None, help="with --plan auto: the pool, as cpu=5,gpu=2 (default: this machine)")
+    _served_arguments(serve)
+    mcp = commands.add_parser(
+        "mcp", help="serve pipelines as MCP tools over stdin and stdout (for MCP clients that start their servers), "
+                    "until the client closes stdin; the targets and options of serve",
+        epilog=describe_config_file(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _served_arguments(mcp)
     planner = commands.add_parser("plan", help="profile a script's pipeline and print the plan that maximises its throughput")
     planner.add_argument("target", metavar="FILE.py|module:attribute",
                          help="a Python script with a `with patchkit.capture():` block that runs eagerly, or a Pipeline object")
@@ -274,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     try:  # every error patchkit raises on purpose is one line and exit status 2; a traceback is a bug
         if args.command == "serve":
             return _serve(args)
+        if args.command == "mcp":
+            return _mcp(args)
         if args.command == "plan":
             return _plan(args)
         if args.command == "bench":

@@ -11,6 +11,7 @@ with `run=False` the body is skipped and nothing runs or loads.
 
 from __future__ import annotations
 
+import inspect
 import sys
 import threading
 import types
@@ -127,6 +128,7 @@ class Capture:
         graph = build_graph(block, variables.inputs, variables.bindings, frame.f_globals, output_name)
         parallel = _parallel(code, frame.f_lasti, block, graph, params, output_name, frame.f_globals)
         self._pipeline = Pipeline(program, variables.inputs, variables.bindings, output_label, graph, parallel)
+        self._pipeline.doc = _docstring(code, frame.f_globals)
         _active.depth = 1
         if self._run:
             self._recorder = Recorder()
@@ -181,3 +183,18 @@ def capture(*, output: str | None = None, run: bool = True) -> Capture:
             (naming the file, line and construct, with what to write instead).
     """
     return Capture(output, run)
+
+
+def _docstring(code: types.CodeType, module_globals: dict[str, Any]) -> str | None:
+    """The docstring of the function whose code `code` is, found by its qualified name in its module.
+
+    None for code at module level (a module's docstring tells of the script, not of its pipeline), and where
+    the function has none or cannot be found (a nested function).
+    """
+    found: object = module_globals if code.co_name != "<module>" else None
+    for part in code.co_qualname.split("."):
+        found = found.get(part) if isinstance(found, dict) else getattr(found, part, None)
+    function = getattr(found, "__func__", found)
+    if getattr(function, "__code__", None) is not code:
+        return None
+    return inspect.getdoc(function)

@@ -47,6 +47,8 @@ class Pipeline:
         graph: the component calls with their data and control dependencies, and visit counts.
         recorded: the calls of its eager runs (the capture's, if it ran, and each `pipeline(...)`), up
             to 10,000, for profiling.
+        doc: the docstring of the function whose body holds the capture block, or None (a block at module
+            level): what describes the pipeline as an MCP tool.
     """
 
     def __init__(
@@ -65,6 +67,7 @@ class Pipeline:
         self.output = output
         self.graph = graph
         self.recorded: list[CallRecord] = []
+        self.doc: str | None = None
         self._lock = threading.Lock()
         self._component_globals: tuple[tuple[str, str, str], ...] = ()  # set when it is pickled: see component_aliases
         self._stamped: PipelineVersion | None = None  # set by stamp(), where the user's code is; travels with it

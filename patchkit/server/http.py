@@ -28,6 +28,7 @@
     GET  /v1/traces  the last finished requests with an SLO
     GET  /, /dashboard, /v1/activity, /v1/graph.svg   the dashboard (server/dashboard/), its files public
     GET  /openapi.json   this API as an OpenAPI 3.1 document (openapi.py), its pipelines' inputs included
+    GET, POST, DELETE /mcp   the pipelines as MCP tools over Streamable HTTP, a tools/call run as a query (mcp/)
 
 Every reply carries the request's id in its `X-Request-ID` header: the client's own (1 to 200
 printable ASCII characters, else 400), else a fresh one; query replies and errors carry it in their
@@ -63,6 +64,7 @@ from patchkit.server.dashboard import DashboardRoutes, is_public
 from patchkit.server.events import EventStream, pump
 from patchkit.server.inputs import InputSchema, QueryBody, output_json
 from patchkit.server.loop_lag import LoopLag
+from patchkit.server.mcp import McpRoutes
 from patchkit.server.metrics import CONTENT_TYPE, DeploymentMetrics
 from patchkit.server.openapi import document
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of, set_request_id
@@ -84,7 +86,7 @@ _SCHEMAS = web.AppKey("schemas", weakref.WeakKeyDictionary)  # Version -> its In
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
 _BODIES = web.AppKey("bodies", BodyBudget)
 _ROUTES = ("POST /v1/query, /v1/pipelines/{name}/query, /v1/chat/completions, GET /health, /healthz, /readyz, /metrics, "
-           "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/activity, /v1/models, /dashboard, /openapi.json")
+           "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/activity, /v1/models, /dashboard, /openapi.json, /mcp")
 VERSION_HEADER = "X-Pipeline-Version"
 _PROBES = ("/health", "/healthz", "/readyz")  # answered from the start, and without the token
 
@@ -432,4 +434,5 @@ def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Applic
     app.router.add_get("/openapi.json", openapi)
     ChatRoutes(frontend, read_body).add_to(app.router)
     DashboardRoutes(frontend).add_to(app.router)
+    McpRoutes(frontend, read_body, lambda version: schema_of(app, version)).add_to(app)
     return app

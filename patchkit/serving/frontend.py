@@ -11,7 +11,8 @@ their `setup()` done) before any request reaches them, then the version takes ev
 after; a request runs wholly on the version it started with, and the components no version in use
 calls any more are stopped once the requests on the old version have ended. An update that fails at
 any step before its switch stops what it started; a retired version leaves the front-end's memory and
-its request counts join its pipeline's "retired" ones.
+its request counts join its pipeline's "retired" ones. Whoever shows the list of pipelines (the MCP tools)
+hears of each change that update makes through `on_change`.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ class Frontend:
         self._initial = dict(pipelines) if isinstance(pipelines, Mapping) else {config.chat.name: pipelines}
         self._updating = asyncio.Lock()
         self._releases: set[asyncio.Task[None]] = set()
+        self._listeners: dict[object, Callable[[], object]] = {}  # `on_change`'s, by a token of their own
         # What the server calls, each answered by the part it belongs to.
         self.healthy = self.collector.healthy
         self.snapshot = self.collector.snapshot
@@ -172,6 +174,29 @@ class Frontend:
         return [*self.versions.values(), *self._retiring]
 
     # -- updates ------------------------------------------------------------------------------------------------
+    def on_change(self, listener: Callable[[], object]) -> Callable[[], None]:
+        """Call `listener()` on this loop each time an update changes what new requests run on: a new version of
+        a pipeline, a pipeline added or removed, or a failed update switching back. Called once per update,
+        after its switch; an exception it raises is logged and the others are still called.
+
+        Returns:
+            A function that stops the calls (the MCP server's, when it stops).
+        """
+        token = object()
+        self._listeners[token] = listener
+
+        def stop() -> None:
+            self._listeners.pop(token, None)
+
+        return stop
+
+    def _changed(self) -> None:
+        for listener in list(self._listeners.values()):
+            try:
+                listener()
+            except Exception:
+                logger.exception("a listener to the pipelines' changes failed")
+
     async def update(self, pipelines: Mapping[str, Pipeline], remove: Iterable[str] = ()) -> dict[str, Version]:
         """Serve `pipelines` (by name: a new version of one served, or one more), and stop serving `remove`.
 
@@ -239,6 +264,8 @@ class Frontend:
             self._switch(version.name, version)
         for name in remove:
             self._switch(name, None)
+        if not first:
+            self._changed()
         if held:
             await self._swap_after_switch(rolling, added, previous, held)
         if rolling.rolls:
@@ -285,6 +312,7 @@ class Frontend:
             if old is not None:
                 self._retiring.discard(old)
             self._switch(name, old)
+        self._changed()
         for name in rolling.rolls:
             self.deployment.fail_waiting(name, error)
         await self._roll_back(added, rolling)
