@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -18,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from test_deploy_local import _children
 
 pytest.importorskip("mcp", reason="the MCP tools need the mcp package: pip install -e '.[mcp]'")
 
@@ -343,6 +346,31 @@ def test_patchkit_mcp_serves_over_stdio_and_stops_its_workers_when_stdin_closes(
     assert "loading the app" in text and "shouting hello" in text  # on stderr, not on the client's stdout
     assert text.rstrip().endswith("stopped"), text[-2000:]  # it ended by itself once stdin closed
     for worker in {output["pid"] for output in outputs}:  # and its workers, the old version's and the new one's
+        with pytest.raises(ProcessLookupError):
+            os.kill(worker, 0)
+
+
+def test_patchkit_mcp_drains_and_stops_its_workers_on_sigterm_with_stdin_still_open(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    log = tmp_path / "mcp.log"
+    with log.open("w") as errlog:
+        server = subprocess.Popen([sys.executable, "-m", "patchkit.cli", "mcp", "app.py", "--backend", "local"],
+                                  cwd=tmp_path, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errlog)
+    try:
+        deadline = time.monotonic() + 60
+        while "serving app.py as MCP tools" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        workers = [child for child in _children(server.pid) if child != server.pid]
+        assert workers, log.read_text()[-2000:]
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=60) == 0, log.read_text()[-2000:]  # stdin is still open: the signal ended it
+    finally:
+        server.kill()
+        server.communicate()
+    text = log.read_text()
+    assert "SIGTERM arrived: draining" in text and text.rstrip().endswith("stopped"), text[-2000:]
+    for worker in workers:
         with pytest.raises(ProcessLookupError):
             os.kill(worker, 0)
 

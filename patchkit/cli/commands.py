@@ -169,10 +169,11 @@ def _mcp(args: argparse.Namespace) -> int:
     """`patchkit mcp`: `serve`'s targets and options, the tools over stdin/stdout, until the client closes stdin."""
     import asyncio
 
-    from patchkit.server.mcp.stdio import StdioServer, divert_stdout, require_sdk
+    from patchkit.server.mcp.stdio import StdioServer, divert_stdio, require_sdk
 
     require_sdk()  # before the targets load: they may take a while
-    wire = divert_stdout()  # first: whatever loads, prints or starts from here on writes to stderr
+    _refuse_listening_flags(args)
+    wire = divert_stdio()  # first: whatever loads, prints or starts from here on writes to stderr
     served = _load_served(args)
     targets, reloader = served.targets, served.reloader
     log = logging.getLogger(__name__)
@@ -190,6 +191,16 @@ def _mcp(args: argparse.Namespace) -> int:
             reloader.stop()
     log.info("stopped")
     return 0
+
+
+def _refuse_listening_flags(args: argparse.Namespace) -> None:
+    """`patchkit mcp` listens on no port: a --host or --port given to it is a ConfigError, never ignored."""
+    from patchkit.errors import ConfigError
+
+    given = [f"--{name}" for name in ("host", "port") if getattr(args, name, None) is not None]
+    if given:
+        raise ConfigError(f"patchkit mcp serves over stdin and stdout, so {' and '.join(given)} do nothing: leave "
+                          "them out, or run patchkit serve, whose /mcp route serves the same tools over HTTP")
 
 
 def _stamp(path: Path | None) -> tuple[int, int] | None:

@@ -72,7 +72,7 @@ from patchkit.server.request_ids import REQUEST_ID, check_request_id, new_reques
 from patchkit.serving.frontend import Frontend, RequestResult, Version
 from patchkit.serving.runner import FieldDelta, outcome_of
 
-__all__ = ["build_app", "describe_pipelines", "error_reply"]
+__all__ = ["build_app", "error_reply", "input_schema_field"]
 
 logger = logging.getLogger(__name__)
 
@@ -368,17 +368,18 @@ async def graph(request: web.Request) -> web.Response:
 
 
 async def pipelines(request: web.Request) -> web.Response:
-    """Each pipeline served, as `describe_pipelines` lists them."""
-    return _json(200, {"pipelines": describe_pipelines(request.app)})
+    """Each pipeline served, as `Frontend.describe` lists them, with the JSON Schema of its inputs."""
+    return _json(200, {"pipelines": request.app[_FRONTEND].describe(input_schema_field(request.app))})
 
 
-def describe_pipelines(app: web.Application) -> list[dict[str, Any]]:
-    """Each pipeline served, as `Frontend.describe` lists them, with the JSON Schema of its inputs (`input_schema`:
-    what the dashboard's form is built from); `GET /v1/pipelines` and `Endpoint.update()`'s reply."""
-    def schema(version: Version) -> dict[str, Any]:
+def input_schema_field(app: web.Application) -> Callable[[Version], dict[str, Any]]:
+    """The field the server adds to each version's row of `Frontend.describe` (`GET /v1/pipelines`, and
+    `Endpoint.update()`'s reply): `input_schema`, the JSON Schema of its inputs, which the dashboard's form is
+    built from."""
+    def field(version: Version) -> dict[str, Any]:
         return {"input_schema": schema_of(app, version).json_schema()}
 
-    return app[_FRONTEND].describe(schema)
+    return field
 
 
 async def plan(request: web.Request) -> web.Response:

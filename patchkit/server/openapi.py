@@ -20,7 +20,7 @@ from typing_extensions import TypedDict
 
 from patchkit.server.reports import PlanReport, QueryReply, Stats
 
-__all__ = ["ROUTE_DOCS", "RouteDoc", "document"]
+__all__ = ["ROUTE_DOCS", "RouteDoc", "distribution_version", "document"]
 
 OPENAPI_VERSION = "3.1.0"
 SCHEMAS = "#/components/schemas/{model}"
@@ -158,7 +158,7 @@ def document(routes: Iterable[tuple[str, str, Any]], *, inputs: Mapping[str, Map
         paths.setdefault(path, {})[method.lower()] = _operation(path, doc, inputs, auth)
     return {
         "openapi": OPENAPI_VERSION,
-        "info": {"title": "patchkit", "version": _version(),
+        "info": {"title": "patchkit", "version": distribution_version(),
                  "description": "A deployment's HTTP API: its pipelines, their health, plan, stats and metrics."},
         "paths": dict(sorted(paths.items())),
         "components": {"schemas": _schemas(), **({"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
@@ -228,8 +228,8 @@ def _summary(handler: Any) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def _version() -> str:
-    """The installed distribution's version (pyproject.toml's `name`), as the document's `info.version`."""
+def distribution_version() -> str:
+    """The installed distribution's version (pyproject.toml's `name`): the document's `info.version`, the MCP server's."""
     try:
         return importlib.metadata.version("patchkit-rag")
     except importlib.metadata.PackageNotFoundError:

@@ -31,7 +31,7 @@ from patchkit.config.backends import make_backend
 from patchkit.errors import PatchkitError
 from patchkit.orchestrator.process import ChildSide, Message
 from patchkit.server.connections import EdgeRunner
-from patchkit.server.http import build_app, describe_pipelines
+from patchkit.server.http import build_app, input_schema_field
 from patchkit.server.loop_lag import LoopLag
 from patchkit.server.request_ids import RequestIdFilter
 from patchkit.serving.frontend import Frontend
@@ -97,9 +97,8 @@ class FrontendServer:
 
     async def update(self, pipelines: Mapping[str, Pipeline], remove: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
         """`Frontend.update`; the versions it made, described as `GET /v1/pipelines` lists them."""
-        versions = await self.frontend.update(pipelines, remove)
-        return {row["name"]: row for row in describe_pipelines(self._app) if versions.get(row["name"]) is not None
-                and row["version"] == versions[row["name"]].number}
+        made = await self.frontend.update(pipelines, remove)
+        return self.frontend.describe_made(made, input_schema_field(self._app))
 
     async def close(self) -> None:
         """Drain in-flight requests while still answering (new requests get 503, `/readyz` "draining"), then

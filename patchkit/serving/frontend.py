@@ -165,6 +165,13 @@ class Frontend:
             rows.append({**version.describe(), "state": state, "components": held, **(extra(version) if extra else {})})
         return rows
 
+    def describe_made(self, made: Mapping[str, Version],
+                      extra: Callable[[Version], dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+        """The rows of `describe` of the versions an update made (`update`'s result), by pipeline name; what
+        `Endpoint.update()` and the reloader are told."""
+        return {row["name"]: row for row in self.describe(extra) if made.get(row["name"]) is not None
+                and row["version"] == made[row["name"]].number}
+
     @property
     def inflight(self) -> int:
         """Requests in flight, on every version."""

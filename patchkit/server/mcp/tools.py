@@ -25,6 +25,7 @@ from mcp.shared.jsonrpc_dispatcher import progress_token_from_params
 from patchkit.errors import InputError, PipelineNotFound
 from patchkit.server.events import pump
 from patchkit.server.inputs import InputSchema, output_json
+from patchkit.server.openapi import distribution_version
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply
 from patchkit.server.request_ids import REQUEST_ID, check_request_id, new_request_id
 from patchkit.serving.frontend import Frontend, RequestResult, Version
@@ -69,9 +70,9 @@ class PipelineTools:
         self._legacy: weakref.WeakSet[Connection] = weakref.WeakSet()  # handshake-era connections, while open
         self._changes: set[asyncio.Task[None]] = set()
         self._stop_listening: Callable[[], None] | None = None
-        self.server = _ToolsServer("patchkit", instructions=INSTRUCTIONS, on_list_tools=self.list_tools,
-                                   on_call_tool=self.call_tool, on_subscriptions_listen=self._listen,
-                                   get_tool_input_schema=self.input_schema)
+        self.server = _ToolsServer("patchkit", version=distribution_version(), instructions=INSTRUCTIONS,
+                                   on_list_tools=self.list_tools, on_call_tool=self.call_tool,
+                                   on_subscriptions_listen=self._listen, get_tool_input_schema=self.input_schema)
         self.server.middleware.append(self._remember)
 
     # -- lifetime ---------------------------------------------------------------------------------------------
