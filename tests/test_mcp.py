@@ -375,6 +375,15 @@ def test_patchkit_mcp_drains_and_stops_its_workers_on_sigterm_with_stdin_still_o
             os.kill(worker, 0)
 
 
+def test_patchkit_mcp_refuses_a_port_it_would_not_listen_on(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    done = subprocess.run([sys.executable, "-m", "patchkit.cli", "mcp", "app.py", "--port", "8123"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])})
+    assert done.returncode != 0 and done.stdout == ""
+    assert "--port do nothing" in done.stderr and "patchkit serve" in done.stderr
+
+
 def test_the_mcp_client_example_lists_the_tools_and_calls_one() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "examples" / "mcp_client.py")], capture_output=True, text=True,
                           timeout=120, cwd=ROOT)
