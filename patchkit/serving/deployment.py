@@ -9,8 +9,9 @@ identity, `patchkit.program.identity`, computed where the user's code is and car
 one's is served by that one, its workers, queues and caches kept. Nothing here derives a digest.
 
 `add` starts a version's new components, all or none, each with the options of the component it is a new
-version of (`replaced`); `adopt` then serves the version's calls with them, and `release` stops those no
-version in use calls (or, when what follows `add` fails, those `add` started).
+version of (`replaced`); `add_apart` starts the first pipelines' components each on its own, failing (`fail`)
+those that cannot start while the others serve; `adopt` then serves the version's calls with them, and `release`
+stops those no version in use calls (or, when what follows `add` fails, those `add` started).
 The request runner submits each component call here (`submit`), as do the workers whose components
 call the components they hold (`CallService`) and the prefetcher.
 """
@@ -21,9 +22,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from patchkit.capture.holders import constructor_components
 from patchkit.config import ComponentConfig, DeploymentConfig
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
     from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["Deployment"]
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -150,18 +153,47 @@ class Deployment:
         returned (new name -> old), "starting" until a `RollingUpdate` has started their first replica in place
         of an old one's."""
         names = list(components)
-        replaced = replaced or {}
+        self._prepare(components, replaced or {})
+        rolls = self._rolls(names, rollable or {})
+        await self._starting(names, self._start([name for name in names if name not in rolls]))
+        self.starting.update(rolls)
+        self._scale(names)
+        return rolls
+
+    async def add_apart(self, components: Mapping[str, Component]) -> dict[str, Exception]:
+        """Deploy the first pipelines' `components` (by the names `new_components` gave), each on its own: one that
+        cannot start is failed (`fail`: its calls are answered at once with ComponentFailed, and nothing of it
+        starts again until an update gives it another try) while the others start and serve.
+
+        Called by the front-end's `start`, which then fails the pipelines that call a failed one. Returns each
+        failed component's start error, by name. Raises what fails every component at once (their placement, the
+        service of held components' calls) or the cancellation of the start, with every replica of `components`
+        stopped and nothing else changed."""
+        names = list(components)
+        self._prepare(components, {})
+        errors = await self._starting(names, self._start_apart(names))
+        for name, error in errors.items():
+            self.fail(name, f"{name} is failed: it could not start: {type(error).__name__}: {error}",
+                      f"it could not start ({type(error).__name__})")
+        self._scale(names)
+        return errors
+
+    def _prepare(self, components: Mapping[str, Component], replaced: Mapping[str, str]) -> None:
+        """Give each of `components` its sizes (see `add`), then register it and build its queues."""
         for name, component in components.items():
             old = replaced.get(name)
             if old is not None and name not in self.config.components:
                 self.config.carry(old, name, self._sizes(component, old))
             self.config.components.setdefault(name, self._sizes(component, None))
             self._register(name, component)
-        rolls = self._rolls(names, rollable or {})
+
+    async def _starting(self, names: list[str], start: Coroutine[Any, Any, T]) -> T:
+        """Run `start`, components `names` "starting" meanwhile; on its error or cancellation, every replica of
+        `names` is stopped and they are forgotten."""
         self.starting.update(names)
-        started = asyncio.ensure_future(self._start([name for name in names if name not in rolls]))
+        started = asyncio.ensure_future(start)
         try:
-            await asyncio.shield(started)
+            return await asyncio.shield(started)
         except BaseException:  # a start error, or the update cancelled: its starts end (a worker may be spawning)
             with contextlib.suppress(BaseException):
                 await started
@@ -170,14 +202,30 @@ class Deployment:
             raise
         finally:
             self.starting.difference_update(names)
-        self.starting.update(rolls)
+
+    def _scale(self, names: list[str]) -> None:
+        """The autoscaler watches components `names` too; it starts the first time, where the config's `autoscale` is on."""
         self.autoscaler.track(names)
         if self.config.autoscaling.autoscale and not self.autoscaler.running:
             self.autoscaler.start()
-        return rolls
 
     async def _start(self, names: list[str]) -> None:
         await self.supervisor.start(await self._specs(names))
+
+    async def _start_apart(self, names: list[str]) -> dict[str, Exception]:
+        """Start the replicas of components `names`, placed together, each component's on its own: a component
+        whose replica cannot start has its others stopped, and its error returned, by name; the others serve."""
+        groups: dict[str, list[ReplicaSpec]] = {}
+        for spec in await self._specs(names):
+            groups.setdefault(spec.component, []).append(spec)
+        results = await asyncio.gather(*(self.supervisor.start(specs) for specs in groups.values()), return_exceptions=True)
+        errors: dict[str, Exception] = {}
+        for name, result in zip(groups, results, strict=True):
+            if isinstance(result, Exception):
+                errors[name] = result
+            elif isinstance(result, BaseException):  # the start's cancellation
+                raise result
+        return errors
 
     def _rolls(self, names: list[str], rollable: Mapping[str, str]) -> dict[str, str]:
         """Of `rollable`, those to replace a few replicas at a time: all, where the backend has no room for every
@@ -190,6 +238,18 @@ class Deployment:
         logger.warning("no room for a second copy of %s beside the running one: replacing their replicas a few at a "
                        "time (a rolling update)", ", ".join(rollable))
         return dict(rollable)
+
+    def fail(self, name: str, why: str, kind: str) -> None:
+        """Fail component `name`: nothing of it starts again until an update revives it (`revive`), and its calls are
+        answered at once with ComponentFailed(`why`). `kind`: what the probes say of it, with no error text."""
+        self.supervisor.mark_failed(name, why, kind)
+
+    def failed_of(self, pipeline: Pipeline) -> dict[str, str]:
+        """Of the components that serve `pipeline`'s calls, the failed ones, with why; empty while none is."""
+        failed = self.supervisor.failed
+        if not failed:
+            return {}
+        return {name: failed[name] for name in sorted(self.holds(pipeline)) if name in failed}
 
     def fail_waiting(self, name: str, error: PatchkitError) -> None:
         """Fail every call waiting in component `name`'s queues with `error`: it will serve none (an update that
@@ -381,7 +441,7 @@ class Deployment:
             for name in names:
                 why = f"{name} is failed: started again by an update, it could not start: {type(exc).__name__}: {exc}"
                 logger.error("%s", why)
-                self.supervisor.mark_failed(name, why)
+                self.fail(name, why, f"started again by an update, it could not start ({type(exc).__name__})")
 
     # -- calls --------------------------------------------------------------------------------------------------
     def submit(

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from patchkit.config import DeploymentConfig
@@ -93,6 +93,7 @@ class Frontend:
         self.versions: dict[str, Version] = {}  # by pipeline name: the version new requests run on
         self._retiring: set[Version] = set()  # replaced or removed, until their requests have ended
         self._initial = dict(pipelines) if isinstance(pipelines, Mapping) else {config.chat.name: pipelines}
+        self._first_names = tuple(self._initial)  # what the probes name while `start` runs
         self._updating = asyncio.Lock()
         self._releases: set[asyncio.Task[None]] = set()
         # What the server calls, each answered by the part it belongs to.
@@ -106,15 +107,41 @@ class Frontend:
 
     # -- serving ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start every pipeline's components (see `Deployment.add`); raises the first replica's start error, with
-        nothing left running."""
+        """Start every pipeline's components, each on its own (`Deployment.add_apart`).
+
+        A pipeline that calls a component that cannot start is failed, with its reason (one WARNING line each,
+        naming the pipeline, the component and why), while the others serve: its requests are answered at once
+        with ComponentFailed (503), its readiness is "failed". Raises the first failed component's start error,
+        with nothing left running, where no pipeline can serve, or where any is failed and the config's
+        `fail_fast` is set."""
         initial, self._initial = self._initial, {}  # the versions serving hold their pipelines: no copy kept here
         try:
-            await self._deploy(initial, ())
+            errors = await self._deploy(initial, ())
+            self._check_start(errors)
         except BaseException:
             await self.deployment.close()
             raise
         self.started = True
+
+    def _check_start(self, errors: Mapping[str, Exception]) -> None:
+        """Say which pipelines are failed, each with its failed components and why; raise where none serves, or
+        where the config's `fail_fast` is set."""
+        failed = {name: self.deployment.failed_of(version.pipeline) for name, version in self.versions.items()}
+        failed = {name: components for name, components in failed.items() if components}
+        if not failed:
+            return
+        serving = [name for name in self.versions if name not in failed]
+        fail_fast = self.config.liveness.fail_fast
+        then = ("fail_fast is set: the deployment stops" if fail_fast else
+                f"the others serve ({', '.join(serving)})" if serving else "no pipeline can serve: the deployment stops")
+        for name, components in failed.items():
+            for component in components:
+                error = errors[component]
+                logger.warning("pipeline %s is failed: its component %s could not start: %s: %s; %s", name, component,
+                               type(error).__name__, error, then)
+        if fail_fast or not serving:
+            first = next(component for components in failed.values() for component in components)
+            raise errors[first]
 
     def route(self, name: str | None = None) -> Version:
         """The version that serves new requests of pipeline `name`; None: the only pipeline. Raises
@@ -148,19 +175,26 @@ class Frontend:
 
     def describe(self) -> list[dict[str, Any]]:
         """Each pipeline served (`GET /v1/pipelines`), with its `state`: "ready" when each component it calls has
-        a replica serving, else "unready", or "draining" once the endpoint stops; then each older version still
-        ending its requests ("retiring")."""
+        a replica serving, "failed" (with its `reason`, error text included) when one of them is failed, else
+        "unready", or "draining" once the endpoint stops; then each older version still ending its requests
+        ("retiring")."""
         rows = []
         for version in self._live():
             held = sorted(self.deployment.holds(version.pipeline))
+            failed = self.deployment.failed_of(version.pipeline)
             if version in self._retiring:
                 state = "retiring"
             elif self.closing or not self.started:
                 state = "draining" if self.closing else "starting"
+            elif failed:
+                state = "failed"
             else:
                 serving = all(any(r.alive for r in self.deployment.sets[name].replicas) for name in held)
                 state = "ready" if serving else "unready"
-            rows.append({**version.describe(), "state": state, "components": held})
+            row = {**version.describe(), "state": state, "components": held}
+            if state == "failed":
+                row["reason"] = "; ".join(failed.values())
+            rows.append(row)
         return rows
 
     @property
@@ -209,10 +243,13 @@ class Frontend:
             raise ConfigError("an endpoint serves at least one pipeline: update it with another before removing the last")
 
     async def _deploy(self, pipelines: Mapping[str, Pipeline], remove: Iterable[str],
-                      numbers: Mapping[str, int] | None = None) -> None:
+                      numbers: Mapping[str, int] | None = None) -> dict[str, Exception]:
         """Start what `pipelines` need, build their versions, then switch to them with no await in between: an
         update is applied whole or not at all. A failure (or the update's cancellation) at any step before the
-        switch stops the components started for it, and the versions serving keep serving, unchanged."""
+        switch stops the components started for it, and the versions serving keep serving, unchanged.
+
+        The first deployment (no `numbers`) starts each component on its own instead (`Deployment.add_apart`):
+        returned, the start error of each that could not start, by name (failed, the others serve)."""
         first = numbers is None
         numbers = numbers or dict.fromkeys(pipelines, 1)
         for name, pipeline in pipelines.items():
@@ -221,12 +258,17 @@ class Frontend:
         added = self.deployment.new_components(pipelines, numbers)
         served = {name: version.pipeline for name, version in self.versions.items()}
         replaced = self.deployment.replaced(pipelines, added, served)
-        rolls = await self.deployment.add(added, replaced, self._rollable(replaced, pipelines, remove))
+        errors: dict[str, Exception] = {}
+        if first:
+            errors, rolls = await self.deployment.add_apart(added), {}
+        else:
+            rolls = await self.deployment.add(added, replaced, self._rollable(replaced, pipelines, remove))
         rolling = RollingUpdate(self.deployment, rolls)
         try:
             versions = [self._version(name, pipeline, numbers[name]) for name, pipeline in pipelines.items()]
             self.deployment.adopt(pipelines.values())
-            await self.deployment.revive(pipelines.values())
+            if not first:  # a component the first deployment could not start is failed, not started again at once
+                await self.deployment.revive(pipelines.values())
             await rolling.before_switch()
         except BaseException:
             await asyncio.shield(self._roll_back(added, rolling))  # a withdrawn update's cancellation ends no rollback
@@ -245,6 +287,7 @@ class Frontend:
             self._track(rolling.finish())
         if self.versions and not first:
             logger.info("serving %s", ", ".join(f"{v.name} version {v.tag}" for v in self.versions.values()))
+        return errors
 
     def _rollable(self, replaced: Mapping[str, str], pipelines: Mapping[str, Pipeline],
                   remove: Iterable[str]) -> dict[str, str]:
@@ -329,17 +372,62 @@ class Frontend:
 
     # -- probes and shutdown ------------------------------------------------------------------------------------
     def readiness(self) -> Readiness:
-        """Whether the front-end takes requests now, and if not why; called by `/readyz`.
+        """Whether the front-end takes requests now, and if not why, with each pipeline's own and each component that
+        is not ready; called by `/readyz`.
 
-        "starting" until every replica `start` started is up, "draining" from `drain` on, "unready" while a
-        replica is out of service (being replaced: its restart may be failing) or failing its health checks
-        (`StatsCollector.not_ready`), else "ready"."""
-        if not self.started:
-            return Readiness("starting", ("the workers are starting",))
+        "starting" until every replica `start` started is up, "draining" from `drain` on; else "unready" while a
+        pipeline that is not failed is not ready (see `pipeline_readiness`), "failed" where every pipeline is,
+        "degraded" where some are failed and every other one is ready, else "ready". Ready (`/readyz` 200):
+        "ready" and "degraded": a failed pipeline is reported, and stays failed until an update, so it holds
+        the others back from no load balancer."""
+        if not self.started or self.closing:
+            own = self._not_serving()
+            return Readiness(own.status, own.reasons, dict.fromkeys(self._names(), own))
+        lines = self.collector.not_ready()
+        pipelines = {name: self._readiness_of(version, lines) for name, version in self.versions.items()}
+        serving = [own for own in pipelines.values() if own.status != "failed"]
+        if not serving:
+            status = "failed"
+        elif not all(own.ready for own in serving):
+            status = "unready"
+        else:
+            status = "degraded" if len(serving) < len(pipelines) else "ready"
+        reasons = tuple(dict.fromkeys(line for own in pipelines.values() for line in own.reasons))
+        held = set().union(*(self.deployment.holds(version.pipeline) for version in self.versions.values()))
+        components = {name: Readiness(lines[name][0], tuple(lines[name][1])) for name in sorted(held) if name in lines}
+        return Readiness(status, reasons, pipelines, components)
+
+    def pipeline_readiness(self, name: str) -> Readiness:
+        """Pipeline `name`'s own readiness; called by `/v1/pipelines/{name}/readyz`. Raises PipelineNotFound for a
+        name not served.
+
+        "starting" and "draining" as the front-end's (`readiness`); "failed" while a component it calls is failed
+        (it could not start, or its replicas could not be replaced: until an update); "unready" while a component
+        it calls has no replica serving (each is being replaced, its restart perhaps failing, or fails its health
+        checks); else "ready", also while one replica of a component serves and another is replaced."""
+        if name not in self._names():
+            raise PipelineNotFound(name, list(self._names()))
+        if not self.started or self.closing:
+            return self._not_serving()
+        return self._readiness_of(self.versions[name], self.collector.not_ready())
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(self.versions) if self.started else self._first_names
+
+    def _not_serving(self) -> Readiness:
         if self.closing:
             return Readiness("draining", ("the endpoint is shutting down",))
-        reasons = self.collector.not_ready()
-        return Readiness("unready" if reasons else "ready", tuple(reasons))
+        return Readiness("starting", ("the workers are starting",))
+
+    def _readiness_of(self, version: Version, lines: Mapping[str, tuple[str, list[str]]]) -> Readiness:
+        """`version`'s readiness, of `lines` (`StatsCollector.not_ready`: each component not wholly ready, its state
+        and why): "failed" where one it calls is failed, else "unready" where one has no replica serving, else
+        "ready" (a component with one replica serving while another is replaced serves its calls)."""
+        states = [lines[name] for name in sorted(self.deployment.holds(version.pipeline)) if name in lines]
+        reasons = tuple(line for state, own in states if state != "degraded" for line in own)
+        if any(state == "failed" for state, _ in states):
+            return Readiness("failed", reasons)
+        return Readiness("unready" if reasons else "ready", reasons)
 
     async def drain(self) -> None:
         """Refuse new requests and updates, stop the autoscaler, then wait for in-flight requests (up to the
@@ -388,11 +476,25 @@ async def _stamped(pipelines: Iterable[Pipeline]) -> None:
 
 @dataclass(frozen=True)
 class Readiness:
-    """What `/readyz` answers: `status` ("ready", "starting", "draining" or "unready") and why it is not ready."""
+    """What `/readyz` answers, and each pipeline's `/v1/pipelines/{name}/readyz`: `status` ("ready", "degraded",
+    "starting", "unready", "failed" or "draining") and why it is not ready; the front-end's own also carries each
+    pipeline's (`pipelines`) and that of each component that is not ready (`components`: "failed" or "unready")."""
 
     status: str
     reasons: tuple[str, ...] = ()
+    pipelines: Mapping[str, Readiness] = field(default_factory=dict)
+    components: Mapping[str, Readiness] = field(default_factory=dict)  # "failed" or "unready"
 
     @property
     def ready(self) -> bool:
-        return self.status == "ready"
+        """Whether it takes requests (HTTP 200): "ready", or "degraded" (the pipelines not failed are all ready)."""
+        return self.status in ("ready", "degraded")
+
+    def to_json(self) -> dict[str, Any]:
+        """The probe's body: `status` and `reasons`; the front-end's own adds `pipelines` (each one's `status` and
+        `reasons`) and `components` (each one not ready: its `status`, "failed" or "unready", and `reasons`)."""
+        body: dict[str, Any] = {"status": self.status, "reasons": list(self.reasons)}
+        if self.pipelines:
+            body["pipelines"] = {name: own.to_json() for name, own in self.pipelines.items()}
+            body["components"] = {name: own.to_json() for name, own in self.components.items()}
+        return body
