@@ -128,6 +128,18 @@ class Supervisor:
             await asyncio.gather(*(stopped for stopped in retired if stopped is not None), return_exceptions=True)
             raise errors[0]
 
+    async def start_apart(self, specs: list[ReplicaSpec]) -> dict[str, Exception]:
+        """Start every replica concurrently, each component's apart: of a component whose replica cannot start, those
+        that did are stopped and its error returned, by component name; the others' serve. Raises a cancellation."""
+        groups: dict[str, list[ReplicaSpec]] = {}
+        for spec in specs:
+            groups.setdefault(spec.component, []).append(spec)
+        results = await asyncio.gather(*(self.start(group) for group in groups.values()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result
+        return {name: result for name, result in zip(groups, results, strict=True) if isinstance(result, Exception)}
+
     def forget(self, components: list[str]) -> list[asyncio.Future[None]]:
         """Retire every replica of `components`, which leave the deployment, and start none of theirs again
         (a replacement under way stops once up); returns the futures of their stops (see `retire`)."""

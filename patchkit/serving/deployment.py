@@ -3,10 +3,8 @@
 Shared by every pipeline the front-end (frontend.py) serves, and by every version of each: one
 `ReplicaSet` per component, one `BatchQueue` per (component, method) with the batch size the config
 (or its plan) gives it, the `Supervisor` that starts the replicas the backend places, the
-`Autoscaler` and the `Prefetcher`. A component object several pipelines use is deployed once
-(`patchkit.program.identity.deployed_names`); a component of a new version whose version (the digest of its
-identity, `patchkit.program.identity`, computed where the user's code is and carried by its spec) is a deployed
-one's is served by that one, its workers, queues and caches kept. Nothing here derives a digest.
+`Autoscaler` and the `Prefetcher`; which deployed component serves each component a pipeline calls is
+served.py's (`ServedComponents`, which a Deployment is). Nothing here derives a digest.
 
 `add` starts a version's new components, all or none, each with the options of the component it is a new
 version of (`replaced`); `add_apart` starts the first pipelines' components each on its own, failing (`fail`)
@@ -36,12 +34,13 @@ from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.handles import CallService, Handles
 from patchkit.orchestrator.resources import ReplicaResources
 from patchkit.orchestrator.supervisor import HealthChecks, Supervisor
-from patchkit.program.identity import deployed_name, stamped_digest
+from patchkit.program.identity import stamped_digest
 from patchkit.scheduler.online.slo import SloPolicy
 from patchkit.serving.prefetch import PREFETCH_METHOD, Prefetcher, PrefetchRoute, find_routes
 from patchkit.serving.queues import BatchQueue, PendingCall
 from patchkit.serving.replicas import ReplicaSet
 from patchkit.serving.scaling import Autoscaler
+from patchkit.serving.served import ServedComponents, pipeline_uids
 
 if TYPE_CHECKING:
     from patchkit.program.pipeline import Pipeline  # the top layer: a type only
@@ -53,7 +52,7 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
-class Deployment:
+class Deployment(ServedComponents):
     """The replicas and queues of every component the front-end's pipelines call, on the backend the config chose.
 
     Lives on the front-end's event loop. `policy` is the request runners' SLO policy, which the
@@ -66,10 +65,7 @@ class Deployment:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.components: dict[str, Component] = {}  # deployed name -> the component its workers run
-        self.names: dict[str, str] = {}  # uid -> deployed name
-        self.fingerprints: dict[str, str] = {}  # version (`ComponentSpec.digest`) -> deployed name
-        self.aliases: dict[str, Component] = {}  # uid of a component a deployed one serves -> that one
+        super().__init__()
         self.starting: set[str] = set()  # components `add` is starting: they serve nothing yet
         self.sets: dict[str, ReplicaSet] = {}
         self.retiring: set[str] = set()  # components `release` is stopping: no version calls them any more
@@ -84,57 +80,6 @@ class Deployment:
         self.prefetcher = Prefetcher([], self._submit_prefetch)
         self.calls: CallService | None = None  # takes the calls workers' components make to the components they hold
         self._calls_address = ""
-
-    # -- what serves what -------------------------------------------------------------------------------------
-    def new_components(self, pipelines: Mapping[str, Pipeline], versions: Mapping[str, int]) -> dict[str, Component]:
-        """The components of `pipelines` (by name, each at the version number `versions` gives) that no deployed
-        one serves (the same object, or one of its fingerprint), each object once, by the names `add` deploys
-        them as (`deployed_name`: for a first deployment, `deployed_names`' names). One component is one uid: a
-        component several pipelines share arrives as a copy per pipeline when they travel pickled."""
-        new: dict[str, Component] = {}
-        for pipeline_name, pipeline in pipelines.items():
-            for name, component in pipeline.components.items():
-                uid = component._patchkit_spec.uid  # one component however many copies its pipelines' pickles made
-                if uid in self.names:
-                    _warn_if_edited(self.names[uid], component, self.fingerprints)
-                if self._serving(component) is None and all(c._patchkit_spec.uid != uid for c in new.values()):
-                    new[deployed_name(name, pipeline_name, versions[pipeline_name], {*self.components, *new})] = component
-        return new
-
-    def replaced(self, pipelines: Mapping[str, Pipeline], new: Mapping[str, Component],
-                 served: Mapping[str, Pipeline]) -> dict[str, str]:
-        """Of `new` (by deployed name, as `new_components` gave them), each that is a new version of a deployed
-        component, with that one's name: the component the same pipeline names alike in its version `served` now.
-        A name new to its pipeline replaces nothing."""
-        by_uid = {component._patchkit_spec.uid: name for name, component in new.items()}
-        found: dict[str, str] = {}
-        for pipeline_name, pipeline in pipelines.items():
-            current = served.get(pipeline_name)
-            for var, component in pipeline.components.items():
-                name = by_uid.get(component._patchkit_spec.uid)
-                previous = None if current is None else current.components.get(var)
-                if name is None or name in found or previous is None:
-                    continue
-                found[name] = self.names[self.deployed(previous)._patchkit_spec.uid]
-        return found
-
-    def _serving(self, component: Component) -> Component | None:
-        """The deployed component that serves `component`'s calls: itself, its alias, or one of its fingerprint."""
-        uid = component._patchkit_spec.uid
-        if uid in self.names:
-            return self.components[self.names[uid]]
-        if uid in self.aliases:
-            return self.aliases[uid]
-        name = self.fingerprints.get(stamped_digest(component))
-        return None if name is None else self.components[name]
-
-    def deployed(self, component: Component) -> Component:
-        """The deployed component a call of `component` goes to: itself, or the one that serves it (`add`)."""
-        return self.aliases.get(component._patchkit_spec.uid, component)
-
-    def holds(self, pipeline: Pipeline) -> set[str]:
-        """The deployed names of the components that serve `pipeline`'s calls."""
-        return {self.names[self.deployed(c)._patchkit_spec.uid] for c in pipeline.components.values()}
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     async def add(self, components: Mapping[str, Component], replaced: Mapping[str, str] | None = None,
@@ -161,14 +106,10 @@ class Deployment:
         return rolls
 
     async def add_apart(self, components: Mapping[str, Component]) -> dict[str, Exception]:
-        """Deploy the first pipelines' `components` (by the names `new_components` gave), each on its own: one that
-        cannot start is failed (`fail`: its calls are answered at once with ComponentFailed, and nothing of it
-        starts again until an update gives it another try) while the others start and serve.
-
-        Called by the front-end's `start`, which then fails the pipelines that call a failed one. Returns each
-        failed component's start error, by name. Raises what fails every component at once (their placement, the
-        service of held components' calls) or the cancellation of the start, with every replica of `components`
-        stopped and nothing else changed."""
+        """Deploy the first pipelines' `components` (as `add`), each on its own: one that cannot start is failed
+        (`fail`) while the others serve; returns each failed one's start error, by name. Called by the front-end's
+        `start`. Raises what fails them all (their placement, the service of held components' calls) or the
+        start's cancellation, with every replica of `components` stopped and nothing else changed."""
         names = list(components)
         self._prepare(components, {})
         errors = await self._starting(names, self._start_apart(names))
@@ -213,19 +154,7 @@ class Deployment:
         await self.supervisor.start(await self._specs(names))
 
     async def _start_apart(self, names: list[str]) -> dict[str, Exception]:
-        """Start the replicas of components `names`, placed together, each component's on its own: a component
-        whose replica cannot start has its others stopped, and its error returned, by name; the others serve."""
-        groups: dict[str, list[ReplicaSpec]] = {}
-        for spec in await self._specs(names):
-            groups.setdefault(spec.component, []).append(spec)
-        results = await asyncio.gather(*(self.supervisor.start(specs) for specs in groups.values()), return_exceptions=True)
-        errors: dict[str, Exception] = {}
-        for name, result in zip(groups, results, strict=True):
-            if isinstance(result, Exception):
-                errors[name] = result
-            elif isinstance(result, BaseException):  # the start's cancellation
-                raise result
-        return errors
+        return await self.supervisor.start_apart(await self._specs(names))
 
     def _rolls(self, names: list[str], rollable: Mapping[str, str]) -> dict[str, str]:
         """Of `rollable`, those to replace a few replicas at a time: all, where the backend has no room for every
@@ -311,8 +240,8 @@ class Deployment:
             kept_routes = {self._deployed_route(route) for pipeline in live for route in find_routes(pipeline.graph)}
             routes = [self._deployed_route(route) for route in find_routes(retired.graph)]
             self.prefetcher.remove_routes([route for route in routes if route not in kept_routes])
-        kept = set().union(*(_uids(pipeline) for pipeline in live))
-        for uid in _uids(retired) - kept:
+        kept = set().union(*(pipeline_uids(pipeline) for pipeline in live))
+        for uid in pipeline_uids(retired) - kept:
             self.aliases.pop(uid, None)
 
     def _deployed_route(self, route: PrefetchRoute) -> PrefetchRoute:
@@ -462,17 +391,6 @@ class Deployment:
 
     def _submit_prefetch(self, uid: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         return self.queues[uid, PREFETCH_METHOD].submit(CallEnvelope(args, {})).future
-
-
-def _warn_if_edited(name: str, component: Component, fingerprints: Mapping[str, str]) -> None:
-    """Say so where a deployed component object comes back with an edit of what it reads (its class changed in
-    place, a global of its module assigned again): one object is one component, whose workers it keeps."""
-    if name in fingerprints.values() and fingerprints.get(stamped_digest(component)) != name:
-        logger.warning("%s is the object deployed, but what its code reads changed since: it keeps its workers, "
-                       "which start no new version of it; make the object again to deploy the edit", name)
-def _uids(pipeline: Pipeline) -> set[str]:
-    """The uids of a pipeline's component objects, the copies its helpers' modules hold included."""
-    return {c._patchkit_spec.uid for c in pipeline.components.values()} | set(pipeline.component_aliases())
 
 
 def _prefix_key(component: Component, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from patchkit.config import DeploymentConfig
@@ -29,6 +29,7 @@ from patchkit.errors import ConfigError, InputError, PatchkitError, PipelineNotF
 from patchkit.orchestrator.backend import Backend
 from patchkit.scheduler.online.slo import SloPolicy, make_estimator
 from patchkit.serving.deployment import Deployment
+from patchkit.serving.readiness import DRAINING, STARTING, Readiness, of_pipeline, of_pipelines
 from patchkit.serving.rolling import RollingUpdate
 from patchkit.serving.runner import RequestResult, RequestRunner
 from patchkit.serving.stats import StatsCollector
@@ -372,62 +373,28 @@ class Frontend:
 
     # -- probes and shutdown ------------------------------------------------------------------------------------
     def readiness(self) -> Readiness:
-        """Whether the front-end takes requests now, and if not why, with each pipeline's own and each component that
-        is not ready; called by `/readyz`.
-
-        "starting" until every replica `start` started is up, "draining" from `drain` on; else "unready" while a
-        pipeline that is not failed is not ready (see `pipeline_readiness`), "failed" where every pipeline is,
-        "degraded" where some are failed and every other one is ready, else "ready". Ready (`/readyz` 200):
-        "ready" and "degraded": a failed pipeline is reported, and stays failed until an update, so it holds
-        the others back from no load balancer."""
+        """Whether the front-end takes requests now, and if not why, with each pipeline's own and each component's
+        not wholly ready (`patchkit.serving.readiness`); called by `/readyz`. "starting" until every replica `start`
+        started is up, "draining" from `drain` on."""
         if not self.started or self.closing:
-            own = self._not_serving()
+            own = DRAINING if self.closing else STARTING
             return Readiness(own.status, own.reasons, dict.fromkeys(self._names(), own))
-        lines = self.collector.not_ready()
-        pipelines = {name: self._readiness_of(version, lines) for name, version in self.versions.items()}
-        serving = [own for own in pipelines.values() if own.status != "failed"]
-        if not serving:
-            status = "failed"
-        elif not all(own.ready for own in serving):
-            status = "unready"
-        else:
-            status = "degraded" if len(serving) < len(pipelines) else "ready"
-        reasons = tuple(dict.fromkeys(line for own in pipelines.values() for line in own.reasons))
+        states = self.collector.not_ready()
+        pipelines = {name: of_pipeline(self.deployment.holds(v.pipeline), states) for name, v in self.versions.items()}
         held = set().union(*(self.deployment.holds(version.pipeline) for version in self.versions.values()))
-        components = {name: Readiness(lines[name][0], tuple(lines[name][1])) for name in sorted(held) if name in lines}
-        return Readiness(status, reasons, pipelines, components)
+        return of_pipelines(pipelines, held, states)
 
     def pipeline_readiness(self, name: str) -> Readiness:
-        """Pipeline `name`'s own readiness; called by `/v1/pipelines/{name}/readyz`. Raises PipelineNotFound for a
-        name not served.
-
-        "starting" and "draining" as the front-end's (`readiness`); "failed" while a component it calls is failed
-        (it could not start, or its replicas could not be replaced: until an update); "unready" while a component
-        it calls has no replica serving (each is being replaced, its restart perhaps failing, or fails its health
-        checks); else "ready", also while one replica of a component serves and another is replaced."""
+        """Pipeline `name`'s own readiness (`patchkit.serving.readiness.of_pipeline`), "starting" and "draining" as
+        the front-end's; called by `/v1/pipelines/{name}/readyz`. Raises PipelineNotFound for a name not served."""
         if name not in self._names():
             raise PipelineNotFound(name, list(self._names()))
         if not self.started or self.closing:
-            return self._not_serving()
-        return self._readiness_of(self.versions[name], self.collector.not_ready())
+            return DRAINING if self.closing else STARTING
+        return of_pipeline(self.deployment.holds(self.versions[name].pipeline), self.collector.not_ready())
 
     def _names(self) -> tuple[str, ...]:
         return tuple(self.versions) if self.started else self._first_names
-
-    def _not_serving(self) -> Readiness:
-        if self.closing:
-            return Readiness("draining", ("the endpoint is shutting down",))
-        return Readiness("starting", ("the workers are starting",))
-
-    def _readiness_of(self, version: Version, lines: Mapping[str, tuple[str, list[str]]]) -> Readiness:
-        """`version`'s readiness, of `lines` (`StatsCollector.not_ready`: each component not wholly ready, its state
-        and why): "failed" where one it calls is failed, else "unready" where one has no replica serving, else
-        "ready" (a component with one replica serving while another is replaced serves its calls)."""
-        states = [lines[name] for name in sorted(self.deployment.holds(version.pipeline)) if name in lines]
-        reasons = tuple(line for state, own in states if state != "degraded" for line in own)
-        if any(state == "failed" for state, _ in states):
-            return Readiness("failed", reasons)
-        return Readiness("unready" if reasons else "ready", reasons)
 
     async def drain(self) -> None:
         """Refuse new requests and updates, stop the autoscaler, then wait for in-flight requests (up to the
@@ -472,29 +439,3 @@ async def _stamped(pipelines: Iterable[Pipeline]) -> None:
     missing = [pipeline for pipeline in pipelines if pipeline.stamped is None]
     if missing:
         await asyncio.to_thread(lambda: [pipeline.stamp() for pipeline in missing])
-
-
-@dataclass(frozen=True)
-class Readiness:
-    """What `/readyz` answers, and each pipeline's `/v1/pipelines/{name}/readyz`: `status` ("ready", "degraded",
-    "starting", "unready", "failed" or "draining") and why it is not ready; the front-end's own also carries each
-    pipeline's (`pipelines`) and that of each component that is not ready (`components`: "failed" or "unready")."""
-
-    status: str
-    reasons: tuple[str, ...] = ()
-    pipelines: Mapping[str, Readiness] = field(default_factory=dict)
-    components: Mapping[str, Readiness] = field(default_factory=dict)  # "failed" or "unready"
-
-    @property
-    def ready(self) -> bool:
-        """Whether it takes requests (HTTP 200): "ready", or "degraded" (the pipelines not failed are all ready)."""
-        return self.status in ("ready", "degraded")
-
-    def to_json(self) -> dict[str, Any]:
-        """The probe's body: `status` and `reasons`; the front-end's own adds `pipelines` (each one's `status` and
-        `reasons`) and `components` (each one not ready: its `status`, "failed" or "unready", and `reasons`)."""
-        body: dict[str, Any] = {"status": self.status, "reasons": list(self.reasons)}
-        if self.pipelines:
-            body["pipelines"] = {name: own.to_json() for name, own in self.pipelines.items()}
-            body["components"] = {name: own.to_json() for name, own in self.components.items()}
-        return body
