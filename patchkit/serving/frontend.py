@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from patchkit.config import DeploymentConfig
 from patchkit.config.deployment import check_pipeline_name
-from patchkit.errors import ConfigError, InputError, PatchkitError, PipelineNotFound
+from patchkit.errors import ComponentFailed, ConfigError, InputError, PatchkitError, PipelineNotFound
 from patchkit.orchestrator.backend import Backend
 from patchkit.scheduler.online.slo import SloPolicy, make_estimator
 from patchkit.serving.deployment import Deployment
@@ -136,13 +136,13 @@ class Frontend:
         then = ("fail_fast is set: the deployment stops" if fail_fast else
                 f"the others serve ({', '.join(serving)})" if serving else "no pipeline can serve: the deployment stops")
         for name, components in failed.items():
-            for component in components:
-                error = errors[component]
-                logger.warning("pipeline %s is failed: its component %s could not start: %s: %s; %s", name, component,
-                               type(error).__name__, error, then)
+            for component, why in components.items():  # why: a start error, else what failed it since (a crash)
+                error = errors.get(component)
+                said = why if error is None else f"its component {component} could not start: {type(error).__name__}: {error}"
+                logger.warning("pipeline %s is failed: %s; %s", name, said, then)
         if fail_fast or not serving:
-            first = next(component for components in failed.values() for component in components)
-            raise errors[first]
+            first, why = next(item for components in failed.values() for item in components.items())
+            raise errors.get(first) or ComponentFailed(why)
 
     def route(self, name: str | None = None) -> Version:
         """The version that serves new requests of pipeline `name`; None: the only pipeline. Raises
