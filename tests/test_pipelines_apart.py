@@ -33,6 +33,7 @@ from patchkit.config.backends import make_backend
 from patchkit.errors import ComponentError, ComponentFailed
 from patchkit.orchestrator import supervisor
 from patchkit.serving.frontend import Frontend
+from patchkit.serving.readiness import Readiness, of_pipeline, of_pipelines
 
 
 class Notes(Component):
@@ -239,6 +240,22 @@ def test_a_replica_failing_its_checks_makes_only_its_own_pipeline_unready() -> N
         assert whole.to_json()["components"]["moody"]["status"] == "unready"
 
     _run(pipelines, body, health_check_period_s=0.02, health_check_failures=10_000)
+
+
+def test_a_replica_replaced_beside_one_serving_keeps_its_pipeline_ready_and_a_restart_holds_the_endpoint() -> None:
+    states = {"llm": ("degraded", ["llm#1 is dead; another is starting in its place"]),
+              "index": ("unready", ["index#0 is dead; another is starting in its place"]),
+              "broken": ("failed", ["broken is failed: it could not start (ComponentError)"])}
+    assert of_pipeline({"llm"}, states) == Readiness("ready")  # llm#0 serves its calls
+    restarting = of_pipeline({"llm", "index"}, states)
+    assert restarting == Readiness("unready", ("index#0 is dead; another is starting in its place",))
+    failed = of_pipeline({"broken", "llm"}, states)
+    assert failed.status == "failed" and not failed.ready
+    whole = of_pipelines({"chat": Readiness("ready"), "search": restarting, "bad": failed}, states, states)
+    assert (whole.status, whole.ready) == ("unready", False)  # a pipeline not failed restarts: 503 until it ends
+    assert whole.to_json()["components"]["llm"] == {"status": "degraded", "reasons": list(states["llm"][1])}
+    assert of_pipelines({"chat": Readiness("ready"), "bad": failed}, states, states).status == "degraded"
+    assert of_pipelines({"bad": failed}, states, states).status == "failed"
 
 
 def test_a_component_whose_replica_dies_and_cannot_be_started_again_is_failed_in_the_end(

@@ -72,8 +72,9 @@ class OwnReadiness(TypedDict):
     """A pipeline's readiness (`GET /v1/pipelines/{name}/readyz`), or a component's that is not ready."""
 
     status: str
-    """"ready", "starting", "unready" (a replica is being replaced or fails its health checks), "failed" (a
-    component cannot start, or crashes at every restart: until an update) or "draining"."""
+    """A pipeline's: "ready", "starting", "unready" (a component it calls has no replica serving), "failed" (a
+    component it calls could not start, or its replicas could not be started again: until an update) or
+    "draining". A component's: "failed", "unready", or "degraded" (a replica serves, another does not)."""
     reasons: list[str]
     """Why it is not ready, a line per replica or component (never an error's text)."""
 
@@ -89,7 +90,7 @@ class Readiness(TypedDict):
     pipelines: dict[str, OwnReadiness]
     """By pipeline name."""
     components: dict[str, OwnReadiness]
-    """By component name, those not ready only: "failed" or "unready"."""
+    """By component name, those not wholly ready only: "failed", "unready" or "degraded"."""
 
 
 @dataclass(frozen=True)
