@@ -19,10 +19,11 @@
                      stops; whether every component has a replica passing its health checks ("workers":
                      "ok" or "degraded"), requests and body bytes in flight
     GET  /readyz     readiness: 200 while every pipeline that is not failed is ready ("ready", or "degraded"
-                     where some are failed); 503 while the workers start, while a replica of a pipeline not failed
-                     is being replaced (its restart may be failing) or fails its health checks, where every
-                     pipeline is failed, and while draining (`Frontend.readiness`); its body names each pipeline
-                     ("pipelines") and each component not ready ("components"), with why
+                     where some are failed); 503 while the workers start, while a component a pipeline not
+                     failed calls has no replica serving (each being replaced, its restart perhaps failing, or
+                     failing its health checks), where every pipeline is failed, and while draining
+                     (`Frontend.readiness`); its body names each pipeline ("pipelines") and each component not
+                     wholly ready ("components"), with why
     GET  /v1/pipelines/{name}/readyz   pipeline `name`'s own readiness (`Frontend.pipeline_readiness`): 200
                      ready, 503 starting, unready, failed or draining, with why; 404 for a name not served.
                      The probes never ask for the token.
