@@ -8,7 +8,7 @@
     ├── ComponentError      your component raised: carries its traceback text
     ├── CallError           a call's arguments or result could not cross to or from its worker: names the call and why
     ├── WorkerDiedError     the worker process serving a component died
-    │   └── ComponentFailed its workers die by a signal at every restart: it answers nothing until updated
+    │   └── ComponentFailed it cannot start, or its workers cannot be replaced: its pipelines answer nothing until updated
     ├── DeadlineExceeded    a request ran past its deadline
     ├── Overloaded          admission is closed: carries the queue length and its limit
     ├── PipelineNotFound    a request named a pipeline the endpoint does not serve (also a LookupError)
@@ -147,11 +147,13 @@ class WorkerDiedError(PatchkitError):
 
 
 class ComponentFailed(WorkerDiedError):
-    """A component's replicas died by a signal (a crash in native code) at every restart.
+    """A component cannot serve: it could not start at deploy, or its replicas could not be started again.
 
-    patchkit stopped restarting them: raised at once by every request that calls it (HTTP 503) until it is
-    replaced or the deployment is updated, and `/readyz` answers 503 meanwhile. The message names the component and the
-    signal, and points at `patchkit doctor`.
+    Its replicas crashed in native code at every restart, or their restarts failed in a row. patchkit stopped
+    starting it: raised at once by every request of a pipeline that calls it (HTTP 503) until it is replaced or
+    the deployment is updated; that pipeline's readiness (`/v1/pipelines/{name}/readyz`) is "failed" meanwhile,
+    while the other pipelines serve. The message names the pipeline, the component and why (a signal points at
+    `patchkit doctor`).
     """
 
 

@@ -31,7 +31,7 @@ DESCRIBED = {
     "autoscale_interval_s", "scale_up_after_s", "scale_down_after_s", "min_replicas", "max_replicas", "plan",
     "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level", "name", "chat_input", "chat_output",
     "chat_drop_params", "components",
-    "step_preview_chars",
+    "step_preview_chars", "fail_fast",
 }
 
 
@@ -64,7 +64,8 @@ def test_every_option_is_in_the_schema_the_help_the_table_and_the_docstring(caps
         assert re.search(rf"^\s+{name}: {re.escape(spec.option.help)}", docstring, re.M), name
 
 
-FLAG_VALUES = {"host": "0.0.0.0", "port": "9", "backend": "ray", "batch_wait_ms": "2.5", "slo_ms": "500", "log_level": "WARNING"}
+FLAG_VALUES = {"host": "0.0.0.0", "port": "9", "backend": "ray", "batch_wait_ms": "2.5", "slo_ms": "500", "log_level": "WARNING",
+               "fail_fast": None}  # None: a switch (--fail-fast, --no-fail-fast)
 
 
 def test_serve_flags_for_options_take_their_type_choices_and_help_from_the_metadata() -> None:
@@ -72,7 +73,8 @@ def test_serve_flags_for_options_take_their_type_choices_and_help_from_the_metad
     commands = next(action for action in root._actions if isinstance(action, argparse._SubParsersAction))
     flags = {action.dest: action for action in commands.choices["serve"]._actions}
     assert set(FLAG_VALUES) == set(OPTION_FLAGS)
-    given = [word for name, value in FLAG_VALUES.items() for word in (f"--{name.replace('_', '-')}", value)]
+    given = [word for name, value in FLAG_VALUES.items()
+             for word in (f"--{name.replace('_', '-')}", *([] if value is None else [value]))]
     args = root.parse_args(["serve", "app.py", *given])
     for name in OPTION_FLAGS:
         spec = OPTIONS[name]
@@ -137,7 +139,8 @@ def test_every_flat_option_lands_on_its_groups_field(tmp_path: Path) -> None:
         "max_inflight_batches": 4, "batch_wait_ms": 1.5, "pipelining": False, "parallel_calls": False,
         "request_timeout_s": 7.0,
         "call_timeout_s": 8.0, "abandoned_grace_s": 1.0, "max_retries": 0, "health_check_period_s": 2.0,
-        "health_check_timeout_s": 4.0, "health_check_failures": 5, "drain_timeout_s": 0.0, "slo_ms": 900.0,
+        "health_check_timeout_s": 4.0, "health_check_failures": 5, "drain_timeout_s": 0.0, "fail_fast": True,
+        "slo_ms": 900.0,
         "prioritize": False, "priority": 2, "pause_admission": True, "admission_queue_limit": 6, "estimator": "xgboost",
         "prefetch": False,
         "autoscale": False, "autoscale_interval_s": 0.5, "scale_up_after_s": 0.0, "scale_down_after_s": 9.0,

@@ -125,7 +125,8 @@ def test_readyz_through_start_a_failed_restart_and_drain_while_healthz_stays_200
         assert _get(url + "/healthz")[0] == 200
         (tmp_path / "hold").unlink()
         _wait_until(lambda: _get(url + "/readyz")[0] == 200, "the worker was up", 60)
-        assert _get(url + "/readyz")[1] == {"status": "ready", "reasons": []}
+        assert _get(url + "/readyz")[1] == {"status": "ready", "reasons": [], "components": {},
+                                            "pipelines": {"patchkit": {"status": "ready", "reasons": []}}}
         status, reply = _query(url, "up")
         assert (status, reply["output"]) == (200, "UP")
 
@@ -178,6 +179,7 @@ def test_readyz_answers_without_the_token_and_says_ready_on_the_inprocess_backen
 
     body("x")
     with patchkit.deploy(patchkit.last_pipeline(), backend="inprocess") as endpoint:
-        assert _get(endpoint.url + "/readyz")[:2] == (200, {"status": "ready", "reasons": []})
+        assert _get(endpoint.url + "/readyz")[:2] == (200, {"status": "ready", "reasons": [], "components": {},
+                                                            "pipelines": {"patchkit": {"status": "ready", "reasons": []}}})
         status, health, _ = _get(endpoint.url + "/healthz")
         assert status == 200 and health["status"] == "ok" and health["workers"] == "ok"

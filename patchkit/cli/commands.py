@@ -68,8 +68,13 @@ def _option_flag(command: argparse.ArgumentParser, name: str) -> None:
     spec = OPTIONS[name]
     kind, choices = simple_type(spec), spec.option.choices or None
     default = SERVE_DEFAULTS.get(name, spec.default)
+    flag = f"--{name.replace('_', '-')}"
+    if kind is bool:  # --fail-fast and --no-fail-fast
+        help_text = f"{spec.option.help} (default {'on' if default else 'off'})"
+        command.add_argument(flag, default=None, action=argparse.BooleanOptionalAction, help=help_text)
+        return
     shown = "" if default is None else f" (default {default})"
-    command.add_argument(f"--{name.replace('_', '-')}", default=None, choices=choices, help=f"{spec.option.help}{shown}",
+    command.add_argument(flag, default=None, choices=choices, help=f"{spec.option.help}{shown}",
                          type=str.lower if spec.option.any_case else kind)
 
 
@@ -151,7 +156,9 @@ def _serve(args: argparse.Namespace) -> int:
     targets, reloader = served.targets, served.reloader
 
     def ready(server: FrontendServer) -> None:
-        shown = ", ".join(target.label(with_name=len(targets) > 1) for target in targets)
+        failed = {row["name"] for row in server.frontend.describe() if row["state"] == "failed"}  # each logged above
+        shown = ", ".join(target.label(with_name=len(targets) > 1) + (" (failed)" if target.name in failed else "")
+                          for target in targets)
         print(f"patchkit: serving {shown} at {server.url} (Ctrl-C stops)", flush=True)
         if reloader is not None:
             reloader.start(server)

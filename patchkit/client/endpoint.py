@@ -8,6 +8,7 @@ import threading
 import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, Literal, overload
+from urllib.parse import quote
 
 import httpx
 
@@ -214,12 +215,39 @@ class Endpoint:
     def pipelines(self) -> list[dict[str, Any]]:
         """Each pipeline served, as `GET /v1/pipelines` lists it.
 
-        Name, version, digest, inputs, input_schema (the inputs object it takes, as JSON Schema), output, state ("ready",
-        "unready", "starting", "draining"; an older version still ending its requests: "retiring"), the components it calls
-        and its requests in flight.
+        Name, version, digest, inputs, input_schema (the inputs object it takes, as JSON Schema), output, state
+        ("ready", "unready", "starting", "draining"; "failed", with its `reason`, where a component it calls could not
+        start or crashes at every restart; an older version still ending its requests: "retiring"), the components it
+        calls and its requests in flight.
         """
         result: list[dict[str, Any]] = self._request("GET", "/v1/pipelines")["pipelines"]
         return result
+
+    def readiness(self, pipeline: str | None = None) -> dict[str, Any]:
+        """What `GET /readyz` answers, ready or not; or, named, what pipeline `pipeline`'s own probe answers.
+
+        That probe is `GET /v1/pipelines/{name}/readyz`.
+
+        Args:
+            pipeline: a pipeline's name (None: the endpoint's readiness).
+
+        Returns:
+            The probe's body: `status` ("ready", "starting", "unready", "failed", "draining"; the endpoint's also
+            "degraded": some pipelines failed, the others ready) and `reasons`; the endpoint's also `pipelines`
+            (each one's) and `components` (each one not ready).
+
+        Raises:
+            PipelineNotFound: no pipeline of that name is served.
+            ConnectionError: the endpoint cannot be reached.
+        """
+        path = "/readyz" if pipeline is None else f"/v1/pipelines/{quote(pipeline, safe='')}/readyz"
+        self._check_open()
+        try:
+            response = self._client.get(path)
+        except httpx.TransportError as exc:
+            raise self._transport_error(exc, self._timeout) from exc
+        body: dict[str, Any] = response.json() if response.status_code == 503 else self._reply(response)
+        return body
 
     def update(self, pipelines: Pipeline | Mapping[str, Pipeline]) -> dict[str, dict[str, Any]]:
         """Serve new versions while serving.

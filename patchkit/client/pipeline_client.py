@@ -49,5 +49,9 @@ class PipelineClient:
         """As `Endpoint.astream`, on this pipeline."""
         return self.endpoint._astream(self._path, inputs, steps)
 
+    def readiness(self) -> dict[str, Any]:
+        """As `Endpoint.readiness`, of this pipeline: what `GET /v1/pipelines/{name}/readyz` answers, ready or not."""
+        return self.endpoint.readiness(self.name)
+
     def __repr__(self) -> str:
         return f"<PipelineClient {self.name!r} of {self.endpoint.url}>"

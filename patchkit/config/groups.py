@@ -87,7 +87,10 @@ class LimitsConfig(OptionGroup):
 
 @dataclass(frozen=True)
 class LivenessConfig(OptionGroup):
-    """How long requests and calls may take, how replicas are checked, and how long stopping waits."""
+    """How long requests and calls may take, how replicas are checked, how long stopping waits, and fail-fast.
+
+    `fail_fast`: whether a pipeline whose component cannot start at deploy stops the others.
+    """
 
     request_timeout_s: float = option(300.0, help="a request still running after this gets 504", gt=0, described=True)
     call_timeout_s: float = option(300.0, help="a batch running longer recycles its replica (unless its method says "
@@ -107,6 +110,11 @@ class LivenessConfig(OptionGroup):
     health_check_timeout_s: float = option(30.0, help="how long a health check may take", gt=0, described=True)
     health_check_failures: int = option(3, help="failed checks in a row that recycle a replica", gt=0, described=True)
     drain_timeout_s: float = option(30.0, help="how long stopping waits for requests in flight", ge=0, described=True)
+    # Off, as Ray Serve keeps each application's status apart: a pipeline whose component cannot start at deploy is
+    # failed, with its reason, while the others serve; deploy() and `patchkit serve` fail only when none can serve.
+    fail_fast: bool = option(False, help="deploy() and patchkit serve fail when any pipeline's component cannot start "
+                             "(off: that pipeline is failed, with its reason, and the others serve)", described=True,
+                             flag=True)
 
 
 @dataclass(frozen=True)

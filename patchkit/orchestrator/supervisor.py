@@ -17,7 +17,9 @@ on this CPU) before it served a batch is restarted after a growing delay, not in
 CRASHES_TO_FAIL such deaths in a row, with no replica of the component serving a batch between them, the
 component is failed: nothing of it is restarted, `on_failed(component, why)` tells the front-end (which
 then answers its calls at once with ComponentFailed), and it stays so until `revive` (an update) or a new
-version replaces it.
+version replaces it. So is a component none of whose replicas is kept once RESTARTS_TO_FAIL restarts in a
+row could not start (its `setup()` raises at every start): while another replica of it serves, its restarts
+go on, with backoff. The deployment fails a component the same way when it cannot start at all (`mark_failed`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from typing import Any, TypeVar
 from patchkit.crashes import NATIVE_CRASH_SIGNALS
 from patchkit.orchestrator.backend import Backend, Replica, ReplicaSpec, ReplicaState
 
-__all__ = ["HealthChecks", "Replacement", "Supervisor"]
+__all__ = ["NATIVE_CRASHES", "RESTARTS_FAILED", "HealthChecks", "Replacement", "Supervisor"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +46,9 @@ T = TypeVar("T")
 RESTART_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 CRASH_BACKOFF_S = (1.0, 4.0)  # before restarting a replica whose predecessors crashed in native code: 1 crash, 2 or more
 CRASHES_TO_FAIL = 3  # native crashes in a row, no replica of the component serving a batch between, that fail it
+RESTARTS_TO_FAIL = 5  # restarts in a row that could not start, no replica of the component kept meanwhile, that fail it
+NATIVE_CRASHES = "its replicas die by a signal in native code at every start"  # what the probes say of the first
+RESTARTS_FAILED = "its replicas died and could not be started again"  # and of the second
 DOCTOR_HINT = "run `patchkit doctor` on this machine to see which part fails"
 DRAIN_POLL_S = 0.01  # how often a retiring replica is checked for batches still in flight
 REPLACED_MEMORY = 64  # replacements remembered for stats, the latest kept
@@ -101,7 +106,8 @@ class Supervisor:
         self._closing = asyncio.Event()
         self._gone: set[str] = set()  # components that left the deployment: none of their replicas starts again
         self.restarts = 0
-        self.failed: dict[str, str] = {}  # component -> why it is failed: its replicas crash at every start
+        self.failed: dict[str, str] = {}  # component -> why it is failed (its error text included): nothing of it starts
+        self.failure_kinds: dict[str, str] = {}  # component -> what kind of failure, with no error text: for the probes
         self._crashes: dict[str, int] = {}  # component -> its replicas' native crashes in a row
         self.replaced: deque[Replacement] = deque(maxlen=REPLACED_MEMORY)  # the latest last; retired replicas are not
 
@@ -122,12 +128,25 @@ class Supervisor:
             await asyncio.gather(*(stopped for stopped in retired if stopped is not None), return_exceptions=True)
             raise errors[0]
 
+    async def start_apart(self, specs: list[ReplicaSpec]) -> dict[str, Exception]:
+        """Start every replica concurrently, each component's apart: of a component whose replica cannot start, those
+        that did are stopped and its error returned, by component name; the others' serve. Raises a cancellation."""
+        groups: dict[str, list[ReplicaSpec]] = {}
+        for spec in specs:
+            groups.setdefault(spec.component, []).append(spec)
+        results = await asyncio.gather(*(self.start(group) for group in groups.values()), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Exception):
+                raise result
+        return {name: result for name, result in zip(groups, results, strict=True) if isinstance(result, Exception)}
+
     def forget(self, components: list[str]) -> list[asyncio.Future[None]]:
         """Retire every replica of `components`, which leave the deployment, and start none of theirs again
         (a replacement under way stops once up); returns the futures of their stops (see `retire`)."""
         self._gone.update(components)
         for name in components:  # a later component of one of these names starts afresh
             self.failed.pop(name, None)
+            self.failure_kinds.pop(name, None)
             self._crashes.pop(name, None)
         retiring = [self.retire(replica) for replica in list(self._keepers) if replica.component in components]
         return [stopped for stopped in retiring if stopped is not None]
@@ -187,14 +206,16 @@ class Supervisor:
         dead.gone.set()
         self.replaced.append(Replacement(dead.id, component, ReplicaState.DEAD, why, time.time()))
         self._on_down(dead, why)
-        self.mark_failed(component, why)
+        self.mark_failed(component, why, NATIVE_CRASHES)
         self._track(self.backend.stop(dead))
 
-    def mark_failed(self, component: str, why: str) -> None:
+    def mark_failed(self, component: str, why: str, kind: str) -> None:
         """Fail `component` (see the module's docstring): none of its replicas starts again, those running are
-        retired, and `on_failed` tells the front-end. Called here after its crashes, and by the deployment when an
-        update's try to start it again (`revive`) failed."""
+        retired, and `on_failed` tells the front-end. `why`: what its calls answer (error text included); `kind`:
+        what the probes, which ask no token, say of it. Called here after its crashes and its failed restarts,
+        and by the deployment when it could not start at deploy, or an update's try to start it again failed."""
         self.failed[component] = why
+        self.failure_kinds[component] = kind
         for replica in [r for r in self._keepers if r.component == component]:
             self.retire(replica)
         if self._on_failed is not None:
@@ -205,6 +226,7 @@ class Supervisor:
         replicas the caller starts again (`start`). Called when the deployment is updated."""
         revived = [name for name in components if self.failed.pop(name, None) is not None]
         for name in revived:
+            self.failure_kinds.pop(name, None)
             self._crashes.pop(name, None)
         return revived
 
@@ -314,12 +336,22 @@ class Supervisor:
                     return
                 except Exception as exc:
                     logger.error("restarting a replica of %s failed (attempt %d): %s", dead.component, attempt + 1, exc)
+                    if attempt + 1 >= RESTARTS_TO_FAIL and not self.replicas(dead.component):
+                        self._fail_restarts(dead.component, attempt + 1, exc)
+                        return
                 else:
                     self.restarts += 1
                     return
         finally:
             if dead in self._replacing:
                 self._replacing.remove(dead)
+
+    def _fail_restarts(self, component: str, attempts: int, error: Exception) -> None:
+        """Fail `component`, none of whose replicas is kept, after its `attempts` restarts in a row could not start."""
+        why = (f"{component} is failed: its replicas died and {attempts} restarts in a row could not start (the last: "
+               f"{type(error).__name__}: {error}); it is not restarted until it is replaced or the deployment is updated")
+        logger.error("%s", why)
+        self.mark_failed(component, why, RESTARTS_FAILED)
 
     async def add(self, spec: ReplicaSpec) -> Replica:
         """Start one more replica of `spec.component`; called by the autoscaler while the deployment serves.

@@ -18,9 +18,15 @@
     GET  /healthz    liveness: 200 whenever the process answers, from before its workers start until it
                      stops; whether every component has a replica passing its health checks ("workers":
                      "ok" or "degraded"), requests and body bytes in flight
-    GET  /readyz     readiness: 200 only when every worker is up; 503 while they start, while one is being
-                     replaced (its restart may be failing) or fails its health checks, and while draining
-                     (`Frontend.readiness`). The probes never ask for the token.
+    GET  /readyz     readiness: 200 while every pipeline that is not failed is ready ("ready", or "degraded"
+                     where some are failed); 503 while the workers start, while a component a pipeline not
+                     failed calls has no replica serving (each being replaced, its restart perhaps failing, or
+                     failing its health checks), where every pipeline is failed, and while draining
+                     (`Frontend.readiness`); its body names each pipeline ("pipelines") and each component not
+                     wholly ready ("components"), with why
+    GET  /v1/pipelines/{name}/readyz   pipeline `name`'s own readiness (`Frontend.pipeline_readiness`): 200
+                     ready, 503 starting, unready, failed or draining, with why; 404 for a name not served.
+                     The probes never ask for the token.
     GET  /metrics    Prometheus text (server/metrics.py)
     GET  /v1/graph, /v1/pipelines/{name}/graph   the captured graph (of the only pipeline, or of `name`)
     GET  /v1/plan    the deployment's configuration (`DeploymentConfig.describe`, an allow-list) and its inputs
@@ -88,7 +94,7 @@ _BODIES = web.AppKey("bodies", BodyBudget)
 _ROUTES = ("POST /v1/query, /v1/pipelines/{name}/query, /v1/chat/completions, GET /health, /healthz, /readyz, /metrics, "
            "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/activity, /v1/models, /dashboard, /openapi.json, /mcp")
 VERSION_HEADER = "X-Pipeline-Version"
-_PROBES = ("/health", "/healthz", "/readyz")  # answered from the start, and without the token
+_PROBES = ("/health", "/healthz", "/readyz", "/v1/pipelines/{name}/readyz")  # answered from the start, without the token
 
 
 def _json(status: int, payload: Any, headers: dict[str, str] | None = None) -> web.Response:
@@ -137,7 +143,7 @@ async def _edge(request: web.Request, handler: Callable[[web.Request], Awaitable
 async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
     frontend = request.app[_FRONTEND]
     token = frontend.config.server.auth_token
-    public = request.path in _PROBES or is_public(request.path)  # the dashboard's files hold no data
+    public = _is_probe(request) or is_public(request.path)  # the dashboard's files hold no data
     if token is not None and not public and not _authorized(request, token):
         message = "this endpoint needs the deployment's token: send the header 'Authorization: Bearer <auth_token>'"
         challenge = {"WWW-Authenticate": 'Bearer realm="patchkit"'}
@@ -162,6 +168,12 @@ async def _guarded(request: web.Request, handler: Callable[[web.Request], Awaita
         if exc.status in (408, 413):  # the body was not read to its end
             response.force_close()
         return response
+
+
+def _is_probe(request: web.Request) -> bool:
+    """Whether the route `request` reached is a probe (`_PROBES`, by the route's path as registered)."""
+    resource = request.match_info.route.resource
+    return request.path in _PROBES or (resource is not None and resource.canonical in _PROBES)
 
 
 def _authorized(request: web.Request, token: str) -> bool:
@@ -349,9 +361,19 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness: 200 only when every worker is up and the server is not draining, else 503 with why."""
+    """Readiness: 200 while every pipeline that is not failed is ready and the server is not draining, else 503;
+    the body says why, by pipeline and by component."""
     readiness = request.app[_FRONTEND].readiness()
-    return _json(200 if readiness.ready else 503, {"status": readiness.status, "reasons": list(readiness.reasons)})
+    return _json(200 if readiness.ready else 503, readiness.to_json())
+
+
+async def pipeline_readyz(request: web.Request) -> web.Response:
+    """Pipeline `name`'s readiness: 200 while it is ready, else 503 with why; 404 for a name not served."""
+    try:
+        readiness = request.app[_FRONTEND].pipeline_readiness(request.match_info["name"])
+    except Exception as exc:
+        return _error(request, exc)
+    return _json(200 if readiness.ready else 503, readiness.to_json())
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -427,6 +449,7 @@ def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Applic
     app.router.add_get("/health", health)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/pipelines/{name}/readyz", pipeline_readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/graph", graph)
     app.router.add_get("/v1/plan", plan)

@@ -26,7 +26,7 @@ OPENAPI_VERSION = "3.1.0"
 SCHEMAS = "#/components/schemas/{model}"
 JSON = "application/json"
 EVENTS = "text/event-stream"
-PROBES = frozenset({"/health", "/healthz", "/readyz"})  # answered without the token (http.py's _PROBES)
+PROBES = frozenset({"/health", "/healthz", "/readyz", "/v1/pipelines/{name}/readyz"})  # without the token (http.py's _PROBES)
 # How `InputSchema.describe` (server/inputs.py) words an input's JSON kind, as JSON Schema's types.
 INPUT_KINDS = {"a string": "string", "true or false": "boolean", "an integer": "integer", "a number": "number",
                "a list": "array", "an object": "object"}
@@ -68,10 +68,29 @@ class Health(TypedDict):
     inflight_bytes: int
 
 
-class Readiness(TypedDict):
+class OwnReadiness(TypedDict):
+    """A pipeline's readiness (`GET /v1/pipelines/{name}/readyz`), or a component's that is not ready."""
+
     status: str
-    """"ready", "starting", "draining", "not ready"."""
+    """A pipeline's: "ready", "starting", "unready" (a component it calls has no replica serving), "failed" (a
+    component it calls could not start, or its replicas could not be started again: until an update) or
+    "draining". A component's: "failed", "unready", or "degraded" (a replica serves, another does not)."""
     reasons: list[str]
+    """Why it is not ready, a line per replica or component (never an error's text)."""
+
+
+class Readiness(TypedDict):
+    """`GET /readyz`: the deployment's readiness, each pipeline's, and each component's that is not ready."""
+
+    status: str
+    """"ready"; "degraded" (200: some pipelines are failed, every other one is ready); "starting", "unready" (a
+    pipeline not failed is not ready), "failed" (every pipeline is) or "draining"."""
+    reasons: list[str]
+    """Why not every pipeline is ready, a line per replica or component."""
+    pipelines: dict[str, OwnReadiness]
+    """By pipeline name."""
+    components: dict[str, OwnReadiness]
+    """By component name, those not wholly ready only: "failed", "unready" or "degraded"."""
 
 
 @dataclass(frozen=True)
@@ -117,8 +136,17 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
     ("GET", "/health"): RouteDoc("As vLLM's: 200, no body, while every component has a healthy replica",
                                  replies={200: ("healthy", None), 503: ("unhealthy, and why", _OBJECT)}, text="text/plain"),
     ("GET", "/healthz"): RouteDoc("Liveness: 200 whenever the process answers", replies={200: ("alive", Health)}),
-    ("GET", "/readyz"): RouteDoc("Readiness: 200 only when every pipeline's workers are up",
-                                 replies={200: ("ready", Readiness), 503: ("not ready, and why", Readiness)}),
+    ("GET", "/readyz"): RouteDoc(
+        "Readiness: 200 while every pipeline that is not failed has its workers up",
+        replies={200: ("ready, or degraded (some pipelines failed, the others ready)", Readiness),
+                 503: ("starting, unready (a pipeline not failed is not ready), failed (every pipeline is) or draining, "
+                       "and why", Readiness)}),
+    ("GET", "/v1/pipelines/{name}/readyz"): RouteDoc(
+        "Pipeline `name`'s readiness: 200 while every component it calls has its workers up",
+        replies={200: ("ready", OwnReadiness),
+                 503: ("starting, unready (a replica being replaced or failing its health checks), failed (a component "
+                       "cannot start) or draining, and why", OwnReadiness),
+                 404: ("no pipeline of that name", ErrorReply)}),
     ("GET", "/metrics"): RouteDoc("Prometheus metrics", replies={200: ("the text exposition format", None)},
                                   text="text/plain"),
     ("GET", "/v1/models"): RouteDoc("The OpenAI models API: a model per pipeline served",
@@ -216,7 +244,7 @@ def _schema_of(shape: Any) -> dict[str, Any]:
 def _schemas() -> dict[str, Any]:
     """Every TypedDict the routes name, as JSON Schema (pydantic), their nested shapes included."""
     found: dict[str, Any] = {}
-    for shape in (QueryRequest, QueryReply, ErrorReply, Health, Readiness, Stats, PlanReport):
+    for shape in (QueryRequest, QueryReply, ErrorReply, Health, Readiness, OwnReadiness, Stats, PlanReport):
         schema = TypeAdapter(shape).json_schema(ref_template=SCHEMAS)
         found.update(schema.pop("$defs", {}))
         found[shape.__name__] = schema

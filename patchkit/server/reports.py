@@ -97,7 +97,8 @@ class ComponentStats(_ComponentClass):
     replaced: list[ReplacedReplica]
     """Its replicas replaced lately."""
     state: Literal["serving", "failed"]
-    """"failed" once its workers crashed past their restarts (ComponentFailed, HTTP 503) until an update."""
+    """"failed" where it could not start, or its workers died and could not be started again (its pipelines answer
+    ComponentFailed, HTTP 503), until an update."""
     failed: NotRequired[str]
     """Why it failed, where it did."""
 

@@ -3,14 +3,13 @@
 Shared by every pipeline the front-end (frontend.py) serves, and by every version of each: one
 `ReplicaSet` per component, one `BatchQueue` per (component, method) with the batch size the config
 (or its plan) gives it, the `Supervisor` that starts the replicas the backend places, the
-`Autoscaler` and the `Prefetcher`. A component object several pipelines use is deployed once
-(`patchkit.program.identity.deployed_names`); a component of a new version whose version (the digest of its
-identity, `patchkit.program.identity`, computed where the user's code is and carried by its spec) is a deployed
-one's is served by that one, its workers, queues and caches kept. Nothing here derives a digest.
+`Autoscaler` and the `Prefetcher`; which deployed component serves each component a pipeline calls is
+served.py's (`ServedComponents`, which a Deployment is). Nothing here derives a digest.
 
 `add` starts a version's new components, all or none, each with the options of the component it is a new
-version of (`replaced`); `adopt` then serves the version's calls with them, and `release` stops those no
-version in use calls (or, when what follows `add` fails, those `add` started).
+version of (`replaced`); `add_apart` starts the first pipelines' components each on its own, failing (`fail`)
+those that cannot start while the others serve; `adopt` then serves the version's calls with them, and `release`
+stops those no version in use calls (or, when what follows `add` fails, those `add` started).
 The request runner submits each component call here (`submit`), as do the workers whose components
 call the components they hold (`CallService`) and the prefetcher.
 """
@@ -21,9 +20,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from patchkit.capture.holders import constructor_components
 from patchkit.config import ComponentConfig, DeploymentConfig
@@ -35,22 +34,25 @@ from patchkit.orchestrator.execute import Failure, Outcome
 from patchkit.orchestrator.handles import CallService, Handles
 from patchkit.orchestrator.resources import ReplicaResources
 from patchkit.orchestrator.supervisor import HealthChecks, Supervisor
-from patchkit.program.identity import deployed_name, stamped_digest
+from patchkit.program.identity import stamped_digest
 from patchkit.scheduler.online.slo import SloPolicy
 from patchkit.serving.prefetch import PREFETCH_METHOD, Prefetcher, PrefetchRoute, find_routes
 from patchkit.serving.queues import BatchQueue, PendingCall
 from patchkit.serving.replicas import ReplicaSet
 from patchkit.serving.scaling import Autoscaler
+from patchkit.serving.served import ServedComponents, pipeline_uids
 
 if TYPE_CHECKING:
     from patchkit.program.pipeline import Pipeline  # the top layer: a type only
 
 __all__ = ["Deployment"]
 
+T = TypeVar("T")
+
 logger = logging.getLogger(__name__)
 
 
-class Deployment:
+class Deployment(ServedComponents):
     """The replicas and queues of every component the front-end's pipelines call, on the backend the config chose.
 
     Lives on the front-end's event loop. `policy` is the request runners' SLO policy, which the
@@ -63,10 +65,7 @@ class Deployment:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.components: dict[str, Component] = {}  # deployed name -> the component its workers run
-        self.names: dict[str, str] = {}  # uid -> deployed name
-        self.fingerprints: dict[str, str] = {}  # version (`ComponentSpec.digest`) -> deployed name
-        self.aliases: dict[str, Component] = {}  # uid of a component a deployed one serves -> that one
+        super().__init__()
         self.starting: set[str] = set()  # components `add` is starting: they serve nothing yet
         self.sets: dict[str, ReplicaSet] = {}
         self.retiring: set[str] = set()  # components `release` is stopping: no version calls them any more
@@ -81,57 +80,6 @@ class Deployment:
         self.prefetcher = Prefetcher([], self._submit_prefetch)
         self.calls: CallService | None = None  # takes the calls workers' components make to the components they hold
         self._calls_address = ""
-
-    # -- what serves what -------------------------------------------------------------------------------------
-    def new_components(self, pipelines: Mapping[str, Pipeline], versions: Mapping[str, int]) -> dict[str, Component]:
-        """The components of `pipelines` (by name, each at the version number `versions` gives) that no deployed
-        one serves (the same object, or one of its fingerprint), each object once, by the names `add` deploys
-        them as (`deployed_name`: for a first deployment, `deployed_names`' names). One component is one uid: a
-        component several pipelines share arrives as a copy per pipeline when they travel pickled."""
-        new: dict[str, Component] = {}
-        for pipeline_name, pipeline in pipelines.items():
-            for name, component in pipeline.components.items():
-                uid = component._patchkit_spec.uid  # one component however many copies its pipelines' pickles made
-                if uid in self.names:
-                    _warn_if_edited(self.names[uid], component, self.fingerprints)
-                if self._serving(component) is None and all(c._patchkit_spec.uid != uid for c in new.values()):
-                    new[deployed_name(name, pipeline_name, versions[pipeline_name], {*self.components, *new})] = component
-        return new
-
-    def replaced(self, pipelines: Mapping[str, Pipeline], new: Mapping[str, Component],
-                 served: Mapping[str, Pipeline]) -> dict[str, str]:
-        """Of `new` (by deployed name, as `new_components` gave them), each that is a new version of a deployed
-        component, with that one's name: the component the same pipeline names alike in its version `served` now.
-        A name new to its pipeline replaces nothing."""
-        by_uid = {component._patchkit_spec.uid: name for name, component in new.items()}
-        found: dict[str, str] = {}
-        for pipeline_name, pipeline in pipelines.items():
-            current = served.get(pipeline_name)
-            for var, component in pipeline.components.items():
-                name = by_uid.get(component._patchkit_spec.uid)
-                previous = None if current is None else current.components.get(var)
-                if name is None or name in found or previous is None:
-                    continue
-                found[name] = self.names[self.deployed(previous)._patchkit_spec.uid]
-        return found
-
-    def _serving(self, component: Component) -> Component | None:
-        """The deployed component that serves `component`'s calls: itself, its alias, or one of its fingerprint."""
-        uid = component._patchkit_spec.uid
-        if uid in self.names:
-            return self.components[self.names[uid]]
-        if uid in self.aliases:
-            return self.aliases[uid]
-        name = self.fingerprints.get(stamped_digest(component))
-        return None if name is None else self.components[name]
-
-    def deployed(self, component: Component) -> Component:
-        """The deployed component a call of `component` goes to: itself, or the one that serves it (`add`)."""
-        return self.aliases.get(component._patchkit_spec.uid, component)
-
-    def holds(self, pipeline: Pipeline) -> set[str]:
-        """The deployed names of the components that serve `pipeline`'s calls."""
-        return {self.names[self.deployed(c)._patchkit_spec.uid] for c in pipeline.components.values()}
 
     # -- lifecycle --------------------------------------------------------------------------------------------
     async def add(self, components: Mapping[str, Component], replaced: Mapping[str, str] | None = None,
@@ -150,18 +98,43 @@ class Deployment:
         returned (new name -> old), "starting" until a `RollingUpdate` has started their first replica in place
         of an old one's."""
         names = list(components)
-        replaced = replaced or {}
+        self._prepare(components, replaced or {})
+        rolls = self._rolls(names, rollable or {})
+        await self._starting(names, self._start([name for name in names if name not in rolls]))
+        self.starting.update(rolls)
+        self._scale(names)
+        return rolls
+
+    async def add_apart(self, components: Mapping[str, Component]) -> dict[str, Exception]:
+        """Deploy the first pipelines' `components` (as `add`), each on its own: one that cannot start is failed
+        (`fail`) while the others serve; returns each failed one's start error, by name. Called by the front-end's
+        `start`. Raises what fails them all (their placement, the service of held components' calls) or the
+        start's cancellation, with every replica of `components` stopped and nothing else changed."""
+        names = list(components)
+        self._prepare(components, {})
+        errors = await self._starting(names, self._start_apart(names))
+        for name, error in errors.items():
+            self.fail(name, f"{name} is failed: it could not start: {type(error).__name__}: {error}",
+                      f"it could not start ({type(error).__name__})")
+        self._scale(names)
+        return errors
+
+    def _prepare(self, components: Mapping[str, Component], replaced: Mapping[str, str]) -> None:
+        """Give each of `components` its sizes (see `add`), then register it and build its queues."""
         for name, component in components.items():
             old = replaced.get(name)
             if old is not None and name not in self.config.components:
                 self.config.carry(old, name, self._sizes(component, old))
             self.config.components.setdefault(name, self._sizes(component, None))
             self._register(name, component)
-        rolls = self._rolls(names, rollable or {})
+
+    async def _starting(self, names: list[str], start: Coroutine[Any, Any, T]) -> T:
+        """Run `start`, components `names` "starting" meanwhile; on its error or cancellation, every replica of
+        `names` is stopped and they are forgotten."""
         self.starting.update(names)
-        started = asyncio.ensure_future(self._start([name for name in names if name not in rolls]))
+        started = asyncio.ensure_future(start)
         try:
-            await asyncio.shield(started)
+            return await asyncio.shield(started)
         except BaseException:  # a start error, or the update cancelled: its starts end (a worker may be spawning)
             with contextlib.suppress(BaseException):
                 await started
@@ -170,14 +143,18 @@ class Deployment:
             raise
         finally:
             self.starting.difference_update(names)
-        self.starting.update(rolls)
+
+    def _scale(self, names: list[str]) -> None:
+        """The autoscaler watches components `names` too; it starts the first time, where the config's `autoscale` is on."""
         self.autoscaler.track(names)
         if self.config.autoscaling.autoscale and not self.autoscaler.running:
             self.autoscaler.start()
-        return rolls
 
     async def _start(self, names: list[str]) -> None:
         await self.supervisor.start(await self._specs(names))
+
+    async def _start_apart(self, names: list[str]) -> dict[str, Exception]:
+        return await self.supervisor.start_apart(await self._specs(names))
 
     def _rolls(self, names: list[str], rollable: Mapping[str, str]) -> dict[str, str]:
         """Of `rollable`, those to replace a few replicas at a time: all, where the backend has no room for every
@@ -190,6 +167,18 @@ class Deployment:
         logger.warning("no room for a second copy of %s beside the running one: replacing their replicas a few at a "
                        "time (a rolling update)", ", ".join(rollable))
         return dict(rollable)
+
+    def fail(self, name: str, why: str, kind: str) -> None:
+        """Fail component `name`: nothing of it starts again until an update revives it (`revive`), and its calls are
+        answered at once with ComponentFailed(`why`). `kind`: what the probes say of it, with no error text."""
+        self.supervisor.mark_failed(name, why, kind)
+
+    def failed_of(self, pipeline: Pipeline) -> dict[str, str]:
+        """Of the components that serve `pipeline`'s calls, the failed ones, with why; empty while none is."""
+        failed = self.supervisor.failed
+        if not failed:
+            return {}
+        return {name: failed[name] for name in sorted(self.holds(pipeline)) if name in failed}
 
     def fail_waiting(self, name: str, error: PatchkitError) -> None:
         """Fail every call waiting in component `name`'s queues with `error`: it will serve none (an update that
@@ -251,8 +240,8 @@ class Deployment:
             kept_routes = {self._deployed_route(route) for pipeline in live for route in find_routes(pipeline.graph)}
             routes = [self._deployed_route(route) for route in find_routes(retired.graph)]
             self.prefetcher.remove_routes([route for route in routes if route not in kept_routes])
-        kept = set().union(*(_uids(pipeline) for pipeline in live))
-        for uid in _uids(retired) - kept:
+        kept = set().union(*(pipeline_uids(pipeline) for pipeline in live))
+        for uid in pipeline_uids(retired) - kept:
             self.aliases.pop(uid, None)
 
     def _deployed_route(self, route: PrefetchRoute) -> PrefetchRoute:
@@ -381,7 +370,7 @@ class Deployment:
             for name in names:
                 why = f"{name} is failed: started again by an update, it could not start: {type(exc).__name__}: {exc}"
                 logger.error("%s", why)
-                self.supervisor.mark_failed(name, why)
+                self.fail(name, why, f"started again by an update, it could not start ({type(exc).__name__})")
 
     # -- calls --------------------------------------------------------------------------------------------------
     def submit(
@@ -402,17 +391,6 @@ class Deployment:
 
     def _submit_prefetch(self, uid: str, args: tuple[Any, ...]) -> asyncio.Future[Any]:
         return self.queues[uid, PREFETCH_METHOD].submit(CallEnvelope(args, {})).future
-
-
-def _warn_if_edited(name: str, component: Component, fingerprints: Mapping[str, str]) -> None:
-    """Say so where a deployed component object comes back with an edit of what it reads (its class changed in
-    place, a global of its module assigned again): one object is one component, whose workers it keeps."""
-    if name in fingerprints.values() and fingerprints.get(stamped_digest(component)) != name:
-        logger.warning("%s is the object deployed, but what its code reads changed since: it keeps its workers, "
-                       "which start no new version of it; make the object again to deploy the edit", name)
-def _uids(pipeline: Pipeline) -> set[str]:
-    """The uids of a pipeline's component objects, the copies its helpers' modules hold included."""
-    return {c._patchkit_spec.uid for c in pipeline.components.values()} | set(pipeline.component_aliases())
 
 
 def _prefix_key(component: Component, method: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:

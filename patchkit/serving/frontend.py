@@ -30,6 +30,7 @@ from patchkit.errors import ConfigError, InputError, PatchkitError, PipelineNotF
 from patchkit.orchestrator.backend import Backend
 from patchkit.scheduler.online.slo import SloPolicy, make_estimator
 from patchkit.serving.deployment import Deployment
+from patchkit.serving.readiness import DRAINING, STARTING, Readiness, of_pipeline, of_pipelines, report_start
 from patchkit.serving.rolling import RollingUpdate
 from patchkit.serving.runner import RequestResult, RequestRunner
 from patchkit.serving.stats import StatsCollector
@@ -94,9 +95,10 @@ class Frontend:
         self.versions: dict[str, Version] = {}  # by pipeline name: the version new requests run on
         self._retiring: set[Version] = set()  # replaced or removed, until their requests have ended
         self._initial = dict(pipelines) if isinstance(pipelines, Mapping) else {config.chat.name: pipelines}
+        self._first_names = tuple(self._initial)  # what the probes name while `start` runs
         self._updating = asyncio.Lock()
         self._releases: set[asyncio.Task[None]] = set()
-        self._listeners: dict[object, Callable[[], object]] = {}  # `on_change`'s, by a token of their own
+        self._listeners: list[Callable[[], object]] = []  # `on_change`'s
         # What the server calls, each answered by the part it belongs to.
         self.healthy = self.collector.healthy
         self.snapshot = self.collector.snapshot
@@ -108,11 +110,18 @@ class Frontend:
 
     # -- serving ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
-        """Start every pipeline's components (see `Deployment.add`); raises the first replica's start error, with
-        nothing left running."""
+        """Start every pipeline's components, each on its own (`Deployment.add_apart`).
+
+        A pipeline that calls a component that cannot start is failed, with its reason (one WARNING line each,
+        naming the pipeline, the component and why), while the others serve: its requests are answered at once
+        with ComponentFailed (503), its readiness is "failed". Raises the first failed component's start error,
+        with nothing left running, where no pipeline can serve, or where any is failed and the config's
+        `fail_fast` is set."""
         initial, self._initial = self._initial, {}  # the versions serving hold their pipelines: no copy kept here
         try:
-            await self._deploy(initial, ())
+            errors = await self._deploy(initial, ())
+            failed = {name: self.deployment.failed_of(v.pipeline) for name, v in self.versions.items()}
+            report_start(failed, errors, fail_fast=self.config.liveness.fail_fast)
         except BaseException:
             await self.deployment.close()
             raise
@@ -150,19 +159,26 @@ class Frontend:
 
     def describe(self, extra: Callable[[Version], dict[str, Any]] | None = None) -> list[dict[str, Any]]:
         """Each pipeline served (`GET /v1/pipelines`), with its `state`: "ready" when each component it calls has
-        a replica serving, else "unready", or "draining" once the endpoint stops; then each older version still
-        ending its requests ("retiring"). `extra`: more fields of each version's row (the server's own)."""
+        a replica serving, "failed" (with its `reason`, error text included) when one of them is failed, else
+        "unready", or "draining" once the endpoint stops; then each older version still ending its requests
+        ("retiring"). `extra`: more fields of each version's row (the server's own)."""
         rows = []
         for version in self._live():
             held = sorted(self.deployment.holds(version.pipeline))
+            failed = self.deployment.failed_of(version.pipeline)
             if version in self._retiring:
                 state = "retiring"
             elif self.closing or not self.started:
                 state = "draining" if self.closing else "starting"
+            elif failed:
+                state = "failed"
             else:
                 serving = all(any(r.alive for r in self.deployment.sets[name].replicas) for name in held)
                 state = "ready" if serving else "unready"
-            rows.append({**version.describe(), "state": state, "components": held, **(extra(version) if extra else {})})
+            row = {**version.describe(), "state": state, "components": held, **(extra(version) if extra else {})}
+            if state == "failed":
+                row["reason"] = "; ".join(failed.values())
+            rows.append(row)
         return rows
 
     def describe_made(self, made: Mapping[str, Version],
@@ -182,23 +198,14 @@ class Frontend:
 
     # -- updates ------------------------------------------------------------------------------------------------
     def on_change(self, listener: Callable[[], object]) -> Callable[[], None]:
-        """Call `listener()` on this loop each time an update changes what new requests run on: a new version of
-        a pipeline, a pipeline added or removed, or a failed update switching back. Called once per update,
-        after its switch; an exception it raises is logged and the others are still called.
-
-        Returns:
-            A function that stops the calls (the MCP server's, when it stops).
-        """
-        token = object()
-        self._listeners[token] = listener
-
-        def stop() -> None:
-            self._listeners.pop(token, None)
-
-        return stop
+        """Call `listener()` on this loop once per update that changes what new requests run on (a new version, a
+        pipeline added or removed, a failed update switching back), after its switch; one that raises is logged.
+        Returns a function that stops the calls (the MCP server's, when it stops)."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
 
     def _changed(self) -> None:
-        for listener in list(self._listeners.values()):
+        for listener in list(self._listeners):
             try:
                 listener()
             except Exception:
@@ -241,10 +248,13 @@ class Frontend:
             raise ConfigError("an endpoint serves at least one pipeline: update it with another before removing the last")
 
     async def _deploy(self, pipelines: Mapping[str, Pipeline], remove: Iterable[str],
-                      numbers: Mapping[str, int] | None = None) -> None:
+                      numbers: Mapping[str, int] | None = None) -> dict[str, Exception]:
         """Start what `pipelines` need, build their versions, then switch to them with no await in between: an
         update is applied whole or not at all. A failure (or the update's cancellation) at any step before the
-        switch stops the components started for it, and the versions serving keep serving, unchanged."""
+        switch stops the components started for it, and the versions serving keep serving, unchanged.
+
+        The first deployment (no `numbers`) starts each component on its own instead (`Deployment.add_apart`):
+        returned, the start error of each that could not start, by name (failed, the others serve)."""
         first = numbers is None
         numbers = numbers or dict.fromkeys(pipelines, 1)
         for name, pipeline in pipelines.items():
@@ -253,12 +263,17 @@ class Frontend:
         added = self.deployment.new_components(pipelines, numbers)
         served = {name: version.pipeline for name, version in self.versions.items()}
         replaced = self.deployment.replaced(pipelines, added, served)
-        rolls = await self.deployment.add(added, replaced, self._rollable(replaced, pipelines, remove))
+        errors: dict[str, Exception] = {}
+        if first:
+            errors, rolls = await self.deployment.add_apart(added), {}
+        else:
+            rolls = await self.deployment.add(added, replaced, self._rollable(replaced, pipelines, remove))
         rolling = RollingUpdate(self.deployment, rolls)
         try:
             versions = [self._version(name, pipeline, numbers[name]) for name, pipeline in pipelines.items()]
             self.deployment.adopt(pipelines.values())
-            await self.deployment.revive(pipelines.values())
+            if not first:  # a component the first deployment could not start is failed, not started again at once
+                await self.deployment.revive(pipelines.values())
             await rolling.before_switch()
         except BaseException:
             await asyncio.shield(self._roll_back(added, rolling))  # a withdrawn update's cancellation ends no rollback
@@ -279,6 +294,7 @@ class Frontend:
             self._track(rolling.finish())
         if self.versions and not first:
             logger.info("serving %s", ", ".join(f"{v.name} version {v.tag}" for v in self.versions.values()))
+        return errors
 
     def _rollable(self, replaced: Mapping[str, str], pipelines: Mapping[str, Pipeline],
                   remove: Iterable[str]) -> dict[str, str]:
@@ -364,17 +380,28 @@ class Frontend:
 
     # -- probes and shutdown ------------------------------------------------------------------------------------
     def readiness(self) -> Readiness:
-        """Whether the front-end takes requests now, and if not why; called by `/readyz`.
+        """Whether the front-end takes requests now, and if not why, with each pipeline's own and each component's
+        not wholly ready (`patchkit.serving.readiness`); called by `/readyz`. "starting" until every replica `start`
+        started is up, "draining" from `drain` on."""
+        if not self.started or self.closing:
+            own = DRAINING if self.closing else STARTING
+            return Readiness(own.status, own.reasons, dict.fromkeys(self._names(), own))
+        states = self.collector.not_ready()
+        pipelines = {name: of_pipeline(self.deployment.holds(v.pipeline), states) for name, v in self.versions.items()}
+        held = set().union(*(self.deployment.holds(version.pipeline) for version in self.versions.values()))
+        return of_pipelines(pipelines, held, states)
 
-        "starting" until every replica `start` started is up, "draining" from `drain` on, "unready" while a
-        replica is out of service (being replaced: its restart may be failing) or failing its health checks
-        (`StatsCollector.not_ready`), else "ready"."""
-        if not self.started:
-            return Readiness("starting", ("the workers are starting",))
-        if self.closing:
-            return Readiness("draining", ("the endpoint is shutting down",))
-        reasons = self.collector.not_ready()
-        return Readiness("unready" if reasons else "ready", tuple(reasons))
+    def pipeline_readiness(self, name: str) -> Readiness:
+        """Pipeline `name`'s own readiness (`patchkit.serving.readiness.of_pipeline`), "starting" and "draining" as
+        the front-end's; called by `/v1/pipelines/{name}/readyz`. Raises PipelineNotFound for a name not served."""
+        if name not in self._names():
+            raise PipelineNotFound(name, list(self._names()))
+        if not self.started or self.closing:
+            return DRAINING if self.closing else STARTING
+        return of_pipeline(self.deployment.holds(self.versions[name].pipeline), self.collector.not_ready())
+
+    def _names(self) -> tuple[str, ...]:
+        return tuple(self.versions) if self.started else self._first_names
 
     async def drain(self) -> None:
         """Refuse new requests and updates, stop the autoscaler, then wait for in-flight requests (up to the
@@ -419,15 +446,3 @@ async def _stamped(pipelines: Iterable[Pipeline]) -> None:
     missing = [pipeline for pipeline in pipelines if pipeline.stamped is None]
     if missing:
         await asyncio.to_thread(lambda: [pipeline.stamp() for pipeline in missing])
-
-
-@dataclass(frozen=True)
-class Readiness:
-    """What `/readyz` answers: `status` ("ready", "starting", "draining" or "unready") and why it is not ready."""
-
-    status: str
-    reasons: tuple[str, ...] = ()
-
-    @property
-    def ready(self) -> bool:
-        return self.status == "ready"

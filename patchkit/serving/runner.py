@@ -26,7 +26,7 @@ from patchkit.capture.pending import Window, run_in_window
 from patchkit.config import DeploymentConfig
 from patchkit.core import CallSite, Component, MakeMethod, call_hook, make_methods
 from patchkit.core.options import Answer, CallOptions, CallReport, honoured_options
-from patchkit.errors import DeadlineExceeded, Overloaded, WorkerDiedError
+from patchkit.errors import ComponentFailed, DeadlineExceeded, Overloaded, WorkerDiedError
 from patchkit.orchestrator.envelope import CallEnvelope
 from patchkit.scheduler.online.slo import RequestState, SloPolicy
 from patchkit.scheduler.online.traces import Visit
@@ -155,7 +155,8 @@ class RequestRunner:
         `on_step`: called on this loop with each step event of the request's component calls, as each
         starts and ends, in that order (`patchkit.serving.steps`).
         Cancelling the query (its client went away) withdraws its queued calls and stops its running
-        ones where they can stop; it counts as `cancelled`.
+        ones where they can stop; it counts as `cancelled`. While a component that serves the pipeline's calls is
+        failed (`Deployment.fail`), the query raises ComponentFailed at once, naming the pipeline and why.
         """
         if self._held is not None:  # a version switched to before its components serve (`hold`)
             serving = await asyncio.shield(self._held)
@@ -205,6 +206,8 @@ class RequestRunner:
     ) -> RequestResult:
         if self.closing:
             raise Overloaded(self.load(), 0, "the endpoint is shutting down")
+        if failed := self.deployment.failed_of(self.pipeline):  # answered now: it would fail where it reached one
+            raise ComponentFailed(f"pipeline {self.name} cannot serve: {'; '.join(failed.values())}")
         if (load := self.load()) >= self.config.limits.max_inflight_requests:
             raise Overloaded(load, self.config.limits.max_inflight_requests)
         start = time.perf_counter()

@@ -123,6 +123,8 @@ class Autoscaler:
 
     async def _add(self, name: str, now: float) -> str | None:
         """Start one more replica; its id, or None when it could not start (logged)."""
+        if name in self.supervisor.failed:  # nothing of it starts until an update revives it
+            return None
         self.policy.adding(now)
         try:
             replica = await self.supervisor.add(self.one_more(name))

@@ -2,7 +2,8 @@
 
 Every request the front-end refuses or runs is counted here once, under the name `outcome_of` gives
 its end (runner.py counts what it runs, the HTTP edge what it refuses before). `snapshot()` feeds
-`/metrics`, `stats()` `/v1/stats` and `Endpoint.stats()`, `healthy()` `/healthz`, `not_ready()` `/readyz`.
+`/metrics`, `stats()` `/v1/stats` and `Endpoint.stats()`, `healthy()` `/healthz`, `not_ready()` `/readyz` and
+each pipeline's readiness.
 """
 
 from __future__ import annotations
@@ -67,26 +68,31 @@ class StatsCollector:
         passing = {*self.deployment.starting, *self.deployment.retiring}
         return all(any(r.healthy for r in s.replicas) for n, s in self.deployment.sets.items() if n not in passing)
 
-    def not_ready(self) -> list[str]:
-        """Why not every worker is up, one line per replica (none: all are); part of `/readyz`, which asks no
-        token, so each line names the replica and its state, never its error text."""
-        supervisor = self.deployment.supervisor
-        reasons = [f"{r.id} is {r.state.value}; another is starting in its place" for r in supervisor.replacing()
-                   if r.component not in self.deployment.retiring]
-        for name, replica_set in self.deployment.sets.items():
-            if name in self.deployment.starting or name in self.deployment.retiring:
+    def not_ready(self) -> dict[str, tuple[str, list[str]]]:
+        """Each component not wholly ready, by name: its state and why, a line per replica. "failed" (see
+        `Deployment.fail`; its line says what kind of failure), "unready" (no replica serves: each is being
+        replaced, gone or failing its health checks) or "degraded" (one serves, another does not). Those ready
+        are left out. Read by `Frontend.readiness` (`/readyz`, which asks no token), so each line names the
+        replica and its state, never its error text."""
+        supervisor, deployment = self.deployment.supervisor, self.deployment
+        found: dict[str, tuple[str, list[str]]] = {}
+        for name, replica_set in deployment.sets.items():
+            if name in deployment.starting or name in deployment.retiring:
                 continue  # an update's new component, serving nothing until all of it is up; or one no version calls
             if name in supervisor.failed:
-                reasons.append(f"{name} is failed: its replicas die by a signal in native code at every start")
+                found[name] = ("failed", [f"{name} is failed: {supervisor.failure_kinds[name]}"])
                 continue
+            lines = [f"{r.id} is {r.state.value}; another is starting in its place" for r in supervisor.replacing(name)]
             for replica in replica_set.replicas:
                 if not replica.alive:
-                    reasons.append(f"{replica.id} is gone")
+                    lines.append(f"{replica.id} is gone")
                 elif replica.failed_checks:
-                    reasons.append(f"{replica.id} failed its last {replica.failed_checks} health checks")
-            if not replica_set.replicas and not supervisor.replacing(name):
-                reasons.append(f"{name} has no replica serving")
-        return reasons
+                    lines.append(f"{replica.id} failed its last {replica.failed_checks} health checks")
+            if not replica_set.replicas and not lines:
+                lines.append(f"{name} has no replica serving")
+            if lines:
+                found[name] = ("degraded" if any(r.healthy for r in replica_set.replicas) else "unready", lines)
+        return found
 
     def snapshot(self) -> FrontendSnapshot:
         """The counters at this moment, for `/metrics` and `stats()`."""
