@@ -335,7 +335,7 @@ def test_patchkit_serve_keeps_serving_the_healthy_pipeline_and_exits_where_none_
         reply = httpx.post(url + "/v1/pipelines/notes/query", json={"inputs": {"text": "sets"}}, timeout=30)
         assert reply.json()["output"] == "notes on sets"
         assert _get(url + "/v1/pipelines/broken/readyz")[0] == 503 and _get(url + "/readyz")[0] == 200
-        assert "WARNING patchkit.serving.frontend: pipeline broken is failed: its component broken could not start: " \
+        assert "WARNING patchkit.serving.readiness: pipeline broken is failed: its component broken could not start: " \
                "ComponentError: broken.setup raised: RuntimeError: the model file is missing" in log.read_text()
     code, stderr = _serve_exits(tmp_path, "broken=broken.py")
     assert code == 2 and "patchkit serve: broken.setup raised: RuntimeError: the model file is missing" in stderr
