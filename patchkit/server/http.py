@@ -51,20 +51,17 @@ WARNING line naming the route, the status and the message.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
 import weakref
-import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestPayloadError
 
 from patchkit.errors import InputError
-from patchkit.server.bodies import BodyBudget
+from patchkit.server.bodies import BodyBudget, announced_size, decode, read_within
 from patchkit.server.chat import ChatRoutes
 from patchkit.server.dashboard import DashboardRoutes, is_public
 from patchkit.server.events import EventStream, pump
@@ -86,7 +83,6 @@ logger = logging.getLogger(__name__)
 # are the client's input (Endpoint.query raises InputError), the rest name the HTTP status.
 _HTTP_ERRORS = {400: "InputError", 401: "Unauthorized", 404: "NotFound", 405: "MethodNotAllowed",
                 408: "RequestTimeout", 413: "InputError", 415: "InputError"}
-_DECODERS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _FRONTEND = web.AppKey("frontend", Frontend)
 _SCHEMAS = web.AppKey("schemas", weakref.WeakKeyDictionary)  # Version -> its InputSchema
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
@@ -190,8 +186,8 @@ async def read_body(request: web.Request, run: Callable[[bytes], Awaitable[web.S
     limit = frontend.config.limits.max_body_bytes
     held = 0  # the body's bytes counted in flight, from its headers until the request ends
     try:
-        held = bodies.hold(_announced_size(request, limit))
-        body = _decode(request, await _read(request, frontend.config.server.read_timeout_s, limit), limit)
+        held = bodies.hold(announced_size(request, limit))
+        body = decode(request, await read_within(request, frontend.config.server.read_timeout_s, limit), limit)
         held = bodies.hold(len(body), held)
         return await run(body)
     except (web.HTTPException, ConnectionResetError):
@@ -294,52 +290,6 @@ async def _stream_query(request: web.Request, version: Version, parsed: QueryBod
         final = json.dumps({**payload, "request_id": request_id}).encode()
     await stream.send(final)
     return await stream.finish()
-
-
-def _too_large(limit: int, size: int, decoded: str = "") -> web.HTTPRequestEntityTooLarge:
-    return web.HTTPRequestEntityTooLarge(limit, size, text=f"the body is over the limit of {limit} bytes{decoded}")
-
-
-def _announced_size(request: web.Request, limit: int) -> int:
-    """The body's Content-Length (0 when it has none): over the limit, refused before it is read."""
-    size = request.content_length or 0
-    if size > limit:
-        raise _too_large(limit, size)
-    return size
-
-
-async def _read(request: web.Request, timeout_s: float, limit: int) -> bytes:
-    """The body as sent, within `timeout_s` of its headers."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await request.read()
-    except TimeoutError:
-        raise web.HTTPRequestTimeout(text=f"the body did not arrive within read_timeout_s ({timeout_s:g} s)") from None
-    except web.HTTPRequestEntityTooLarge:
-        raise _too_large(limit, limit + 1) from None
-    except RequestPayloadError as exc:
-        raise InputError(f"the body could not be read: {' '.join(str(exc).split())}") from None
-
-
-def _decode(request: web.Request, body: bytes, limit: int) -> bytes:
-    """Undo the body's Content-Encoding (gzip, deflate, identity), bounded by the body limit once decoded."""
-    codings = [c.strip().lower() for c in request.headers.get("Content-Encoding", "").split(",") if c.strip()]
-    for coding in reversed(codings):  # the last one listed was applied last
-        if coding == "identity":
-            continue
-        if coding not in _DECODERS:
-            raise web.HTTPUnsupportedMediaType(text=f"Content-Encoding {coding!r} is not supported: send the body "
-                                               "as it is, or gzip or deflate it")
-        decompressor = zlib.decompressobj(_DECODERS[coding])
-        try:
-            body = decompressor.decompress(body, limit + 1)
-        except zlib.error as exc:
-            raise InputError(f"the body is not {coding} data, as its Content-Encoding says ({exc})") from None
-        if len(body) > limit:
-            raise _too_large(limit, len(body), " once decoded")
-        if not decompressor.eof:
-            raise InputError(f"the body's {coding} data is cut short")
-    return body
 
 
 async def healthz(request: web.Request) -> web.Response:
