@@ -60,15 +60,16 @@ from patchkit.errors import InputError
 from patchkit.server.bodies import BodyBudget
 from patchkit.server.chat import ChatRoutes
 from patchkit.server.dashboard import DashboardRoutes, is_public
-from patchkit.server.events import EventStream, pump
+from patchkit.server.events import ERROR_EVENT, STEP_EVENT, EventStream, pump
 from patchkit.server.inputs import InputSchema, QueryBody, output_json
 from patchkit.server.loop_lag import LoopLag
 from patchkit.server.metrics import CONTENT_TYPE, DeploymentMetrics
-from patchkit.server.openapi import document
+from patchkit.server.openapi import PipelineDoc, document
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of, set_request_id
 from patchkit.server.request_ids import REQUEST_ID, check_request_id, new_request_id
 from patchkit.serving.frontend import Frontend, RequestResult, Version
 from patchkit.serving.runner import FieldDelta, outcome_of
+from patchkit.serving.steps import StepEvent
 
 __all__ = ["build_app", "error_reply"]
 
@@ -83,6 +84,7 @@ _FRONTEND = web.AppKey("frontend", Frontend)
 _SCHEMAS = web.AppKey("schemas", weakref.WeakKeyDictionary)  # Version -> its InputSchema
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
 _BODIES = web.AppKey("bodies", BodyBudget)
+_CHAT = web.AppKey("chat", ChatRoutes)
 _ROUTES = ("POST /v1/query, /v1/pipelines/{name}/query, /v1/chat/completions, GET /health, /healthz, /readyz, /metrics, "
            "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/activity, /v1/models, /dashboard, /openapi.json")
 VERSION_HEADER = "X-Pipeline-Version"
@@ -194,11 +196,11 @@ async def query(request: web.Request) -> web.StreamResponse:
         version = request.app[_FRONTEND].route(request.match_info.get("name"))
         parsed = schema_of(request.app, version).parse(body)
         steps = parsed.steps or _steps_asked(request)
+        if steps:
+            _check_steps(request, parsed.stream)
         _check_options(version, parsed)
         if parsed.stream:
             return await _stream_query(request, version, parsed, steps)
-        if steps:
-            raise InputError('steps are events of a stream: send "stream": true with ?steps=true')
         result = await version.runner.query(parsed.inputs, parsed.slo_ms, request_id=request_id_of(request),
                                             options=parsed.options, field=parsed.field)
         return web.Response(body=_result_json(result), content_type="application/json",
@@ -250,19 +252,20 @@ def _steps_asked(request: web.Request) -> bool:
 
 
 async def _stream_query(request: web.Request, version: Version, parsed: QueryBody, steps: bool = False) -> web.StreamResponse:
-    """`"stream": true`: a `data: {"delta": ...}` event per chunk, then the reply as the last event; with `steps`,
-    a `data: {"step": ...}` event as each call starts and ends, among them in the order they happened.
+    """`"stream": true`: a `data: {"delta": ...}` event per chunk, then the reply, then `event: end`; with `steps`,
+    an `event: step` as each call starts and ends, among them in the order they happened.
 
-    An error before the first event is the usual JSON error; after it, a last `data: {"error": ...}` event."""
+    An error before the first event is the usual JSON error; after it, an `event: error` before the end."""
     request_id = request_id_of(request)
     stream = EventStream(request, {REQUEST_ID_HEADER: request_id, VERSION_HEADER: version.tag})
 
-    async def send_delta(item: str | FieldDelta | dict[str, Any]) -> None:
+    async def send_delta(item: str | FieldDelta | StepEvent) -> None:
         if isinstance(item, FieldDelta):
-            event: dict[str, Any] = {"delta": item.text, "field": item.field}
+            await stream.send(json.dumps({"delta": item.text, "field": item.field}).encode())
+        elif isinstance(item, str):
+            await stream.send(json.dumps({"delta": item}).encode())
         else:
-            event = {"delta": item} if isinstance(item, str) else {"step": item}
-        await stream.send(json.dumps(event).encode())
+            await stream.send(json.dumps({"step": item}).encode(), STEP_EVENT)
 
     def run(report: Callable[[Any], object]) -> Awaitable[RequestResult]:
         return version.runner.query(parsed.inputs, parsed.slo_ms, request_id=request_id, on_delta=report,
@@ -270,16 +273,25 @@ async def _stream_query(request: web.Request, version: Version, parsed: QueryBod
 
     try:
         result = await pump(run, send_delta)
-        final = _result_json(result)
+        await stream.send(_result_json(result))
     except ConnectionResetError:
         raise  # the client went away: nobody to answer
     except Exception as exc:
         if not stream.started:
             raise
         _, payload = error_reply(exc, debug=request.app[_FRONTEND].config.server.debug)
-        final = json.dumps({**payload, "request_id": request_id}).encode()
-    await stream.send(final)
-    return await stream.finish()
+        await stream.send(json.dumps({**payload, "request_id": request_id}).encode(), ERROR_EVENT)
+        return await stream.end(request_id, ok=False)
+    return await stream.end(request_id, ok=True)
+
+
+def _check_steps(request: web.Request, stream: bool) -> None:
+    """Step events asked for: refused where the deployment offers none, or without a stream (InputError)."""
+    if request.app[_FRONTEND].config.server.steps == "off":
+        raise InputError('this deployment sends no step events (its server option steps is "off"): leave "steps" '
+                         'out, or deploy with steps="timings" or steps="previews"')
+    if not stream:
+        raise InputError('steps are events of a stream: send "stream": true with "steps": true (or ?steps=true)')
 
 
 def _too_large(limit: int, size: int, decoded: str = "") -> web.HTTPRequestEntityTooLarge:
@@ -392,12 +404,22 @@ async def traces(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    """This API as an OpenAPI 3.1 document: the routes served, and the inputs of each pipeline."""
+    """This API as an OpenAPI 3.1 document: the routes served, and each pipeline's own query body."""
     frontend = request.app[_FRONTEND]
     routes = [(route.method, route.resource.canonical, route.handler) for route in request.app.router.routes()
               if route.resource is not None]
-    inputs = {name: schema_of(request.app, version).describe() for name, version in frontend.versions.items()}
-    return _json(200, document(routes, inputs=inputs, auth=frontend.config.server.auth_token is not None))
+    several = len(frontend.versions) > 1
+    served = {name: _pipeline_doc(request.app, name, version, several) for name, version in frontend.versions.items()}
+    return _json(200, document(routes, pipelines=served, auth=frontend.config.server.auth_token is not None))
+
+
+def _pipeline_doc(app: web.Application, name: str, version: Version, several: bool) -> PipelineDoc:
+    """What `/openapi.json` says of pipeline `name`: its inputs, its output's fields, the options its answering call
+    honours (for any field asked), whether steps are offered, and its chat body."""
+    fields = tuple(version.pipeline.graph.output_fields)
+    honoured = frozenset.intersection(*(version.runner.honoured(f) for f in (None, *fields)))
+    return PipelineDoc(schema_of(app, version).json_schema(), fields, honoured,
+                       app[_FRONTEND].config.server.steps != "off", app[_CHAT].body_schema(name, version, several))
 
 
 def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Application:
@@ -421,6 +443,7 @@ def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Applic
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/traces", traces)
     app.router.add_get("/openapi.json", openapi)
-    ChatRoutes(frontend, read_body).add_to(app.router)
+    app[_CHAT] = ChatRoutes(frontend, read_body)
+    app[_CHAT].add_to(app.router)
     DashboardRoutes(frontend).add_to(app.router)
     return app

@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from patchkit.core.jsonable import NOT_JSON, json_form
 from patchkit.core.options import OPTIONS, CallOptions, OptionError
 from patchkit.errors import InputError, unknown_input
 
@@ -247,12 +248,8 @@ def output_json(output: Any) -> bytes:
 
 
 def _convert(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    if hasattr(value, "tolist"):  # numpy arrays and scalars
-        return value.tolist()
-    raise TypeError(
-        f"the pipeline's output holds a {type(value).__name__}, which JSON cannot carry; return str, numbers, lists or dicts"
-    )
+    converted = json_form(value)
+    if converted is NOT_JSON:
+        raise TypeError(f"the pipeline's output holds a {type(value).__name__}, which JSON cannot carry; return str, "
+                        "numbers, lists or dicts")
+    return converted

@@ -11,39 +11,43 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import inspect
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NotRequired
+from typing import Any, Literal, NotRequired
 
 from pydantic import TypeAdapter
 from typing_extensions import TypedDict
 
+from patchkit.core.options import options_schema
+from patchkit.server.inputs import MAX_SLO_MS
 from patchkit.server.reports import PlanReport, QueryReply, Stats
+from patchkit.serving.steps import StepEvent
 
-__all__ = ["ROUTE_DOCS", "RouteDoc", "document"]
+__all__ = ["ROUTE_DOCS", "STREAM_EVENTS", "PipelineDoc", "RouteDoc", "document", "query_body", "stream_schema"]
 
 OPENAPI_VERSION = "3.1.0"
 SCHEMAS = "#/components/schemas/{model}"
 JSON = "application/json"
 EVENTS = "text/event-stream"
 PROBES = frozenset({"/health", "/healthz", "/readyz"})  # answered without the token (http.py's _PROBES)
-# How `InputSchema.describe` (server/inputs.py) words an input's JSON kind, as JSON Schema's types.
-INPUT_KINDS = {"a string": "string", "true or false": "boolean", "an integer": "integer", "a number": "number",
-               "a list": "array", "an object": "object"}
 
 
 class QueryRequest(TypedDict):
-    """`POST /v1/query`'s body."""
+    """`POST /v1/query`'s body, of any pipeline (each served pipeline's own path says its inputs)."""
 
     inputs: dict[str, Any]
     """The pipeline's inputs by name; every one is required but those the deployment names in optional_inputs."""
-    slo_ms: NotRequired[float]
+    slo_ms: NotRequired[float | None]
     """This request's latency target, in milliseconds (default: the deployment's slo_ms)."""
     stream: NotRequired[bool]
-    """True: a text/event-stream of `{"delta": ...}` events, then the final `{"output", "request_id", ...}`."""
-    options: NotRequired[dict[str, Any]]
+    """True: a text/event-stream (the events are named in the reply's description)."""
+    steps: NotRequired[bool]
+    """With stream: an `event: step` as each component call starts and ends (or `?steps=true`); refused where the
+    deployment's steps option is "off"."""
+    options: NotRequired[dict[str, Any] | None]
     """Sampling options (max_tokens, stop, temperature, top_p, seed, ...) for the call whose result is the output."""
-    field: NotRequired[str]
+    field: NotRequired[str | None]
     """Of a dict output, the field whose call the options (and the stream) are for."""
 
 
@@ -60,6 +64,19 @@ class ErrorReply(TypedDict):
     request_id: NotRequired[str]
 
 
+class OpenAIErrorBody(TypedDict):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class OpenAIError(TypedDict):
+    """The chat API's errors, in OpenAI's form."""
+
+    error: OpenAIErrorBody
+
+
 class Health(TypedDict):
     status: str
     workers: str
@@ -74,37 +91,95 @@ class Readiness(TypedDict):
     reasons: list[str]
 
 
+class StreamDelta(TypedDict):
+    """An unnamed event: a text chunk of the output's streaming call."""
+
+    delta: str
+    field: NotRequired[str]
+    """Of a dict output whose several fields stream: the field the chunk is of."""
+
+
+class StreamStep(TypedDict):
+    """`event: step`: a component call started or ended (only where the client asked for steps)."""
+
+    step: StepEvent
+
+
+class StreamError(TypedDict):
+    """`event: error`: the request failed after the stream began; an `event: end` follows."""
+
+    error: ErrorBody
+    request_id: str
+
+
+class StreamEnd(TypedDict):
+    """`event: end`: always the stream's last event."""
+
+    request_id: str
+    status: Literal["ok", "error"]
+
+
+STREAM_EVENTS = (StreamDelta, StreamStep, QueryReply, StreamError, StreamEnd)  # the data of a query stream's events
+STREAM_DESCRIPTION = (
+    "With stream: true, server-sent events: unnamed events (`data:` only) carry a StreamDelta per text chunk, then "
+    "the final QueryReply; `event: step` carries a StreamStep as each component call starts and ends (where the client "
+    "asked for steps and the deployment offers them); `event: error` carries a StreamError where the request failed "
+    "after the stream began, instead of the QueryReply; `event: end` carries a StreamEnd, always last.")
+
+
 @dataclass(frozen=True)
 class RouteDoc:
-    """One route: what it does, its body, and its replies by status (a shape, a media type, or None)."""
+    """One route: what it does, its body, and its replies by status (a shape, a media type, or None).
+
+    `text`: the media type (or types) of its 200 where it is not JSON; `only`: it answers the only pipeline
+    served, so it is left out where several are (it would answer 400 naming them); `public`: served without the
+    token; `params`: the JSON Schema of a path parameter, by name, where it is not any string.
+    """
 
     summary: str
     request: Any = None
     replies: Mapping[int, tuple[str, Any]] = field(default_factory=dict)
     stream: bool = False  # its 200 may be a text/event-stream
-    text: str | None = None  # its 200 is this media type, not JSON
+    text: str | tuple[str, ...] | None = None  # its 200 is this media type, not JSON
+    only: bool = False
+    public: bool = False
+    params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineDoc:
+    """What the document says of one served pipeline.
+
+    Its `inputs` object (`InputSchema.json_schema`), its output's fields, the call options the call that answers
+    honours, whether step events are offered, and the chat request body its model takes (None: no chat request
+    can be answered by it).
+    """
+
+    inputs: Mapping[str, Any]
+    fields: tuple[str, ...] = ()
+    honoured: frozenset[str] = frozenset()
+    steps: bool = True
+    chat: Mapping[str, Any] | None = None
 
 
 _OBJECT = dict[str, Any]
+_SEVERAL = "bad input"
+_QUERY_REPLIES: dict[int, tuple[str, Any]] = {
+    200: ("its output; with stream: true, server-sent events", QueryReply),
+    400: ("bad input (the body names what to fix)", ErrorReply), 500: ("a component raised", ErrorReply),
+    503: ("admission closed (Retry-After), or a component failed", ErrorReply),
+    504: ("past the request's deadline", ErrorReply)}
+DASHBOARD_FILES = ("app.js", "style.css", "index.html")  # the dashboard's files under /dashboard/
 ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
-    ("POST", "/v1/query"): RouteDoc(
-        "Run the only pipeline served on these inputs", QueryRequest,
-        {200: ("its output; with stream: true, server-sent events", QueryReply),
-         400: ("bad input, or several pipelines served", ErrorReply), 413: ("body too large", ErrorReply),
-         500: ("a component raised", ErrorReply), 503: ("admission closed (Retry-After), or a component failed",
-                                                        ErrorReply),
-         504: ("past the request's deadline", ErrorReply)}, stream=True),
+    ("POST", "/v1/query"): RouteDoc("Run the only pipeline served on these inputs", QueryRequest, _QUERY_REPLIES,
+                                    stream=True, only=True),
     ("POST", "/v1/pipelines/{name}/query"): RouteDoc(
-        "Run pipeline `name` on these inputs", QueryRequest,
-        {200: ("its output; with stream: true, server-sent events", QueryReply),
-         400: ("bad input", ErrorReply), 404: ("no pipeline of that name", ErrorReply),
-         413: ("body too large", ErrorReply), 500: ("a component raised", ErrorReply),
-         503: ("admission closed (Retry-After), or a component failed", ErrorReply),
-         504: ("past the request's deadline", ErrorReply)}, stream=True),
+        "Run pipeline `name` on these inputs (each pipeline served also has its own path, with its inputs)",
+        QueryRequest, {**_QUERY_REPLIES, 404: ("no pipeline of that name", ErrorReply)}, stream=True),
     ("GET", "/v1/pipelines"): RouteDoc("Each pipeline served: name, version, digest, inputs, output, state",
                                        replies={200: ("the pipelines", _OBJECT)}),
     ("GET", "/v1/graph"): RouteDoc("The only pipeline's captured graph (Graph.to_json)",
-                                   replies={200: ("nodes, edges, loops, overlap groups", _OBJECT)}),
+                                   replies={200: ("nodes, edges, loops, overlap groups", _OBJECT)}, only=True),
     ("GET", "/v1/pipelines/{name}/graph"): RouteDoc(
         "Pipeline `name`'s captured graph", replies={200: ("nodes, edges, loops, overlap groups", _OBJECT),
                                                      404: ("no pipeline of that name", ErrorReply)}),
@@ -115,7 +190,7 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
     ("GET", "/v1/traces"): RouteDoc("The last finished requests with an SLO, timings and sizes only",
                                     replies={200: ("the traces", _OBJECT)}),
     ("GET", "/health"): RouteDoc("As vLLM's: 200, no body, while every component has a healthy replica",
-                                 replies={200: ("healthy", None), 503: ("unhealthy, and why", _OBJECT)}, text="text/plain"),
+                                 replies={200: ("healthy", None), 503: ("unhealthy, and why", _OBJECT)}),
     ("GET", "/healthz"): RouteDoc("Liveness: 200 whenever the process answers", replies={200: ("alive", Health)}),
     ("GET", "/readyz"): RouteDoc("Readiness: 200 only when every pipeline's workers are up",
                                  replies={200: ("ready", Readiness), 503: ("not ready, and why", Readiness)}),
@@ -125,16 +200,43 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
                                     replies={200: ("the models", _OBJECT)}),
     ("POST", "/v1/chat/completions"): RouteDoc(
         "The OpenAI chat completions API over a pipeline (`model`: its name)", _OBJECT,
-        {200: ("a chat completion; with stream: true, server-sent chunks", _OBJECT),
-         400: ("bad input, or a field the pipeline neither takes nor honours", _OBJECT),
-         404: ("no model of that name (code model_not_found)", _OBJECT)}, stream=True),
+        {200: ("a chat completion; with stream: true, server-sent chunks then `data: [DONE]`", _OBJECT),
+         400: ("bad input, or a field the pipeline neither takes nor honours", OpenAIError),
+         404: ("no model of that name (code model_not_found)", OpenAIError),
+         500: ("a component raised", OpenAIError), 503: ("admission closed, or a component failed", OpenAIError),
+         504: ("past the request's deadline", OpenAIError)}, stream=True),
     ("GET", "/openapi.json"): RouteDoc("This document", replies={200: ("the OpenAPI document", _OBJECT)}),
+    ("GET", "/"): RouteDoc("A short page linking to the dashboard and the API", replies={200: ("the page", None)},
+                           text="text/html", public=True),
+    ("GET", "/dashboard"): RouteDoc("The dashboard's page", replies={200: ("the page", None)}, text="text/html",
+                                    public=True),
+    ("GET", "/dashboard/{file}"): RouteDoc(
+        "A file of the dashboard (its script, its style)",
+        replies={200: ("the file", None), 404: ("no file of that name", ErrorReply)},
+        text=("text/javascript", "text/css", "text/html"), public=True, params={"file": {"enum": list(DASHBOARD_FILES)}}),
+    ("GET", "/v1/activity"): RouteDoc("The last requests' calls (timings only) and the autoscaler's decisions",
+                                      replies={200: ("requests and decisions", _OBJECT)}),
+    ("GET", "/v1/graph.svg"): RouteDoc("The only pipeline's graph, drawn", replies={200: ("the picture", None)},
+                                       text="image/svg+xml", only=True),
+    ("GET", "/v1/pipelines/{name}/graph.svg"): RouteDoc(
+        "Pipeline `name`'s graph, drawn", replies={200: ("the picture", None), 404: ("no pipeline of that name",
+                                                                                    ErrorReply)},
+        text="image/svg+xml"),
 }
 _STARTING = (503, ("the workers are still starting (Retry-After)", ErrorReply))
 _UNAUTHORIZED = (401, ("the deployment's bearer token is missing or wrong", ErrorReply))
+_BAD_REQUEST_ID = (400, ("a malformed X-Request-ID header (1 to 200 printable ASCII characters)", ErrorReply))
+# What the edge answers for a request with a body (http.py's read_body), whatever the route.
+_BODY_REPLIES: dict[int, tuple[str, Any]] = {
+    400: ("a body that is not strict JSON, or nests past 64 levels", ErrorReply),
+    408: ("the body did not arrive within read_timeout_s", ErrorReply),
+    413: ("the body is over max_body_bytes (decoded)", ErrorReply),
+    415: ("a Content-Encoding other than gzip, deflate or identity", ErrorReply),
+    503: ("request bodies in flight are over max_inflight_bytes (Retry-After)", ErrorReply)}
+QUERY_PATH = "/v1/pipelines/{name}/query"
 
 
-def document(routes: Iterable[tuple[str, str, Any]], *, inputs: Mapping[str, Mapping[str, str]] | None = None,
+def document(routes: Iterable[tuple[str, str, Any]], *, pipelines: Mapping[str, PipelineDoc] | None = None,
              auth: bool = False) -> dict[str, Any]:
     """The OpenAPI 3.1 document of `routes`.
 
@@ -143,67 +245,133 @@ def document(routes: Iterable[tuple[str, str, Any]], *, inputs: Mapping[str, Map
 
     Args:
         routes: (method, path, handler) of each route served; a handler may be None.
-        inputs: by pipeline name, its inputs and their JSON kinds (`InputSchema.describe`); the only pipeline's
-            go into `POST /v1/query`'s body.
-        auth: the deployment asks for a bearer token (on every route but the probes).
+        pipelines: by name, each pipeline served (`PipelineDoc`): each gets its own query path
+            (`/v1/pipelines/NAME/query`, its body typed by its inputs), and the only one's go into
+            `POST /v1/query`'s body; with several, the routes of the only pipeline are left out.
+        auth: the deployment asks for a bearer token (on every route but the probes and the dashboard's files).
 
     Returns:
         The document, JSON-able.
     """
+    served = dict(pipelines or {})
     paths: dict[str, dict[str, Any]] = {}
     for method, path, handler in routes:
         if method in ("HEAD", "OPTIONS", "*"):
             continue
         doc = ROUTE_DOCS.get((method, path)) or RouteDoc(_summary(handler), replies={200: ("the reply", None)})
-        paths.setdefault(path, {})[method.lower()] = _operation(path, doc, inputs, auth)
+        if doc.only and len(served) > 1:
+            continue
+        only = next(iter(served.values())) if len(served) == 1 and doc.only else None
+        paths.setdefault(path, {})[method.lower()] = _operation(path, doc, only, auth)
+        if (method, path) == ("POST", QUERY_PATH):
+            for name, pipeline in served.items():
+                own = path.replace("{name}", urllib.parse.quote(name, safe=""))
+                mine = RouteDoc(f"Run pipeline {name!r} on these inputs", QueryRequest, _QUERY_REPLIES, stream=True)
+                paths.setdefault(own, {})["post"] = _operation(own, mine, pipeline, auth)
+        if (method, path) == ("POST", "/v1/chat/completions") and served:
+            chat = _chat_body(served)
+            if chat is None:
+                del paths[path]["post"]  # no pipeline served can answer a chat request
+            else:
+                paths[path]["post"]["requestBody"] = {"required": True, "content": {JSON: {"schema": chat}}}
     return {
         "openapi": OPENAPI_VERSION,
-        "info": {"title": "patchkit", "version": _version(),
-                 "description": "A deployment's HTTP API: its pipelines, their health, plan, stats and metrics."},
-        "paths": dict(sorted(paths.items())),
+        "info": {"title": "patchkit", "version": _version(), "description": DESCRIPTION},
+        "paths": dict(sorted((path, methods) for path, methods in paths.items() if methods)),
         "components": {"schemas": _schemas(), **({"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}}
                                                   if auth else {})},
     }
 
 
-def _operation(path: str, doc: RouteDoc, inputs: Mapping[str, Mapping[str, str]] | None, auth: bool) -> dict[str, Any]:
+DESCRIPTION = ("A deployment's HTTP API: its pipelines, their health, plan, stats and metrics. Every reply carries "
+               "the request's id in X-Request-ID. With several pipelines served, the routes of the only pipeline "
+               "(/v1/query, /v1/graph, /v1/graph.svg) answer 400 naming them and are not listed; each pipeline has "
+               "its own query path, /v1/pipelines/NAME/query, whose body names its inputs.")
+
+
+def _operation(path: str, doc: RouteDoc, pipeline: PipelineDoc | None, auth: bool) -> dict[str, Any]:
     replies = dict(doc.replies)
-    if path not in PROBES:
+    if doc.request is not None:
+        replies = {**_BODY_REPLIES, **replies}
+    guarded = path not in PROBES and not doc.public
+    if guarded:
         replies.setdefault(*_STARTING)
-        if auth:
-            replies.setdefault(*_UNAUTHORIZED)
+    if auth and (guarded or doc.params):  # a dashboard file's path that names none asks for the token
+        replies.setdefault(*_UNAUTHORIZED)
+    replies.setdefault(*_BAD_REQUEST_ID)
     operation: dict[str, Any] = {"summary": doc.summary, "responses": {
         str(status): _reply(status, text, shape, doc) for status, (text, shape) in sorted(replies.items())}}
-    parameters = [{"name": part[1:-1], "in": "path", "required": True, "schema": {"type": "string"}}
+    parameters = [{"name": part[1:-1], "in": "path", "required": True,
+                   "schema": dict(doc.params.get(part[1:-1], {"type": "string"}))}
                   for part in path.split("/") if part.startswith("{") and part.endswith("}")]
     if parameters:
         operation["parameters"] = parameters
     if doc.request is not None:
-        schema = _schema_of(doc.request)
-        if doc.request is QueryRequest and inputs and len(inputs) == 1 and path == "/v1/query":
-            schema = _query_with_inputs(next(iter(inputs.values())))
+        schema = query_body(pipeline) if doc.request is QueryRequest and pipeline is not None else _schema_of(doc.request)
         operation["requestBody"] = {"required": True, "content": {JSON: {"schema": schema}}}
-    if auth and path not in PROBES:
+    if auth and guarded:
         operation["security"] = [{"bearer": []}]
     return operation
 
 
 def _reply(status: int, text: str, shape: Any, doc: RouteDoc) -> dict[str, Any]:
     if doc.text is not None and status == 200:
-        return {"description": text, "content": {doc.text: {"schema": {"type": "string"}}}}
+        kinds = (doc.text,) if isinstance(doc.text, str) else doc.text
+        return {"description": text, "content": {kind: {"schema": {"type": "string"}} for kind in kinds}}
     reply: dict[str, Any] = {"description": text}
     if shape is not None:
         reply["content"] = {JSON: {"schema": _schema_of(shape)}}
         if doc.stream and status == 200:
-            reply["content"][EVENTS] = {"schema": {"type": "string"}}
+            reply["description"] = f"{text}. {STREAM_DESCRIPTION}" if doc.request is QueryRequest else text
+            reply["content"][EVENTS] = {"schema": stream_schema() if doc.request is QueryRequest else {}}
     return reply
 
 
-def _query_with_inputs(kinds: Mapping[str, str]) -> dict[str, Any]:
-    """`POST /v1/query`'s body with the pipeline's own inputs (their JSON kinds, where the schema knows them)."""
-    properties = {name: ({"type": INPUT_KINDS[kind]} if kind in INPUT_KINDS else {}) for name, kind in kinds.items()}
-    return {"allOf": [{"$ref": SCHEMAS.format(model="QueryRequest")},
-                      {"type": "object", "properties": {"inputs": {"type": "object", "properties": properties}}}]}
+def stream_schema() -> dict[str, Any]:
+    """A query stream's events, each as an SSE reader sees it (`{"event", "data"}`, unnamed ones as "message"), its
+    data JSON of the schema its event's name says (`STREAM_EVENTS`)."""
+    def event(name: str, *shapes: type) -> dict[str, Any]:
+        refs = [{"$ref": SCHEMAS.format(model=shape.__name__)} for shape in shapes]
+        data = {"type": "string", "contentMediaType": JSON, "contentSchema": refs[0] if len(refs) == 1 else {"anyOf": refs}}
+        return {"type": "object", "required": ["data"] if name == "message" else ["event", "data"],
+                "properties": {"event": {"const": name}, "data": data}}
+
+    return {"description": "each event of the stream, by its name", "oneOf": [
+        event("message", StreamDelta, QueryReply), event("step", StreamStep), event("error", StreamError),
+        event("end", StreamEnd)]}
+
+
+def query_body(pipeline: PipelineDoc) -> dict[str, Any]:
+    """A query route's body for `pipeline`: its own inputs, and only what the server accepts of the rest.
+
+    `steps`, where the deployment offers no step events, can only be false; `field`, where the output is a dict
+    with known fields, names one of them (else it is ignored); `options` holds the options the answering call
+    honours (`core.options.options_schema`).
+    """
+    field_schema: dict[str, Any] = ({"enum": [*pipeline.fields, None]} if pipeline.fields else
+                                    {"type": ["string", "null"], "description": "ignored: the output has no fields"})
+    properties: dict[str, Any] = {
+        "inputs": dict(pipeline.inputs),
+        "slo_ms": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": MAX_SLO_MS,
+                   "description": "this request's latency target, in milliseconds (default: the deployment's slo_ms)"},
+        "stream": {"type": "boolean", "description": "true: a text/event-stream (its events: the 200's description)"},
+        "steps": ({"type": "boolean", "description": "with stream: true, step events (or ?steps=true)"} if pipeline.steps
+                  else {"const": False, "description": 'this deployment sends no step events (its steps option is "off")'}),
+        "options": options_schema(pipeline.honoured),
+        "field": field_schema,
+    }
+    needs_stream = {"if": {"required": ["steps"], "properties": {"steps": {"const": True}}},
+                    "then": {"required": ["stream"], "properties": {"stream": {"const": True}}}}
+    return {"type": "object", "required": ["inputs"], "properties": properties, "additionalProperties": False,
+            **needs_stream}
+
+
+def _chat_body(served: Mapping[str, PipelineDoc]) -> dict[str, Any] | None:
+    """The chat route's body: the one model's, or one of each model's that a chat request can be answered by."""
+    bodies = [dict(pipeline.chat) for pipeline in served.values() if pipeline.chat is not None]
+    if not bodies:
+        return None
+    return bodies[0] if len(bodies) == 1 else {"oneOf": bodies}
 
 
 def _schema_of(shape: Any) -> dict[str, Any]:
@@ -216,10 +384,12 @@ def _schema_of(shape: Any) -> dict[str, Any]:
 def _schemas() -> dict[str, Any]:
     """Every TypedDict the routes name, as JSON Schema (pydantic), their nested shapes included."""
     found: dict[str, Any] = {}
-    for shape in (QueryRequest, QueryReply, ErrorReply, Health, Readiness, Stats, PlanReport):
+    for shape in (QueryRequest, QueryReply, ErrorReply, OpenAIError, Health, Readiness, Stats, PlanReport,
+                  *STREAM_EVENTS):
         schema = TypeAdapter(shape).json_schema(ref_template=SCHEMAS)
         found.update(schema.pop("$defs", {}))
         found[shape.__name__] = schema
+    found["QueryRequest"] = {**found["QueryRequest"], "additionalProperties": False}
     return found
 
 

@@ -54,8 +54,8 @@ class ReplicaStats(TypedDict):
     """Its id, as logs, metrics and `replica_reports` name it."""
     pid: int | None
     """Its worker process (None on the inprocess backend, or before it started)."""
-    address: str
-    """Where its worker listens."""
+    address: str | None
+    """Where its worker listens (None on the inprocess backend)."""
     alive: bool
     """Whether it takes batches now."""
     state: str

@@ -1,0 +1,84 @@
+"""`GET /openapi.json` agrees with the server: Schemathesis, run as its command line runs it (every phase: examples,
+coverage, fuzzing, stateful; every check), finds no request the document allows that the server refuses, none it
+forbids that the server takes, and no reply, status, header or streamed event the document does not describe.
+
+Against one pipeline whose inputs are a str, an int, a list and a dict (the chat API on too), and against two
+pipelines behind a bearer token with step previews on, each on the inprocess backend.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from components import Streamer
+
+import patchkit
+from patchkit import Component, make
+
+pytest.importorskip("schemathesis", reason="the document is checked with Schemathesis (the test extra)")
+
+MAX_EXAMPLES = 25  # per operation and phase: the two runs take about 20 s together
+SEED = 58  # the same cases on every run; a failure's output names its seed and a command that repeats it
+
+
+class Librarian(Component):
+    @make(read_only=True)
+    def answer(self, question: str, count: int, tags: list[Any], meta: dict[str, Any]) -> str:
+        return f"{question[:40]} x{count}: {len(tags)} tags, {sorted(map(str, meta))[:3]}"
+
+
+librarian, writer = Librarian(), Streamer()
+
+
+def notes() -> patchkit.Pipeline:
+    question, count, tags, meta = "What is a list?", 2, ["python"], {"level": 1}
+    with patchkit.capture(run=False) as pipeline:
+        answer = librarian.answer(question, count, tags, meta)  # noqa: F841 - the block's output
+    return pipeline
+
+
+def ledger() -> patchkit.Pipeline:
+    prompt = "a ledger"
+    with patchkit.capture(run=False) as pipeline:
+        answer = writer.generate(prompt)  # noqa: F841 - the block's output
+    return pipeline
+
+
+def schemathesis(url: str, *headers: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json", "--checks", "all",
+               "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED), "--no-color"]
+    for header in headers:
+        command += ["--header", header]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def one() -> Iterator[patchkit.Endpoint]:
+    with patchkit.deploy(notes(), backend="inprocess", chat_input="question") as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def two() -> Iterator[patchkit.Endpoint]:
+    pipelines = {"notes": notes(), "ledger": ledger()}
+    with patchkit.deploy(pipelines, backend="inprocess", auth_token="s3cret", chat_input="question",
+                         steps="previews") as served:
+        yield served
+
+
+def assert_passed(run: subprocess.CompletedProcess[str]) -> None:
+    assert run.returncode == 0, run.stdout[-20_000:] + run.stderr[-5_000:]
+    for phase in ("Coverage", "Fuzzing", "Stateful"):
+        assert f"✅ {phase}" in run.stdout, run.stdout[-5_000:]
+
+
+def test_schemathesis_finds_nothing_against_one_pipeline_of_every_input_kind(one: patchkit.Endpoint) -> None:
+    assert_passed(schemathesis(one.url))
+
+
+def test_schemathesis_finds_nothing_against_two_pipelines_behind_a_token(two: patchkit.Endpoint) -> None:
+    assert_passed(schemathesis(two.url, "Authorization: Bearer s3cret"))
