@@ -328,8 +328,11 @@ def _reply(status: int, text: str, shape: Any, doc: RouteDoc) -> dict[str, Any]:
 
 
 def stream_schema() -> dict[str, Any]:
-    """A query stream's events, each as an SSE reader sees it (`{"event", "data"}`, unnamed ones as "message"), its
-    data JSON of the schema its event's name says (`STREAM_EVENTS`)."""
+    """A query stream's events, each as an SSE reader sees it: `{"event", "data"}`, unnamed ones as "message".
+
+    Each event's data is JSON of the schema its name says (`STREAM_EVENTS`).
+    """
+
     def event(name: str, *shapes: type) -> dict[str, Any]:
         refs = [{"$ref": SCHEMAS.format(model=shape.__name__)} for shape in shapes]
         data = {"type": "string", "contentMediaType": JSON, "contentSchema": refs[0] if len(refs) == 1 else {"anyOf": refs}}

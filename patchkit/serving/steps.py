@@ -84,8 +84,9 @@ class StepEvent(TypedDict):
 
 @dataclass(frozen=True)
 class PreviewLimits:
-    """How much of a result a preview shows: `chars` characters of text across its strings (and keys), `items`
-    items of each list, `keys` entries of each object, containers nested `depth` deep (deeper ones shown empty)."""
+    """How much of a result a preview shows: `chars` characters of text across its strings (each key cut to as
+    many), `items` items of each list, `keys` entries of each object, containers nested `depth` deep (deeper ones
+    shown empty)."""
 
     chars: int = DEFAULT_PREVIEW_CHARS
     items: int = 10
@@ -149,7 +150,9 @@ class _Preview:
         self.cut |= len(entries) > self.limits.keys
         shown: dict[str, Any] = {}
         for key, item in list(entries.items())[: self.limits.keys]:
-            shown[self._text(_key(key))] = self._value(item, depth + 1)
+            name = _key(key)  # a key's text is its own (cut to `chars`), not the budget's
+            self.cut |= len(name) > self.limits.chars
+            shown[name[: self.limits.chars]] = self._value(item, depth + 1)
         return shown
 
 
