@@ -8,8 +8,11 @@
                      text/event-stream: `data: {"delta": "..."}` per text chunk of the output's streaming call
                      (`"field"` naming its field where a dict output has several streamed ones), then
                      `data: {"output", "request_id", "latency_ms"}`, or, for an error after the stream
-                     started, `data: {"error": {...}}`; with "steps": true too (or `?steps=true`), a
-                     `data: {"step": {...}}` event as each component call starts and ends (serving/steps.py)
+                     started, `event: error` + `data: {"error": {...}, "request_id"}`; then always, last,
+                     `event: end` + `data: {"request_id", "status": "ok" | "error"}`. With "steps": true
+                     too (or `?steps=true`), an `event: step` + `data: {"step": {...}}` as each component
+                     call starts and ends (serving/steps.py), as the deployment's `steps` option allows:
+                     "timings" (the default) without previews, "previews" with them, "off" a 400
     POST /v1/query   the same, on the only pipeline (400 where several are served)
     GET  /v1/pipelines   each pipeline served: name, version, digest, inputs, output, state, components
     POST /v1/chat/completions, GET /v1/models   the OpenAI chat API, a pipeline per model (chat.py)
@@ -27,7 +30,7 @@
     GET  /v1/stats   per component: replicas, batches, throughput, queues (`Endpoint.stats()`)
     GET  /v1/traces  the last finished requests with an SLO
     GET  /, /dashboard, /v1/activity, /v1/graph.svg   the dashboard (server/dashboard/), its files public
-    GET  /openapi.json   this API as an OpenAPI 3.1 document (openapi.py), its pipelines' inputs included
+    GET  /openapi.json   this API as an OpenAPI 3.1 document (openapi.py): a query path and body per pipeline
 
 Every reply carries the request's id in its `X-Request-ID` header: the client's own (1 to 200
 printable ASCII characters, else 400), else a fresh one; query replies and errors carry it in their
