@@ -40,6 +40,9 @@ def test_the_document_of_every_documented_route_is_valid_openapi() -> None:
     assert {"backend", "requests", "components"} <= set(stats["required"])
     assert made["components"]["schemas"]["ComponentStats"]["properties"]["state"]["enum"] == ["serving", "failed"]
     assert "security" not in made["paths"]["/readyz"]["get"] and made["paths"]["/v1/query"]["post"]["security"]
+    query = made["components"]["schemas"]["QueryRequest"]  # of any pipeline: every constraint but its inputs'
+    assert query["properties"]["slo_ms"]["exclusiveMinimum"] == 0 and query["additionalProperties"] is False
+    assert set(query["properties"]) == {"inputs", "slo_ms", "stream", "steps", "options", "field"}
 
 
 def test_a_deployment_serves_its_document_behind_its_token() -> None:
@@ -135,3 +138,17 @@ def test_every_body_route_lists_the_edge_refusals() -> None:
     assert "404" in dashboard["responses"] and "security" not in dashboard
     assert dashboard["parameters"][0]["schema"] == {"enum": ["app.js", "style.css", "index.html"]}
     assert "404" in made["paths"]["/v1/pipelines/{name}/graph.svg"]["get"]["responses"]
+
+
+def test_an_integer_is_what_json_schema_counts_as_one() -> None:
+    from patchkit.core.options import CallOptions, OptionError
+    from patchkit.errors import InputError
+    from patchkit.server.inputs import InputSchema
+
+    schema = InputSchema({"count": 1})
+    assert schema.check({"count": 2.0}) == {"count": 2} and type(schema.check({"count": 2.0})["count"]) is int
+    assert CallOptions.parse({"max_tokens": 3.0, "seed": 7.0}) == CallOptions(max_tokens=3, seed=7)
+    with pytest.raises(InputError, match="'count' must be an integer"):
+        schema.check({"count": 2.5})
+    with pytest.raises(OptionError, match="max_tokens must be an integer"):
+        CallOptions.parse({"max_tokens": 1.5})

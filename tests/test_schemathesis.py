@@ -13,6 +13,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from components import Streamer
 
@@ -82,3 +83,18 @@ def test_schemathesis_finds_nothing_against_one_pipeline_of_every_input_kind(one
 
 def test_schemathesis_finds_nothing_against_two_pipelines_behind_a_token(two: patchkit.Endpoint) -> None:
     assert_passed(schemathesis(two.url, "Authorization: Bearer s3cret"))
+
+
+def test_the_chat_body_is_the_one_the_server_checks(one: patchkit.Endpoint) -> None:
+    served = httpx.get(f"{one.url}/openapi.json").json()
+    chat = served["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert chat["required"] == ["messages"] and chat["additionalProperties"] is False
+    assert chat["properties"]["messages"]["minItems"] == 1 and chat["properties"]["messages"]["contains"]
+    assert chat["properties"]["count"] == {"anyOf": [{"type": "integer"}, {"type": "null"}]}  # an input of its name
+    assert chat["properties"]["temperature"]["type"] == "null"  # no call that answers honours it
+    assert httpx.post(f"{one.url}/v1/chat/completions", json={}).status_code == 400
+    reply = httpx.post(f"{one.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"].startswith("hi x2")
+    query = served["paths"]["/v1/query"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert query["properties"]["slo_ms"]["exclusiveMinimum"] == 0
+    assert httpx.post(f"{one.url}/v1/query", json={"inputs": {}, "slo_ms": 0}).status_code == 400

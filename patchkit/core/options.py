@@ -20,7 +20,7 @@ from typing import Any
 
 __all__ = [
     "OPTIONS", "OPTIONS_ARGUMENT", "Answer", "CallOptions", "CallReport", "Chunk", "OptionError", "honoured_options",
-    "joined", "option_schema", "options_schema",
+    "integral", "joined", "option_schema", "options_schema",
 ]
 
 OPTIONS_ARGUMENT = "options"  # the parameter a `@make` method declares to take a request's CallOptions
@@ -141,8 +141,17 @@ def honoured_options(component: object) -> frozenset[str]:
     return frozenset(names) if isinstance(names, (frozenset, set, tuple, list)) else frozenset()
 
 
+def integral(value: Any) -> Any:
+    """An integer as JSON Schema counts one: an int, or a float with no fraction (`1.0`, which a JSON parser reads as a
+    float), as that int; anything else as it is (never a bool)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _int(low: int, high: int | None = None) -> Any:
     def check(name: str, value: Any) -> int:
+        value = integral(value)
         if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
             within = f">= {low}" if high is None else f"from {low} to {high}"
             raise OptionError(name, f"{name} must be an integer {within}; got {value!r}")
@@ -174,6 +183,7 @@ def _stop(name: str, value: Any) -> tuple[str, ...]:
 
 
 def _seed(name: str, value: Any) -> int:
+    value = integral(value)
     if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**64:
         raise OptionError(name, f"seed must be an integer; got {value!r}")
     return value

@@ -152,7 +152,6 @@ class ChatRoutes:
             return None
         if chat_input is not None and not isinstance(inputs[chat_input], (str, type(None))):
             return None  # the last user message's text cannot fill it
-        honoured = version.runner.honoured(self.config.chat.output)
         message = {"type": "object", "required": ["role"], "properties": {
             "role": {"type": "string"}, "content": {"type": ["string", "array", "null"]}}}
         messages: dict[str, Any] = {"type": "array", "minItems": 1, "items": message}
@@ -162,22 +161,39 @@ class ChatRoutes:
             "model": {"const": name} if several else {"enum": [name, None]}, "messages": messages,
             "stream": {"type": ["boolean", "null"]}, "n": {"enum": [1, None]},
             **{field: {} for field in ROUTING_FIELDS if field not in ("model", "messages", "stream", "n")},
-            **{field: {} for field in self.config.chat.drop_params},
-            **{option: _given_option(option, honoured) for option in OPTIONS},
-            MAX_COMPLETION_TOKENS: _given_option("max_tokens", honoured),
+            **self._field_schemas(inputs, version.runner.honoured(self.config.chat.output)),
         }
-        if self.config.chat.input is not None:
-            properties[self.config.chat.input] = {}  # the last user message fills it, whatever the request says
-        typed = InputSchema(inputs).json_schema()["properties"]
-        for input_name in inputs:
-            if input_name not in (MESSAGES_INPUT, self.config.chat.input) and input_name in typed:
-                properties[input_name] = {"anyOf": [typed[input_name], {"type": "null"}]}
-        for tool in TOOL_FIELDS:
-            if tool not in inputs:
-                properties.pop(tool, None)
+        older = {} if "max_tokens" in inputs else {  # max_completion_tokens given, max_tokens is not read
+            "if": {"required": [MAX_COMPLETION_TOKENS], "properties": {MAX_COMPLETION_TOKENS: {"not": {"type": "null"}}}},
+            "then": {"properties": {"max_tokens": True}}, "else": {"properties": {"max_tokens": properties["max_tokens"]}}}
+        if older:
+            properties["max_tokens"] = {}
         required = ["model", "messages"] if several else ["messages"]
         return {"type": "object", "required": required, "properties": properties, "additionalProperties": False,
-                **NEEDS_LOGPROBS}
+                "allOf": [NEEDS_LOGPROBS, *([older] if older else [])]}
+
+    def _field_schemas(self, inputs: Mapping[str, Any], honoured: frozenset[str]) -> dict[str, Any]:
+        """The chat body's other fields, as `_options` reads them: the sampling options (any value its check takes
+        where honoured, else null), the fields that fill inputs (typed by the input, and checked as the option
+        of their name too), `chat_drop_params`, and the field of chat_input's name (ignored)."""
+        schemas: dict[str, Any] = {field: {} for field in self.config.chat.drop_params}
+        schemas.update({option: _given_option(option, honoured) for option in OPTIONS})
+        schemas[MAX_COMPLETION_TOKENS] = _given_option("max_tokens", honoured)
+        typed = InputSchema(inputs).json_schema()["properties"]
+        for name in inputs:
+            if name not in (MESSAGES_INPUT, self.config.chat.input) and name in typed:
+                schemas[name] = {"anyOf": [typed[name], {"type": "null"}]}
+        for name in list(schemas):
+            checked = name not in ROUTING_FIELDS and name not in TOOL_FIELDS
+            if checked and _option(name) in OPTIONS and (name in inputs or name in self.config.chat.drop_params):
+                schemas[name] = {"allOf": [schemas[name], option_schema(_option(name))]}  # `CallOptions.parse` checks it
+            if name in TOOL_FIELDS and name not in inputs:
+                del schemas[name]
+        if "tools" in inputs and "tool_choice" not in inputs:
+            schemas["tool_choice"] = {"enum": ["auto", None]}  # OpenAI's default where tools are given
+        if self.config.chat.input is not None:
+            schemas[self.config.chat.input] = {}  # the last user message fills it, whatever the request says
+        return schemas
 
     def _chat_input(self, inputs: Mapping[str, Any]) -> str | None:
         """The input the last user message fills: `chat_input`, else a pipeline's one other input."""

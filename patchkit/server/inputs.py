@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from patchkit.core.jsonable import NOT_JSON, json_form
-from patchkit.core.options import OPTIONS, CallOptions, OptionError
+from patchkit.core.options import OPTIONS, CallOptions, OptionError, integral
 from patchkit.errors import InputError, unknown_input
 
 __all__ = ["MAX_JSON_DEPTH", "MAX_SLO_MS", "InputSchema", "QueryBody", "coerce", "output_json"]
@@ -226,6 +226,7 @@ def coerce(name: str, value: Any, default: Any) -> Any:
     if isinstance(default, bool) or isinstance(default, str):
         ok = type(value) is type(default)
     elif isinstance(default, int):
+        value = integral(value)  # 2.0 is the integer 2, as JSON Schema counts it
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif isinstance(default, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -157,7 +157,7 @@ class PipelineDoc:
 
     inputs: Mapping[str, Any]
     fields: tuple[str, ...] = ()
-    honoured: frozenset[str] = frozenset()
+    honoured: frozenset[str] | None = frozenset()  # None: any option (of a pipeline the document does not know)
     steps: bool = True
     chat: Mapping[str, Any] | None = None
 
@@ -387,13 +387,19 @@ def _schema_of(shape: Any) -> dict[str, Any]:
 def _schemas() -> dict[str, Any]:
     """Every TypedDict the routes name, as JSON Schema (pydantic), their nested shapes included."""
     found: dict[str, Any] = {}
-    for shape in (QueryRequest, QueryReply, ErrorReply, OpenAIError, Health, Readiness, Stats, PlanReport,
+    for shape in (QueryReply, ErrorReply, OpenAIError, Health, Readiness, Stats, PlanReport,
                   *STREAM_EVENTS):
         schema = TypeAdapter(shape).json_schema(ref_template=SCHEMAS)
         found.update(schema.pop("$defs", {}))
         found[shape.__name__] = schema
-    found["QueryRequest"] = {**found["QueryRequest"], "additionalProperties": False}
+    found["QueryRequest"] = {"description": " ".join((QueryRequest.__doc__ or "").split()), **query_body(ANY_PIPELINE)}
     return found
+
+
+# A query body of a pipeline the document does not know: `QueryRequest`, every constraint but the inputs' own.
+ANY_PIPELINE = PipelineDoc({"type": "object", "description": "the pipeline's inputs by name (its own query path "
+                            "names them); every one is required but those the deployment names in optional_inputs"},
+                           honoured=None)
 
 
 def _summary(handler: Any) -> str:
