@@ -2,8 +2,9 @@
 coverage, fuzzing, stateful; every check), finds no request the document allows that the server refuses, none it
 forbids that the server takes, and no reply, status, header or streamed event the document does not describe.
 
-Against one pipeline whose inputs are a str, an int, a list and a dict (the chat API on too), and against two
-pipelines behind a bearer token with step previews on, each on the inprocess backend.
+Against one pipeline whose inputs are a str, an int, a list and a dict (the chat API on too), two pipelines behind
+a bearer token with step previews on, and two whose answering calls honour sampling options (one of a dict output
+of several fields, one with an input named like an option) with step events off, each on the inprocess backend.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from components import Streamer
 
 import patchkit
 from patchkit import Component, make
+from patchkit.core.options import CallOptions
 
 pytest.importorskip("schemathesis", reason="the document is checked with Schemathesis (the test extra)")
 
-MAX_EXAMPLES = 25  # per operation and phase: the two runs take about 20 s together
+MAX_EXAMPLES = 25  # per operation and phase: the three runs take about 20 s together
 SEED = 58  # the same cases on every run; a failure's output names its seed and a command that repeats it
 
 
@@ -32,7 +34,27 @@ class Librarian(Component):
         return f"{question[:40]} x{count}: {len(tags)} tags, {sorted(map(str, meta))[:3]}"
 
 
-librarian, writer = Librarian(), Streamer()
+class Echo(Component):
+    """Streams its prompt back word by word, honouring max_tokens and stop as a model does."""
+
+    honoured_options = frozenset({"max_tokens", "stop"})
+
+    @make(stream=True, read_only=True)
+    def generate(self, prompt: str, options: CallOptions | None = None) -> Iterator[str]:
+        options = options or CallOptions()
+        for word in prompt.split()[: options.max_tokens]:
+            if word in options.stop:
+                return
+            yield word + " "
+
+
+class Tuned(Component):
+    @make(read_only=True)
+    def answer(self, question: str, temperature: float) -> str:
+        return f"{question[:20]} at {temperature}"
+
+
+librarian, writer, echo, tuned = Librarian(), Streamer(), Echo(), Tuned()
 
 
 def notes() -> patchkit.Pipeline:
@@ -46,6 +68,21 @@ def ledger() -> patchkit.Pipeline:
     prompt = "a ledger"
     with patchkit.capture(run=False) as pipeline:
         answer = writer.generate(prompt)  # noqa: F841 - the block's output
+    return pipeline
+
+
+def drafts() -> patchkit.Pipeline:
+    question = "q"
+    with patchkit.capture(run=False) as pipeline:
+        draft = echo.generate("one two three")
+        answer = {"answer": echo.generate(question + " " + draft), "draft": draft}  # noqa: F841 - the block's output
+    return pipeline
+
+
+def tuning() -> patchkit.Pipeline:
+    question, temperature = "q", 0.5
+    with patchkit.capture(run=False) as pipeline:
+        answer = tuned.answer(question, temperature)  # noqa: F841 - the block's output
     return pipeline
 
 
@@ -71,6 +108,13 @@ def two() -> Iterator[patchkit.Endpoint]:
         yield served
 
 
+@pytest.fixture(scope="module")
+def fields() -> Iterator[patchkit.Endpoint]:
+    with patchkit.deploy({"drafts": drafts(), "tuning": tuning()}, backend="inprocess", chat_input="question",
+                         chat_output="answer", steps="off", optional_inputs=("temperature",)) as served:
+        yield served
+
+
 def assert_passed(run: subprocess.CompletedProcess[str]) -> None:
     assert run.returncode == 0, run.stdout[-20_000:] + run.stderr[-5_000:]
     for phase in ("Coverage", "Fuzzing", "Stateful"):
@@ -83,6 +127,10 @@ def test_schemathesis_finds_nothing_against_one_pipeline_of_every_input_kind(one
 
 def test_schemathesis_finds_nothing_against_two_pipelines_behind_a_token(two: patchkit.Endpoint) -> None:
     assert_passed(schemathesis(two.url, "Authorization: Bearer s3cret"))
+
+
+def test_schemathesis_finds_nothing_against_dict_outputs_options_and_steps_off(fields: patchkit.Endpoint) -> None:
+    assert_passed(schemathesis(fields.url))
 
 
 def test_the_chat_body_is_the_one_the_server_checks(one: patchkit.Endpoint) -> None:
