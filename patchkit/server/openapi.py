@@ -8,6 +8,7 @@ the router serves that `ROUTE_DOCS` does not describe is still listed, with its 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.metadata
 import inspect
@@ -163,7 +164,6 @@ class PipelineDoc:
 
 
 _OBJECT = dict[str, Any]
-_SEVERAL = "bad input"
 _QUERY_REPLIES: dict[int, tuple[str, Any]] = {
     200: ("its output; with stream: true, server-sent events", QueryReply),
     400: ("bad input (the body names what to fix)", ErrorReply), 500: ("a component raised", ErrorReply),
@@ -234,6 +234,7 @@ _BODY_REPLIES: dict[int, tuple[str, Any]] = {
     415: ("a Content-Encoding other than gzip, deflate or identity", ErrorReply),
     503: ("request bodies in flight are over max_inflight_bytes (Retry-After)", ErrorReply)}
 QUERY_PATH = "/v1/pipelines/{name}/query"
+CHAT_PATH = "/v1/chat/completions"
 
 
 def document(routes: Iterable[tuple[str, str, Any]], *, pipelines: Mapping[str, PipelineDoc] | None = None,
@@ -259,21 +260,16 @@ def document(routes: Iterable[tuple[str, str, Any]], *, pipelines: Mapping[str, 
         if method in ("HEAD", "OPTIONS", "*"):
             continue
         doc = ROUTE_DOCS.get((method, path)) or RouteDoc(_summary(handler), replies={200: ("the reply", None)})
+        if (method, path) == ("POST", CHAT_PATH) and served:
+            doc = dataclasses.replace(doc, request=_chat_body(served))
+            if doc.request is None:
+                continue  # no pipeline served can answer a chat request: it would answer each 400
         if doc.only and len(served) > 1:
-            continue
+            continue  # it would answer each request 400, naming the pipelines
         only = next(iter(served.values())) if len(served) == 1 and doc.only else None
         paths.setdefault(path, {})[method.lower()] = _operation(path, doc, only, auth)
         if (method, path) == ("POST", QUERY_PATH):
-            for name, pipeline in served.items():
-                own = path.replace("{name}", urllib.parse.quote(name, safe=""))
-                mine = RouteDoc(f"Run pipeline {name!r} on these inputs", QueryRequest, _QUERY_REPLIES, stream=True)
-                paths.setdefault(own, {})["post"] = _operation(own, mine, pipeline, auth)
-        if (method, path) == ("POST", "/v1/chat/completions") and served:
-            chat = _chat_body(served)
-            if chat is None:
-                del paths[path]["post"]  # no pipeline served can answer a chat request
-            else:
-                paths[path]["post"]["requestBody"] = {"required": True, "content": {JSON: {"schema": chat}}}
+            paths.update(_pipeline_paths(served, auth))
     return {
         "openapi": OPENAPI_VERSION,
         "info": {"title": "patchkit", "version": _version(), "description": DESCRIPTION},
@@ -287,6 +283,16 @@ DESCRIPTION = ("A deployment's HTTP API: its pipelines, their health, plan, stat
                "the request's id in X-Request-ID. With several pipelines served, the routes of the only pipeline "
                "(/v1/query, /v1/graph, /v1/graph.svg) answer 400 naming them and are not listed; each pipeline has "
                "its own query path, /v1/pipelines/NAME/query, whose body names its inputs.")
+
+
+def _pipeline_paths(served: Mapping[str, PipelineDoc], auth: bool) -> dict[str, dict[str, Any]]:
+    """A query path of each pipeline served, its body typed by the pipeline's inputs."""
+    paths: dict[str, dict[str, Any]] = {}
+    for name, pipeline in served.items():
+        own = QUERY_PATH.replace("{name}", urllib.parse.quote(name, safe=""))
+        mine = RouteDoc(f"Run pipeline {name!r} on these inputs", QueryRequest, _QUERY_REPLIES, stream=True)
+        paths[own] = {"post": _operation(own, mine, pipeline, auth)}
+    return paths
 
 
 def _operation(path: str, doc: RouteDoc, pipeline: PipelineDoc | None, auth: bool) -> dict[str, Any]:
@@ -307,7 +313,12 @@ def _operation(path: str, doc: RouteDoc, pipeline: PipelineDoc | None, auth: boo
     if parameters:
         operation["parameters"] = parameters
     if doc.request is not None:
-        schema = query_body(pipeline) if doc.request is QueryRequest and pipeline is not None else _schema_of(doc.request)
+        if isinstance(doc.request, Mapping):  # a schema made for the deployment (the chat body)
+            schema = dict(doc.request)
+        elif doc.request is QueryRequest and pipeline is not None:
+            schema = query_body(pipeline)
+        else:
+            schema = _schema_of(doc.request)
         operation["requestBody"] = {"required": True, "content": {JSON: {"schema": schema}}}
     if auth and guarded:
         operation["security"] = [{"bearer": []}]
