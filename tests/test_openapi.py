@@ -43,6 +43,9 @@ def test_the_document_of_every_documented_route_is_valid_openapi() -> None:
     query = made["components"]["schemas"]["QueryRequest"]  # of any pipeline: every constraint but its inputs'
     assert query["properties"]["slo_ms"]["exclusiveMinimum"] == 0 and query["additionalProperties"] is False
     assert set(query["properties"]) == {"inputs", "slo_ms", "stream", "steps", "options", "field"}
+    chat = made["paths"]["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert chat == {"$ref": "#/components/schemas/ChatRequest"}
+    assert made["components"]["schemas"]["ChatRequest"]["required"] == ["messages"]
 
 
 def test_a_deployment_serves_its_document_behind_its_token() -> None:

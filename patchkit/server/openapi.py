@@ -15,9 +15,9 @@ import inspect
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, NotRequired
+from typing import Annotated, Any, Literal, NotRequired
 
-from pydantic import TypeAdapter
+from pydantic import Field, TypeAdapter
 from typing_extensions import TypedDict
 
 from patchkit.core.options import options_schema
@@ -50,6 +50,23 @@ class QueryRequest(TypedDict):
     """Sampling options (max_tokens, stop, temperature, top_p, seed, ...) for the call whose result is the output."""
     field: NotRequired[str | None]
     """Of a dict output, the field whose call the options (and the stream) are for."""
+
+
+class ChatMessage(TypedDict):
+    role: str
+    content: NotRequired[str | list[Any] | None]
+    """Its text, or a list of content parts (the text parts are read)."""
+
+
+class ChatRequest(TypedDict):
+    """`POST /v1/chat/completions`'s body, of any model (a deployment's document gives its models' own)."""
+
+    model: NotRequired[str | None]
+    """The pipeline's name (GET /v1/models); required where several are served."""
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    """The conversation; the last user message fills the pipeline's text input (chat_input)."""
+    stream: NotRequired[bool | None]
+    n: NotRequired[Literal[1] | None]
 
 
 class ErrorBody(TypedDict):
@@ -199,7 +216,7 @@ ROUTE_DOCS: dict[tuple[str, str], RouteDoc] = {
     ("GET", "/v1/models"): RouteDoc("The OpenAI models API: a model per pipeline served",
                                     replies={200: ("the models", _OBJECT)}),
     ("POST", "/v1/chat/completions"): RouteDoc(
-        "The OpenAI chat completions API over a pipeline (`model`: its name)", _OBJECT,
+        "The OpenAI chat completions API over a pipeline (`model`: its name)", ChatRequest,
         {200: ("a chat completion; with stream: true, server-sent chunks then `data: [DONE]`", _OBJECT),
          400: ("bad input, or a field the pipeline neither takes nor honours", OpenAIError),
          404: ("no model of that name (code model_not_found)", OpenAIError),
@@ -398,7 +415,7 @@ def _schema_of(shape: Any) -> dict[str, Any]:
 def _schemas() -> dict[str, Any]:
     """Every TypedDict the routes name, as JSON Schema (pydantic), their nested shapes included."""
     found: dict[str, Any] = {}
-    for shape in (QueryReply, ErrorReply, OpenAIError, Health, Readiness, Stats, PlanReport,
+    for shape in (QueryReply, ChatRequest, ErrorReply, OpenAIError, Health, Readiness, Stats, PlanReport,
                   *STREAM_EVENTS):
         schema = TypeAdapter(shape).json_schema(ref_template=SCHEMAS)
         found.update(schema.pop("$defs", {}))
