@@ -141,6 +141,12 @@ def test_every_body_route_lists_the_edge_refusals() -> None:
     assert "404" in dashboard["responses"] and "security" not in dashboard
     assert dashboard["parameters"][0]["schema"] == {"enum": ["app.js", "style.css", "index.html"]}
     assert "404" in made["paths"]["/v1/pipelines/{name}/graph.svg"]["get"]["responses"]
+    chat = made["paths"]["/v1/chat/completions"]["post"]["responses"]["400"]["content"]["application/json"]["schema"]
+    assert chat == {"anyOf": [{"$ref": "#/components/schemas/OpenAIError"}, {"$ref": "#/components/schemas/ErrorReply"}]}
+    for path, methods in made["paths"].items():  # every route takes the client's request id and answers with it
+        for operation in methods.values():
+            assert any(p["name"] == "X-Request-ID" and p["in"] == "header" for p in operation["parameters"]), path
+            assert all(reply["headers"]["X-Request-ID"]["required"] for reply in operation["responses"].values())
 
 
 def test_an_integer_is_what_json_schema_counts_as_one() -> None:

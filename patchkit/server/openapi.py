@@ -250,6 +250,13 @@ _BODY_REPLIES: dict[int, tuple[str, Any]] = {
     413: ("the body is over max_body_bytes (decoded)", ErrorReply),
     415: ("a Content-Encoding other than gzip, deflate or identity", ErrorReply),
     503: ("request bodies in flight are over max_inflight_bytes (Retry-After)", ErrorReply)}
+# The client's own request id (`server/request_ids.py`): 1 to 200 printable ASCII characters (its ends not blank,
+# which HTTP would strip); any other is a 400. Every reply carries the id in the same header.
+REQUEST_ID_PARAMETER = {"name": "X-Request-ID", "in": "header", "required": False,
+                        "description": "the request's id, kept in its reply, its logs and its traces (default: a fresh one)",
+                        "schema": {"type": "string", "pattern": "^[!-~]([ -~]{0,198}[!-~])?$"}}
+REPLY_HEADERS = {"X-Request-ID": {"required": True, "description": "the request's id: the client's, else a fresh one",
+                                  "schema": {"type": "string"}}}
 QUERY_PATH = "/v1/pipelines/{name}/query"
 CHAT_PATH = "/v1/chat/completions"
 
@@ -314,21 +321,22 @@ def _pipeline_paths(served: Mapping[str, PipelineDoc], auth: bool) -> dict[str, 
 
 def _operation(path: str, doc: RouteDoc, pipeline: PipelineDoc | None, auth: bool) -> dict[str, Any]:
     replies = dict(doc.replies)
-    if doc.request is not None:
-        replies = {**_BODY_REPLIES, **replies}
+    edge = [*(_BODY_REPLIES.items() if doc.request is not None else ()), _BAD_REQUEST_ID]
     guarded = path not in PROBES and not doc.public
     if guarded:
-        replies.setdefault(*_STARTING)
+        edge.append(_STARTING)
     if auth and (guarded or doc.params):  # a dashboard file's path that names none asks for the token
-        replies.setdefault(*_UNAUTHORIZED)
-    replies.setdefault(*_BAD_REQUEST_ID)
+        edge.append(_UNAUTHORIZED)
+    for status, (text, shape) in edge:  # the edge's own replies, beside the route's of the same status
+        known, shapes = replies.get(status, (text, ()))
+        shapes = shapes if isinstance(shapes, tuple) else (shapes,)
+        replies[status] = (known, shapes if shape in shapes else (*shapes, shape))
     operation: dict[str, Any] = {"summary": doc.summary, "responses": {
         str(status): _reply(status, text, shape, doc) for status, (text, shape) in sorted(replies.items())}}
     parameters = [{"name": part[1:-1], "in": "path", "required": True,
                    "schema": dict(doc.params.get(part[1:-1], {"type": "string"}))}
                   for part in path.split("/") if part.startswith("{") and part.endswith("}")]
-    if parameters:
-        operation["parameters"] = parameters
+    operation["parameters"] = [*parameters, REQUEST_ID_PARAMETER]
     if doc.request is not None:
         if isinstance(doc.request, Mapping):  # a schema made for the deployment (the chat body)
             schema = dict(doc.request)
@@ -345,8 +353,9 @@ def _operation(path: str, doc: RouteDoc, pipeline: PipelineDoc | None, auth: boo
 def _reply(status: int, text: str, shape: Any, doc: RouteDoc) -> dict[str, Any]:
     if doc.text is not None and status == 200:
         kinds = (doc.text,) if isinstance(doc.text, str) else doc.text
-        return {"description": text, "content": {kind: {"schema": {"type": "string"}} for kind in kinds}}
-    reply: dict[str, Any] = {"description": text}
+        return {"description": text, "headers": REPLY_HEADERS,
+                "content": {kind: {"schema": {"type": "string"}} for kind in kinds}}
+    reply: dict[str, Any] = {"description": text, "headers": REPLY_HEADERS}
     if shape is not None:
         reply["content"] = {JSON: {"schema": _schema_of(shape)}}
         if doc.stream and status == 200:
@@ -406,6 +415,8 @@ def _chat_body(served: Mapping[str, PipelineDoc]) -> dict[str, Any] | None:
 
 
 def _schema_of(shape: Any) -> dict[str, Any]:
+    if isinstance(shape, tuple):  # one of these
+        return _schema_of(shape[0]) if len(shape) == 1 else {"anyOf": [_schema_of(one) for one in shape]}
     if isinstance(shape, type) and shape.__name__ in _schemas():
         return {"$ref": SCHEMAS.format(model=shape.__name__)}
     return {"type": "object"}
