@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,11 +88,13 @@ def tuning() -> patchkit.Pipeline:
 
 
 def schemathesis(url: str, *headers: str) -> subprocess.CompletedProcess[str]:
+    """Schemathesis's command line, run in a directory of its own (it keeps a cache where it runs)."""
     command = [sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json", "--checks", "all",
                "--max-examples", str(MAX_EXAMPLES), "--seed", str(SEED), "--no-color"]
     for header in headers:
         command += ["--header", header]
-    return subprocess.run(command, capture_output=True, text=True, timeout=300)
+    with tempfile.TemporaryDirectory() as directory:
+        return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=directory)
 
 
 @pytest.fixture(scope="module")

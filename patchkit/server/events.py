@@ -6,6 +6,8 @@ A route runs its request through `pump`, which hands each text chunk the front-e
 (`on_step=...`), to the route as it comes, in the order reported, then returns the request's result. The
 `EventStream` starts the reply (200, `text/event-stream`) with its first event only, so that a
 request that fails before producing anything still gets its plain JSON error and status.
+
+A query stream's events carry the shapes below (`STREAM_EVENTS`), which `GET /openapi.json` publishes by name.
 """
 
 from __future__ import annotations
@@ -13,16 +15,57 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Literal, NotRequired, TypeVar
 
 from aiohttp import web
+from typing_extensions import TypedDict
 
-__all__ = ["END_EVENT", "ERROR_EVENT", "STEP_EVENT", "EventStream", "pump"]
+from patchkit.server.reports import ErrorBody, QueryReply
+from patchkit.serving.steps import StepEvent
+
+__all__ = ["END_EVENT", "ERROR_EVENT", "STEP_EVENT", "STREAM_EVENTS", "EventStream", "StreamDelta", "StreamEnd",
+           "StreamError", "StreamStep", "pump"]
 
 # The names of a query stream's named events; its deltas and its final reply are unnamed.
 STEP_EVENT = "step"  # `data: {"step": StepEvent}`, where the client asked for steps
 ERROR_EVENT = "error"  # `data: {"error": {"type", "message"}, "request_id"}`: the request failed after the stream began
 END_EVENT = "end"  # `data: {"request_id", "status": "ok" | "error"}`: always last
+
+class StreamDelta(TypedDict):
+    """An unnamed event: a text chunk of the output's streaming call."""
+
+    delta: str
+    field: NotRequired[str]
+    """Of a dict output whose several fields stream: the field the chunk is of."""
+
+
+class StreamStep(TypedDict):
+    """`event: step`: a component call started or ended (only where the client asked for steps)."""
+
+    step: StepEvent
+
+
+class StreamError(TypedDict):
+    """`event: error`: the request failed after the stream began; an `event: end` follows."""
+
+    error: ErrorBody
+    request_id: str
+
+
+class StreamEnd(TypedDict):
+    """`event: end`: always the stream's last event."""
+
+    request_id: str
+    status: Literal["ok", "error"]
+
+
+STREAM_EVENTS = (StreamDelta, StreamStep, QueryReply, StreamError, StreamEnd)  # the data of a query stream's events
+STREAM_DESCRIPTION = (
+    "With stream: true, server-sent events: unnamed events (`data:` only) carry a StreamDelta per text chunk, then "
+    "the final QueryReply; `event: step` carries a StreamStep as each component call starts and ends (where the client "
+    "asked for steps and the deployment offers them); `event: error` carries a StreamError where the request failed "
+    "after the stream began, instead of the QueryReply; `event: end` carries a StreamEnd, always last.")
+
 
 T = TypeVar("T")
 Item = TypeVar("Item")

@@ -64,7 +64,7 @@ from patchkit.server.bodies import BodyBudget
 from patchkit.server.chat import ChatRoutes
 from patchkit.server.dashboard import DashboardRoutes, is_public
 from patchkit.server.events import ERROR_EVENT, STEP_EVENT, EventStream, pump
-from patchkit.server.inputs import InputSchema, QueryBody, output_json
+from patchkit.server.inputs import InputSchema, QueryBody, output_json, steps_wanted
 from patchkit.server.loop_lag import LoopLag
 from patchkit.server.metrics import CONTENT_TYPE, DeploymentMetrics
 from patchkit.server.openapi import PipelineDoc, document
@@ -198,9 +198,7 @@ async def query(request: web.Request) -> web.StreamResponse:
     async def run(body: bytes) -> web.StreamResponse:
         version = request.app[_FRONTEND].route(request.match_info.get("name"))
         parsed = schema_of(request.app, version).parse(body)
-        steps = parsed.steps or _steps_asked(request)
-        if steps:
-            _check_steps(request, parsed.stream)
+        steps = steps_wanted(parsed, request.query.get("steps"), request.app[_FRONTEND].config.server.steps)
         _check_options(version, parsed)
         if parsed.stream:
             return await _stream_query(request, version, parsed, steps)
@@ -244,16 +242,6 @@ def _result_json(result: RequestResult) -> bytes:
         output_json(result.output), json.dumps(result.request_id).encode(), result.latency_s * 1000)
 
 
-def _steps_asked(request: web.Request) -> bool:
-    """Whether the query string asks for step events: `?steps=true` (or 1); false, 0 or none: not."""
-    value = request.query.get("steps")
-    if value is None or value.lower() in ("false", "0"):
-        return False
-    if value.lower() in ("true", "1", ""):
-        return True
-    raise InputError(f"the query parameter steps must be true or false; got {value[:80]!r}")
-
-
 async def _stream_query(request: web.Request, version: Version, parsed: QueryBody, steps: bool = False) -> web.StreamResponse:
     """`"stream": true`: a `data: {"delta": ...}` event per chunk, then the reply, then `event: end`; with `steps`,
     an `event: step` as each call starts and ends, among them in the order they happened.
@@ -286,15 +274,6 @@ async def _stream_query(request: web.Request, version: Version, parsed: QueryBod
         await stream.send(json.dumps({**payload, "request_id": request_id}).encode(), ERROR_EVENT)
         return await stream.end(request_id, ok=False)
     return await stream.end(request_id, ok=True)
-
-
-def _check_steps(request: web.Request, stream: bool) -> None:
-    """Step events asked for: refused where the deployment offers none, or without a stream (InputError)."""
-    if request.app[_FRONTEND].config.server.steps == "off":
-        raise InputError('this deployment sends no step events (its server option steps is "off"): leave "steps" '
-                         'out, or deploy with steps="timings" or steps="previews"')
-    if not stream:
-        raise InputError('steps are events of a stream: send "stream": true with "steps": true (or ?steps=true)')
 
 
 def _too_large(limit: int, size: int, decoded: str = "") -> web.HTTPRequestEntityTooLarge:

@@ -21,9 +21,9 @@ from pydantic import Field, TypeAdapter
 from typing_extensions import TypedDict
 
 from patchkit.core.options import options_schema
+from patchkit.server.events import STREAM_DESCRIPTION, STREAM_EVENTS, StreamDelta, StreamEnd, StreamError, StreamStep
 from patchkit.server.inputs import MAX_SLO_MS
-from patchkit.server.reports import PlanReport, QueryReply, Stats
-from patchkit.serving.steps import StepEvent
+from patchkit.server.reports import ErrorReply, PlanReport, QueryReply, Stats
 
 __all__ = ["ROUTE_DOCS", "STREAM_EVENTS", "PipelineDoc", "RouteDoc", "document", "query_body", "stream_schema"]
 
@@ -69,19 +69,6 @@ class ChatRequest(TypedDict):
     n: NotRequired[Literal[1] | None]
 
 
-class ErrorBody(TypedDict):
-    type: str
-    """The error's type: an error of patchkit.errors (InputError, ComponentError, ...) or the HTTP refusal's."""
-    message: str
-
-
-class ErrorReply(TypedDict):
-    """Every error: its type and message, never a traceback unless the deployment has debug=True."""
-
-    error: ErrorBody
-    request_id: NotRequired[str]
-
-
 class OpenAIErrorBody(TypedDict):
     message: str
     type: str
@@ -107,42 +94,6 @@ class Readiness(TypedDict):
     status: str
     """"ready", "starting", "draining", "not ready"."""
     reasons: list[str]
-
-
-class StreamDelta(TypedDict):
-    """An unnamed event: a text chunk of the output's streaming call."""
-
-    delta: str
-    field: NotRequired[str]
-    """Of a dict output whose several fields stream: the field the chunk is of."""
-
-
-class StreamStep(TypedDict):
-    """`event: step`: a component call started or ended (only where the client asked for steps)."""
-
-    step: StepEvent
-
-
-class StreamError(TypedDict):
-    """`event: error`: the request failed after the stream began; an `event: end` follows."""
-
-    error: ErrorBody
-    request_id: str
-
-
-class StreamEnd(TypedDict):
-    """`event: end`: always the stream's last event."""
-
-    request_id: str
-    status: Literal["ok", "error"]
-
-
-STREAM_EVENTS = (StreamDelta, StreamStep, QueryReply, StreamError, StreamEnd)  # the data of a query stream's events
-STREAM_DESCRIPTION = (
-    "With stream: true, server-sent events: unnamed events (`data:` only) carry a StreamDelta per text chunk, then "
-    "the final QueryReply; `event: step` carries a StreamStep as each component call starts and ends (where the client "
-    "asked for steps and the deployment offers them); `event: error` carries a StreamError where the request failed "
-    "after the stream began, instead of the QueryReply; `event: end` carries a StreamEnd, always last.")
 
 
 @dataclass(frozen=True)
