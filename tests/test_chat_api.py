@@ -17,6 +17,7 @@ from components import Generator
 
 import patchkit
 from patchkit import Component, make
+from patchkit.client.streams import sse_events
 from patchkit.config import DeploymentConfig
 from patchkit.core import ensure_setup
 from patchkit.core.options import CallOptions, CallReport
@@ -345,13 +346,13 @@ def test_a_dict_output_streams_only_the_field_it_answers_with(drafts: patchkit.E
 
 def test_a_query_stream_names_the_field_of_each_delta(drafts: patchkit.Endpoint) -> None:
     with httpx.stream("POST", drafts.url + "/v1/query", json={"inputs": {"question": "q"}, "stream": True}) as raw:
-        events = [json.loads(line[len("data: "):]) for line in raw.iter_lines() if line.startswith("data: ")]
+        events = [json.loads(event.data) for event in sse_events(raw.iter_lines()) if event.event != "end"]
     deltas = [event for event in events if "delta" in event]
     by_field = {name: "".join(d["delta"] for d in deltas if d["field"] == name) for name in ("draft", "answer")}
     assert by_field == events[-1]["output"] == {"answer": "q one two three four five", "draft": "one two three four five"}
     with httpx.stream("POST", drafts.url + "/v1/query",
                       json={"inputs": {"question": "q"}, "stream": True, "field": "answer"}) as raw:
-        events = [json.loads(line[len("data: "):]) for line in raw.iter_lines() if line.startswith("data: ")]
+        events = [json.loads(event.data) for event in sse_events(raw.iter_lines()) if event.event != "end"]
     assert "".join(e["delta"] for e in events if "delta" in e) == "q one two three four five"
     assert all("field" not in e for e in events)
 

@@ -31,7 +31,7 @@ DESCRIBED = {
     "autoscale_interval_s", "scale_up_after_s", "scale_down_after_s", "min_replicas", "max_replicas", "plan",
     "ray_max_restarts", "ray_placement_timeout_s", "tls", "log_level", "name", "chat_input", "chat_output",
     "chat_drop_params", "components",
-    "step_preview_chars", "fail_fast",
+    "step_preview_chars", "steps", "fail_fast",
 }
 
 
@@ -65,7 +65,7 @@ def test_every_option_is_in_the_schema_the_help_the_table_and_the_docstring(caps
 
 
 FLAG_VALUES = {"host": "0.0.0.0", "port": "9", "backend": "ray", "batch_wait_ms": "2.5", "slo_ms": "500", "log_level": "WARNING",
-               "fail_fast": None}  # None: a switch (--fail-fast, --no-fail-fast)
+               "steps": "previews", "fail_fast": None}  # None: a switch (--fail-fast, --no-fail-fast)
 
 
 def test_serve_flags_for_options_take_their_type_choices_and_help_from_the_metadata() -> None:
@@ -134,7 +134,7 @@ def test_every_flat_option_lands_on_its_groups_field(tmp_path: Path) -> None:
     key.write_text("key")
     given: dict[str, Any] = {
         "backend": "ray", "host": "127.0.0.2", "port": 9, "read_timeout_s": 3.0, "auth_token": "t", "debug": True,
-        "log_level": "ERROR", "step_preview_chars": 12, "max_body_bytes": 10, "max_inflight_bytes": 20,
+        "log_level": "ERROR", "steps": "off", "step_preview_chars": 12, "max_body_bytes": 10, "max_inflight_bytes": 20,
         "max_inflight_requests": 30,
         "max_inflight_batches": 4, "batch_wait_ms": 1.5, "pipelining": False, "parallel_calls": False,
         "request_timeout_s": 7.0,

@@ -1,10 +1,14 @@
-"""Step events: a streamed request's component calls, each reported as it starts and as it ends, on the
-default backend (worker processes, so those tests are slow) with simulated components."""
+"""Step events: a streamed request's component calls, each reported as it starts and as it ends, as named SSE
+events (`event: step`), then the stream's terminal `event: end`; what they show is the deployment's `steps` option.
+On the default backend (worker processes, so those tests are slow) and on the inprocess one, with simulated
+components."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,8 +17,10 @@ import pytest
 from components import Flaky, Streamer, Vault
 
 import patchkit
-from patchkit.client.streams import Step, sse_data
+from patchkit.client.streams import ServerEvent, Step, sse_events
 from patchkit.components.testing import Simulated
+from patchkit.errors import ComponentError
+from patchkit.serving.steps import PreviewLimits, RequestSteps, preview_of
 
 retriever = Simulated(5, output=lambda q: [f"a page about {q}", "the tutorial"])
 vault = Vault()
@@ -42,15 +48,43 @@ def endpoint() -> Iterator[patchkit.Endpoint]:
     rag()
     answering = patchkit.last_pipeline()
     check()
-    with patchkit.deploy({"rag": answering, "check": patchkit.last_pipeline()}) as served:
+    with patchkit.deploy({"rag": answering, "check": patchkit.last_pipeline()}, steps="previews") as served:
         yield served
 
 
-def events(endpoint: patchkit.Endpoint, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+def named_events(endpoint: patchkit.Endpoint, path: str, body: dict[str, Any]) -> list[ServerEvent]:
+    """The stream's events, by name, as the client's parser reads them and as a plain reading of the text does (blocks
+    split at blank lines); checked to end with `event: end`. (test_schemathesis.py has Schemathesis's parser read
+    the streams too, each event checked against the document.)"""
     reply = httpx.post(endpoint.url + path, json=body, timeout=60)
     assert reply.status_code == 200, reply.text
     assert reply.headers["content-type"].startswith("text/event-stream")
-    return [json.loads(data) for data in sse_data(iter(reply.text.splitlines()))]
+    sent = list(sse_events(iter(reply.text.splitlines())))
+    assert reply.text.endswith("\n\n") and [(e.event, e.data) for e in sent] == plain_reading(reply.text)
+    assert sent[-1].event == "end"
+    end = json.loads(sent[-1].data)
+    assert end["request_id"] == reply.headers["X-Request-ID"] and end["status"] in ("ok", "error")
+    return sent
+
+
+def plain_reading(text: str) -> list[tuple[str, str]]:
+    """(name, data) of each event of a stream whose events each hold at most an `event:` line and `data:` lines."""
+    read = []
+    for block in text.removesuffix("\n\n").split("\n\n"):
+        lines = block.split("\n")
+        name = lines[0].removeprefix("event: ") if lines[0].startswith("event: ") else "message"
+        read.append((name, "\n".join(line.removeprefix("data: ") for line in lines if line.startswith("data: "))))
+    return read
+
+
+def events(endpoint: patchkit.Endpoint, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The data of every event but the terminal `end`; each step's only in an `event: step`, the rest unnamed but
+    for an `event: error`."""
+    sent = named_events(endpoint, path, body)[:-1]
+    for event in sent:
+        data = json.loads(event.data)
+        assert event.event == ("step" if "step" in data else "error" if "error" in data else "message"), event
+    return [json.loads(event.data) for event in sent]
 
 
 def assert_in_order(steps: list[dict[str, Any]], calls: list[str]) -> None:
@@ -81,7 +115,8 @@ def test_every_call_starts_and_ends_in_order_among_the_tokens(endpoint: patchkit
     assert generate[0] < deltas[0] and deltas[-1] < generate[1]
     assert "".join(sent[i]["delta"] for i in deltas) == sent[-1]["output"]
     retrieved = next(s for s in steps if s["phase"] == "end" and s["component"] == "retriever")
-    assert retrieved["preview"] == repr([f"a page about {question}", "the tutorial"])
+    assert retrieved["preview"] == [f"a page about {question}", "the tutorial"]
+    assert retrieved["preview_truncated"] is False
     graph = httpx.get(endpoint.url + "/v1/pipelines/rag/graph").json()
     assert {s["node"] for s in steps} <= {node["id"] for node in graph["nodes"]}
 
@@ -155,14 +190,109 @@ def test_recent_requests_keep_their_calls_timings(endpoint: patchkit.Endpoint) -
     assert "preview" not in json.dumps(recent)
 
 
-def test_a_preview_is_cut_to_step_preview_chars() -> None:
-    from patchkit.serving.steps import RequestSteps
+def test_a_preview_is_json_cut_by_structure() -> None:
+    @dataclasses.dataclass
+    class Page:
+        text: str
+        tags: set[str]
 
-    for size, shown in ((10, "x" * 9 + "\u2026"), (100, "x" * 50), (0, None)):
-        sent: list[dict[str, Any]] = []
-        steps = RequestSteps("r1", "rag", "1-abc", sent.append, preview_chars=size)
+    limits = PreviewLimits(chars=12, items=3, keys=2, depth=2)
+    cases: list[tuple[Any, Any, bool]] = [
+        ("x" * 50, "x" * 12, True),
+        ([1, 2, 3, 4, 5], [1, 2, 3], True),
+        ({"a": 1, "b": 2, "c": 3}, {"a": 1, "b": 2}, True),
+        ([[["deep"]]], [[[]]], True),
+        (Page("the text", {"b", "a"}), {"text": "the text", "tags": ["a", "b"]}, False),
+        ({1: b"raw", None: math.nan}, {"1": "<bytes>", "null": "NaN"}, False),
+        (("ab", "cdefghijklmnop"), ["ab", "cdefghijkl"], True),
+        (object(), "<object>", False),
+        (None, None, False),
+    ]
+    for value, shown, cut in cases:
+        preview, truncated = preview_of(value, limits)
+        assert (preview, truncated) == (shown, cut), value
+        assert json.loads(json.dumps(preview, allow_nan=False)) == preview  # JSON, never a repr
+
+
+def test_a_preview_shows_only_the_rows_of_an_array_it_can_hold() -> None:
+    numpy = pytest.importorskip("numpy")
+    preview, truncated = preview_of(numpy.arange(10_000).reshape(1000, 10), PreviewLimits(items=2))
+    assert preview == [[0, 1], [10, 11]] and truncated
+
+
+def test_an_end_event_carries_a_preview_only_where_previews_are_offered() -> None:
+    for previews in (True, False):
+        sent: list[Any] = []
+        steps = RequestSteps("r1", "rag", "1-abc", sent.append, previews=previews, limits=PreviewLimits(chars=10))
         step = steps.start("n0", "llm", "generate", sensitive=False)
-        steps.end(step, batch=3, replica="llm#1", wait_s=0.002, result="x" * 50)
-        assert [event["phase"] for event in sent] == ["start", "end"]
-        assert sent[1].get("preview") == shown and sent[1]["batch"] == 3 and sent[1]["replica"] == "llm#1"
-        assert sent[1]["wait_ms"] == 2.0
+        steps.end(step, batch=3, replica="llm#1", wait_s=0.002, result={"answer": "x" * 50})
+        secret = steps.start("n1", "vault", "lookup", sensitive=True)
+        steps.end(secret, batch=1, replica="vault#0", wait_s=0.0, result="secret")
+        assert [event["phase"] for event in sent] == ["start", "end", "start", "end"]
+        assert sent[1]["batch"] == 3 and sent[1]["replica"] == "llm#1" and sent[1]["wait_ms"] == 2.0
+        if previews:
+            assert sent[1]["preview"] == {"answer": "x" * 10} and sent[1]["preview_truncated"] is True
+        else:
+            assert "preview" not in sent[1] and "preview_truncated" not in sent[1]
+        assert sent[3]["sensitive"] is True and "preview" not in sent[3]
+        json.dumps(sent, allow_nan=False)
+
+
+def quick(steps: str | None) -> patchkit.Endpoint:
+    """The rag pipeline on the inprocess backend, its `steps` option as given (None: the default)."""
+    rag()
+    return patchkit.deploy(patchkit.last_pipeline(), backend="inprocess", **({} if steps is None else {"steps": steps}))
+
+
+def test_by_default_a_client_gets_step_timings_and_no_preview() -> None:
+    body = {"inputs": {"question": "What is a list?"}, "stream": True, "steps": True}
+    with quick(None) as endpoint:
+        sent = events(endpoint, "/v1/query", body)
+        plain = events(endpoint, "/v1/query", {**body, "steps": False})
+    steps = [event["step"] for event in sent if "step" in event]
+    assert_in_order(steps, CALLS)
+    assert not any("preview" in step or "preview_truncated" in step for step in steps)
+    deltas = [event for event in sent if "delta" in event]
+    assert deltas == [event for event in plain if "delta" in event] and deltas  # the text deltas as before
+    assert sent[-1]["output"] == plain[-1]["output"] == "".join(d["delta"] for d in deltas)
+
+
+def test_where_steps_are_off_asking_for_them_is_a_400_naming_the_option() -> None:
+    with quick("off") as endpoint:
+        for path, body in (("/v1/query", {"inputs": {"question": "q"}, "stream": True, "steps": True}),
+                           ("/v1/query?steps=true", {"inputs": {"question": "q"}, "stream": True})):
+            reply = httpx.post(endpoint.url + path, json=body)
+            assert reply.status_code == 400 and 'steps is "off"' in reply.json()["error"]["message"], reply.text
+        with pytest.raises(patchkit.errors.InputError, match="steps"):
+            list(endpoint.stream(question="q", steps=True))
+        sent = events(endpoint, "/v1/query", {"inputs": {"question": "q"}, "stream": True})  # streams are as before
+        assert sent[-1]["output"] and not any("step" in event for event in sent)
+
+
+def test_with_previews_each_is_json_and_a_sensitive_call_shows_none() -> None:
+    with quick("previews") as endpoint:
+        sent = events(endpoint, "/v1/query", {"inputs": {"question": "Where?"}, "stream": True, "steps": True})
+        stream = endpoint.stream(question="Where?", steps=True)
+        items = list(stream)
+    ends = {event["step"]["component"]: event["step"] for event in sent if event.get("step", {}).get("phase") == "end"}
+    assert ends["retriever"]["preview"] == ["a page about Where?", "the tutorial"]
+    assert ends["llm"]["preview_truncated"] is False and isinstance(ends["llm"]["preview"], str)
+    assert ends["vault"]["sensitive"] is True and "preview" not in ends["vault"]
+    assert "secret-" not in json.dumps(ends["vault"])
+    steps = [item for item in items if isinstance(item, Step)]
+    assert steps == stream.steps and next(s for s in steps if s.component == "retriever" and s.phase == "end").preview
+    assert "".join(item for item in items if isinstance(item, str)) == stream.output
+
+
+def test_an_error_after_the_stream_began_is_an_error_event_then_the_end() -> None:
+    check()
+    with patchkit.deploy(patchkit.last_pipeline(), backend="inprocess") as endpoint:
+        body = {"inputs": {"text": "please fail"}, "stream": True, "steps": True}
+        sent = named_events(endpoint, "/v1/query", body)
+        with pytest.raises(ComponentError, match="cannot check"):
+            list(endpoint.stream(text="please fail", steps=True))
+    assert [event.event for event in sent] == ["step", "step", "error", "end"]
+    assert json.loads(sent[1].data)["step"]["error"]["type"] == "ValueError"
+    error = json.loads(sent[2].data)
+    assert error["error"]["type"] == "ComponentError" and error["request_id"] == json.loads(sent[3].data)["request_id"]
+    assert json.loads(sent[3].data)["status"] == "error"

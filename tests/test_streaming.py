@@ -17,7 +17,7 @@ import pytest
 from components import Flaky, Streamer
 
 import patchkit
-from patchkit.client.streams import sse_data
+from patchkit.client.streams import AsyncStream, ServerEvent, Step, Stream, sse_data, sse_events
 from patchkit.errors import ComponentError
 from patchkit.server.events import pump
 from patchkit.server.request_ids import REQUEST_ID, RequestIdFilter, check_request_id
@@ -97,9 +97,12 @@ def test_a_streamed_query_ends_with_the_non_streamed_reply(endpoint: patchkit.En
                       headers={"X-Request-ID": "s-1"}) as response:
         response.read()
     assert response.headers["content-type"].startswith("text/event-stream") and response.headers["X-Request-ID"] == "s-1"
-    *deltas, final = events(response)
+    *deltas, final, end = events(response)
     assert len(deltas) >= 2 and all(set(d) == {"delta"} for d in deltas)  # a word at a time, not the answer at once
     assert "".join(str(d["delta"]) for d in deltas) == final["output"] == plain["output"] and final["request_id"] == "s-1"
+    assert end == {"request_id": "s-1", "status": "ok"}
+    names = [event.event for event in sse_events(iter(response.text.splitlines()))]
+    assert names == ["message"] * (len(deltas) + 1) + ["end"]  # deltas and the reply unnamed, as before
 
 
 def test_endpoint_stream_chunks_add_up_to_the_output(endpoint: patchkit.Endpoint) -> None:
@@ -173,6 +176,39 @@ def test_pump_cancels_the_request_when_the_client_is_gone() -> None:
 
 def test_sse_data_joins_multi_line_events() -> None:
     assert list(sse_data(iter(["data: a", "data: b", "", ": comment", "data: [DONE]"]))) == ["a\nb", "[DONE]"]
+
+
+def test_sse_events_read_each_events_name() -> None:
+    lines = ["event: step", "data: 1", "", ": a comment", "data:2", "id: 7", "", "event: end", "", "event: end", "data: 3"]
+    assert list(sse_events(iter(lines))) == [ServerEvent("step", "1"), ServerEvent("message", "2"),
+                                             ServerEvent("end", "3")]  # an event with no data is none
+
+
+WIRE = (b'data: {"delta": "Hi"}\n\nevent: step\ndata: {"step": {"phase": "start", "call": 0, "node": "n0", '
+        b'"component": "llm", "method": "generate", "at_ms": 0.1, "new_field": 1}}\n\n'
+        b'data: {"output": "Hi!", "request_id": "r-1", "latency_ms": 2.0}\n\n'
+        b'event: end\ndata: {"request_id": "r-1", "status": "ok"}\n\n'
+        b'data: {"delta": "after the end"}\n\n')
+
+
+def _wire(request: httpx.Request) -> httpx.Response:
+    return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=WIRE)
+
+
+def test_both_streams_read_named_events_and_stop_at_the_end() -> None:
+    client = httpx.Client(transport=httpx.MockTransport(_wire))
+    stream: Stream[object] = Stream(lambda: client.stream("POST", "http://patchkit.test/v1/query"), lambda r: r.json())
+    items = list(stream)
+    assert items[0] == "Hi" and isinstance(items[1], Step) and items[2:] == ["!"]  # nothing read past the end
+    assert items[1].extra == {"new_field": 1} and stream.output == "Hi!" and stream.request_id == "r-1"
+
+    async def read() -> list[object]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(_wire)) as aclient:
+            astream: AsyncStream[object] = AsyncStream(lambda: aclient.stream("POST", "http://patchkit.test/v1/query"),
+                                                       lambda r: r.json())
+            return [item async for item in astream]
+
+    assert asyncio.run(read()) == items
 
 
 @pytest.mark.slow

@@ -116,14 +116,16 @@ def check_streamed(chunks: list[str], answer: str, question: str) -> None:
 
 def query_events(url: str, question: str) -> tuple[list[str], Any]:
     """The deltas of a streamed `/v1/query`, read as they arrive (the first acknowledged at once),
-    and the output its final event carries; fails on an event after the final one."""
+    and the output its final event carries; fails on an event after the final one but the terminal `event: end`."""
     deltas: list[str] = []
     final: dict[str, Any] | None = None
+    ended = False
     body = {"inputs": {"question": question}, "stream": True}
     with httpx.stream("POST", url + "/v1/query", json=body, timeout=60) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
-            if not line.startswith("data: "):
+            ended = ended or line == "event: end"
+            if ended or not line.startswith("data: "):
                 continue
             assert final is None, f"an event after the final one: {line}"
             event = json.loads(line.removeprefix("data: "))
@@ -132,7 +134,7 @@ def query_events(url: str, question: str) -> tuple[list[str], Any]:
                 acknowledge(question)
             else:
                 final = event
-    assert final is not None and set(final) >= {"output", "request_id"}
+    assert final is not None and set(final) >= {"output", "request_id"} and ended
     return deltas, final["output"]
 
 

@@ -151,16 +151,20 @@ class _Generator:
 
 
 async def _read_events(content: aiohttp.StreamReader) -> tuple[bytes, float | None]:
-    """A streamed reply read to its end: its last event's data (the reply, or the error), and when its
-    first delta event arrived (None: none did)."""
-    last, first, pending = b"", None, b""
+    """A streamed reply read to its end: the data of its last event before `event: end` (the reply, or the
+    error), and when its first delta event arrived (None: none did)."""
+    last, first, pending, ending = b"", None, b"", False
     async for piece in content.iter_any():  # not line by line: a long output makes a line past aiohttp's line limit
         *lines, pending = (pending + piece).split(b"\n")
         for line in lines:
-            if line.startswith(b"data: "):
+            if line.startswith(b"event: "):
+                ending = line[7:].strip() == b"end"
+            elif line.startswith(b"data: ") and not ending:
                 last = line[6:].strip()
                 if first is None and last.startswith(b'{"delta"'):
                     first = time.perf_counter()
+            elif not line.strip():
+                ending = False
     return last, first
 
 

@@ -8,6 +8,10 @@ a last chunk.
 Opened with `steps=True`, the stream yields a `Step` as each component call of the request starts
 and as it ends, among the text chunks in the order they happened (`patchkit.serving.steps` says
 what each carries); `steps` keeps them all.
+
+The events are read by their names: unnamed ones carry a text delta or the final reply, `event: step` a
+step, `event: error` the error the request failed with after the stream began (raised), and `event: end`,
+always last, ends the stream.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import httpx
 
 from patchkit.errors import PatchkitError, error_from_json
 
-__all__ = ["AsyncStream", "Step", "Stream", "sse_data"]
+__all__ = ["AsyncStream", "ServerEvent", "Step", "Stream", "sse_data", "sse_events"]
+
+MESSAGE = "message"  # the name of an unnamed event, as the SSE standard calls it
 
 if TYPE_CHECKING:  # what a stream yields: text (a bare `Stream`), or text and steps
     import typing_extensions
@@ -37,8 +43,10 @@ class Step:
     """One step event: a component call of the request started (`phase` "start") or ended ("end").
 
     An end carries the batch it rode in, the replica that ran it, its wait in the queue and its duration
-    (milliseconds), and a `preview` of its result (cut short; None for a component marked `sensitive`,
-    then `sensitive` is True) or its `error` (`{"type", "message"}`). `at_ms`: since the request arrived.
+    (milliseconds), and its `error` (`{"type", "message"}`) where it failed. Where the deployment offers
+    previews (its `steps` option is "previews"), an end also carries a `preview` of its result: a JSON value
+    cut by structure (`preview_truncated` says whether it was), None for a component marked `sensitive` (then
+    `sensitive` is True). `at_ms`: since the request arrived.
     """
 
     phase: str
@@ -51,7 +59,8 @@ class Step:
     replica: str | None = None
     wait_ms: float | None = None
     duration_ms: float | None = None
-    preview: str | None = None
+    preview: Any = None
+    preview_truncated: bool = False
     error: dict[str, str] | None = None
     sensitive: bool = False
     extra: dict[str, Any] = field(default_factory=dict)  # fields a newer endpoint sends
@@ -64,34 +73,52 @@ class Step:
                    extra={k: v for k, v in data.items() if k not in known})
 
 
+@dataclass(frozen=True)
+class ServerEvent:
+    """One server-sent event: its name (`event:`, "message" where it has none) and its data."""
+
+    event: str
+    data: str
+
+
 class _Events:
-    """Server-sent events from lines: `feed` returns an event's `data` at the blank line that ends it."""
+    """Server-sent events from lines: `feed` returns an event at the blank line that ends it."""
 
     def __init__(self) -> None:
         self._data: list[str] = []
+        self._name = MESSAGE
 
-    def feed(self, line: str) -> str | None:
-        if line.startswith("data:"):
-            self._data.append(line[5:].removeprefix(" "))
-        elif not line:
+    def feed(self, line: str) -> ServerEvent | None:
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if not line:
             return self.flush()
-        return None
+        if field == "data":
+            self._data.append(value)
+        elif field == "event":
+            self._name = value or MESSAGE
+        return None  # a comment (":..."), an id, a retry, or a field no reader knows
 
-    def flush(self) -> str | None:
-        """The event still open when the stream ends, if any."""
-        data, self._data = self._data, []
-        return "\n".join(data) if data else None
+    def flush(self) -> ServerEvent | None:
+        """The event still open when the stream ends, if any (an event with no data is none, as in browsers)."""
+        data, name, self._data, self._name = self._data, self._name, [], MESSAGE
+        return ServerEvent(name, "\n".join(data)) if data else None
 
 
-def sse_data(lines: Iterator[str]) -> Iterator[str]:
-    """The `data` of each server-sent event in `lines` (multi-line data joined by newlines).
+def sse_events(lines: Iterator[str]) -> Iterator[ServerEvent]:
+    """Each server-sent event in `lines`, its name and its data (multi-line data joined by newlines).
 
     Each as soon as the line that ends it is read: `Stream` hands on chunks while the output is made.
     """
     events = _Events()
     for line in itertools.chain(lines, [""]):
-        if (data := events.feed(line)) is not None:
-            yield data
+        if (event := events.feed(line)) is not None:
+            yield event
+
+
+def sse_data(lines: Iterator[str]) -> Iterator[str]:
+    """The `data` of each server-sent event in `lines`, whatever its name (`sse_events` gives both)."""
+    return (event.data for event in sse_events(lines))
 
 
 class _Reader:
@@ -101,21 +128,25 @@ class _Reader:
         self.output: Any = None
         self.request_id: str | None = None
         self.done = False
+        self.ended = False  # the `end` event came: the stream has nothing more
         self.steps: list[Step] = []
         self._streamed: list[str] = []
 
-    def read(self, data: str) -> Any:
+    def read(self, message: ServerEvent) -> Any:
         """The chunk or `Step` an event carries, if any; raises the error an error event carries."""
-        event = json.loads(data)
-        if "step" in event:
+        event = json.loads(message.data)
+        if message.event == "end":
+            self.ended = True
+            return None
+        if message.event == "step" or "step" in event:
             step = Step.from_json(event["step"])
             self.steps.append(step)
             return step
+        if message.event == "error" or "error" in event:
+            raise error_from_json(event["error"])
         if "delta" in event:
             self._streamed.append(event["delta"])
             return str(event["delta"])
-        if "error" in event:
-            raise error_from_json(event["error"])
         self.output, self.request_id, self.done = event.get("output"), event.get("request_id"), True
         streamed = "".join(self._streamed)
         if isinstance(self.output, str) and self.output.startswith(streamed) and len(self.output) > len(streamed):
@@ -167,10 +198,12 @@ class Stream(_Reader, Generic[Chunk]):
                 if isinstance(self.output, str):
                     yield self.output  # type: ignore[misc]  # text is a chunk of every stream
                 return
-            for data in sse_data(response.iter_lines()):
-                chunk = self.read(data)
+            for event in sse_events(response.iter_lines()):
+                chunk = self.read(event)
                 if chunk:
                     yield chunk
+                if self.ended:
+                    break
         self.finished()
 
 
@@ -219,12 +252,14 @@ class AsyncStream(_Reader, Generic[Chunk]):
                 return
             events = _Events()
             async for line in response.aiter_lines():
-                data = events.feed(line)
-                chunk = self.read(data) if data is not None else None
+                event = events.feed(line)
+                chunk = self.read(event) if event is not None else None
                 if chunk:
                     yield chunk
-            data = events.flush()
-            chunk = self.read(data) if data is not None else None
+                if self.ended:
+                    break
+            event = None if self.ended else events.flush()
+            chunk = self.read(event) if event is not None else None
             if chunk:
                 yield chunk
         self.finished()

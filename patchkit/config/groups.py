@@ -17,13 +17,14 @@ from patchkit.errors import ConfigError
 from patchkit.orchestrator.ray_options import ACTOR_OPTIONS, ACTOR_RESOURCES, RayOptions
 
 __all__ = [
-    "BACKENDS", "ESTIMATORS", "LOG_LEVELS", "AutoscalingConfig", "ChatConfig", "LimitsConfig", "LivenessConfig",
+    "BACKENDS", "ESTIMATORS", "LOG_LEVELS", "STEPS", "AutoscalingConfig", "ChatConfig", "LimitsConfig", "LivenessConfig",
     "RayConfig", "ServerConfig", "SloConfig",
 ]
 
 BACKENDS = ("local", "inprocess", "ray")
 ESTIMATORS = ("average", "xgboost")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+STEPS = ("off", "timings", "previews")  # the server's `steps` option: what step events callers may see
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,12 @@ class ServerConfig(OptionGroup):
     optional_inputs: tuple[str, ...] = option((), help="inputs a request may leave out (they keep their captured value)",
                                               check=check_names, described=True)
     debug: bool = option(False, help="error replies carry tracebacks", described=True)
-    step_preview_chars: int = option(200, help="how much of each call's result a step event shows (0: none; "
-                                     "never of a component marked sensitive)", ge=0, described=True)
+    steps: str = option("timings", help="what step events a client that asks for them gets: 'off' (none: asking is a 400), "
+                        "'timings' (each call's start and end, where and how long it ran) or 'previews' (and a preview of "
+                        "each call's result, never of a component marked sensitive)", choices=STEPS, described=True,
+                        flag=True)
+    step_preview_chars: int = option(200, help="with steps='previews', the most characters of text a preview shows "
+                                     "across its strings", gt=0, described=True)
     # None: as the deploying process's `patchkit` logger (its effective level), which `resolve` reads.
     log_level: str | None = option(None, help="what the front-end and the workers log: debug, info, warning, error or critical",
                                    choices=tuple(level.lower() for level in LOG_LEVELS), any_case=True, described=True,

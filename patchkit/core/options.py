@@ -20,7 +20,7 @@ from typing import Any
 
 __all__ = [
     "OPTIONS", "OPTIONS_ARGUMENT", "Answer", "CallOptions", "CallReport", "Chunk", "OptionError", "honoured_options",
-    "joined",
+    "integral", "joined", "option_schema", "options_schema",
 ]
 
 OPTIONS_ARGUMENT = "options"  # the parameter a `@make` method declares to take a request's CallOptions
@@ -141,8 +141,17 @@ def honoured_options(component: object) -> frozenset[str]:
     return frozenset(names) if isinstance(names, (frozenset, set, tuple, list)) else frozenset()
 
 
+def integral(value: Any) -> Any:
+    """An integer as JSON Schema counts one: an int, or a float with no fraction (`1.0`, which a JSON parser reads as a
+    float), as that int; anything else as it is (never a bool)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def _int(low: int, high: int | None = None) -> Any:
     def check(name: str, value: Any) -> int:
+        value = integral(value)
         if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
             within = f">= {low}" if high is None else f"from {low} to {high}"
             raise OptionError(name, f"{name} must be an integer {within}; got {value!r}")
@@ -174,6 +183,7 @@ def _stop(name: str, value: Any) -> tuple[str, ...]:
 
 
 def _seed(name: str, value: Any) -> int:
+    value = integral(value)
     if isinstance(value, bool) or not isinstance(value, int) or not -(2**63) <= value < 2**64:
         raise OptionError(name, f"seed must be an integer; got {value!r}")
     return value
@@ -198,3 +208,60 @@ _CHECKS: dict[str, Any] = {
     "min_tokens": _int(0),
 }
 OPTIONS: tuple[str, ...] = tuple(f.name for f in fields(CallOptions))  # every option a request may name
+
+
+def _range(kind: str, low: float | None = None, high: float | None = None, *, open_low: bool = False) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": kind}
+    if low is not None:
+        schema["exclusiveMinimum" if open_low else "minimum"] = low
+    if high is not None:
+        schema["maximum"] = high
+    return schema
+
+
+_RESPONSE_FORMAT: dict[str, Any] = {
+    "type": "object", "required": ["type"], "properties": {"type": {"enum": list(RESPONSE_FORMATS)}},
+    "if": {"properties": {"type": {"const": "json_schema"}}},
+    "then": {"required": ["json_schema"], "properties": {"json_schema": {
+        "type": "object", "properties": {"schema": {"type": "object"}}}}},
+}
+# Each option's values as JSON Schema: what its check in `_CHECKS` accepts, kept beside it.
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    "max_tokens": _range("integer", 1), "stop": {"anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOPS}]},
+    "temperature": _range("number", 0, 2), "top_p": _range("number", 0, 1, open_low=True),
+    "seed": _range("integer", -(2**63), 2**64 - 1), "presence_penalty": _range("number", -2, 2),
+    "frequency_penalty": _range("number", -2, 2), "response_format": _RESPONSE_FORMAT, "logprobs": {"type": "boolean"},
+    "top_logprobs": _range("integer", 0, MAX_TOP_LOGPROBS), "ignore_eos": {"type": "boolean"},
+    "min_tokens": _range("integer", 0),
+}
+# What an option no call honours may still be sent as: its default (it asks for nothing), or null.
+_UNASKED: dict[str, list[Any]] = {"stop": [[]], "response_format": [{"type": "text"}], "logprobs": [False],
+                                  "ignore_eos": [False]}
+
+
+def option_schema(name: str, honoured: bool = True) -> dict[str, Any]:
+    """The JSON Schema of the values a request may give option `name` (null counts as absent): any value its check
+    accepts where the call that answers honours it, else only what asks for nothing (its default, or null).
+
+    Published for the query and chat routes' bodies (`GET /openapi.json`)."""
+    if not honoured:
+        return {"enum": [None, *_UNASKED.get(name, [])], "description": "not honoured by the call that answers"}
+    return {"anyOf": [_SCHEMAS[name], {"type": "null"}]}
+
+
+# top_logprobs needs logprobs: true (`CallOptions.parse`), as a schema of the object that holds both.
+NEEDS_LOGPROBS: dict[str, Any] = {
+    "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer"}}},
+    "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": True}}},
+}
+
+
+def options_schema(honoured: Iterable[str] | None = None) -> dict[str, Any]:
+    """The JSON Schema of a query's `options` object (or null): each option by `option_schema`, those in `honoured`
+    (None: every option) with any value its check accepts."""
+    allowed = set(OPTIONS if honoured is None else honoured)
+    properties = {name: option_schema(name, name in allowed) for name in OPTIONS}
+    return {"anyOf": [{"type": "object", "properties": properties, "additionalProperties": False, **NEEDS_LOGPROBS},
+                      {"type": "null"}]}

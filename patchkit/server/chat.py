@@ -35,10 +35,10 @@ from typing import Any
 
 from aiohttp import web
 
-from patchkit.core.options import OPTIONS, CallOptions, CallReport, OptionError
+from patchkit.core.options import NEEDS_LOGPROBS, OPTIONS, CallOptions, CallReport, OptionError, option_schema
 from patchkit.errors import InputError
 from patchkit.server.events import EventStream, pump
-from patchkit.server.inputs import coerce, parse_json
+from patchkit.server.inputs import InputSchema, coerce, parse_json
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of
 from patchkit.serving.frontend import Frontend, Version
 
@@ -131,7 +131,7 @@ class ChatRoutes:
         if not isinstance(chat, dict):
             raise ChatError('the body must be a JSON object: {"model": ..., "messages": [...]}')
         version = self._version(chat.get("model"))
-        if chat.get("n", 1) not in (1, None):
+        if chat.get("n", 1) not in (1, None) or isinstance(chat.get("n"), bool):
             raise ChatError("n must be 1: the pipeline answers once", param="n")
         if not isinstance(chat.get("stream", False), (bool, type(None))):
             raise ChatError("stream must be true or false", param="stream")
@@ -140,6 +140,68 @@ class ChatRoutes:
         options = self._options(chat, inputs, filled, version)
         return chat, version, filled, options
 
+    def body_schema(self, name: str, version: Version, several: bool) -> dict[str, Any] | None:
+        """The JSON Schema of the chat requests model `name` (served by `version`) answers, as `_parse` checks
+        them; None where it answers none (several inputs and no chat_input, a dict output and no chat_output).
+
+        Called by `GET /openapi.json`; `several`: other pipelines are served too, so `model` is required."""
+        inputs = version.pipeline.inputs
+        chat_input = self._chat_input(inputs)
+        fields = version.pipeline.graph.output_fields
+        if (chat_input is None and MESSAGES_INPUT not in inputs) or (fields and self.config.chat.output is None):
+            return None
+        if chat_input is not None and not isinstance(inputs[chat_input], (str, type(None))):
+            return None  # the last user message's text cannot fill it
+        message = {"type": "object", "required": ["role"], "properties": {
+            "role": {"type": "string"}, "content": {"type": ["string", "array", "null"]}}}
+        messages: dict[str, Any] = {"type": "array", "minItems": 1, "items": message}
+        if chat_input is not None:  # the last user message fills it
+            messages["contains"] = {"properties": {"role": {"const": "user"}}}
+        properties: dict[str, Any] = {
+            "model": {"const": name} if several else {"enum": [name, None]}, "messages": messages,
+            "stream": {"type": ["boolean", "null"]}, "n": {"enum": [1, None]},
+            **{field: {} for field in ROUTING_FIELDS if field not in ("model", "messages", "stream", "n")},
+            **self._field_schemas(inputs, version.runner.honoured(self.config.chat.output)),
+        }
+        older = {} if "max_tokens" in inputs else {  # max_completion_tokens given, max_tokens is not read
+            "if": {"required": [MAX_COMPLETION_TOKENS], "properties": {MAX_COMPLETION_TOKENS: {"not": {"type": "null"}}}},
+            "then": {"properties": {"max_tokens": True}}, "else": {"properties": {"max_tokens": properties["max_tokens"]}}}
+        if older:
+            properties["max_tokens"] = {}
+        required = ["model", "messages"] if several else ["messages"]
+        return {"type": "object", "required": required, "properties": properties, "additionalProperties": False,
+                "allOf": [NEEDS_LOGPROBS, *([older] if older else [])]}
+
+    def _field_schemas(self, inputs: Mapping[str, Any], honoured: frozenset[str]) -> dict[str, Any]:
+        """The chat body's other fields, as `_options` reads them: the sampling options (any value its check takes
+        where honoured, else null), the fields that fill inputs (typed by the input, and checked as the option
+        of their name too), `chat_drop_params`, and the field of chat_input's name (ignored)."""
+        schemas: dict[str, Any] = {field: {} for field in self.config.chat.drop_params}
+        schemas.update({option: _given_option(option, honoured) for option in OPTIONS})
+        schemas[MAX_COMPLETION_TOKENS] = _given_option("max_tokens", honoured)
+        typed = InputSchema(inputs).json_schema()["properties"]
+        for name in inputs:
+            if name not in (MESSAGES_INPUT, self.config.chat.input) and name in typed:
+                schemas[name] = {"anyOf": [typed[name], {"type": "null"}]}
+        for name in list(schemas):
+            checked = name not in ROUTING_FIELDS and name not in TOOL_FIELDS
+            if checked and _option(name) in OPTIONS and (name in inputs or name in self.config.chat.drop_params):
+                schemas[name] = {"allOf": [schemas[name], option_schema(_option(name))]}  # `CallOptions.parse` checks it
+            if name in TOOL_FIELDS and name not in inputs:
+                del schemas[name]
+        if "tools" in inputs and "tool_choice" not in inputs:
+            schemas["tool_choice"] = {"enum": ["auto", None]}  # OpenAI's default where tools are given
+        if self.config.chat.input is not None:
+            schemas[self.config.chat.input] = {}  # the last user message fills it, whatever the request says
+        return schemas
+
+    def _chat_input(self, inputs: Mapping[str, Any]) -> str | None:
+        """The input the last user message fills: `chat_input`, else a pipeline's one other input."""
+        taken = (MESSAGES_INPUT, *TOOL_FIELDS, *ROUTING_FIELDS)  # inputs a request field of their name fills
+        others = [name for name in inputs if name not in taken and _option(name) not in OPTIONS]
+        chat_input = self.config.chat.input if self.config.chat.input in inputs else None
+        return chat_input or (others[0] if len(others) == 1 and MESSAGES_INPUT not in inputs else None)
+
     def _chat_inputs(self, chat: dict[str, Any], inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The pipeline inputs a chat request fills: `messages` (the whole conversation) where the pipeline
         declares it, the text input (the last user message), and the tool fields it declares."""
@@ -147,10 +209,7 @@ class ChatRoutes:
         filled: dict[str, Any] = {name: chat[name] for name in _tool_fields(chat, inputs)}
         if MESSAGES_INPUT in inputs:
             filled[MESSAGES_INPUT] = messages
-        taken = (MESSAGES_INPUT, *TOOL_FIELDS, *ROUTING_FIELDS)  # inputs a request field of their name fills
-        others = [name for name in inputs if name not in taken and _option(name) not in OPTIONS]
-        chat_input = self.config.chat.input if self.config.chat.input in inputs else None
-        chat_input = chat_input or (others[0] if len(others) == 1 and MESSAGES_INPUT not in inputs else None)
+        chat_input = self._chat_input(inputs)
         if chat_input is not None:
             filled[chat_input] = _last_user_text(messages)
         elif MESSAGES_INPUT not in inputs:
@@ -212,6 +271,8 @@ class ChatRoutes:
     def _version(self, model: object) -> Version:
         """The version serving `model`'s pipeline; no model: the only pipeline's."""
         served = ", ".join(repr(name) for name in self.frontend.versions)
+        if model is not None and not isinstance(model, str):
+            raise ChatError(f"model must be the name of a model (GET /v1/models): {served}", param="model")
         if model is not None and model not in self.frontend.versions:
             raise ChatError(f"the model {model!r} does not exist: this endpoint serves {served} (GET /v1/models)",
                             status=404, param="model", code="model_not_found")
@@ -311,6 +372,12 @@ class _Completion:
                                           "usage": self._usage(answer, report)}).encode())
         await events.send(b"[DONE]")
         return await events.finish()
+
+
+def _given_option(name: str, honoured: frozenset[str]) -> dict[str, Any]:
+    """A sampling option's field in a chat body: any value its check takes where honoured, else only null (any
+    other value is refused, even its default)."""
+    return option_schema(name) if name in honoured else {"type": "null", "description": "not honoured by the call that answers"}
 
 
 def openai_error(status: int, message: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

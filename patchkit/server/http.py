@@ -8,8 +8,11 @@
                      text/event-stream: `data: {"delta": "..."}` per text chunk of the output's streaming call
                      (`"field"` naming its field where a dict output has several streamed ones), then
                      `data: {"output", "request_id", "latency_ms"}`, or, for an error after the stream
-                     started, `data: {"error": {...}}`; with "steps": true too (or `?steps=true`), a
-                     `data: {"step": {...}}` event as each component call starts and ends (serving/steps.py)
+                     started, `event: error` + `data: {"error": {...}, "request_id"}`; then always, last,
+                     `event: end` + `data: {"request_id", "status": "ok" | "error"}`. With "steps": true
+                     too (or `?steps=true`), an `event: step` + `data: {"step": {...}}` as each component
+                     call starts and ends (serving/steps.py), as the deployment's `steps` option allows:
+                     "timings" (the default) without previews, "previews" with them, "off" a 400
     POST /v1/query   the same, on the only pipeline (400 where several are served)
     GET  /v1/pipelines   each pipeline served: name, version, digest, inputs, input_schema, output, state, components
     POST /v1/chat/completions, GET /v1/models   the OpenAI chat API, a pipeline per model (chat.py)
@@ -33,7 +36,7 @@
     GET  /v1/stats   per component: replicas, batches, throughput, queues (`Endpoint.stats()`)
     GET  /v1/traces  the last finished requests with an SLO
     GET  /, /dashboard, /v1/activity, /v1/graph.svg   the dashboard (server/dashboard/), its files public
-    GET  /openapi.json   this API as an OpenAPI 3.1 document (openapi.py), its pipelines' inputs included
+    GET  /openapi.json   this API as an OpenAPI 3.1 document (openapi.py): a query path and body per pipeline
     GET, POST, DELETE /mcp   the pipelines as MCP tools over Streamable HTTP, a tools/call run as a query (mcp/)
 
 Every reply carries the request's id in its `X-Request-ID` header: the client's own (1 to 200
@@ -64,16 +67,17 @@ from patchkit.errors import InputError
 from patchkit.server.bodies import BodyBudget, announced_size, decode, read_within
 from patchkit.server.chat import ChatRoutes
 from patchkit.server.dashboard import DashboardRoutes, is_public
-from patchkit.server.events import EventStream, pump
-from patchkit.server.inputs import InputSchema, QueryBody, output_json
+from patchkit.server.events import ERROR_EVENT, STEP_EVENT, EventStream, pump
+from patchkit.server.inputs import InputSchema, QueryBody, output_json, steps_wanted
 from patchkit.server.loop_lag import LoopLag
 from patchkit.server.mcp import McpRoutes
 from patchkit.server.metrics import CONTENT_TYPE, DeploymentMetrics
-from patchkit.server.openapi import document
+from patchkit.server.openapi import PipelineDoc, document
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply, json_reply, request_id_of, set_request_id
 from patchkit.server.request_ids import REQUEST_ID, check_request_id, new_request_id
 from patchkit.serving.frontend import Frontend, RequestResult, Version
 from patchkit.serving.runner import FieldDelta, outcome_of
+from patchkit.serving.steps import StepEvent
 
 __all__ = ["build_app", "error_reply", "input_schema_field"]
 
@@ -87,6 +91,7 @@ _FRONTEND = web.AppKey("frontend", Frontend)
 _SCHEMAS = web.AppKey("schemas", weakref.WeakKeyDictionary)  # Version -> its InputSchema
 _METRICS = web.AppKey("metrics", DeploymentMetrics)
 _BODIES = web.AppKey("bodies", BodyBudget)
+_CHAT = web.AppKey("chat", ChatRoutes)
 _ROUTES = ("POST /v1/query, /v1/pipelines/{name}/query, /v1/chat/completions, GET /health, /healthz, /readyz, /metrics, "
            "/v1/pipelines, /v1/graph, /v1/plan, /v1/stats, /v1/traces, /v1/activity, /v1/models, /dashboard, /openapi.json, /mcp")
 VERSION_HEADER = "X-Pipeline-Version"
@@ -203,12 +208,10 @@ async def query(request: web.Request) -> web.StreamResponse:
     async def run(body: bytes) -> web.StreamResponse:
         version = request.app[_FRONTEND].route(request.match_info.get("name"))
         parsed = schema_of(request.app, version).parse(body)
-        steps = parsed.steps or _steps_asked(request)
+        steps = steps_wanted(parsed, request.query.get("steps"), request.app[_FRONTEND].config.server.steps)
         _check_options(version, parsed)
         if parsed.stream:
             return await _stream_query(request, version, parsed, steps)
-        if steps:
-            raise InputError('steps are events of a stream: send "stream": true with ?steps=true')
         result = await version.runner.query(parsed.inputs, parsed.slo_ms, request_id=request_id_of(request),
                                             options=parsed.options, field=parsed.field)
         return web.Response(body=_result_json(result), content_type="application/json",
@@ -249,30 +252,21 @@ def _result_json(result: RequestResult) -> bytes:
         output_json(result.output), json.dumps(result.request_id).encode(), result.latency_s * 1000)
 
 
-def _steps_asked(request: web.Request) -> bool:
-    """Whether the query string asks for step events: `?steps=true` (or 1); false, 0 or none: not."""
-    value = request.query.get("steps")
-    if value is None or value.lower() in ("false", "0"):
-        return False
-    if value.lower() in ("true", "1", ""):
-        return True
-    raise InputError(f"the query parameter steps must be true or false; got {value[:80]!r}")
-
-
 async def _stream_query(request: web.Request, version: Version, parsed: QueryBody, steps: bool = False) -> web.StreamResponse:
-    """`"stream": true`: a `data: {"delta": ...}` event per chunk, then the reply as the last event; with `steps`,
-    a `data: {"step": ...}` event as each call starts and ends, among them in the order they happened.
+    """`"stream": true`: a `data: {"delta": ...}` event per chunk, then the reply, then `event: end`; with `steps`,
+    an `event: step` as each call starts and ends, among them in the order they happened.
 
-    An error before the first event is the usual JSON error; after it, a last `data: {"error": ...}` event."""
+    An error before the first event is the usual JSON error; after it, an `event: error` before the end."""
     request_id = request_id_of(request)
     stream = EventStream(request, {REQUEST_ID_HEADER: request_id, VERSION_HEADER: version.tag})
 
-    async def send_delta(item: str | FieldDelta | dict[str, Any]) -> None:
+    async def send_delta(item: str | FieldDelta | StepEvent) -> None:
         if isinstance(item, FieldDelta):
-            event: dict[str, Any] = {"delta": item.text, "field": item.field}
+            await stream.send(json.dumps({"delta": item.text, "field": item.field}).encode())
+        elif isinstance(item, str):
+            await stream.send(json.dumps({"delta": item}).encode())
         else:
-            event = {"delta": item} if isinstance(item, str) else {"step": item}
-        await stream.send(json.dumps(event).encode())
+            await stream.send(json.dumps({"step": item}).encode(), STEP_EVENT)
 
     def run(report: Callable[[Any], object]) -> Awaitable[RequestResult]:
         return version.runner.query(parsed.inputs, parsed.slo_ms, request_id=request_id, on_delta=report,
@@ -280,16 +274,16 @@ async def _stream_query(request: web.Request, version: Version, parsed: QueryBod
 
     try:
         result = await pump(run, send_delta)
-        final = _result_json(result)
+        await stream.send(_result_json(result))
     except ConnectionResetError:
         raise  # the client went away: nobody to answer
     except Exception as exc:
         if not stream.started:
             raise
         _, payload = error_reply(exc, debug=request.app[_FRONTEND].config.server.debug)
-        final = json.dumps({**payload, "request_id": request_id}).encode()
-    await stream.send(final)
-    return await stream.finish()
+        await stream.send(json.dumps({**payload, "request_id": request_id}).encode(), ERROR_EVENT)
+        return await stream.end(request_id, ok=False)
+    return await stream.end(request_id, ok=True)
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -376,12 +370,22 @@ async def traces(request: web.Request) -> web.Response:
 
 
 async def openapi(request: web.Request) -> web.Response:
-    """This API as an OpenAPI 3.1 document: the routes served, and the inputs of each pipeline."""
+    """This API as an OpenAPI 3.1 document: the routes served, and each pipeline's own query body."""
     frontend = request.app[_FRONTEND]
     routes = [(route.method, route.resource.canonical, route.handler) for route in request.app.router.routes()
               if route.resource is not None]
-    inputs = {name: schema_of(request.app, version).describe() for name, version in frontend.versions.items()}
-    return _json(200, document(routes, inputs=inputs, auth=frontend.config.server.auth_token is not None))
+    several = len(frontend.versions) > 1
+    served = {name: _pipeline_doc(request.app, name, version, several) for name, version in frontend.versions.items()}
+    return _json(200, document(routes, pipelines=served, auth=frontend.config.server.auth_token is not None))
+
+
+def _pipeline_doc(app: web.Application, name: str, version: Version, several: bool) -> PipelineDoc:
+    """What `/openapi.json` says of pipeline `name`: its inputs, its output's fields, the options its answering call
+    honours (for any field asked), whether steps are offered, and its chat body."""
+    fields = tuple(version.pipeline.graph.output_fields)
+    honoured = frozenset.intersection(*(version.runner.honoured(f) for f in (None, *fields)))
+    return PipelineDoc(schema_of(app, version).json_schema(), fields, honoured,
+                       app[_FRONTEND].config.server.steps != "off", app[_CHAT].body_schema(name, version, several))
 
 
 def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Application:
@@ -406,7 +410,8 @@ def build_app(frontend: Frontend, loop_lag: LoopLag | None = None) -> web.Applic
     app.router.add_get("/v1/stats", stats)
     app.router.add_get("/v1/traces", traces)
     app.router.add_get("/openapi.json", openapi)
-    ChatRoutes(frontend, read_body).add_to(app.router)
+    app[_CHAT] = ChatRoutes(frontend, read_body)
+    app[_CHAT].add_to(app.router)
     DashboardRoutes(frontend).add_to(app.router)
     McpRoutes(frontend, read_body, lambda version: schema_of(app, version)).add_to(app)
     return app

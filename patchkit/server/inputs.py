@@ -19,10 +19,11 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from patchkit.core.options import OPTIONS, CallOptions, OptionError
+from patchkit.core.jsonable import NOT_JSON, json_form
+from patchkit.core.options import OPTIONS, CallOptions, OptionError, integral
 from patchkit.errors import InputError, unknown_input
 
-__all__ = ["MAX_JSON_DEPTH", "MAX_SLO_MS", "InputSchema", "QueryBody", "coerce", "output_json"]
+__all__ = ["MAX_JSON_DEPTH", "MAX_SLO_MS", "InputSchema", "QueryBody", "coerce", "output_json", "steps_wanted"]
 
 MAX_JSON_DEPTH = 64  # arrays and objects in a body nest at most this deep (the body's own object included)
 MAX_SLO_MS = 3_600_000  # a request's slo_ms: at most an hour
@@ -109,6 +110,23 @@ class InputSchema:
                                                else {})}
         required = [name for name in properties if name not in self.optional]
         return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
+
+
+def steps_wanted(body: QueryBody, query: str | None, offered: str) -> bool:
+    """Whether a query asks for step events: its body's `steps`, or `?steps=true` (or 1; false, 0 or none: not).
+
+    Asked for, they are checked: refused (InputError) where the deployment offers none (its server option `steps`,
+    `offered`, is "off"), or without a stream."""
+    if query is not None and query.lower() not in ("true", "1", "", "false", "0"):
+        raise InputError(f"the query parameter steps must be true or false; got {query[:80]!r}")
+    if not (body.steps or (query is not None and query.lower() in ("true", "1", ""))):
+        return False
+    if offered == "off":
+        raise InputError('this deployment sends no step events (its server option steps is "off"): leave "steps" '
+                         'out, or deploy with steps="timings" or steps="previews"')
+    if not body.stream:
+        raise InputError('steps are events of a stream: send "stream": true with "steps": true (or ?steps=true)')
+    return True
 
 
 def parse_json(body: bytes) -> Any:
@@ -225,6 +243,7 @@ def coerce(name: str, value: Any, default: Any) -> Any:
     if isinstance(default, bool) or isinstance(default, str):
         ok = type(value) is type(default)
     elif isinstance(default, int):
+        value = integral(value)  # 2.0 is the integer 2, as JSON Schema counts it
         ok = isinstance(value, int) and not isinstance(value, bool)
     elif isinstance(default, float):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
@@ -247,12 +266,8 @@ def output_json(output: Any) -> bytes:
 
 
 def _convert(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    if hasattr(value, "tolist"):  # numpy arrays and scalars
-        return value.tolist()
-    raise TypeError(
-        f"the pipeline's output holds a {type(value).__name__}, which JSON cannot carry; return str, numbers, lists or dicts"
-    )
+    converted = json_form(value)
+    if converted is NOT_JSON:
+        raise TypeError(f"the pipeline's output holds a {type(value).__name__}, which JSON cannot carry; return str, "
+                        "numbers, lists or dicts")
+    return converted

@@ -1,6 +1,7 @@
 """The shapes of what the HTTP routes report, as TypedDicts.
 
-`GET /v1/stats` (`Endpoint.stats()`), `GET /v1/plan` (`Endpoint.plan()`) and `POST /v1/query`'s reply.
+`GET /v1/stats` (`Endpoint.stats()`), `GET /v1/plan` (`Endpoint.plan()`), `POST /v1/query`'s reply and every route's
+error.
 
 They describe the JSON the routes serve; the values themselves are plain dicts, built by `serving/stats.py`,
 `config/deployment.py` (`DeploymentConfig.describe`) and the routes. The client's methods are annotated with them,
@@ -18,8 +19,8 @@ from typing import (
 
 from typing_extensions import TypedDict
 
-__all__ = ["ComponentStats", "MethodStats", "PlanReport", "QueryReply", "ReplacedReplica", "ReplicaStats",
-           "RequestCounts", "Stats"]
+__all__ = ["ComponentStats", "ErrorBody", "ErrorReply", "MethodStats", "PlanReport", "QueryReply", "ReplacedReplica",
+           "ReplicaStats", "RequestCounts", "Stats"]
 
 
 class MethodStats(TypedDict):
@@ -54,8 +55,8 @@ class ReplicaStats(TypedDict):
     """Its id, as logs, metrics and `replica_reports` name it."""
     pid: int | None
     """Its worker process (None on the inprocess backend, or before it started)."""
-    address: str
-    """Where its worker listens."""
+    address: str | None
+    """Where its worker listens (None on the inprocess backend)."""
     alive: bool
     """Whether it takes batches now."""
     state: str
@@ -175,3 +176,18 @@ class QueryReply(TypedDict):
     """The request's id (its X-Request-ID)."""
     latency_ms: float
     """How long the front-end took, from arrival to the answer."""
+
+
+class ErrorBody(TypedDict):
+    """What went wrong, in words a client can act on."""
+
+    type: str
+    """The error's type: an error of patchkit.errors (InputError, ComponentError, ...) or the HTTP refusal's."""
+    message: str
+
+
+class ErrorReply(TypedDict):
+    """Every error: its type and message, never a traceback unless the deployment has debug=True."""
+
+    error: ErrorBody
+    request_id: NotRequired[str]

@@ -34,7 +34,7 @@ from patchkit.serving.bridge import await_, run_sync
 from patchkit.serving.deployment import Deployment
 from patchkit.serving.queues import BatchQueue, PendingCall
 from patchkit.serving.stats import StatsCollector
-from patchkit.serving.steps import CallStep, RequestSteps
+from patchkit.serving.steps import CallStep, PreviewLimits, RequestSteps, StepEvent
 from patchkit.serving.waves import Waves
 
 if TYPE_CHECKING:
@@ -138,7 +138,7 @@ class RequestRunner:
         *,
         request_id: str | None = None,
         on_delta: Callable[[Any], object] | None = None,
-        on_step: Callable[[dict[str, Any]], object] | None = None,
+        on_step: Callable[[StepEvent], object] | None = None,
         options: CallOptions | None = None,
         field: str | None = None,
     ) -> RequestResult:
@@ -165,7 +165,9 @@ class RequestRunner:
                                            options=options, field=field)
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         span = telemetry.start_request(request_id, self.name, self.tag)
-        steps = RequestSteps(request_id, self.name, self.tag, on_step, self.config.server.step_preview_chars)
+        server = self.config.server
+        steps = RequestSteps(request_id, self.name, self.tag, on_step, previews=server.steps == "previews",
+                             limits=PreviewLimits(chars=server.step_preview_chars))
         error: BaseException | None = None
         try:
             return await self._query(inputs, slo_ms, request_id, span, on_delta, steps, options, field)

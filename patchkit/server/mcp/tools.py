@@ -29,6 +29,7 @@ from patchkit.server.openapi import distribution_version
 from patchkit.server.replies import REQUEST_ID_HEADER, error_reply
 from patchkit.server.request_ids import REQUEST_ID, check_request_id, new_request_id
 from patchkit.serving.frontend import Frontend, RequestResult, Version
+from patchkit.serving.steps import StepEvent
 
 __all__ = ["INSTRUCTIONS", "PipelineTools", "describe", "output_schema"]
 
@@ -159,11 +160,11 @@ class PipelineTools:
 
     async def _query(self, ctx: ServerRequestContext[Any, Any], version: Version, inputs: dict[str, Any],
                      request_id: str) -> RequestResult:
-        if progress_token_from_params(ctx.params) is None:  # the client asked for no progress
-            return await version.runner.query(inputs, request_id=request_id)
+        if progress_token_from_params(ctx.params) is None or self.frontend.config.server.steps == "off":
+            return await version.runner.query(inputs, request_id=request_id)  # no progress asked for, or offered
         sent = 0
 
-        async def progress(step: dict[str, Any]) -> None:
+        async def progress(step: StepEvent) -> None:
             nonlocal sent
             sent += 1
             await ctx.session.report_progress(sent, None, step_message(step))
@@ -205,14 +206,15 @@ def output_schema(version: Version) -> dict[str, Any] | None:
     return {"type": "object", "properties": {name: {} for name in fields}, "required": list(fields)}
 
 
-def step_message(step: dict[str, Any]) -> str:
-    """A step event (`patchkit.serving.steps`) as a progress message: the call, and how it ended."""
-    call = f"{step.get('component')}.{step.get('method')}"
-    if step.get("phase") == "start":
+def step_message(step: StepEvent) -> str:
+    """A step event (`patchkit.serving.steps`) as a progress message: the call, and how it ended; never a
+    preview of its result."""
+    call = f"{step['component']}.{step['method']}"
+    if step["phase"] == "start":
         return f"{call} started"
     if "error" in step:
-        return f"{call} failed: {step['error'].get('type')}"
-    return f"{call} done in {step.get('duration_ms', 0):.0f} ms"
+        return f"{call} failed: {step['error']['type']}"
+    return f"{call} done in {step.get('duration_ms') or 0:.0f} ms"
 
 
 def _tool_error(message: str, request_id: str) -> types.CallToolResult:
