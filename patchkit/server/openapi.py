@@ -261,7 +261,7 @@ def document(routes: Iterable[tuple[str, str, Any]], *, pipelines: Mapping[str, 
     served = dict(pipelines or {})
     paths: dict[str, dict[str, Any]] = {}
     for method, path, handler in routes:
-        if method in ("HEAD", "OPTIONS", "*"):
+        if method in ("HEAD", "OPTIONS", "*") or path in OTHER_PROTOCOLS:
             continue
         doc = ROUTE_DOCS.get((method, path)) or RouteDoc(_summary(handler), replies={200: ("the reply", None)})
         if (method, path) == ("POST", CHAT_PATH) and served:
@@ -283,10 +283,13 @@ def document(routes: Iterable[tuple[str, str, Any]], *, pipelines: Mapping[str, 
     }
 
 
+OTHER_PROTOCOLS = frozenset({"/mcp"})  # routes another protocol's specification describes: not listed
 DESCRIPTION = ("A deployment's HTTP API: its pipelines, their health, plan, stats and metrics. Every reply carries "
                "the request's id in X-Request-ID. With several pipelines served, the routes of the only pipeline "
                "(/v1/query, /v1/graph, /v1/graph.svg) answer 400 naming them and are not listed; each pipeline has "
-               "its own query path, /v1/pipelines/NAME/query, whose body names its inputs.")
+               "its own query path, /v1/pipelines/NAME/query, whose body names its inputs. /mcp serves the pipelines "
+               "as tools of the Model Context Protocol (Streamable HTTP, JSON-RPC messages that its own "
+               "specification describes) and is not listed here.")
 
 
 def _pipeline_paths(served: Mapping[str, PipelineDoc], auth: bool) -> dict[str, dict[str, Any]]:
