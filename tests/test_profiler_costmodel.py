@@ -366,4 +366,8 @@ def test_smollm2_is_profiled_from_short_calls_and_predicts_whole_calls() -> None
     # 1- and 16-token calls (a shared 2-core machine; about 5% when it is quiet)
     assert method.model["error"] <= 0.25
     points = dict(method.points)
-    assert max(points) == 16 and 16 / points[16] > 1 / points[1]  # decode steps are shared
+    # A batch of 16 is profiled, and takes longer than one call. Whether it costs less than 16 calls one at a
+    # time is the host's: where the model's weights stay in cache a decode step is compute-bound and costs each
+    # sequence its own step (seen here: 6.3 ms a step for one sequence, 38 ms for 5.5), which the fit above
+    # must then predict, as its error says.
+    assert max(points) == 16 and points[16] > points[8] > points[1]
