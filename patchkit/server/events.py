@@ -31,6 +31,7 @@ STEP_EVENT = "step"  # `data: {"step": StepEvent}`, where the client asked for s
 ERROR_EVENT = "error"  # `data: {"error": {"type", "message"}, "request_id"}`: the request failed after the stream began
 END_EVENT = "end"  # `data: {"request_id", "status": "ok" | "error"}`: always last
 
+
 class StreamDelta(TypedDict):
     """An unnamed event: a text chunk of the output's streaming call."""
 
