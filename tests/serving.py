@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,14 +26,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_frontend(
-    pipeline: patchkit.Pipeline,
+    pipeline: patchkit.Pipeline | Mapping[str, patchkit.Pipeline],
     body: Callable[[Frontend], Awaitable[Any]],
     *,
     clock: Callable[[], float] = time.monotonic,
     **options: Any,
 ) -> Any:
-    """Start a Frontend (on the inprocess backend unless `backend=` says otherwise), run `body(frontend)`
-    on its loop, close it."""
+    """Start a Frontend of `pipeline` (or several by name; on the inprocess backend unless `backend=` says
+    otherwise), run `body(frontend)` on its loop, close it."""
 
     async def main() -> Any:
         config = DeploymentConfig.resolve(pipeline, **{"backend": "inprocess", **options})

@@ -18,18 +18,16 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from serving import ROOT, serve_cli
+from serving import ROOT, run_frontend, serve_cli
 
 import patchkit
 from patchkit import Component, make
 from patchkit.config import DeploymentConfig
-from patchkit.config.backends import make_backend
 from patchkit.errors import ComponentError, ComponentFailed
 from patchkit.orchestrator import supervisor
 from patchkit.serving.frontend import Frontend
@@ -138,21 +136,6 @@ def _gated(gated: Gated) -> patchkit.Pipeline:
     return pipeline
 
 
-def _run(pipelines: Mapping[str, patchkit.Pipeline], body: Callable[[Frontend], Awaitable[Any]], **options: Any) -> Any:
-    """Start a Frontend of `pipelines` (inprocess unless `backend=` says), run `body` on its loop, close it."""
-
-    async def main() -> Any:
-        config = DeploymentConfig.resolve(pipelines, **{"backend": "inprocess", **options})
-        frontend = Frontend(pipelines, config, make_backend(config))
-        await frontend.start()
-        try:
-            return await body(frontend)
-        finally:
-            await frontend.close()
-
-    return asyncio.run(main())
-
-
 def _get(url: str) -> tuple[int, Any]:
     reply = httpx.get(url, timeout=30)
     return reply.status_code, reply.json()
@@ -210,7 +193,7 @@ def test_a_component_two_pipelines_share_fails_both_and_the_third_serves() -> No
         with pytest.raises(ComponentFailed, match="^pipeline a cannot serve: broken is failed"):
             await frontend.query({"text": "x"}, pipeline="a")
 
-    _run(pipelines, body)
+    run_frontend(pipelines, body)
 
 
 def test_deploy_raises_where_no_pipeline_can_serve_and_with_fail_fast() -> None:
@@ -239,7 +222,7 @@ def test_a_replica_failing_its_checks_makes_only_its_own_pipeline_unready() -> N
         assert whole.to_json()["pipelines"]["fine"] == {"status": "ready", "reasons": []}
         assert whole.to_json()["components"]["moody"]["status"] == "unready"
 
-    _run(pipelines, body, health_check_period_s=0.02, health_check_failures=10_000)
+    run_frontend(pipelines, body, health_check_period_s=0.02, health_check_failures=10_000)
 
 
 def test_a_replica_replaced_beside_one_serving_keeps_its_pipeline_ready_and_a_restart_holds_the_endpoint() -> None:
@@ -282,7 +265,7 @@ def test_a_component_whose_replica_dies_and_cannot_be_started_again_is_failed_in
                                                   "restarts in a row could not start"):
             await frontend.query({"text": "x"}, pipeline="gated")
 
-    _run(pipelines, body, backend="local")
+    run_frontend(pipelines, body, backend="local")
 
 
 # -- real processes: a worker that aborts at setup(), and `patchkit serve` ---------------------------------------
