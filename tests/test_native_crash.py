@@ -2,7 +2,7 @@
 and a worker that dies in native code is named, backed off, then marked failed instead of restarted forever.
 
 The CPU's flags are injected (`PATCHKIT_CPU_FLAGS`), so the AMX cases run on any host; the crash is a real
-SIGSEGV a component sends itself, in a real worker process.
+SIGSEGV, a component's read of address 0, in a real worker process.
 """
 
 from __future__ import annotations
